@@ -1,0 +1,3 @@
+from drafter_lab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""Atomic writes (temp file in the same directory + fsync + rename) and content hashes.
+
+A killed run never leaves a half-written file: readers see the old version or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temp path beside `path`; on success it is fsynced and renamed over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_text(path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
+
+
+def write_json(path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def torch_save(obj, path) -> None:
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Yield a temp directory beside `path`; on success it replaces `path` whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256_file(path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_json(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

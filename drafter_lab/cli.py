@@ -1,0 +1,58 @@
+"""`drafter-lab` entry point: parses arguments and calls library functions, nothing more.
+
+Each area registers its own subcommands (`<area>/commands.py: register(subparsers)`), so the
+parsers live next to the code they drive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from drafter_lab import __version__
+from drafter_lab.errors import LabError
+
+AREAS = (
+    "drafter_lab.targets.commands",
+    "drafter_lab.data.commands",
+    "drafter_lab.train.commands",
+    "drafter_lab.drafter.commands",
+    "drafter_lab.spec.commands",
+    "drafter_lab.experiments.commands",
+    "drafter_lab.kernels.commands",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="drafter-lab", description="Train, transfer, probe and measure EAGLE-3 drafters."
+    )
+    parser.add_argument("--version", action="version", version=f"drafter-lab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in AREAS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # area not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

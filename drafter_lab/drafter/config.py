@@ -1,0 +1,62 @@
+"""Shape of an EAGLE-3 drafter (what config.json's LlamaForCausalLMEagle3 fields carry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DrafterConfig:
+    """One-layer EAGLE-3 drafter; any hidden size, head layout, RoPE theta, eps and draft vocab."""
+
+    hidden_size: int
+    """Drafter hidden size H (width of the midlayer residual stream and of embed_tokens)."""
+    intermediate_size: int
+    """SwiGLU MLP width."""
+    num_attention_heads: int
+    """Query heads."""
+    num_key_value_heads: int
+    """Key/value heads (< num_attention_heads for GQA)."""
+    head_dim: int
+    """Per-head width; q/k/v project 2H -> heads * head_dim."""
+    draft_vocab_size: int
+    """N: rows of lm_head, entries of d2t."""
+    target_vocab_size: int
+    """V: the target's vocabulary (rows of embed_tokens, entries of t2d)."""
+    target_hidden_size: int
+    """H_t: fc takes 3 * H_t (the three aux hidden states)."""
+    aux_layer_ids: list[int] = field(default_factory=list)
+    """Target HF hidden_states indices the fc input comes from (convention hf_hidden_states)."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    rms_norm_eps: float = 1e-6
+    """RMSNorm epsilon, for all four norms."""
+    max_position_embeddings: int = 4096
+    """Longest position the drafter is configured for (recorded for SGLang)."""
+
+    @classmethod
+    def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids, **overrides) -> DrafterConfig:
+        """Mirror the target's attention layout, as SpecForge's and SGLang's drafters do."""
+        hidden = int(target_config.hidden_size)
+        heads = int(target_config.num_attention_heads)
+        base = dict(
+            hidden_size=hidden,
+            intermediate_size=int(getattr(target_config, "intermediate_size", 4 * hidden)),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(target_config, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(target_config, "head_dim", None) or hidden // heads),
+            draft_vocab_size=int(draft_vocab_size),
+            target_vocab_size=int(target_config.vocab_size),
+            target_hidden_size=hidden,
+            aux_layer_ids=[int(i) for i in aux_layer_ids],
+            rope_theta=float(getattr(target_config, "rope_theta", None) or _rope_theta(target_config)),
+            rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
+        )
+        base.update(overrides)
+        return cls(**base)
+
+
+def _rope_theta(target_config) -> float:
+    params = getattr(target_config, "rope_parameters", None) or getattr(target_config, "rope_scaling", None) or {}
+    return float(params.get("rope_theta", 10000.0)) if isinstance(params, dict) else 10000.0

@@ -1,0 +1,164 @@
+"""Loading any local HF causal-LM directory as a target, and naming it by a fingerprint.
+
+Every command that takes `--target DIR` goes through `load_target`, so Llama, Qwen2, Mistral or
+our own tiny pair all load the same way, and a bad directory fails with one line naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from drafter_lab.errors import LabError
+
+# ChatML, used when a target ships no chat template (with a warning).
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """HF `output_hidden_states` indices [2, L//2, L-3] ("capture before layer i")."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
+    ids = [int(i) for i in ids]
+    if len(ids) != 3:
+        raise LabError(f"need exactly 3 aux layer ids, got {ids}", where)
+    bad = [i for i in ids if not 0 <= i <= num_layers]
+    if bad:
+        raise LabError(
+            f"aux layer id(s) {bad} out of range: hidden_states indices run 0..{num_layers}", where
+        )
+    return ids
+
+
+def _weight_files(path: Path) -> list[Path]:
+    files = sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat))
+    return [f for f in files if not f.name.startswith(".")]
+
+
+def fingerprint(path) -> str:
+    """sha256 over config.json and, per weight file, its name, size and leading/trailing MiB.
+
+    Cheap on a 1 TB checkpoint, yet any retrained or re-saved weights change it.
+    """
+    path = Path(path)
+    h = hashlib.sha256()
+    try:
+        h.update((path / "config.json").read_bytes())
+    except FileNotFoundError:
+        raise LabError("not a model directory: config.json is missing", path) from None
+    for f in _weight_files(path):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(-(1 << 20), 2)
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Target:
+    """A loaded target model with what the lab needs to know about it."""
+
+    path: Path
+    model: torch.nn.Module
+    tokenizer: object
+    fingerprint: str
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    def describe(self) -> dict:
+        return {
+            "path": str(self.path),
+            "fingerprint": self.fingerprint,
+            "architecture": (self.config.architectures or [type(self.model).__name__])[0],
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+        }
+
+
+def load_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers raises many types for a broken dir
+        raise LabError(f"cannot load tokenizer: {_first_line(e)}", path) from None
+    if not getattr(tok, "chat_template", None):
+        warnings.warn(f"{path}: no chat template; using the default ChatML template", stacklevel=2)
+        tok.chat_template = DEFAULT_CHAT_TEMPLATE
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_target(path, device="cpu", dtype: torch.dtype | None = torch.float32, tokenizer: bool = True) -> Target:
+    """Load a local HF causal LM directory (no hub access) for inference."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not path.is_dir():
+        raise LabError("model directory not found", path)
+    try:
+        json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise LabError("not a model directory: config.json is missing", path) from None
+    except json.JSONDecodeError as e:
+        raise LabError(f"config.json is not valid JSON ({e})", path) from None
+    if not _weight_files(path):
+        raise LabError("no weight files (*.safetensors or *.bin)", path)
+    try:
+        AutoConfig.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    except Exception as e:
+        raise LabError(f"cannot load model: {_first_line(e)}", path) from None
+    model.to(device).eval()
+    model.requires_grad_(False)
+    tok = load_tokenizer(path) if tokenizer else None
+    return Target(path=path, model=model, tokenizer=tok, fingerprint=fingerprint(path))
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]

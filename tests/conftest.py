@@ -1,0 +1,56 @@
+"""Shared fixtures: a real (randomly initialised) HF Llama target with a real trained tokenizer."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def stdlib_texts(n_files: int = 12) -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(root.glob("*.py"))[:n_files]
+    return [f.read_text(errors="replace") for f in files]
+
+
+def make_random_llama(out: Path, vocab_texts=None, *, hidden=64, layers=8, heads=4, kv_heads=2, vocab=512, seed=0):
+    """Write a random LlamaForCausalLM (GQA) plus a trained byte-level BPE with save_pretrained."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from drafter_lab.targets.tokenizer import train_bpe
+
+    tok = train_bpe(vocab_texts or stdlib_texts(), vocab)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1024,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def random_llama(tmp_path_factory) -> Path:
+    """A random 8-layer GQA Llama written with save_pretrained: "any HF target" in tests."""
+    return make_random_llama(tmp_path_factory.mktemp("random_llama") / "model")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; none is visible")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

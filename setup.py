@@ -25,17 +25,19 @@ def _extensions():
     from torch.utils import cpp_extension
 
     cu = _sources("*.cu")
+    # No -std flag: torch's builder passes the standard its headers need (C++20 from torch 2.14).
     with_cuda = bool(cu) and cpp_extension.CUDA_HOME is not None and _torch_has_cuda()
-    cxx = ["-O3", "-std=c++17"]
+    cxx = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for is single-threaded without it
     kwargs = dict(
         name="drafter_lab._C",
         sources=cpp + (cu if with_cuda else []),
         include_dirs=[str(CSRC)],
         extra_compile_args={"cxx": cxx + (["-DDRAFTER_LAB_WITH_CUDA"] if with_cuda else [])},
+        extra_link_args=["-fopenmp"],
     )
     if with_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0;12.0")
-        kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]
+        kwargs["extra_compile_args"]["nvcc"] = ["-O3", "--use_fast_math", "-lineinfo"]
         ext = cpp_extension.CUDAExtension(**kwargs)
     else:
         ext = cpp_extension.CppExtension(**kwargs)

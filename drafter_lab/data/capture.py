@@ -1,0 +1,323 @@
+"""Feature capture: run the target over conversations and write EAGLE-3 training shards.
+
+Per sequence the shard holds input_ids, the assistant loss mask, the three aux hidden states
+(HF `output_hidden_states` indices, default [2, L//2, L-3]) concatenated, and the last hidden state
+(target logits are recomputed from it with the target's lm_head, never stored). See shards.py.
+
+Determinism and resume: conversations keep file order, the train/val split is a hash of the
+sequence id, shard k of a split always holds the same sequences, and batches inside a shard are
+formed the same way every run, so a rerun recomputes exactly the shards the manifest does not list
+and skips the rest. A manifest made from another target or other settings is refused. Regenerated
+conversations are cached beside the shards (`regenerated-<hash>.jsonl`), so a resumed run does not
+generate again. Memory holds one batch of hidden states plus one shard.
+
+Targets that do not fit one device: launch the same command under torchrun, e.g.
+
+    torchrun --nproc_per_node 8 -m drafter_lab data prepare --target DIR --conversations F --out D
+
+With WORLD_SIZE > 1 the target loads with transformers' tensor-parallel plan (`tp_plan="auto"`:
+attention heads and MLP columns split over the ranks, one all-reduce per row-parallel layer; needs
+the `accelerate` package and a model class with a `base_model_tp_plan`, which Llama, Qwen2/3,
+Mistral, DeepSeek and most causal LMs have). Every rank runs every forward (hidden states come out
+whole after the all-reduces); rank 0 alone writes shards, cache and manifest. CUDA ranks use NCCL
+and one GPU each (LOCAL_RANK); on CPU, gloo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from drafter_lab import atomic
+from drafter_lab import config as cfglib
+from drafter_lab.data.chat import encode_conversation
+from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
+from drafter_lab.data.regenerate import maybe_progress, regenerate
+from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, shard_name, write_shard
+from drafter_lab.errors import LabError
+from drafter_lab.progress import log
+from drafter_lab.targets.hf import (
+    Target,
+    check_aux_layer_ids,
+    default_aux_layer_ids,
+    fingerprint,
+    load_target,
+    load_tokenizer,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class CaptureConfig:
+    """How `data prepare` turns conversations into feature shards."""
+
+    aux_layer_ids: list[int] | None = None
+    """Three HF hidden_states indices to capture (0 = embeddings); default [2, L//2, L-3]."""
+    max_length: int = 512
+    """Tokens per sequence after the chat template; longer conversations are cut."""
+    dtype: str = "float32"
+    """Dtype the target runs in and the hidden states are stored in: float32, bfloat16, float16."""
+    batch_size: int = 8
+    """Sequences per target forward pass."""
+    shard_size: int = 256
+    """Sequences per shard file (the unit of resume)."""
+    val_fraction: float = 0.1
+    """Fraction of sequences held out for validation, chosen by a hash of the sequence id."""
+    regenerate: bool = False
+    """Replace assistant turns with the target's own generations before capture."""
+    temperature: float = 0.0
+    """Sampling temperature for regeneration (0 = greedy)."""
+    max_new_tokens: int = 128
+    """Longest regenerated assistant turn, in tokens."""
+    regen_batch_size: int = 16
+    """Prompts per generate call during regeneration."""
+    seed: int = 0
+    """Seed for sampled regeneration."""
+    strict: bool = False
+    """Treat a conversation without an assistant turn as an error instead of skipping it."""
+    device: str = "cpu"
+    """Device for the target (ignored under torchrun, where each rank takes its own)."""
+
+
+def split_of(seq_id: str, val_fraction: float) -> str:
+    h = int(hashlib.sha256(seq_id.encode()).hexdigest()[:16], 16)
+    return "val" if h < val_fraction * 2**64 else "train"
+
+
+def _dist_rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
+    """Load with transformers' tensor-parallel plan; torch.distributed starts from torchrun's env."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from transformers import DistributedConfig
+
+        tp = {"distributed_config": DistributedConfig(tp_plan="auto")}
+    except ImportError:  # transformers 4.x takes the plan directly
+        tp = {"tp_plan": "auto"}
+    fp = fingerprint(path)  # one-line error for a directory without config.json
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)
+    except Exception as e:
+        raise LabError(f"cannot load model tensor-parallel: {str(e).strip().splitlines()[0][:300]}", path) from None
+    model.eval().requires_grad_(False)
+    return Target(path=path, model=model, tokenizer=load_tokenizer(path), fingerprint=fp)
+
+
+def _check_config(cfg: CaptureConfig) -> None:
+    if cfg.dtype not in DTYPES:
+        raise LabError(f"unknown dtype {cfg.dtype!r}; choose one of {', '.join(DTYPES)}")
+    for name in ("max_length", "batch_size", "shard_size", "max_new_tokens", "regen_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise LabError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if not 0.0 <= cfg.val_fraction < 1.0:
+        raise LabError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
+    if cfg.temperature < 0:
+        raise LabError(f"temperature must be >= 0, got {cfg.temperature}")
+
+
+def _settings(target: dict, aux_ids: list[int], dtype: str, source: dict) -> dict:
+    """What must match for a rerun to resume (paths may move; content hashes may not)."""
+    return {
+        "target fingerprint": target["fingerprint"],
+        "aux_layer_ids": list(aux_ids),
+        "dtype": dtype,
+        **{k: v for k, v in source.items() if k not in ("conversations", "planned")},
+    }
+
+
+def _check_resumable(out: Path, existing: Manifest, now: dict) -> None:
+    before = _settings(existing.target, existing.aux_layer_ids, existing.dtype, existing.source)
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            raise LabError(
+                f"manifest was made with other settings ({key}: {before.get(key)!r} there, "
+                f"{now.get(key)!r} now); use another --out or delete it",
+                out / MANIFEST,
+            )
+
+
+def _check_out_dir(out: Path) -> None:
+    """An existing --out without a manifest may only hold what an earlier run of ours left."""
+    if out.exists() and not out.is_dir():
+        raise LabError("output path exists and is not a directory", out)
+    if not out.is_dir() or (out / MANIFEST).exists():
+        return
+    foreign = [
+        p.name
+        for p in out.iterdir()
+        if not (p.name.startswith("regenerated-") or p.name.startswith("."))
+    ]
+    if foreign:
+        raise LabError(f"output directory holds other files ({', '.join(sorted(foreign)[:3])}) and no manifest", out)
+
+
+def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict, main: bool) -> list[Conversation]:
+    if not cfg.regenerate:
+        return convs
+    cache = out / f"regenerated-{atomic.sha256_json(settings)[:12]}.jsonl"
+    if cache.exists():
+        log(f"regenerate: reusing {cache}")
+        return read_conversations(cache, strict=True)[0]
+    convs = regenerate(
+        target,
+        convs,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.regen_batch_size,
+        seed=cfg.seed,
+        show_progress=main,
+    )
+    if main:
+        write_conversations(cache, convs)
+    return convs
+
+
+def _encode(tokenizer, convs, cfg: CaptureConfig, conversations_path, skipped: dict) -> list[tuple]:
+    items = []
+    for conv in convs:
+        try:
+            ids, mask = encode_conversation(tokenizer, conv.messages, cfg.max_length)
+        except LabError as e:
+            raise LabError(f"conversation {conv.id}: {e}", conversations_path) from None
+        if not mask.any():  # the assistant text lies past max_length
+            skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
+            continue
+        items.append((conv.id, ids, mask))
+    return items
+
+
+def _capture_shard(target: Target, items: list[tuple], aux_ids: list[int], dtype, batch_size: int, advance):
+    """Run the target over one shard's sequences (longest first, right-padded) and keep its states."""
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else 0
+    order = sorted(range(len(items)), key=lambda j: -len(items[j][1]))
+    out: list[Sequence | None] = [None] * len(items)
+    for b in range(0, len(order), batch_size):
+        chunk = order[b : b + batch_size]
+        width = len(items[chunk[0]][1])
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, j in enumerate(chunk):
+            n = len(items[j][1])
+            ids[r, :n] = items[j][1]
+            attn[r, :n] = 1
+        with torch.no_grad():
+            hs = target.model(
+                input_ids=ids.to(target.device),
+                attention_mask=attn.to(target.device),
+                output_hidden_states=True,
+                use_cache=False,
+                logits_to_keep=1,
+            ).hidden_states
+        aux = torch.cat([hs[i] for i in aux_ids], dim=-1)
+        for r, j in enumerate(chunk):
+            seq_id, seq_ids, mask = items[j]
+            n = len(seq_ids)
+            seq = Sequence(
+                seq_id=seq_id,
+                input_ids=seq_ids,
+                loss_mask=mask,
+                aux_hidden=aux[r, :n].to("cpu", dtype).clone(),
+                final_hidden=hs[-1][r, :n].to("cpu", dtype).clone(),
+            )
+            if not (torch.isfinite(seq.aux_hidden).all() and torch.isfinite(seq.final_hidden).all()):
+                raise LabError(
+                    f"target produced NaN/inf hidden states on sequence {seq_id} in {str(dtype).removeprefix('torch.')}", target.path
+                )
+            out[j] = seq
+        del hs, aux
+        advance(len(chunk), tokens=int(attn.sum()))
+    return out
+
+
+def _source(cfg: CaptureConfig, conversations_path: Path) -> dict:
+    """Where the sequences come from and every setting that changes their content."""
+    regen = ("temperature", "max_new_tokens", "regen_batch_size", "seed")
+    return {
+        "conversations": str(conversations_path),
+        "sha256": atomic.sha256_file(conversations_path),
+        "max_length": cfg.max_length,
+        "val_fraction": cfg.val_fraction,
+        "shard_size": cfg.shard_size,
+        "batch_size": cfg.batch_size,  # padding inside a batch moves the low bits of the states
+        "regenerate": {k: getattr(cfg, k) for k in regen} if cfg.regenerate else None,
+    }
+
+
+def _plan(items: list[tuple], cfg: CaptureConfig) -> dict[str, list[list[tuple]]]:
+    """Per split, the sequences of each shard, in file order: the same on every run."""
+    by_split = {s: [it for it in items if split_of(it[0], cfg.val_fraction) == s] for s in SPLITS}
+    return {s: [seqs[k : k + cfg.shard_size] for k in range(0, len(seqs), cfg.shard_size)] for s, seqs in by_split.items()}
+
+
+def prepare_features(
+    target_path, conversations_path, out_dir, config: CaptureConfig | None = None, **overrides
+) -> Manifest:
+    """Capture features of `conversations_path` through the target into `out_dir`; returns the manifest.
+
+    Settings come from `config` (default CaptureConfig()) with keyword `overrides` on top, e.g.
+    `prepare_features(t, c, o, max_length=256, regenerate=True)`.
+    """
+    cfg = cfglib.replace(config or CaptureConfig(), **overrides) if overrides else (config or CaptureConfig())
+    _check_config(cfg)
+    out, conversations_path = Path(out_dir), Path(conversations_path)
+    _check_out_dir(out)
+    convs, skipped = read_conversations(conversations_path, strict=cfg.strict)
+    if not convs:
+        raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", conversations_path)
+    dtype = DTYPES[cfg.dtype]
+    tp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    target = _load_tp_target(Path(target_path), dtype) if tp else load_target(target_path, device=cfg.device, dtype=dtype)
+    main = _dist_rank() == 0
+    aux_ids = check_aux_layer_ids(
+        cfg.aux_layer_ids if cfg.aux_layer_ids is not None else default_aux_layer_ids(target.num_layers),
+        target.num_layers,
+        target.path,
+    )
+    source = _source(cfg, conversations_path)
+    describe = target.describe()
+    settings = _settings(describe, aux_ids, cfg.dtype, source)
+    existing = Manifest.load(out) if (out / MANIFEST).exists() else None
+    if existing is not None:
+        _check_resumable(out, existing, settings)
+    if tp:  # every rank has read the manifest and cache before rank 0 writes anything
+        torch.distributed.barrier()
+
+    convs = _conversations(target, convs, cfg, out, settings, main)
+    items = _encode(target.tokenizer, convs, cfg, conversations_path, skipped)
+    if not items:
+        raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length}", conversations_path)
+    plan = _plan(items, cfg)
+    source["planned"] = {s: {"sequences": sum(map(len, plan[s])), "shards": len(plan[s])} for s in SPLITS}
+    if existing is not None and existing.source.get("planned") != source["planned"]:
+        raise LabError(
+            f"manifest plans {existing.source.get('planned')} but this run plans {source['planned']}", out / MANIFEST
+        )
+
+    manifest = Manifest(target=describe, aux_layer_ids=aux_ids, dtype=cfg.dtype, source=source, skipped=skipped)
+    if existing is not None:
+        manifest.shards = {s: [r for r in existing.shards.get(s, []) if (out / r["file"]).exists()] for s in SPLITS}
+    done = {r["file"] for rows in manifest.shards.values() for r in rows}
+    todo = [(s, k, chunk) for s in SPLITS for k, chunk in enumerate(plan[s]) if shard_name(s, k) not in done]
+    if main:
+        log(
+            f"capture: {len(items)} sequences (train {source['planned']['train']['sequences']}, "
+            f"val {source['planned']['val']['sequences']}), "
+            f"{sum(map(len, plan.values()))} shards, {len(todo)} to compute; aux ids {aux_ids}"
+        )
+    with maybe_progress("capture", sum(len(c) for _, _, c in todo), main) as advance:
+        for split, k, chunk in todo:
+            seqs = _capture_shard(target, chunk, aux_ids, dtype, cfg.batch_size, advance)
+            if main:
+                row = write_shard(out, split, k, seqs, dtype)
+                manifest.shards[split] = sorted([*manifest.shards[split], row], key=lambda r: r["file"])
+                manifest.save(out)
+    return manifest

@@ -1,0 +1,164 @@
+"""CLI: `data prepare` (features from conversations) and `vocab build` / `vocab compare`."""
+
+from __future__ import annotations
+
+import argparse
+
+from drafter_lab.config import field_docs
+
+
+def _aux_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 2,4,5, got {text!r}") from None
+
+
+def register(subparsers) -> None:
+    from drafter_lab.data.capture import DTYPES, CaptureConfig
+
+    docs, d = field_docs(CaptureConfig), CaptureConfig()
+    data = subparsers.add_parser("data", help="turn conversations into target features")
+    data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    p = data_sub.add_parser("prepare", help="run the target over conversations and write feature shards")
+    p.add_argument("--target", required=True, help="local HF causal-LM directory")
+    p.add_argument("--conversations", required=True, help="SpecForge/ShareGPT jsonl")
+    p.add_argument("--out", required=True, help="feature directory (resumes if it holds a manifest)")
+    p.add_argument("--regenerate", action="store_true", help=docs["regenerate"])
+    p.add_argument("--temperature", type=float, default=d.temperature, help=docs["temperature"])
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
+    p.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size, help=docs["regen_batch_size"])
+    p.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
+    p.add_argument("--max-length", type=int, default=d.max_length, help=docs["max_length"])
+    p.add_argument("--aux-layer-ids", type=_aux_ids, default=None, metavar="I,J,K", help=docs["aux_layer_ids"])
+    p.add_argument("--dtype", default=d.dtype, choices=list(DTYPES), help=docs["dtype"])
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=docs["batch_size"])
+    p.add_argument("--shard-size", type=int, default=d.shard_size, help=docs["shard_size"])
+    p.add_argument("--val-fraction", type=float, default=d.val_fraction, help=docs["val_fraction"])
+    p.add_argument("--strict", action="store_true", help=docs["strict"])
+    p.add_argument("--device", default=d.device, help=docs["device"])
+    p.set_defaults(func=_prepare)
+
+    vocab = subparsers.add_parser("vocab", help="draft vocabulary (d2t/t2d): build, compare")
+    vocab_sub = vocab.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
+    b = vocab_sub.add_parser("build", help="top-N assistant tokens of the train split -> d2t/t2d safetensors")
+    b.add_argument("--data", required=True, help="feature directory from `data prepare`")
+    b.add_argument("--size", type=int, required=True, help="draft vocabulary size N")
+    b.add_argument("--out", required=True, help="output .safetensors file")
+    b.set_defaults(func=_build)
+    c = vocab_sub.add_parser("compare", help="how far two draft vocabularies agree")
+    c.add_argument("a", help="vocab .safetensors or drafter checkpoint directory")
+    c.add_argument("b", help="vocab .safetensors or drafter checkpoint directory")
+    c.add_argument("--top", type=int, default=10, help="rows in the disagreement tables")
+    c.add_argument("--tokenizer", default=None, help="model directory whose tokenizer shows token text")
+    c.set_defaults(func=_compare)
+
+
+def _prepare(args) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from drafter_lab.data.capture import CaptureConfig, prepare_features
+
+    cfg = CaptureConfig(
+        aux_layer_ids=args.aux_layer_ids,
+        max_length=args.max_length,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        val_fraction=args.val_fraction,
+        regenerate=args.regenerate,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        regen_batch_size=args.regen_batch_size,
+        seed=args.seed,
+        strict=args.strict,
+        device=args.device,
+    )
+    manifest = prepare_features(args.target, args.conversations, args.out, cfg)
+    if torch.distributed.is_initialized():  # under torchrun: rank 0 reports, every rank leaves the group
+        rank = torch.distributed.get_rank()
+        torch.distributed.destroy_process_group()
+        if rank:
+            return 0
+    table = Table(title=f"features in {args.out} (target {manifest.target['fingerprint']})")
+    for col in ("split", "shards", "sequences", "tokens", "loss tokens"):
+        table.add_column(col, justify="right")
+    for split in manifest.shards:
+        n = manifest.counts(split)
+        table.add_row(split, str(len(manifest.shards[split])), str(n["sequences"]), str(n["tokens"]), str(n["loss_tokens"]))
+    console = Console()
+    console.print(table)
+    console.print(
+        f"aux layer ids {manifest.aux_layer_ids} ({manifest.aux_convention}), dtype {manifest.dtype}, "
+        f"skipped {manifest.skipped or 'none'}",
+        highlight=False,
+    )
+    return 0
+
+
+def _build(args) -> int:
+    from rich.console import Console
+
+    from drafter_lab.data.vocab import count_train_tokens, vocab_from_counts
+
+    counts = count_train_tokens(args.data)
+    vocab = vocab_from_counts(counts, args.size)
+    vocab.save(args.out)
+    covered = int(counts[vocab.used].sum())
+    Console().print(
+        f"draft vocab {vocab.size} of {vocab.target_vocab_size} target tokens -> {args.out}\n"
+        f"{int((counts > 0).sum())} distinct tokens at loss positions; the vocab covers "
+        f"{covered}/{int(counts.sum())} = {covered / int(counts.sum()):.2%} of them",
+        highlight=False,
+    )
+    return 0
+
+
+def _compare(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from drafter_lab.data.vocab import DraftVocab, compare_vocabs
+
+    a, b = DraftVocab.load(args.a), DraftVocab.load(args.b)
+    r = compare_vocabs(a, b, top=args.top)
+    tok = None
+    if args.tokenizer:
+        from drafter_lab.targets.hf import load_tokenizer
+
+        tok = load_tokenizer(args.tokenizer)
+
+    def show(i: int) -> str:
+        return f"{i} {tok.convert_ids_to_tokens(i)!r}" if tok is not None else str(i)
+
+    console = Console()
+    summary = Table(title="draft vocab comparison")
+    summary.add_column("")
+    summary.add_column("value", justify="right")
+    summary.add_row("A", f"{args.a}: {r['size_a']} of {r['target_vocab_a']}")
+    summary.add_row("B", f"{args.b}: {r['size_b']} of {r['target_vocab_b']}")
+    summary.add_row("positions mapping to the same target token", f"{r['same_positions']} / {min(r['size_a'], r['size_b'])}")
+    summary.add_row("target tokens both hold", str(r["shared_tokens"]))
+    summary.add_row("tokens only in A", str(r["only_a_count"]))
+    summary.add_row("tokens only in B", str(r["only_b_count"]))
+    console.print(summary)
+    if r["largest_gaps"]:
+        gaps = Table(title="largest disagreements by position")
+        for col in ("position", "A target", "B target", "|gap|"):
+            gaps.add_column(col, justify="right")
+        for g in r["largest_gaps"]:
+            gaps.add_row(str(g["position"]), show(g["target_a"]), show(g["target_b"]), str(g["gap"]))
+        console.print(gaps)
+    if r["only_a"] or r["only_b"]:
+        only = Table(title=f"tokens held by one side only (lowest {args.top} ids)")
+        only.add_column("only in A", justify="right")
+        only.add_column("only in B", justify="right")
+        for i in range(max(len(r["only_a"]), len(r["only_b"]))):
+            only.add_row(
+                show(r["only_a"][i]) if i < len(r["only_a"]) else "",
+                show(r["only_b"][i]) if i < len(r["only_b"]) else "",
+            )
+        console.print(only)
+    return 0

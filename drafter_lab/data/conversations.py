@@ -1,0 +1,110 @@
+"""Conversations in SpecForge / ShareGPT jsonl: one JSON object per line.
+
+Each line holds `conversations` (or `messages`): a list of turns written either as
+`{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
+where `human` means user and `gpt` means assistant). An optional `id` names the conversation;
+without one the id is a hash of its turns, so the train/val split stays stable across reruns.
+
+A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
+A conversation without an assistant turn has nothing to train on: it is skipped and counted
+(an error under `strict`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drafter_lab import atomic
+from drafter_lab.errors import LabError
+
+ROLES = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+
+
+@dataclass
+class Conversation:
+    """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised)."""
+
+    id: str
+    messages: list[dict] = field(default_factory=list)
+
+    def assistant_turns(self) -> list[int]:
+        return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+
+
+def content_id(messages: list[dict]) -> str:
+    blob = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _parse_turn(turn, where: str, path) -> dict:
+    if not isinstance(turn, dict):
+        raise LabError(f"{where}: a turn is {type(turn).__name__}, not an object", path)
+    role = turn.get("role", turn.get("from"))
+    content = turn.get("content", turn.get("value"))
+    if role is None or content is None:
+        raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
+    if str(role).lower() not in ROLES:
+        raise LabError(f"{where}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})", path)
+    if not isinstance(content, str):
+        raise LabError(f"{where}: turn content is {type(content).__name__}, not text", path)
+    return {"role": ROLES[str(role).lower()], "content": content}
+
+
+def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], dict]:
+    """Read a jsonl file; returns (conversations, skipped counts by reason)."""
+    path = Path(path)
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        raise LabError("conversations file not found", path) from None
+    except IsADirectoryError:
+        raise LabError("conversations path is a directory, not a jsonl file", path) from None
+    convs: list[Conversation] = []
+    seen: set[str] = set()
+    skipped: Counter = Counter()
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        where = f"line {lineno}"
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise LabError(f"{where} is not valid JSON ({e})", path) from None
+        if not isinstance(obj, dict):
+            raise LabError(f"{where}: expected a JSON object, got {type(obj).__name__}", path)
+        turns = obj.get("conversations", obj.get("messages"))
+        if not isinstance(turns, list):
+            raise LabError(f"{where}: no `conversations` (or `messages`) list", path)
+        messages = [_parse_turn(t, where, path) for t in turns]
+        if not any(m["role"] == "assistant" for m in messages):
+            if strict:
+                raise LabError(f"{where}: conversation has no assistant turn (--strict)", path)
+            skipped["no_assistant_turn"] += 1
+            continue
+        cid = str(obj["id"]) if obj.get("id") is not None else content_id(messages)
+        if cid in seen:
+            skipped["duplicate_id"] += 1
+            continue
+        seen.add(cid)
+        convs.append(Conversation(id=cid, messages=messages))
+    return convs, dict(skipped)
+
+
+def write_conversations(path, convs: list[Conversation]) -> None:
+    """Write SpecForge-style jsonl (`id` + `conversations` with role/content), atomically."""
+    lines = [
+        json.dumps({"id": c.id, "conversations": c.messages}, ensure_ascii=False) for c in convs
+    ]
+    with atomic.atomic_path(path) as tmp:
+        tmp.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))

@@ -1,0 +1,176 @@
+"""Draft vocabulary (DESIGN section 3): which target tokens the drafter's lm_head can propose.
+
+Count target-token frequencies over loss-masked (assistant) positions of the train split, take the
+top N, sort ascending -> `used`. `d2t[i] = used[i] - i` (int64; target id = i + d2t[i]) and `t2d`
+is a bool mask over the target vocab, so `nonzero(t2d) == d2t + arange(N)`. When fewer than N
+tokens occur, the lowest unused ids pad the list. `(d2t, t2d, lm_head rows)` travel together: a
+mapping never replaces a checkpoint's without re-indexing its lm_head (drafter.transfer does that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from drafter_lab import atomic
+from drafter_lab.data.shards import FeatureSet
+from drafter_lab.errors import LabError
+
+FORMAT = "drafter_lab.vocab/1"
+
+
+@dataclass
+class DraftVocab:
+    """The (d2t, t2d) pair of one draft vocabulary."""
+
+    d2t: torch.Tensor
+    """int64 [N]: offset from draft id to target id (target id = i + d2t[i])."""
+    t2d: torch.Tensor
+    """bool [V_target]: True where the target token has a draft id."""
+
+    @property
+    def size(self) -> int:
+        return int(self.d2t.numel())
+
+    @property
+    def target_vocab_size(self) -> int:
+        return int(self.t2d.numel())
+
+    @property
+    def used(self) -> torch.Tensor:
+        """Target ids of the draft positions, ascending (int64 [N])."""
+        return self.d2t + torch.arange(self.size, dtype=torch.int64)
+
+    @classmethod
+    def from_used(cls, used: torch.Tensor, target_vocab_size: int) -> DraftVocab:
+        used = torch.sort(used.to(torch.int64)).values
+        t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+        t2d[used] = True
+        return cls(d2t=used - torch.arange(used.numel(), dtype=torch.int64), t2d=t2d)
+
+    def save(self, path) -> None:
+        atomic.save_safetensors(
+            {"d2t": self.d2t, "t2d": self.t2d},
+            path,
+            metadata={
+                "format": FORMAT,
+                "draft_vocab_size": str(self.size),
+                "target_vocab_size": str(self.target_vocab_size),
+            },
+        )
+
+    @classmethod
+    def load(cls, path) -> DraftVocab:
+        """Read a vocab file, or the `d2t`/`t2d` tensors of a drafter checkpoint directory."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / "model.safetensors"
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                missing = [k for k in ("d2t", "t2d") if k not in f.keys()]
+                if missing:
+                    raise LabError(f"no {' or '.join(missing)} tensor: not a draft vocabulary", path)
+                d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+        except LabError:
+            raise
+        except FileNotFoundError:
+            raise LabError("draft vocabulary file not found", path) from None
+        except Exception as e:
+            raise LabError(f"truncated or corrupt safetensors ({str(e).splitlines()[0][:200]})", path) from None
+        if d2t.dim() != 1 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+            raise LabError(f"d2t must be a 1-D integer tensor, got {d2t.dtype} {list(d2t.shape)}", path)
+        if t2d.dim() != 1 or t2d.dtype.is_floating_point or (t2d.dtype != torch.bool and t2d.numel() and t2d.max() > 1):
+            raise LabError(f"t2d must be a 1-D bool mask, got {t2d.dtype} {list(t2d.shape)}", path)
+        vocab = cls(d2t=d2t.to(torch.int64), t2d=t2d.bool())
+        used = vocab.used
+        if (
+            used.numel() != int(vocab.t2d.sum())
+            or (used.numel() and (used.min() < 0 or used.max() >= vocab.target_vocab_size))
+            or not torch.equal(torch.nonzero(vocab.t2d).flatten(), used)
+        ):
+            raise LabError("d2t and t2d disagree (nonzero(t2d) != d2t + arange(N))", path)
+        return vocab
+
+
+def vocab_of_drafter(drafter) -> DraftVocab:
+    """The mapping a loaded drafter carries (any module with `d2t`/`t2d` buffers)."""
+    return DraftVocab(d2t=drafter.d2t.detach().long().cpu(), t2d=drafter.t2d.detach().bool().cpu())
+
+
+def count_train_tokens(feature_dir) -> torch.Tensor:
+    """Per target token, how often it sits at a loss-masked position of the train split (int64 [V])."""
+    from safetensors import safe_open
+
+    features = FeatureSet(feature_dir)
+    vocab_size = int(features.manifest.target["vocab_size"])
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for row in features.manifest.shards.get("train", []):
+        path = features.dir / row["file"]
+        try:  # only the two small tensors: the hidden states are not needed here
+            with safe_open(str(path), framework="pt") as f:
+                ids, mask = f.get_tensor("input_ids"), f.get_tensor("loss_mask")
+        except FileNotFoundError:
+            raise LabError("feature shard is missing", path) from None
+        except Exception as e:
+            raise LabError(f"truncated or corrupt feature shard ({str(e).splitlines()[0][:200]})", path) from None
+        ids = ids[mask.bool()].long()
+        if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise LabError(f"token id {int(ids.max())} outside the target vocab ({vocab_size})", path)
+        counts += torch.bincount(ids, minlength=vocab_size)
+    if not counts.any():
+        raise LabError("no loss-masked tokens in the train split: nothing to build a vocabulary from", feature_dir)
+    return counts
+
+
+def vocab_from_counts(counts: torch.Tensor, size: int) -> DraftVocab:
+    """Top `size` tokens by count (ties: lower id first), padded with the lowest unused ids."""
+    vocab_size = int(counts.numel())
+    if not 0 < size <= vocab_size:
+        raise LabError(f"draft vocab size {size} must be in 1..{vocab_size} (the target vocab size)")
+    order = torch.sort(counts, descending=True, stable=True).indices
+    seen = order[counts[order] > 0][:size]
+    if seen.numel() < size:
+        free = torch.ones(vocab_size, dtype=torch.bool)
+        free[seen] = False
+        seen = torch.cat([seen, torch.nonzero(free).flatten()[: size - seen.numel()]])
+    return DraftVocab.from_used(seen, vocab_size)
+
+
+def build_vocab(feature_dir, size: int) -> DraftVocab:
+    return vocab_from_counts(count_train_tokens(feature_dir), size)
+
+
+def compare_vocabs(a: DraftVocab, b: DraftVocab, top: int = 10) -> dict:
+    """How far two draft vocabularies agree (the seeds' "252 of 32,000 positions" diagnosis).
+
+    `same_positions`: draft positions i where both map to the same target token, i.e. where an
+    lm_head row can be reused unchanged. `shared_tokens`: target tokens both hold (rows a remap
+    could reuse). `largest_gaps`: positions whose target ids differ most. `only_a`/`only_b`: the
+    lowest target ids held by one side only.
+    """
+    ua, ub = a.used, b.used
+    n = min(a.size, b.size)
+    gaps = (ua[:n] - ub[:n]).abs()
+    order = torch.sort(gaps, descending=True, stable=True).indices
+    order = order[gaps[order] > 0][:top]
+    ta, tb = set(ua.tolist()), set(ub.tolist())
+    return {
+        "size_a": a.size,
+        "size_b": b.size,
+        "target_vocab_a": a.target_vocab_size,
+        "target_vocab_b": b.target_vocab_size,
+        "same_positions": int((gaps == 0).sum()),
+        "shared_tokens": len(ta & tb),
+        "only_a_count": len(ta - tb),
+        "only_b_count": len(tb - ta),
+        "largest_gaps": [
+            {"position": int(i), "target_a": int(ua[i]), "target_b": int(ub[i]), "gap": int(gaps[i])}
+            for i in order
+        ],
+        "only_a": sorted(ta - tb)[:top],
+        "only_b": sorted(tb - ta)[:top],
+    }

@@ -1,0 +1,69 @@
+"""Reading SpecForge/ShareGPT jsonl: both dialects, stable ids, skips, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from data_helpers import make_conversations, write_jsonl
+
+from drafter_lab.data.conversations import read_conversations, write_conversations
+from drafter_lab.errors import LabError
+
+
+def test_reads_both_dialects_with_stable_ids(tmp_path):
+    rows = make_conversations(4)
+    rows.append({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    path = write_jsonl(tmp_path / "c.jsonl", rows)
+    convs, skipped = read_conversations(path)
+    assert skipped == {}
+    assert len(convs) == 5
+    # ShareGPT `human`/`gpt` turns come out as user/assistant, with the system turn kept.
+    assert [m["role"] for m in convs[0].messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert convs[0].messages[2]["content"] == rows[0]["conversations"][2]["value"]
+    assert convs[1].id == "chat-1" and convs[1].messages[0]["role"] == "user"
+    assert convs[0].id.startswith("sha256:")  # no id in the file: a hash of the turns
+    again, _ = read_conversations(path)
+    assert [c.id for c in again] == [c.id for c in convs]
+
+    out = tmp_path / "out.jsonl"
+    write_conversations(out, convs)
+    back, _ = read_conversations(out)
+    assert [(c.id, c.messages) for c in back] == [(c.id, c.messages) for c in convs]
+
+
+def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
+    rows = make_conversations(3)
+    rows.insert(1, {"conversations": [{"from": "human", "value": "anyone?"}]})
+    rows.append(rows[2])  # the same chat twice: kept once
+    path = write_jsonl(tmp_path / "c.jsonl", rows)
+    convs, skipped = read_conversations(path)
+    assert len(convs) == 3
+    assert skipped == {"no_assistant_turn": 1, "duplicate_id": 1}
+    with pytest.raises(LabError, match=r"line 2: conversation has no assistant turn") as e:
+        read_conversations(path, strict=True)
+    assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ('{"conversations": [{"role": "user", "content": "x"}', "line 3 is not valid JSON"),
+        ('["not", "an", "object"]', "line 3: expected a JSON object"),
+        ('{"conversations": [{"role": "robot", "content": "x"}]}', "line 3: unknown role 'robot'"),
+        ('{"conversations": [{"role": "user"}]}', "line 3: a turn lacks role/content"),
+        ('{"text": "no turns"}', "line 3: no `conversations`"),
+    ],
+)
+def test_bad_line_names_file_and_line(tmp_path, bad, message):
+    good = json.dumps(make_conversations(1)[0])
+    path = write_jsonl(tmp_path / "c.jsonl", [good, "", bad, good])
+    with pytest.raises(LabError) as e:
+        read_conversations(path)
+    assert message in str(e.value) and str(path) in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(LabError, match="conversations file not found"):
+        read_conversations(tmp_path / "nope.jsonl")

@@ -1,0 +1,74 @@
+"""Regeneration: the assistant turns become the target's own (greedy) continuations."""
+
+from __future__ import annotations
+
+import torch
+from data_helpers import make_conversations, run_cli, write_jsonl
+
+from drafter_lab.data.chat import render
+from drafter_lab.data.conversations import read_conversations
+from drafter_lab.data.regenerate import regenerate, stop_token_ids
+from drafter_lab.data.shards import FeatureSet
+from drafter_lab.targets.hf import load_target
+
+NEW_TOKENS = 6
+
+
+def greedy_reference(target, messages, upto: int) -> str:
+    """Token-by-token argmax with full recomputation: no padding, no KV cache, no `generate`."""
+    tok = target.tokenizer
+    ids = tok(render(tok, messages[:upto], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    ids, new = torch.tensor([ids]), []
+    stops = set(stop_token_ids(target))
+    for _ in range(NEW_TOKENS):
+        with torch.no_grad():
+            nxt = int(target.model(ids).logits[0, -1].argmax())
+        if nxt in stops:
+            break
+        new.append(nxt)
+        ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return tok.decode(new, skip_special_tokens=True)
+
+
+def test_greedy_regeneration_is_the_targets_own_and_deterministic(random_llama, tmp_path):
+    target = load_target(random_llama)
+    convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", make_conversations(3)))
+    out = regenerate(target, convs, max_new_tokens=NEW_TOKENS, batch_size=2)
+    again = regenerate(target, convs, max_new_tokens=NEW_TOKENS, batch_size=2)
+    assert [c.messages for c in out] == [c.messages for c in again]
+    for old, new in zip(convs, out):
+        assert new.id == old.id
+        for i, (a, b) in enumerate(zip(old.messages, new.messages)):
+            assert a["role"] == b["role"]
+            if a["role"] != "assistant":
+                assert a == b
+            else:  # turn 2 is generated after the target's own turn 1, as in a real chat
+                assert b["content"] != a["content"]
+                assert b["content"] == greedy_reference(target, new.messages, i)
+
+
+def test_sampling_follows_the_seed(random_llama, tmp_path):
+    target = load_target(random_llama)
+    convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", make_conversations(2)))
+    kw = dict(temperature=1.0, max_new_tokens=NEW_TOKENS, batch_size=2)
+    a = regenerate(target, convs, seed=1, **kw)
+    b = regenerate(target, convs, seed=1, **kw)
+    c = regenerate(target, convs, seed=2, **kw)
+    assert [x.messages for x in a] == [x.messages for x in b]
+    assert [x.messages for x in a] != [x.messages for x in c]
+
+
+def test_prepare_with_regenerate_captures_the_generations(random_llama, tmp_path):
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(3))
+    out = tmp_path / "feat"
+    args = ("data", "prepare", "--target", random_llama, "--conversations", convs, "--out", out,
+            "--regenerate", "--max-new-tokens", NEW_TOKENS, "--val-fraction", "0")
+    assert run_cli(*args) == 0
+    cache = list(out.glob("regenerated-*.jsonl"))
+    assert len(cache) == 1
+    regenerated = {c.id: c for c in read_conversations(cache[0])[0]}
+    target = load_target(random_llama)
+    for seq in FeatureSet(out).sequences("train"):
+        answers = [m["content"] for m in regenerated[seq.seq_id].messages if m["role"] == "assistant"]
+        masked = target.tokenizer.decode(seq.input_ids[seq.loss_mask])
+        assert masked == "".join(a + "<|im_end|>" for a in answers)

@@ -2,6 +2,9 @@
 // objects that are not ops (the all-reduce communicator) bind here with pybind11.
 #include <torch/extension.h>
 
+#include "allreduce/register.h"
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "drafter_lab compiled extension";
+  register_allreduce(m);
 }

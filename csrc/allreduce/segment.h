@@ -1,0 +1,66 @@
+// The POSIX shared-memory segment: create (rank 0), attach (other ranks), unlink, and the
+// cleanup of segments left behind by killed runs.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "allreduce/layout.h"
+
+namespace drafter_lab {
+namespace allreduce {
+
+// Every failure users can meet (timeouts, dead peers, mismatched calls, segment trouble).
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr const char* kNamePrefix = "drafter_lab_ar.";
+
+// "/drafter_lab_ar.<tag>" from a user tag (letters, digits, '-', '_', '.').
+std::string segment_name(const std::string& tag);
+// A fresh name "/drafter_lab_ar.<pid>.<random>".
+std::string unique_segment_name();
+
+bool pid_alive(int pid);
+
+// Removes segments with our prefix whose creator and ranks are all dead (or that were never
+// initialised and are older than `min_age_s`). Returns the names removed.
+std::vector<std::string> cleanup_stale(double min_age_s = 30.0);
+
+class Segment {
+ public:
+  // Rank 0: creates `name` (a stale segment of that name is replaced; a live one is an error).
+  static Segment create(const std::string& name, int world_size, uint64_t max_bytes, uint32_t blocks,
+                        uint32_t backend);
+  // Other ranks: waits up to `timeout_s` for `name` to exist with a live creator, then maps it.
+  static Segment attach(const std::string& name, int world_size, double timeout_s);
+
+  Segment() = default;
+  Segment(Segment&& o) noexcept { *this = static_cast<Segment&&>(o); }
+  Segment& operator=(Segment&& o) noexcept;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment() { unmap(); }
+
+  Header* header() const { return reinterpret_cast<Header*>(base_); }
+  char* base() const { return base_; }
+  char* slots() const { return base_ + kHeaderBytes; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+  Layout layout() const { return Layout::make(header()->max_bytes, header()->blocks); }
+
+  void unlink();  // remove the name (mappings stay valid); idempotent
+  void unmap();
+
+ private:
+  std::string name_;
+  char* base_ = nullptr;
+  size_t size_ = 0;
+  bool unlinked_ = false;
+};
+
+}  // namespace allreduce
+}  // namespace drafter_lab

@@ -1,0 +1,323 @@
+"""Shared-memory all-reduce for the tensor-parallel verify step (drafter_lab._C.allreduce).
+
+The verify step's all-reduces are small (1-8 tokens x 7168 x bf16 = 14-115 KB) and latency-bound.
+A `Communicator` joins `world_size` processes on one host through a POSIX shared-memory segment:
+each rank has two alternating buffers of per-block flag lines and data; a call copies the
+input into the rank's slot, releases a uint32 generation flag (with a signature of numel, dtype
+and kind beside it), and reads the peers' slots after acquiring theirs.
+
+- one-shot (small messages): every rank reduces the whole message;
+- two-shot (large ones): reduce-scatter then all-gather, one rounding per element;
+- the threshold between them is set (`one_shot_max_bytes=`) or measured at init (all ranks
+  agree: the timings are themselves all-reduced);
+- sums run in fp32 in rank order 0..N-1 and round once, so every rank gets identical bits;
+- `allreduce_residual_rmsnorm` fuses the residual add and RMSNorm into the reduction.
+
+Backends: "cpu" (processes on one host, C++ with acquire/release atomics and spin-then-yield
+waits) and, when the extension is built with CUDA, "cuda-host" (the segment registered as mapped
+pinned memory; works without P2P) and "cuda-ipc" (device buffers shared with cudaIpcGetMemHandle).
+
+Failures raise `AllReduceError` (a LabError and a RuntimeError) and never hang: a rank that dies,
+leaves, or does not arrive within `timeout_s` makes the others raise with the rank, its pid and
+the timeout in the message; ranks sending different sizes or dtypes raise instead of mixing data.
+The segment's name is removed as soon as every rank has mapped it, so killed runs leak nothing;
+a run killed during init leaves a segment that the next init (or `cleanup_stale_segments`) removes.
+After a failure a communicator is unusable; create a new one.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from drafter_lab.errors import LabError
+from drafter_lab.kernels import _ext
+
+BACKENDS = ("cpu", "cuda-host", "cuda-ipc")
+AUTOTUNE_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+_rendezvous_counts: dict[tuple, int] = {}
+
+
+class AllReduceError(LabError, RuntimeError):
+    """A rank died, left, timed out, or sent a different call; or the segment could not be set up."""
+
+
+class AllReduceInputError(LabError, ValueError):
+    """Tensors the communicator cannot take (dtype, device, layout, sizes)."""
+
+
+def _native():
+    return _ext.load().allreduce
+
+
+class Communicator:
+    """One rank of a shared-memory all-reduce group (processes on one host).
+
+    Rendezvous: `store=` (a torch.distributed Store: rank 0 publishes a fresh segment name under
+    `drafter_lab/allreduce/<name>/<n>`), `path=` (a FileStore at that path), or `name=` alone (a
+    fixed segment name every rank knows). All ranks must construct their communicators, and then
+    call them, in the same order.
+
+    `one_shot_max_bytes=None` times both algorithms at init (collectively, on the current
+    stream); ranks that are streams of one process must pass a value instead.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        name: str | None = None,
+        store=None,
+        path: str | os.PathLike | None = None,
+        max_bytes: int = 1 << 20,
+        timeout_s: float = 5.0,
+        backend: str = "cpu",
+        one_shot_max_bytes: int | None = None,
+        blocks: int = 16,
+        device: int | torch.device | None = None,
+    ):
+        if backend not in BACKENDS:
+            raise LabError(f"unknown all-reduce backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if store is not None and path is not None:
+            raise LabError("pass store= or path=, not both")
+        if store is None and path is None and name is None:
+            raise LabError("the all-reduce needs a rendezvous: pass store=, path= or name=")
+        native = _native()
+        self._device = self._resolve_device(backend, device)
+        self._store = dist.FileStore(str(path), world_size) if path is not None else store
+        try:
+            if self._store is None:
+                seg = native.segment_name(name)
+                self._impl = self._open(native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend)
+                self._impl.connect()
+            else:
+                self._rendezvous(native, rank, world_size, name or "default", str(path) if path else id(store),
+                                 max_bytes, blocks, timeout_s, backend)
+        except native.CommError as e:
+            raise AllReduceError(f"rank {rank}: {e}") from None
+        except ValueError as e:
+            raise AllReduceInputError(str(e)) from None
+        self.one_shot_max_bytes = self._autotune() if one_shot_max_bytes is None else one_shot_max_bytes
+
+    def _resolve_device(self, backend: str, device) -> int:
+        if backend == "cpu":
+            return -1
+        if not torch.cuda.is_available():
+            raise AllReduceError(f"backend {backend!r} needs a CUDA device; none is visible")
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+        return torch.cuda.current_device() if d.index is None else d.index
+
+    def _open(self, native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend):
+        return native.Communicator(seg, rank, world_size, max_bytes, blocks, timeout_s, backend, self._device)
+
+    def _rendezvous(self, native, rank, world_size, name, store_id, max_bytes, blocks, timeout_s, backend):
+        count = _rendezvous_counts.get((store_id, name), 0)
+        _rendezvous_counts[(store_id, name)] = count + 1
+        key = f"drafter_lab/allreduce/{name}/{count}"
+        if rank == 0:
+            self._impl = self._open(native, native.unique_segment_name(), 0, world_size, max_bytes, blocks, timeout_s, backend)
+            self._store.set(key, self._impl.name)
+        else:
+            try:
+                self._store.wait([key], timedelta(seconds=timeout_s))
+            except RuntimeError:
+                raise AllReduceError(
+                    f"rank {rank}: rank 0 did not publish the shared segment (store key {key!r}) within {timeout_s:g} s"
+                ) from None
+            seg = self._store.get(key).decode()
+            self._impl = self._open(native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend)
+        self._impl.connect()
+        if rank == 0:
+            self._store.delete_key(key)
+
+    def _autotune(self) -> int:
+        """Largest size at which one-shot beat two-shot, from timings summed over all ranks."""
+        sizes = [s for s in AUTOTUNE_SIZES if s <= self.capacity]
+        if self.world_size == 1 or not sizes:
+            return self.capacity
+        times = torch.zeros(2 * len(sizes), device=self.device)
+        for i, size in enumerate(sizes):
+            x = torch.randn(size // 4, device=self.device)
+            for j, algo in enumerate((1, 2)):
+                times[2 * i + j] = self._median_call_us(x, algo)
+        self._call(self._impl.all_reduce, times, times, 1)  # identical sums, so identical choices
+        threshold = 0
+        for i, size in enumerate(sizes):
+            if times[2 * i] > times[2 * i + 1]:
+                break
+            threshold = size
+        return self.capacity if threshold == sizes[-1] else threshold
+
+    def _median_call_us(self, x: torch.Tensor, algo: int, reps: int = 15) -> float:
+        sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+        samples = []
+        for i in range(reps + 3):
+            sync()
+            t = time.perf_counter()
+            self._call(self._impl.all_reduce, x, x, algo)
+            sync()
+            if i >= 3:
+                samples.append((time.perf_counter() - t) * 1e6)
+        return statistics.median(samples)
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._raise(e)
+
+    def all_reduce(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Sum `tensor` over all ranks into `out` (default: in place); returns the result."""
+        out = tensor if out is None else out
+        try:
+            self._impl.all_reduce(tensor, out, 0)
+        except Exception as e:
+            self._raise(e)
+        return out
+
+    def allreduce_residual_rmsnorm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float = 1e-6,
+        *,
+        out: torch.Tensor | None = None,
+        residual_out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """s = sum over ranks of x; residual_out = s + residual; out = rmsnorm(residual_out) * weight.
+
+        All in fp32 with one rounding per output (the norm uses the unrounded sum). `residual`
+        and `weight` must be the same on every rank, as in tensor parallelism. Pass out=x,
+        residual_out=residual to work in place. Returns (out, residual_out).
+        """
+        out = torch.empty_like(x) if out is None else out
+        residual_out = torch.empty_like(residual) if residual_out is None else residual_out
+        try:
+            self._impl.fused(x, residual, weight, out, residual_out, eps, 0)
+        except Exception as e:
+            self._raise(e)
+        return out, residual_out
+
+    def _raise(self, e: Exception):
+        if isinstance(e, _native().CommError):
+            raise AllReduceError(str(e)) from None
+        if isinstance(e, ValueError):
+            raise AllReduceInputError(str(e)) from None
+        raise e
+
+    def barrier(self) -> None:
+        """Host-side barrier over the group (CUDA backends: does not wait for queued kernels)."""
+        self._call(self._impl.barrier)
+
+    def check(self) -> None:
+        """CUDA backends: raise what a kernel of this rank recorded (timeout, mismatch); no sync."""
+        message = self._impl.error()
+        if message:
+            raise AllReduceError(message)
+
+    def close(self) -> None:
+        """Unmap the segment (and free CUDA buffers). Peers still waiting on this rank raise."""
+        self._impl.close()
+        self._store = None
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def rank(self) -> int:
+        return self._impl.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._impl.world_size
+
+    @property
+    def backend(self) -> str:
+        return self._impl.backend
+
+    @property
+    def device(self) -> torch.device:
+        """Where this communicator's tensors live."""
+        return torch.device("cpu") if self._device < 0 else torch.device("cuda", self._device)
+
+    @property
+    def capacity(self) -> int:
+        """Bytes one call carries; larger tensors run as several calls."""
+        return self._impl.capacity
+
+    @property
+    def one_shot_max_bytes(self) -> int:
+        """Messages (or chunks) up to this size run one-shot, larger ones two-shot."""
+        return self._impl.one_shot_max_bytes
+
+    @one_shot_max_bytes.setter
+    def one_shot_max_bytes(self, value: int) -> None:
+        self._call(setattr, self._impl, "one_shot_max_bytes", int(value))
+
+    def __repr__(self) -> str:
+        if self._impl.closed:
+            return "Communicator(closed)"
+        return (
+            f"Communicator(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
+            f"capacity={self.capacity}, one_shot_max_bytes={self.one_shot_max_bytes})"
+        )
+
+
+class CompletedWork:
+    """What `all_reduce(..., async_op=True)` returns: the reduction is already done (CPU) or
+    queued on the current stream (CUDA), like a torch.distributed Work after wait()."""
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def all_reduce(tensor: torch.Tensor, op="sum", group=None, async_op: bool = False):
+    """torch.distributed.all_reduce's call shape: in place, returns None (or a Work).
+
+    With `group` a Communicator it runs ours (sum only); anything else goes to torch.distributed.
+    """
+    if not isinstance(group, Communicator):
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else op, group=group, async_op=async_op)
+    if not (op == "sum" or op == dist.ReduceOp.SUM):
+        raise AllReduceInputError(f"the shared-memory all-reduce only sums, got op={op!r}")
+    group.all_reduce(tensor)
+    return CompletedWork() if async_op else None
+
+
+def cleanup_stale_segments(min_age_s: float = 30.0) -> list[str]:
+    """Remove all-reduce segments whose processes are all dead; returns their names."""
+    return list(_native().cleanup_stale(min_age_s))
+
+
+def sum_native(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Reference all-reduce of the per-rank tensors: fp32 in rank order, rounded once."""
+    acc = parts[0].float()
+    for p in parts[1:]:
+        acc = acc + p.float()
+    return acc.to(parts[0].dtype)
+
+
+def residual_rmsnorm_native(
+    parts: Sequence[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of `allreduce_residual_rmsnorm` from the per-rank inputs: (out, residual_out)."""
+    acc = parts[0].float()
+    for p in parts[1:]:
+        acc = acc + p.float()
+    r = acc + residual.float()
+    normed = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return normed.to(residual.dtype), r.to(residual.dtype)

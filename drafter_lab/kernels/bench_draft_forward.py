@@ -1,0 +1,262 @@
+"""Benchmark: the fused draft step against PyTorch, all measured in the same run (DESIGN section 5).
+
+    python -m drafter_lab.kernels.bench_draft_forward [--json PATH]          (H200: the README table)
+    python -m drafter_lab.kernels.bench_draft_forward --device cpu           (CPU op vs eager, small shapes)
+
+One EAGLE-3 draft step with fc at context 1024, weights and KV caches rotated over several copies
+so that they do not sit in L2, median of event-timed single calls. For each shape and batch it
+prints the fused op's time (CUDA-graph replay; eager too), the achieved GB/s, the % of the floor
+((weight + KV bytes) / device-copy bandwidth, measured in this run) and the speedup over PyTorch
+eager, CUDA-graph replay of the eager reference, and torch.compile of the reference. The JSON
+(`--json`) is a cost-model inputs file (drafter_lab/spec/costmodel.py): "draft_step_us" is one
+number, the Kimi-K2 drafter at batch 1 when measured (the seeds' deployment), else the first
+batch-1 row; "draft_step_us_table" ({shape: {batch: us}}) and "meta" (every row) sit beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from drafter_lab import atomic
+from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.errors import LabError
+from drafter_lab.kernels import draft_step as ds
+from drafter_lab.progress import log
+
+SHAPES = {
+    "llama3.1-8b": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                        intermediate_size=14336, draft_vocab_size=32000, target_hidden_size=4096),
+    "kimi-k2": dict(hidden_size=7168, num_attention_heads=64, num_key_value_heads=64, head_dim=128,
+                    intermediate_size=18432, draft_vocab_size=32000, target_hidden_size=7168),
+    # CPU-sized shapes, so that the script itself is exercised without a GPU.
+    "tiny": dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 intermediate_size=704, draft_vocab_size=2000, target_hidden_size=256),
+    "small": dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                  intermediate_size=2816, draft_vocab_size=8000, target_hidden_size=1024),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def make_drafter(name: str, dtype, device, seed: int) -> Eagle3Drafter:
+    """A drafter of the named shape with random weights (the embedding table is kept small)."""
+    shape = SHAPES[name]
+    cfg = DrafterConfig(target_vocab_size=shape["draft_vocab_size"], rope_theta=500000.0, **shape)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        drafter = Eagle3Drafter(cfg)
+    with torch.no_grad():
+        for pname, p in drafter.named_parameters():
+            if pname.endswith("weight") and p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return drafter.to(dtype).eval()
+
+
+def step_bytes(drafter: Eagle3Drafter, batch: int, context: int) -> tuple[int, int]:
+    """Bytes one step must move: every weight it reads, and the KV cache it reads plus writes."""
+    skip = {"embed_tokens.weight"}
+    weights = sum(p.numel() * p.element_size() for n, p in drafter.named_parameters() if n not in skip)
+    c = drafter.config
+    elem = drafter.fc.weight.element_size()
+    kv = 2 * batch * c.num_key_value_heads * (context + 1) * c.head_dim * elem
+    return weights, kv
+
+
+class Timer:
+    """Median microseconds of single calls, cycling through one callable per weight copy."""
+
+    def __init__(self, device: torch.device, reps: int, warmup: int):
+        self.cuda = device.type == "cuda"
+        self.reps, self.warmup = reps, warmup
+
+    def __call__(self, fns: list[Callable]) -> float:
+        for i in range(self.warmup):
+            fns[i % len(fns)]()
+        if not self.cuda:
+            times = []
+            for i in range(self.reps):
+                t0 = time.perf_counter()
+                fns[i % len(fns)]()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times) * 1e6
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(self.reps)]
+        for i, (start, end) in enumerate(events):
+            start.record()
+            fns[i % len(fns)]()
+            end.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in events) * 1e3
+
+
+def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    us = timer([lambda: dst.copy_(src)])
+    return 2 * nbytes / us / 1e3
+
+
+def graphed(fn: Callable) -> Callable:
+    """Capture fn into a CUDA graph (after a warm-up on a side stream); returns its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def step_inputs(drafters, batch: int, args, device) -> list[tuple]:
+    """One set of step inputs per copy: every row at cache_lens = context (the cache holds context+1)."""
+    dtype, cfg = DTYPES[args.dtype], drafters[0].config
+    gen = torch.Generator(device=device).manual_seed(batch)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device=device).to(dtype)
+
+    cache = (batch, cfg.num_key_value_heads, args.context + 1, cfg.head_dim)
+    lens = torch.full((batch,), args.context, dtype=torch.int64, device=device)
+    return [(rand(batch, cfg.hidden_size), rand(batch, 3 * cfg.target_hidden_size), lens.clone(), rand(*cache),
+             rand(*cache), lens.clone()) for _ in drafters]
+
+
+def step_calls(drafters, inputs, topk: int, fused: bool) -> list[Callable]:
+    return [lambda d=d, a=a: ds.draft_step(d, *a, topk, use_fused=fused) for d, a in zip(drafters, inputs)]
+
+
+def bench_shape(name: str, batches: list[int], args, device: torch.device, timer: Timer, copy_gbs: float) -> list[dict]:
+    drafters = [make_drafter(name, DTYPES[args.dtype], device, seed) for seed in range(args.copies)]
+    rows = []
+    for batch in batches:
+        inputs = step_inputs(drafters, batch, args, device)
+        row = {"shape": name, "batch": batch}
+        weights, kv = step_bytes(drafters[0], batch, args.context)
+        row["floor_us"] = (weights + kv) / copy_gbs / 1e3
+        with torch.no_grad():
+            row["eager_us"] = timer(step_calls(drafters, inputs, args.topk, True))
+            row["ref_eager_us"] = timer(step_calls(drafters, inputs, args.topk, False))
+            if device.type == "cuda":
+                row["us"] = timer([graphed(f) for f in step_calls(drafters, inputs, args.topk, True)])
+                row["ref_graph_us"] = timer([graphed(f) for f in step_calls(drafters, inputs, args.topk, False)])
+                if args.compile_mode != "none":
+                    row["ref_compile_us"] = timer(compiled_calls(drafters, inputs, args))
+            else:
+                row["us"] = row["eager_us"]
+        row["gbs"] = (weights + kv) / row["us"] / 1e3
+        row["pct_floor"] = 100 * row["floor_us"] / row["us"]
+        rows.append(row)
+        print_row(row)
+    return rows
+
+
+def compiled_calls(drafters, inputs, args) -> list[Callable]:
+    """torch.compile of the reference, one compiled callable per copy; captured in a CUDA graph
+    unless the mode brings its own (reduce-overhead, max-autotune)."""
+    own_graphs = args.compile_mode in ("reduce-overhead", "max-autotune")
+    out = []
+    for d, a in zip(drafters, inputs):
+        fn = torch.compile(d.draft_step, mode=None if args.compile_mode == "default" else args.compile_mode)
+        call = lambda fn=fn, a=a: fn(*a, args.topk)  # noqa: E731
+        out.append(call if own_graphs else graphed(call))
+    return out
+
+
+def print_row(r: dict) -> None:
+    def ratio(key):
+        return f"{r[key] / r['us']:.2f}x" if key in r else "n/a"
+
+    print(f"{r['shape']:>12} B={r['batch']:<3} {r['us']:9.1f} us (eager {r['eager_us']:8.1f})  "
+          f"{r['gbs']:7.1f} GB/s  {r['pct_floor']:5.1f}% of floor ({r['floor_us']:.1f} us)  "
+          f"vs eager {ratio('ref_eager_us')}  graph {ratio('ref_graph_us')}  compile {ratio('ref_compile_us')}",
+          flush=True)
+
+
+def parse(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench_draft_forward", description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES),
+                    help="default: llama3.1-8b kimi-k2 on CUDA, tiny small on CPU")
+    ap.add_argument("--batch", nargs="+", type=int, default=None, help="default: 1 8 32 (CUDA), 1 4 (CPU)")
+    ap.add_argument("--context", type=int, default=None, help="KV entries before this step (default 1024; CPU 128)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (CUDA), fp32 (CPU)")
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--copies", type=int, default=4, help="weight/KV copies rotated through (defeats L2)")
+    ap.add_argument("--reps", type=int, default=None, help="timed calls per measurement (default 200; CPU 10)")
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--compile-mode", default="default",
+                    choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead", "none"],
+                    help="torch.compile mode for the reference baseline (none: skip it)")
+    ap.add_argument("--json", default=None, help="write {draft_step_us, meta} here")
+    args = ap.parse_args(argv)
+    cpu = args.device == "cpu"
+    args.shapes = args.shapes or (["tiny", "small"] if cpu else ["llama3.1-8b", "kimi-k2"])
+    args.batch = args.batch or ([1, 4] if cpu else [1, 8, 32])
+    args.context = 128 if cpu and args.context is None else (args.context or 1024)
+    args.dtype = args.dtype or ("fp32" if cpu else "bf16")
+    args.reps = args.reps or (10 if cpu else 200)
+    args.warmup = args.warmup if args.warmup is not None else (2 if cpu else 20)
+    return args
+
+
+def headline(rows: list[dict]) -> dict:
+    """The row the cost model takes: Kimi-K2 at batch 1, else the first batch-1 row, else the first."""
+    for pick in (lambda r: r["shape"] == "kimi-k2" and r["batch"] == 1, lambda r: r["batch"] == 1):
+        for r in rows:
+            if pick(r):
+                return r
+    return rows[0]
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LabError("--device cuda: no CUDA device is visible")
+    if not ds.available(device):
+        raise LabError(f"the fused draft_step op has no {device.type} kernel: build drafter_lab._C first")
+    timer = Timer(device, args.reps, args.warmup)
+    copy_gbs = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (1 << 26))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    log(f"{name}, torch {torch.__version__}, {args.dtype}, context {args.context}, {args.copies} copies, "
+        f"copy bandwidth {copy_gbs:.0f} GB/s, torch.compile mode {args.compile_mode}")
+    rows = []
+    for shape in args.shapes:
+        rows += bench_shape(shape, args.batch, args, device, timer, copy_gbs)
+    if args.json:
+        head = headline(rows)
+        result = {
+            "draft_step_us": head["us"],
+            "draft_step_us_table": {s: {str(r["batch"]): r["us"] for r in rows if r["shape"] == s}
+                                    for s in args.shapes},
+            "meta": {
+                "draft_step_us_from": f"{head['shape']} batch {head['batch']}",
+                "device": name, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                "dtype": args.dtype, "context": args.context, "topk": args.topk, "copies": args.copies,
+                "copy_bandwidth_gbs": copy_gbs, "compile_mode": args.compile_mode,
+                "timing": "median of event-timed single calls; us = CUDA-graph replay of the fused op (eager on CPU)",
+                "rows": rows,
+            },
+        }
+        atomic.write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

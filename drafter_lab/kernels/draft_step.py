@@ -1,0 +1,124 @@
+"""Python face of the fused EAGLE-3 draft step, `torch.ops.drafter_lab.draft_step` (DESIGN section 4).
+
+`draft_step(drafter, ...)` takes the same arguments and returns the same tuple as
+`Eagle3Drafter.draft_step` (the reference and test oracle): by default it runs the compiled op when
+the extension is built and the tensors are on CUDA, else the reference. The fake kernel that
+torch.compile traces with is registered here; the op's schema lives in csrc/ops.cpp.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+
+from drafter_lab.errors import LabError
+from drafter_lab.kernels import _ext
+
+if TYPE_CHECKING:
+    from drafter_lab.drafter.model import Eagle3Drafter
+
+OP_NAME = "drafter_lab::draft_step"
+
+
+@functools.cache
+def _load() -> str | None:
+    """Registers the op (importing drafter_lab._C) and its fake kernel; returns why not, or None."""
+    reason = _ext.unavailable_reason()  # importing _C runs its TORCH_LIBRARY registrations
+    if not _has_kernel("CPU"):
+        return reason or "drafter_lab._C has no draft_step op"
+    torch.library.register_fake(OP_NAME)(_fake_draft_step)
+    return None
+
+
+def available(device: torch.device | str | None = None) -> bool:
+    """True when the compiled op is registered, and when `device` is given, has a kernel for it."""
+    if _load() is not None:
+        return False
+    if device is None:
+        return True
+    return _has_kernel("CUDA" if torch.device(device).type == "cuda" else "CPU")
+
+
+def _has_kernel(dispatch_key: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(OP_NAME, dispatch_key)
+    except RuntimeError:  # the op is not registered at all
+        return False
+
+
+def _fake_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc_weight, input_norm_weight,
+                     hidden_norm_weight, q_weight, k_weight, v_weight, o_weight, post_norm_weight, gate_weight,
+                     up_weight, down_weight, norm_weight, lm_head_weight, d2t, eps, rope_theta, topk):
+    torch._check(embeds.dim() == 2, lambda: "draft_step: embeds must be [B, H]")
+    batch, hidden_size = embeds.shape
+    torch._check(topk >= 1 and topk <= lm_head_weight.shape[0], lambda: "draft_step: topk outside [1, N]")
+    return (
+        embeds.new_empty(batch, hidden_size),
+        embeds.new_empty(batch, topk, dtype=torch.int64),
+        embeds.new_empty(batch, topk, dtype=torch.float32),
+    )
+
+
+def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
+                  topk: int) -> bool:
+    """Whether the CUDA kernels take this step: one dtype for activations, cache and weights;
+    head_dim 64 or 128; H and the hidden input width multiples of 8, the MLP width of 16; topk <= 16."""
+    c = drafter.config
+    dtype = drafter.lm_head.weight.dtype
+    return (embeds.dtype == k_cache.dtype == dtype and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
+            and c.head_dim in (64, 128) and c.hidden_size % 8 == 0 and hidden.shape[-1] % 8 == 0
+            and c.intermediate_size % 16 == 0 and 1 <= topk <= 16)
+
+
+def op_args(drafter: Eagle3Drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk) -> tuple:
+    """The op's positional arguments for one step of `drafter` (fc applied as the reference decides)."""
+    cfg = drafter.config
+    fc = None
+    if hidden.shape[-1] == 3 * cfg.target_hidden_size and hidden.shape[-1] != cfg.hidden_size:
+        fc = drafter.fc.weight
+        hidden = hidden.to(fc.dtype)
+    elif hidden.shape[-1] != cfg.hidden_size:
+        raise ValueError(f"hidden has width {hidden.shape[-1]}, want {cfg.hidden_size} or 3*H_t")
+    layer = drafter.midlayer
+    attn, mlp = layer.self_attn, layer.mlp
+    weights = (
+        fc, layer.input_layernorm.weight, layer.hidden_norm.weight, attn.q_proj.weight, attn.k_proj.weight,
+        attn.v_proj.weight, attn.o_proj.weight, layer.post_attention_layernorm.weight, mlp.gate_proj.weight,
+        mlp.up_proj.weight, mlp.down_proj.weight, drafter.norm.weight, drafter.lm_head.weight,
+    )
+    weights = tuple(None if w is None else w.detach() for w in weights)
+    return (embeds, hidden, positions, k_cache, v_cache, cache_lens, *weights, drafter.d2t,
+            float(cfg.rms_norm_eps), float(cfg.rope_theta), int(topk))
+
+
+def draft_step(
+    drafter: Eagle3Drafter,
+    embeds: torch.Tensor,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_lens: torch.Tensor,
+    topk: int,
+    *,
+    use_fused: bool | None = None,
+):
+    """One draft token per row against a KV cache; same contract as `Eagle3Drafter.draft_step`.
+
+    use_fused: None runs the compiled op when it is built for CUDA, the tensors are on CUDA and
+    `cuda_supports` the step, else the reference; True forces the op (the CPU op included; LabError when it is not built);
+    False forces the reference.
+    """
+    if use_fused is None:
+        use_fused = embeds.is_cuda and available(embeds.device) and cuda_supports(drafter, embeds, hidden, k_cache, topk)
+    if not use_fused:
+        return drafter.draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
+    why = _load()
+    if why is not None:
+        raise LabError(f"the fused draft_step op is unavailable: {why}")
+    if not available(embeds.device):
+        raise LabError(f"the fused draft_step op was built without a {embeds.device.type} kernel")
+    args = op_args(drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
+    return torch.ops.drafter_lab.draft_step(*args)

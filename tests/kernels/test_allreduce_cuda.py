@@ -1,0 +1,154 @@
+"""CUDA backends of the all-reduce (host-staged and IPC), on whatever GPUs are visible.
+
+Ranks are several communicators in this one process, each launching on its own stream: on a
+single GPU, ranks as separate processes would be time-sliced (kernels of different contexts do not
+run at the same time without MPS), and a kernel spinning on a peer's flag would wait for the next
+slice. Streams of one context run concurrently, which is how the ranks of a real TP group behave.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import pytest
+import torch
+
+from drafter_lab.kernels import _ext
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _ext.available(), reason=_ext.unavailable_reason() or "extension built"),
+    pytest.mark.skipif(
+        _ext.available() and not _ext.load().allreduce.with_cuda, reason="drafter_lab._C was built without CUDA"
+    ),
+]
+
+BACKENDS = ("cuda-host", "cuda-ipc")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _group(world: int, backend: str, **kw):
+    from drafter_lab.kernels.allreduce import Communicator
+
+    tag = f"test-cuda-{os.getpid()}-{secrets.token_hex(4)}"
+    kw.setdefault("one_shot_max_bytes", 0)
+    kw.setdefault("timeout_s", 10.0)
+    devices = torch.cuda.device_count()
+    with ThreadPoolExecutor(world) as pool:  # construction waits for all ranks: one thread each
+        return list(
+            pool.map(lambda r: Communicator(r, world, name=tag, backend=backend, device=r % devices, **kw), range(world))
+        )
+
+
+def _on_streams(comms, calls):
+    """Runs calls[r] (no arguments) for every rank on its own stream of its device; waits for all."""
+    streams = [torch.cuda.Stream(device=c.device) for c in comms]
+    for c, s, call in zip(comms, streams, calls):
+        with torch.cuda.device(c.device), torch.cuda.stream(s):
+            call()
+    for s in streams:
+        s.synchronize()
+    for c in comms:
+        c.check()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_sums_match_torch_bitwise(backend, world):
+    from drafter_lab.kernels.allreduce import residual_rmsnorm_native, sum_native
+
+    comms = _group(world, backend)
+    gen = torch.Generator().manual_seed(secrets.randbits(31))
+    for threshold in (comms[0].capacity, 0):
+        for c in comms:
+            c.one_shot_max_bytes = threshold
+        for dtype in DTYPES:
+            for numel in (1, 7, 1003, 28 * 1024 + 5, (1 << 20) // dtype.itemsize + 1):
+                parts = [torch.randn(numel, generator=gen).to(dtype) for _ in range(world)]
+                ref = sum_native(parts)
+                ins = [p.to(c.device) for p, c in zip(parts, comms)]
+                outs = [torch.full_like(x, float("nan")) for x in ins]
+                _on_streams(comms, [partial(c.all_reduce, ins[r], out=outs[r]) for r, c in enumerate(comms)])
+                for r in range(world):
+                    assert torch.equal(outs[r].cpu(), ref), f"{backend} rank {r} {dtype} numel={numel} threshold={threshold}"
+            rows, hidden = 6, 7168
+            parts = [torch.randn(rows, hidden, generator=gen).to(dtype) for _ in range(world)]
+            residual = torch.randn(rows, hidden, generator=gen).to(dtype)
+            weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+            ref_out, ref_res = residual_rmsnorm_native(parts, residual, weight, 1e-6)
+            dev = [c.device for c in comms]
+            ins = [p.to(d) for p, d in zip(parts, dev)]
+            res = [residual.to(d) for d in dev]
+            w = [weight.to(d) for d in dev]
+            outs = [torch.full_like(x, float("nan")) for x in ins]
+            res_outs = [torch.full_like(x, float("nan")) for x in ins]
+            calls = [
+                partial(c.allreduce_residual_rmsnorm, ins[r], res[r], w[r], 1e-6, out=outs[r], residual_out=res_outs[r])
+                for r, c in enumerate(comms)
+            ]
+            _on_streams(comms, calls)
+            tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+            for r in range(world):
+                assert torch.equal(res_outs[r].cpu(), ref_res), f"{backend} fused residual rank {r} {dtype}"
+                torch.testing.assert_close(outs[r].cpu().float(), ref_out.float(), rtol=tol, atol=tol)
+                assert torch.equal(outs[r], outs[0].to(outs[r].device)), "ranks differ"
+    for c in comms:
+        c.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_graph_replays_advance_flags_on_device(backend):
+    from drafter_lab.kernels.allreduce import sum_native
+
+    world = 2
+    comms = _group(world, backend, one_shot_max_bytes=1 << 20)
+    numel = 8 * 7168  # verify-sized bf16 message
+    static_in = [torch.empty(numel, dtype=torch.bfloat16, device=c.device) for c in comms]
+    static_out = [torch.empty_like(x) for x in static_in]
+    graphs = [torch.cuda.CUDAGraph() for _ in comms]
+    streams = [torch.cuda.Stream(device=c.device) for c in comms]
+    for r, c in enumerate(comms):
+        with torch.cuda.device(c.device), torch.cuda.graph(graphs[r], stream=streams[r]):
+            c.all_reduce(static_in[r], out=static_out[r])
+    gen = torch.Generator().manual_seed(secrets.randbits(31))
+    for _ in range(200):
+        parts = [torch.randn(numel, generator=gen).to(torch.bfloat16) for _ in range(world)]
+        for r in range(world):
+            static_in[r].copy_(parts[r])
+            static_out[r].fill_(float("nan"))
+        for r in range(world):
+            with torch.cuda.device(comms[r].device), torch.cuda.stream(streams[r]):
+                graphs[r].replay()
+        for s in streams:
+            s.synchronize()
+        ref = sum_native(parts)
+        for r in range(world):
+            assert torch.equal(static_out[r].cpu(), ref)
+    for c in comms:
+        c.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_missing_rank_and_mismatch_are_reported(backend):
+    from drafter_lab.kernels.allreduce import AllReduceError
+
+    comms = _group(2, backend, timeout_s=0.5)
+    x = torch.randn(1000, device=comms[0].device)
+    comms[0].all_reduce(x)  # rank 1 never calls: the kernel gives up after the timeout
+    torch.cuda.synchronize(comms[0].device)
+    with pytest.raises(AllReduceError, match="timed out.*rank 1"):
+        comms[0].check()
+    with pytest.raises(AllReduceError):
+        comms[0].all_reduce(x)
+    for c in comms:
+        c.close()
+
+    comms = _group(2, backend)
+    xs = [torch.randn(100 + r, device=c.device) for r, c in enumerate(comms)]
+    with pytest.raises(AllReduceError, match="mismatch"):
+        _on_streams(comms, [partial(c.all_reduce, x) for c, x in zip(comms, xs)])
+    for c in comms:
+        c.close()

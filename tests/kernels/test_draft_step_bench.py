@@ -1,0 +1,45 @@
+"""The draft-step benchmark runs end to end at a tiny CPU shape and writes the cost-model JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from drafter_lab.kernels import bench_draft_forward as bench
+from drafter_lab.kernels import draft_step as ds
+
+
+def test_bench_cpu_tiny(tmp_path, capsys):
+    if not ds.available("cpu"):
+        msg = "drafter_lab._C has no CPU draft_step kernel (build with pip install -e .)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    out = tmp_path / "bench.json"
+    argv = ["--device", "cpu", "--shapes", "tiny", "--batch", "1", "3", "--context", "8", "--copies", "2",
+            "--reps", "2", "--warmup", "1", "--json", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert set(result) == {"draft_step_us", "draft_step_us_table", "meta"}
+    assert set(result["draft_step_us_table"]["tiny"]) == {"1", "3"}
+    assert result["draft_step_us"] == result["draft_step_us_table"]["tiny"]["1"]
+    rows = result["meta"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["us"] > 0 and r["ref_eager_us"] > 0 and 0 < r["floor_us"] and r["gbs"] > 0
+    assert result["meta"]["copy_bandwidth_gbs"] > 0
+    printed = capsys.readouterr().out
+    assert "tiny B=1" in printed and "vs eager" in printed
+    # The cost model reads the file as its measured inputs.
+    from drafter_lab.spec.costmodel import CostModelConfig, apply_inputs
+
+    cfg, _ = apply_inputs(CostModelConfig(), out)
+    assert cfg.draft_step_us == pytest.approx(result["draft_step_us"])
+
+
+def test_bench_rejects_missing_gpu(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(bench.LabError, match="no CUDA device"):
+        bench.main(["--device", "cuda"])

@@ -1,0 +1,393 @@
+"""Build the offline target pair: `base` ("K2") trained from scratch, `tuned` ("K2.5") fine-tuned.
+
+Stages and caching. Each stage lands in a cache directory named by a hash of what it depends on,
+built in a temp directory and renamed into place, so a killed build leaves nothing half-written:
+
+- `base-<key>`: tokenizer + base model + held-out prompt files + drift inputs; the key covers the
+  config without its fine-tune fields, the corpus content hash, CODE_VERSION and the device type.
+- `tuned-<key>`: the fine-tuned model + its drift figures; the key adds the fine-tune fields and
+  `drift`, so a drift sweep retrains only `tuned`.
+
+`out_dir` then gets copies (`base/`, `tuned/`, `prompts-train.jsonl`, `prompts-eval.jsonl`) and
+`pair.json`; when its `pair.json` already names the same key, `build_pair` returns at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from drafter_lab.atomic import atomic_dir, save_safetensors, sha256_json, write_json
+from drafter_lab.errors import LabError
+from drafter_lab.progress import log
+from drafter_lab.targets import corpus as corpus_mod
+from drafter_lab.targets.drift import measure_drift
+from drafter_lab.targets.hf import default_aux_layer_ids, fingerprint
+from drafter_lab.targets.presets import PRESETS, TargetConfig, resolve
+from drafter_lab.targets.tokenizer import train_bpe
+from drafter_lab.targets.train_lm import encode_conversations, train_lm
+
+__all__ = ["CODE_VERSION", "PRESETS", "TargetConfig", "build_pair", "default_cache_dir"]
+
+# Bump when training or saving changes, so old cache entries are not reused.
+CODE_VERSION = 1
+PAIR_FORMAT = 1
+DRIFT_BATCH = 8
+
+
+def default_cache_dir() -> Path:
+    """$DRAFTER_LAB_CACHE/targets, else ~/.cache/drafter_lab/targets."""
+    root = os.environ.get("DRAFTER_LAB_CACHE") or Path.home() / ".cache" / "drafter_lab"
+    return Path(root) / "targets"
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise LabError("device 'cuda' requested but no CUDA device is visible")
+    if name not in ("cpu", "cuda"):
+        raise LabError(f"unknown device {name!r}; known: auto, cpu, cuda")
+    return torch.device(name)
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Hide transformers' own per-file progress bars while saving/loading our small models."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """Run with `n` torch CPU threads (0 = leave as is), restoring the previous count after."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _clear_stale_temps(dest: Path, older_than_s: float = 6 * 3600) -> None:
+    """Remove temp dirs that killed builds of this stage left beside `dest` (old ones only, so a
+    concurrent build of the same stage keeps its own)."""
+    now = time.time()
+    for tmp in dest.parent.glob(f".{dest.name}.*.tmp"):
+        if now - tmp.stat().st_mtime > older_than_s:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _llama(cfg: TargetConfig, tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            max_position_embeddings=cfg.max_position_embeddings,
+            bos_token_id=None,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            tie_word_embeddings=False,
+        )
+    )
+
+
+def _interleave(a: list, b: list) -> list:
+    out = []
+    for x, y in zip(a, b):
+        out += [x, y]
+    return out
+
+
+def _heldout_split(cfg: TargetConfig, corpus) -> dict[str, list]:
+    """Disjoint held-out parts: eval prompts, then drift inputs, then train prompts, per slice."""
+    e, t, d = (cfg.eval_prompts + 1) // 2, (cfg.train_prompts + 1) // 2, cfg.drift_conversations
+    hb, hs = corpus.heldout_base, corpus.heldout_shifted
+    return {
+        "eval": _interleave(hb[:e], hs[:e])[: cfg.eval_prompts],
+        "drift_base": hb[e : e + d],
+        "drift_shifted": hs[e : e + d],
+        "train": _interleave(hb[e + d : e + d + t], hs[e + d : e + d + t])[: cfg.train_prompts],
+    }
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    path.write_text(
+        "".join(
+            json.dumps({"id": r["id"], "slice": r["slice"], "conversations": r["conversations"]}) + "\n"
+            for r in records
+        )
+    )
+
+
+class _Corpus:
+    """The corpus, parsed only when a stage actually has to train."""
+
+    def __init__(self, cfg: TargetConfig, files: list[Path], content_hash: str):
+        self.cfg, self.files, self.hash, self._value, self.seconds = cfg, files, content_hash, None, 0.0
+
+    def get(self):
+        if self._value is None:
+            start = time.perf_counter()
+            log(f"corpus: {len(self.files)} stdlib files -> conversations")
+            self._value = corpus_mod.build_corpus(
+                self.files,
+                seed=self.cfg.seed,
+                shifted_share=self.cfg.shifted_share,
+                heldout_per_slice=self.cfg.heldout_per_slice,
+                max_source_chars=self.cfg.max_source_chars,
+                content_hash=self.hash,
+            )
+            self.seconds = round(time.perf_counter() - start, 2)
+        return self._value
+
+
+def _build_base(cfg: TargetConfig, corpus: _Corpus, key: str, dest: Path, device: torch.device) -> None:
+    c = corpus.get()
+    with atomic_dir(dest) as tmp:
+        start = time.perf_counter()
+        log(f"tokenizer: byte-level BPE, vocab {cfg.vocab_size}")
+        tok = train_bpe(
+            (m["content"] for r in c.base + c.shifted for m in r["conversations"]), cfg.vocab_size
+        )
+        tok_seconds = round(time.perf_counter() - start, 2)
+        model = _llama(cfg, tok).to(device)
+        stats = train_lm(
+            model,
+            [(encode_conversations(tok, c.base), 1.0)],
+            steps=cfg.base_steps,
+            batch_size=cfg.batch_size,
+            seq_len=cfg.seq_len,
+            lr=cfg.base_lr,
+            warmup_steps=cfg.warmup_steps,
+            weight_decay=cfg.weight_decay,
+            decay=True,
+            seed=cfg.seed,
+            description="train base",
+        )
+        with _quiet_transformers():
+            model.cpu().save_pretrained(tmp / "model")
+            tok.save_pretrained(tmp / "model")
+        split = _heldout_split(cfg, c)
+        _write_jsonl(tmp / "prompts-train.jsonl", split["train"])
+        _write_jsonl(tmp / "prompts-eval.jsonl", split["eval"])
+        save_safetensors(
+            {
+                "base": encode_conversations(tok, split["drift_base"]).windows(cfg.seq_len),
+                "shifted": encode_conversations(tok, split["drift_shifted"]).windows(cfg.seq_len),
+            },
+            tmp / "drift-inputs.safetensors",
+        )
+        write_json(
+            tmp / "build.json",
+            {
+                "key": key,
+                "corpus": c.summary(),
+                "params": sum(p.numel() for p in model.parameters()),
+                "train": stats,
+                "seconds": {"corpus": corpus.seconds, "tokenizer": tok_seconds, "base": stats["seconds"]},
+                "prompts": {"train": len(split["train"]), "eval": len(split["eval"])},
+            },
+        )
+
+
+def _drift_figures(base_model, tuned_model, inputs: dict[str, torch.Tensor]) -> dict:
+    def batches(windows):
+        return list(windows.split(DRIFT_BATCH))
+
+    both = torch.cat([inputs["base"], inputs["shifted"]])
+    return {
+        "all": measure_drift(base_model, tuned_model, batches(both)),
+        "base_text": measure_drift(base_model, tuned_model, batches(inputs["base"])),
+        "shifted_text": measure_drift(base_model, tuned_model, batches(inputs["shifted"])),
+    }
+
+
+def _build_tuned(cfg: TargetConfig, corpus: _Corpus, base_dir: Path, key: str, dest: Path, device) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    steps = round(cfg.drift * cfg.tune_steps)
+    with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(str(base_dir / "model"))
+        base = (
+            LlamaForCausalLM.from_pretrained(str(base_dir / "model"), dtype=torch.float32).to(device).eval()
+        )
+        tuned = LlamaForCausalLM.from_pretrained(str(base_dir / "model"), dtype=torch.float32).to(device)
+    stats = {"steps": 0, "tokens": 0, "first_loss": None, "final_loss": None, "seconds": 0.0}
+    if steps:
+        c = corpus.get()
+        f = cfg.tune_shifted_fraction
+        stats = train_lm(
+            tuned,
+            [(encode_conversations(tok, c.shifted), f), (encode_conversations(tok, c.base), 1.0 - f)],
+            steps=steps,
+            batch_size=cfg.batch_size,
+            seq_len=cfg.seq_len,
+            lr=cfg.tune_lr,
+            warmup_steps=min(cfg.warmup_steps, cfg.tune_steps),
+            weight_decay=cfg.weight_decay,
+            decay=False,
+            seed=cfg.seed + 1,
+            description=f"fine-tune tuned (drift {cfg.drift:g})",
+        )
+    tuned.eval()
+    start = time.perf_counter()
+    log("drift: CKA per layer and KL(base || tuned) on held-out text")
+    figures = _drift_figures(base, tuned, load_file(str(base_dir / "drift-inputs.safetensors")))
+    drift_seconds = round(time.perf_counter() - start, 2)
+    with atomic_dir(dest) as tmp, _quiet_transformers():
+        tuned.cpu().save_pretrained(tmp / "model")
+        tok.save_pretrained(tmp / "model")
+        write_json(
+            tmp / "build.json",
+            {
+                "key": key,
+                "train": stats,
+                "drift_figures": figures,
+                "seconds": {"tuned": stats["seconds"], "drift": drift_seconds},
+            },
+        )
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """`out_dir` is replaced whole, so it must be new, empty, or an earlier pair."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise LabError("exists and is not a directory", out_dir)
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "pair.json").exists():
+        raise LabError(
+            "exists and is not a target-pair directory (no pair.json); refusing to replace it", out_dir
+        )
+
+
+def _copy_into(out_dir: Path, base_dir: Path, tuned_dir: Path, pair: dict) -> None:
+    with atomic_dir(out_dir) as tmp:
+        shutil.copytree(base_dir / "model", tmp / "base")
+        shutil.copytree(tuned_dir / "model", tmp / "tuned")
+        for name in ("prompts-train.jsonl", "prompts-eval.jsonl"):
+            shutil.copy2(base_dir / name, tmp / name)
+        write_json(tmp / "pair.json", pair)
+        _usual_permissions(tmp)
+
+
+def _usual_permissions(root: Path) -> None:
+    """Temp files and dirs are created private (0600/0700); give the pair the umask's modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(root, 0o777 & ~umask)
+    for path in root.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def _read_pair(out_dir: Path) -> dict | None:
+    try:
+        return json.loads((out_dir / "pair.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def build_pair(
+    preset_or_config, out_dir, drift: float | None = None, force: bool = False, cache_dir=None
+) -> dict:
+    """Build (or fetch from cache) the target pair into `out_dir`; returns the pair.json content.
+
+    `preset_or_config`: a preset name (see PRESETS) or a TargetConfig. `drift` overrides the
+    config's drift. `force` retrains both stages even when cached. `cache_dir` defaults to
+    `default_cache_dir()`.
+    """
+    begin = time.perf_counter()
+    preset = preset_or_config if isinstance(preset_or_config, str) else None
+    cfg = resolve(preset_or_config)
+    if drift is not None:
+        cfg = dataclasses.replace(cfg, drift=float(drift))
+    out_dir = Path(out_dir)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    device = _device(cfg.device)
+    files = corpus_mod.source_files(cfg.corpus_max_files)
+    content_hash = corpus_mod.corpus_hash(files)
+    base_key = sha256_json([CODE_VERSION, device.type, content_hash, cfg.base_fields()])[:16]
+    tuned_key = sha256_json([base_key, dataclasses.asdict(cfg)])[:16]
+
+    _check_out_dir(out_dir)
+    existing = _read_pair(out_dir)
+    if not force and existing and existing.get("key") == tuned_key and (out_dir / "tuned").is_dir():
+        log(f"cached: {out_dir} already holds this pair (key {tuned_key})")
+        existing["build_seconds"]["this_call"] = round(time.perf_counter() - begin, 2)
+        return existing
+
+    corpus = _Corpus(cfg, files, content_hash)
+    base_dir, tuned_dir = cache / f"base-{base_key}", cache / f"tuned-{tuned_key}"
+    base_cached = not force and (base_dir / "build.json").exists()
+    tuned_cached = not force and (tuned_dir / "build.json").exists()
+    with _threads(cfg.threads):
+        if base_cached:
+            log(f"base: cached ({base_dir})")
+        else:
+            _clear_stale_temps(base_dir)
+            _build_base(cfg, corpus, base_key, base_dir, device)
+        if tuned_cached:
+            log(f"tuned: cached ({tuned_dir})")
+        else:
+            _clear_stale_temps(tuned_dir)
+            _build_tuned(cfg, corpus, base_dir, tuned_key, tuned_dir, device)
+
+    base_info = json.loads((base_dir / "build.json").read_text())
+    tuned_info = json.loads((tuned_dir / "build.json").read_text())
+    pair = {
+        "format": PAIR_FORMAT,
+        "key": tuned_key,
+        "base_key": base_key,
+        "code_version": CODE_VERSION,
+        "preset": preset,
+        "config": dataclasses.asdict(cfg),
+        "drift": cfg.drift,
+        "device": device.type,
+        "torch_threads": torch.get_num_threads(),
+        "corpus": base_info["corpus"],
+        "aux_layer_ids": default_aux_layer_ids(cfg.num_layers),
+        "base": {
+            "dir": "base",
+            "fingerprint": fingerprint(base_dir / "model"),
+            "params": base_info["params"],
+            "train": base_info["train"],
+            "cached": base_cached,
+        },
+        "tuned": {
+            "dir": "tuned",
+            "fingerprint": fingerprint(tuned_dir / "model"),
+            "train": tuned_info["train"],
+            "cached": tuned_cached,
+        },
+        "prompts": {
+            "train_file": "prompts-train.jsonl",
+            "eval_file": "prompts-eval.jsonl",
+            **base_info["prompts"],
+        },
+        "drift_figures": tuned_info["drift_figures"],
+        "build_seconds": {**base_info["seconds"], **tuned_info["seconds"]},
+    }
+    pair["build_seconds"]["this_call"] = round(time.perf_counter() - begin, 2)
+    _copy_into(out_dir, base_dir, tuned_dir, pair)
+    return pair

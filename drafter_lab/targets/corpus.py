@@ -1,0 +1,229 @@
+"""Offline chat corpus built from the running interpreter's own standard library.
+
+Source: every `*.py` file under `sysconfig.get_paths()["stdlib"]`, walked in sorted order of its
+path relative to that root, skipping `site-packages`, `__pycache__` and directories named `test`,
+`tests` or `idle_test` (distributions and container images often strip the test suite, so leaving
+it out keeps the corpus the same wherever a given Python version is installed). The text is real
+code and real prose written by people; nothing is generated. Different Python versions give
+different corpora, which is why the content hash is part of every cache key.
+
+Every module-level function and class method with a docstring (at least `MIN_DOC_CHARS` long) and
+a body besides the docstring becomes one ShareGPT-style conversation
+(`{"id", "slice", "conversations": [{"role": "user", ...}, {"role": "assistant", ...}]}`) in one of
+two slices that differ in domain and style:
+
+- BASE ("write code"): the user names the function, its signature and the first paragraph of its
+  docstring; the assistant answers with the function's source in a fenced code block.
+- SHIFTED ("explain code"): the user pastes the source without its docstring and asks what it
+  does; the assistant answers in English prose: the docstring.
+
+Each function lands in exactly one slice, and a held-out part of each slice is never trained on;
+both choices come from a sha256 of (seed, function name), so the corpus is a pure function of
+(stdlib files, seed, options).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import sysconfig
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from drafter_lab.errors import LabError
+
+# Bump when the conversion below changes, so caches keyed on the corpus hash are invalidated.
+FORMAT_VERSION = 1
+SKIP_DIRS = frozenset({"site-packages", "__pycache__", "test", "tests", "idle_test"})
+MIN_DOC_CHARS = 40
+MAX_SUMMARY_CHARS = 400
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def source_files(max_files: int = 0, root: Path | None = None) -> list[Path]:
+    """The corpus files in their fixed order; `max_files` > 0 keeps that many, evenly spread."""
+    root = root or stdlib_root()
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]  # prune: never walk site-packages
+        found += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    files = sorted(found, key=lambda p: p.relative_to(root).as_posix())
+    if not files:
+        raise LabError("no Python sources found for the corpus", root)
+    if 0 < max_files < len(files):
+        step = len(files) / max_files
+        files = [files[int(i * step)] for i in range(max_files)]
+    return files
+
+
+def corpus_hash(files: list[Path], root: Path | None = None) -> str:
+    """sha256 over the format version and each file's relative path and bytes."""
+    root = root or stdlib_root()
+    h = hashlib.sha256(f"corpus-format-{FORMAT_VERSION}".encode())
+    for p in files:
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _unit(seed: int, tag: str, name: str) -> float:
+    """A deterministic number in [0, 1) for (seed, tag, name)."""
+    digest = hashlib.sha256(f"{seed}:{tag}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    sig = f"({ast.unparse(fn.args)})"
+    return sig + (f" -> {ast.unparse(fn.returns)}" if fn.returns is not None else "")
+
+
+def _functions(tree: ast.Module):
+    """(qualname, node) for module-level functions and methods of module-level classes."""
+    fn_types = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in tree.body:
+        if isinstance(node, fn_types):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, fn_types):
+                    yield f"{node.name}.{item.name}", item
+
+
+def _paragraphs_within(text: str, limit: int) -> str:
+    """Leading paragraphs of `text` that fit in `limit` characters (at least the first one)."""
+    paras = text.split("\n\n")
+    out = paras[0]
+    for p in paras[1:]:
+        if len(out) + 2 + len(p) > limit:
+            break
+        out += "\n\n" + p
+    return out
+
+
+def _examples_in(path: Path, root: Path, max_source_chars: int):
+    text = path.read_bytes().decode("utf-8", errors="replace").expandtabs(8)
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return
+    lines = text.splitlines()
+    module = _module_name(path, root)
+    for qualname, fn in _functions(tree):
+        doc = (ast.get_docstring(fn, clean=True) or "").strip()
+        if not doc or len(doc) < MIN_DOC_CHARS or len(fn.body) < 2:
+            continue
+        doc_node = fn.body[0]
+        if doc_node.lineno <= fn.lineno:
+            continue  # docstring on the `def` line: nothing left to show without it
+        source = textwrap.dedent("\n".join(lines[fn.lineno - 1 : fn.end_lineno]))
+        if len(source) > max_source_chars:
+            continue
+        keep = [
+            line
+            for i, line in enumerate(lines[fn.lineno - 1 : fn.end_lineno], start=fn.lineno)
+            if not doc_node.lineno <= i <= doc_node.end_lineno
+        ]
+        bare = textwrap.dedent("\n".join(keep))
+        yield module, qualname, _signature(fn), doc, source, bare
+
+
+def _base_conversation(module, qualname, signature, doc, source) -> list[dict]:
+    summary = _paragraphs_within(doc, MAX_SUMMARY_CHARS)[:MAX_SUMMARY_CHARS]
+    ask = f"Write `{qualname}{signature}` for the `{module}` module.\n\n{summary}"
+    return [
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": f"```python\n{source}\n```"},
+    ]
+
+
+def _shifted_conversation(module, qualname, bare, doc, max_source_chars) -> list[dict]:
+    ask = f"What does this function from `{module}` do?\n\n```python\n{bare}\n```"
+    return [
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": _paragraphs_within(doc, max_source_chars)},
+    ]
+
+
+@dataclass
+class Corpus:
+    """The two slices, each split into training conversations and a held-out part."""
+
+    base: list[dict]
+    shifted: list[dict]
+    heldout_base: list[dict]
+    heldout_shifted: list[dict]
+    files: int
+    hash: str
+
+    def summary(self) -> dict:
+        return {
+            "source": "python stdlib",
+            "stdlib": str(stdlib_root()),
+            "files": self.files,
+            "hash": self.hash,
+            "format_version": FORMAT_VERSION,
+            "conversations": {
+                "base": len(self.base),
+                "shifted": len(self.shifted),
+                "heldout_base": len(self.heldout_base),
+                "heldout_shifted": len(self.heldout_shifted),
+            },
+        }
+
+
+def build_corpus(
+    files: list[Path],
+    *,
+    seed: int,
+    shifted_share: float,
+    heldout_per_slice: int,
+    max_source_chars: int,
+    root: Path | None = None,
+    content_hash: str | None = None,
+) -> Corpus:
+    """Convert `files` (from `source_files`) into the two slices, deterministically for `seed`.
+
+    `shifted_share` of the functions go to the SHIFTED slice; the first `heldout_per_slice` of each
+    slice (in seeded hash order) are held out from training. Conversation order is that same
+    seeded order, so it does not depend on the file walk.
+    """
+    root = root or stdlib_root()
+    slices: dict[str, list[tuple[float, dict]]] = {"base": [], "shifted": []}
+    for path in files:
+        for module, qualname, signature, doc, source, bare in _examples_in(path, root, max_source_chars):
+            name = f"{module}.{qualname}"
+            if _unit(seed, "slice", name) < shifted_share:
+                kind, conv = "shifted", _shifted_conversation(module, qualname, bare, doc, max_source_chars)
+            else:
+                kind, conv = "base", _base_conversation(module, qualname, signature, doc, source)
+            record = {"id": f"{kind}:{name}", "slice": kind, "conversations": conv}
+            slices[kind].append((_unit(seed, "order", name), record))
+    ordered = {k: [r for _, r in sorted(v, key=lambda t: (t[0], t[1]["id"]))] for k, v in slices.items()}
+    for kind, records in ordered.items():
+        if len(records) < heldout_per_slice + 1:
+            raise LabError(
+                f"corpus too small: the {kind} slice has {len(records)} conversations, "
+                f"need more than {heldout_per_slice} held out",
+                root,
+            )
+    return Corpus(
+        base=ordered["base"][heldout_per_slice:],
+        shifted=ordered["shifted"][heldout_per_slice:],
+        heldout_base=ordered["base"][:heldout_per_slice],
+        heldout_shifted=ordered["shifted"][:heldout_per_slice],
+        files=len(files),
+        hash=content_hash or corpus_hash(files, root),
+    )

@@ -26,6 +26,11 @@ from torch import nn
 from drafter_lab.drafter.config import DrafterConfig
 
 
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """At least fp32 for norms, softmax and RoPE (bf16/fp16 go up to fp32; fp64 stays fp64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -34,15 +39,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()
+        x = upcast(x)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
     """cos/sin of shape positions.shape + [head_dim] (HF Llama's rotate_half layout)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=work) / head_dim))
+    freqs = positions.to(work)[..., None] * inv
     emb = torch.cat([freqs, freqs], -1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -159,7 +165,7 @@ class Eagle3Drafter(nn.Module):
         for kj, vj in cache[1:]:
             scores.append(((q * attn.expand_kv(kj)).sum(-1) * scale)[..., None])  # [B, nh, T, 1]
             diag_v.append(attn.expand_kv(vj))
-        probs = torch.softmax(torch.cat(scores, -1).float(), -1).to(q.dtype)
+        probs = torch.softmax(upcast(torch.cat(scores, -1)), -1).to(q.dtype)
         out = torch.matmul(probs[..., :T], v0)
         for j, vj in enumerate(diag_v):
             out = out + probs[..., T + j, None] * vj
@@ -201,10 +207,10 @@ class Eagle3Drafter(nn.Module):
         vv = attn.expand_kv(v_cache.to(q.dtype))
         scores = torch.matmul(q, kk.transpose(-1, -2)) * attn.cfg.head_dim ** -0.5  # [B, nh, 1, S]
         scores = scores.masked_fill(~valid[:, None, None, :], torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores.float(), -1).to(q.dtype)
+        probs = torch.softmax(upcast(scores), -1).to(q.dtype)
         out = torch.matmul(probs, vv)[:, :, 0].reshape(B, -1)
         h = layer.finish(hidden, out)
-        logp = torch.log_softmax(self.logits(h).float(), -1)
+        logp = torch.log_softmax(upcast(self.logits(h)), -1)
         top_logp, top = logp.topk(topk, -1)
         return h, self.to_target_ids(top), top_logp
 

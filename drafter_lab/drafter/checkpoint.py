@@ -1,0 +1,202 @@
+"""Reading and writing drafter checkpoints (config.json + weights) in every supported layout.
+
+Reads: our exports, SGLang/SpecForge/EAGLE (`midlayer.*`), speculators (`layers.0.*`), as
+`*.safetensors` (one file or shards) or `pytorch_model.bin`. Writes: the SGLang layout (what a
+training run's output directory holds) or the speculators layout, every file atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from drafter_lab import atomic
+from drafter_lab.drafter import formats
+from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.errors import LabError
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+@dataclass
+class Checkpoint:
+    """A drafter checkpoint read from disk, tensors renamed to ours (SGLang's) names."""
+
+    path: Path
+    config: DrafterConfig
+    format: str
+    tensors: dict[str, torch.Tensor]
+    files: list[Path]
+    where: dict[str, Path] = field(default_factory=dict)
+    """File each tensor came from (for error messages)."""
+
+    def weights_file(self) -> Path:
+        return self.files[0] if len(self.files) == 1 else self.path
+
+
+def _weight_files(path: Path) -> list[Path]:
+    files = sorted(f for f in path.glob("*.safetensors") if not f.name.startswith("."))
+    if not files:
+        files = sorted(f for f in path.glob("*.bin") if not f.name.startswith(".") and "training_args" not in f.name)
+    return files
+
+
+def _read_file(f: Path) -> dict[str, torch.Tensor]:
+    try:
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(f))
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors and torch raise many types for a bad file
+        raise LabError(f"truncated or corrupt weights file ({str(e).splitlines()[0][:200]})", f) from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise LabError("weights file does not hold a state dict", f)
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def read_config(path) -> tuple[DrafterConfig, str]:
+    path = Path(path)
+    cfg_file = path / CONFIG
+    try:
+        data = json.loads(cfg_file.read_text())
+    except FileNotFoundError:
+        raise LabError("not a drafter checkpoint: config.json is missing", path) from None
+    except json.JSONDecodeError as e:
+        raise LabError(f"config.json is not valid JSON ({e})", cfg_file) from None
+    return formats.parse_config(data, cfg_file)
+
+
+def read_checkpoint(path) -> Checkpoint:
+    """Read config and tensors of any supported layout; names come back in our layout."""
+    path = Path(path)
+    if not path.is_dir():
+        raise LabError("drafter checkpoint directory not found", path)
+    cfg, fmt = read_config(path)
+    files = _weight_files(path)
+    if not files:
+        raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
+    tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
+    for f in files:
+        for name, t in _read_file(f).items():
+            canon = formats.canonical_name(name)
+            tensors[canon] = t
+            where[canon] = f
+    ckpt = Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
+    for name in formats.REQUIRED_TENSORS:
+        if name not in tensors:
+            raise LabError(f"checkpoint lacks tensor {formats.export_name(name, fmt)!r}", ckpt.weights_file())
+    bias = tensors.get("fc.bias")
+    if bias is not None and bool(bias.abs().max() > 0):
+        raise LabError("fc.bias is non-zero: this drafter's fc has no bias", where["fc.bias"])
+    return ckpt
+
+
+def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple]:
+    return {k: tuple(v.shape) for k, v in Eagle3Drafter(cfg).to("meta").state_dict().items()}
+
+
+def check_shape(name: str, tensor: torch.Tensor, want: tuple, where) -> None:
+    if tuple(tensor.shape) != tuple(want):
+        raise LabError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the drafter needs {tuple(want)}", where)
+
+
+def load_drafter(path, device="cpu", dtype: torch.dtype = torch.float32, target=None,
+                 embed_weight: torch.Tensor | None = None) -> Eagle3Drafter:
+    """Build an Eagle3Drafter from a checkpoint directory of any supported layout.
+
+    The token embedding is the serving target's, as in SGLang (which swaps in the target's embedding
+    when the widths agree): `embed_weight`, else `target`'s when its hidden size is the drafter's,
+    else the checkpoint's own `embed_tokens.weight` (EAGLE/SpecForge releases often omit it).
+    """
+    ckpt = read_checkpoint(path)
+    if embed_weight is None and target is not None and target.hidden_size == ckpt.config.hidden_size:
+        embed_weight = target.embed_weight().detach()
+    return build_drafter(ckpt, device, dtype, embed_weight)
+
+
+def build_drafter(ckpt: Checkpoint, device="cpu", dtype: torch.dtype = torch.float32,
+                  embed_weight: torch.Tensor | None = None) -> Eagle3Drafter:
+    """An Eagle3Drafter holding a read checkpoint's tensors (shapes checked, each named on error).
+
+    `embed_weight`, when given, replaces the checkpoint's embedding.
+    """
+    shapes = expected_shapes(ckpt.config)
+    state = {}
+    for name, want in shapes.items():
+        t = embed_weight if name == formats.EMBED and embed_weight is not None else ckpt.tensors.get(name)
+        if t is None:
+            raise LabError(
+                f"checkpoint lacks tensor {formats.export_name(name, ckpt.format)!r}"
+                + (" (pass the target, whose embedding it uses)" if name == formats.EMBED else ""),
+                ckpt.weights_file(),
+            )
+        check_shape(name, t, want, ckpt.where.get(name, ckpt.path))
+        state[name] = t
+    with torch.device("meta"):
+        drafter = Eagle3Drafter(ckpt.config)
+    drafter.load_state_dict(state, assign=True)
+    drafter.d2t = drafter.d2t.long()
+    drafter.t2d = drafter.t2d.bool()
+    drafter = drafter.to(device)
+    for p in drafter.parameters():
+        p.data = p.data.to(dtype)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    return drafter
+
+
+def drafter_tensors(
+    drafter: Eagle3Drafter, fmt: str = formats.SGLANG, dtype: torch.dtype | None = None, embed: bool = True
+) -> dict:
+    """The drafter's tensors under the layout's names (float weights cast to dtype if given)."""
+    out = {}
+    for name, t in drafter.state_dict().items():
+        if name == formats.EMBED and not embed:
+            continue
+        t = t.detach().cpu()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        out[formats.export_name(name, fmt)] = t.contiguous()
+    return out
+
+
+def save_drafter(
+    drafter: Eagle3Drafter, out_dir, fmt: str = formats.SGLANG, dtype: torch.dtype | None = None, embed: bool = True
+) -> Path:
+    """Write config.json + model.safetensors into out_dir (each file atomically; weights first).
+
+    `embed=False` leaves out the (frozen, target-owned) token embedding, as EAGLE releases do.
+    """
+    out_dir = Path(out_dir)
+    dtype = dtype or drafter.fc.weight.dtype
+    cfg = formats.config_for(fmt, drafter.config, dtype)
+    tensors = drafter_tensors(drafter, fmt, dtype, embed)
+    atomic.save_safetensors(tensors, out_dir / WEIGHTS, metadata=formats.file_metadata(drafter.config, fmt))
+    atomic.write_json(out_dir / CONFIG, cfg)
+    return out_dir
+
+
+def export(src, fmt: str, out, dtype: torch.dtype | None = None) -> Path:
+    """Re-write a drafter in another layout; the output directory appears whole or not at all."""
+    if fmt not in formats.FORMATS:
+        raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(formats.FORMATS)}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise LabError("output directory exists and is not empty: choose a new one", out)
+    ckpt = read_checkpoint(src)
+    has_embed = formats.EMBED in ckpt.tensors
+    c = ckpt.config
+    placeholder = None if has_embed else torch.zeros(c.target_vocab_size, c.hidden_size)
+    drafter = build_drafter(ckpt, embed_weight=placeholder)
+    dtype = dtype or ckpt.tensors["fc.weight"].dtype
+    with atomic.atomic_dir(out) as tmp:
+        save_drafter(drafter, tmp, fmt, dtype, embed=has_embed)
+    return out

@@ -1,0 +1,208 @@
+"""Drafter checkpoint layouts: tensor names and config.json fields of SGLang and speculators.
+
+Our module names are SGLang's (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`, `embed_tokens`),
+so the SGLang layout is the identity. The speculators layout calls the midlayer `layers.0`.
+
+Aux layer ids (DESIGN "Aux layers"). In memory we keep indices into HF `output_hidden_states`
+(convention `hf_hidden_states`). The files differ:
+- SGLang's `LlamaForCausalLMEagle3` config (`eagle_config.eagle_aux_hidden_state_layer_ids`) is read
+  by SGLang as "output of layer k": its target captures before layer k+1 (sglang 0.5.23,
+  `set_eagle3_layers_to_capture`: `layers_to_capture = [val + 1 for val in layer_ids]`). SpecForge
+  and ModelOpt write that form too, so the SGLang layout stores ours - 1.
+- speculators (vLLM) configs store `eagle_aux_hidden_state_layer_ids` as "capture before layer i",
+  which is ours unchanged.
+The conversion happens only here, at import and export, and each file says which form it holds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.errors import LabError
+
+SGLANG = "sglang"
+SPECULATORS = "speculators"
+FORMATS = (SGLANG, SPECULATORS)
+
+SGLANG_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCH = "Eagle3Speculator"
+SGLANG_AUX_CONVENTION = "output_of_layer"  # hidden_states index = id + 1
+SPECULATORS_AUX_CONVENTION = "hf_hidden_states"  # hidden_states index = id
+
+MIDLAYER_TENSORS = (
+    "input_layernorm.weight",
+    "hidden_norm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+REQUIRED_TENSORS = (
+    "fc.weight",
+    *(f"midlayer.{n}" for n in MIDLAYER_TENSORS),
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+)
+EMBED = "embed_tokens.weight"
+# Present in some checkpoints, never part of a drafter's own weights.
+IGNORED_TENSORS = ("verifier_lm_head.weight", "verifier_norm.weight")
+
+_MIDLAYER_PREFIXES = ("midlayer.", "layers.0.")
+
+
+def canonical_name(name: str) -> str:
+    """Map a tensor name from any supported layout to ours (SGLang's); a leading "model." is dropped."""
+    name = name.removeprefix("model.")
+    for prefix in _MIDLAYER_PREFIXES:
+        if name.startswith(prefix):
+            return "midlayer." + name[len(prefix):]
+    return name
+
+
+def export_name(name: str, fmt: str) -> str:
+    if fmt == SPECULATORS and name.startswith("midlayer."):
+        return "layers.0." + name[len("midlayer."):]
+    return name
+
+
+def detect_format(data: dict) -> str:
+    if data.get("speculators_model_type") is not None or SPECULATORS_ARCH in (data.get("architectures") or []):
+        return SPECULATORS
+    return SGLANG
+
+
+def _llama_fields(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+    return {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.target_vocab_size,
+        "num_hidden_layers": 1,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def sglang_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+    """config.json that SGLang's LlamaForCausalLMEagle3 reads (see tests/drafter/test_sglang_compat.py)."""
+    out = {"architectures": [SGLANG_ARCH], **_llama_fields(cfg, dtype), "draft_vocab_size": cfg.draft_vocab_size}
+    if cfg.target_hidden_size != cfg.hidden_size:
+        out["target_hidden_size"] = cfg.target_hidden_size
+    if cfg.aux_layer_ids:
+        out["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids],
+            "aux_layer_ids_convention": SGLANG_AUX_CONVENTION,
+        }
+    return out
+
+
+def speculators_config(cfg: DrafterConfig, dtype: torch.dtype, ttt_steps: int = 3) -> dict:
+    """config.json in speculators' Eagle3 layout (transformer_layer_config + speculators_config)."""
+    return {
+        "architectures": [SPECULATORS_ARCH],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": _llama_fields(cfg, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "norm_before_residual": False,
+        "target_hidden_size": cfg.target_hidden_size if cfg.target_hidden_size != cfg.hidden_size else None,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids) or None,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": ttt_steps, "accept_tolerance": 0.0,
+                 "verifier_accept_k": 1}
+            ],
+            "verifier": {"name_or_path": None, "architectures": []},
+        },
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+    if fmt == SGLANG:
+        return sglang_config(cfg, dtype)
+    if fmt == SPECULATORS:
+        return speculators_config(cfg, dtype)
+    raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
+
+
+def _need(data: dict, key: str, path):
+    if data.get(key) is None:
+        raise LabError(f"config lacks {key!r}", path)
+    return data[key]
+
+
+def _refuse_variants(data: dict, path) -> None:
+    """Drafter variants whose math the reference model does not implement are refused, not misread."""
+    eagle = data.get("eagle_config") or {}
+    for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "norm_before_residual"):
+        if data.get(key) or eagle.get(key):
+            raise LabError(f"drafter variant {key}=true is not supported (plain EAGLE-3 only)", path)
+    layers = data.get("num_hidden_layers", 1)
+    if layers != 1:
+        raise LabError(f"drafter has {layers} layers; EAGLE-3 here has exactly one midlayer", path)
+
+
+def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
+    """DrafterConfig from a config.json of any supported layout; returns (config, format)."""
+    fmt = detect_format(data)
+    if fmt == SPECULATORS:
+        _refuse_variants(data, path)
+        layer = data.get("transformer_layer_config") or {}
+        _refuse_variants(layer, path)
+        aux = list(data.get("eagle_aux_hidden_state_layer_ids") or [])  # already hf_hidden_states
+    else:
+        layer = data
+        _refuse_variants(data, path)
+        eagle = data.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids") or []
+        aux = [int(i) + 1 for i in ids]
+    hidden = int(_need(layer, "hidden_size", path))
+    heads = int(_need(layer, "num_attention_heads", path))
+    rope = layer.get("rope_theta")
+    if rope is None:
+        rope = (layer.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    target_vocab = int(_need(layer, "vocab_size", path))
+    cfg = DrafterConfig(
+        hidden_size=hidden,
+        intermediate_size=int(_need(layer, "intermediate_size", path)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+        head_dim=int(layer.get("head_dim") or hidden // heads),
+        draft_vocab_size=int(data.get("draft_vocab_size") or target_vocab),
+        target_vocab_size=target_vocab,
+        target_hidden_size=int(data.get("target_hidden_size") or hidden),
+        aux_layer_ids=[int(i) for i in aux],
+        rope_theta=float(rope),
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
+    )
+    return cfg, fmt
+
+
+def file_metadata(cfg: DrafterConfig, fmt: str) -> dict:
+    """safetensors metadata: which layout, and the aux ids in our own convention."""
+    return {
+        "format": "pt",
+        "drafter_lab_layout": fmt,
+        "aux_layer_ids_hf_hidden_states": json.dumps(list(cfg.aux_layer_ids)),
+    }

@@ -1,0 +1,185 @@
+"""Initialise a drafter from another drafter trained for another target (DESIGN "Transfer").
+
+`(d2t, t2d, lm_head rows)` are one unit: a source drafter's lm_head row i predicts the source's
+draft token i, which is target token used_src[i]. Under a new draft vocab, row i must predict
+used_new[i], so lm_head is rebuilt row by row: the source row for that target token when the
+source vocab has it, else the target model's own lm_head row for it. `remap=False` copies rows as
+they are (the seeds' first, naive attempt: random-level loss because only a few hundred of 32,000
+positions meant the same token in both mappings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from drafter_lab.drafter import formats
+from drafter_lab.drafter.checkpoint import check_shape, expected_shapes, read_checkpoint
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.errors import LabError
+
+SKIP_REASONS = {
+    "d2t": "source draft->target mapping; the new draft vocab's mapping is used",
+    "t2d": "source target->draft mask; the new draft vocab's mask is used",
+    formats.EMBED: "token embedding is the new target's own (frozen)",
+    "verifier_lm_head.weight": "the source verifier's head, not a drafter weight",
+    "verifier_norm.weight": "the source verifier's norm, not a drafter weight",
+    "fc.bias": "all-zero bias (this drafter's fc has none)",
+}
+
+
+@dataclass
+class TransferReport:
+    """What init_from did, tensor by tensor and row by row."""
+
+    source: str
+    """Path of the source drafter."""
+    source_format: str
+    """Layout it was read as (sglang: midlayer.* names; speculators: layers.0.* names)."""
+    remap: bool
+    """Whether lm_head rows were re-indexed to the new draft vocab."""
+    draft_vocab_size: int
+    """N of the new drafter."""
+    source_draft_vocab_size: int
+    """N of the source drafter."""
+    positions_agree: int
+    """Draft positions i whose target token is the same in both mappings (the seeds' 252 / 32,000)."""
+    tokens_shared: int
+    """Target tokens present in both draft vocabularies."""
+    rows_copied: int
+    """lm_head rows taken from the source."""
+    rows_from_target: int
+    """lm_head rows filled from the target's own lm_head (tokens the source vocab lacks)."""
+    loaded: list[dict] = field(default_factory=list)
+    """Tensors loaded: {tensor, reason}."""
+    skipped: list[dict] = field(default_factory=list)
+    """Tensors skipped: {tensor, reason}."""
+    notes: list[str] = field(default_factory=list)
+    """Anything else worth knowing (e.g. the source used other aux layers)."""
+
+    @property
+    def transferred(self) -> list[str]:
+        """Names of the drafter parameters that came from the source."""
+        return [row["tensor"] for row in self.loaded]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def table(self):
+        """A rich Table for the console."""
+        from rich.table import Table
+
+        t = Table(title=f"transfer from {self.source} ({self.source_format}, remap={'on' if self.remap else 'off'})")
+        t.add_column("item")
+        t.add_column("value", justify="right")
+        t.add_column("reason / detail")
+        n = self.draft_vocab_size
+        t.add_row("positions that already agree", f"{self.positions_agree} / {min(n, self.source_draft_vocab_size)}", "")
+        t.add_row("tokens shared", f"{self.tokens_shared} / {n}", f"source N = {self.source_draft_vocab_size}")
+        t.add_row("lm_head rows copied", str(self.rows_copied), "from the source")
+        t.add_row("lm_head rows from target", str(self.rows_from_target), "target's own lm_head row")
+        for row in self.loaded:
+            t.add_row(f"loaded {row['tensor']}", "", row["reason"])
+        for row in self.skipped:
+            t.add_row(f"skipped {row['tensor']}", "", row["reason"])
+        for note in self.notes:
+            t.add_row("note", "", note)
+        return t
+
+
+def used_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """Target id of each draft id: i + d2t[i]."""
+    d2t = d2t.long().cpu()
+    return torch.arange(len(d2t)) + d2t
+
+
+@torch.no_grad()
+def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: bool = True) -> TransferReport:
+    """Load a source drafter's weights into `drafter` (already built for the new target and vocab).
+
+    `target` has `lm_head_weight()` (drafter_lab.targets.hf.Target); `new_vocab` has `d2t`/`t2d`.
+    """
+    ckpt = read_checkpoint(source_path)
+    src = ckpt.tensors
+    shapes = expected_shapes(drafter.config)
+    new_d2t = torch.as_tensor(new_vocab.d2t).long()
+    used_new = used_ids(new_d2t)
+    used_src = used_ids(src["d2t"])
+    n_new, n_src = len(used_new), len(used_src)
+    if n_new != drafter.config.draft_vocab_size:
+        raise LabError(f"new vocab has {n_new} entries, the drafter {drafter.config.draft_vocab_size}")
+    m = min(n_new, n_src)
+    shared = set(used_src.tolist()) & set(used_new.tolist())
+    report = TransferReport(
+        source=str(source_path),
+        source_format=ckpt.format,
+        remap=remap,
+        draft_vocab_size=n_new,
+        source_draft_vocab_size=n_src,
+        positions_agree=int((used_src[:m] == used_new[:m]).sum()),
+        tokens_shared=len(shared),
+        rows_copied=0,
+        rows_from_target=0,
+    )
+    want_aux, have_aux = list(drafter.config.aux_layer_ids), list(ckpt.config.aux_layer_ids)
+    if have_aux and want_aux and have_aux != want_aux:
+        report.notes.append(f"source fc was trained on aux layers {have_aux}; the new drafter reads {want_aux}")
+
+    params = dict(drafter.named_parameters())
+    for name in sorted(src):
+        tensor = src[name]
+        where = ckpt.where.get(name, ckpt.path)
+        if name in SKIP_REASONS:
+            if name == "fc.bias" and bool(tensor.abs().max() > 0):
+                raise LabError("fc.bias is non-zero: this drafter's fc has no bias", where)
+            report.skipped.append({"tensor": name, "reason": SKIP_REASONS[name]})
+            continue
+        if name not in params:
+            raise LabError(f"unexpected tensor {name!r}: not part of an EAGLE-3 drafter", where)
+        if name == "lm_head.weight":
+            rows = _lm_head(tensor, used_src, used_new, target, drafter, remap, report, where)
+            params[name].copy_(rows.to(params[name].dtype))
+            continue
+        check_shape(formats.export_name(name, ckpt.format), tensor, shapes[name], where)
+        params[name].copy_(tensor.to(params[name].dtype))
+        report.loaded.append({"tensor": name, "reason": "copied"})
+    drafter.d2t.copy_(new_d2t.to(drafter.d2t.device))
+    drafter.t2d.copy_(torch.as_tensor(new_vocab.t2d).bool().to(drafter.t2d.device))
+    return report
+
+
+def _lm_head(rows_src, used_src, used_new, target, drafter, remap, report, where) -> torch.Tensor:
+    hidden = drafter.config.hidden_size
+    if rows_src.shape[1] != hidden:
+        raise LabError(f"tensor 'lm_head.weight' has width {rows_src.shape[1]}, the drafter needs {hidden}", where)
+    if not remap:
+        check_shape("lm_head.weight", rows_src, (len(used_new), hidden), where)
+        report.rows_copied = len(used_new)
+        report.loaded.append({"tensor": "lm_head.weight", "reason": "rows copied as-is (--no-remap): not re-indexed"})
+        return rows_src
+    src_row = {tok: i for i, tok in enumerate(used_src.tolist())}
+    picks = torch.tensor([src_row.get(tok, -1) for tok in used_new.tolist()], dtype=torch.long)
+    have = picks >= 0
+    out = torch.empty(len(used_new), hidden, dtype=torch.float32)
+    out[have] = rows_src[picks[have]].float()
+    missing = int((~have).sum())
+    if missing:
+        head = target.lm_head_weight().detach().cpu()
+        if head.shape[1] != hidden:
+            raise LabError(
+                f"{missing} lm_head rows need the target's lm_head, but it has width {head.shape[1]} and "
+                f"the drafter hidden size is {hidden} (H != H_target): cannot fill them",
+                where,
+            )
+        out[~have] = head[used_new[~have]].float()
+    report.rows_copied = int(have.sum())
+    report.rows_from_target = missing
+    report.loaded.append(
+        {
+            "tensor": "lm_head.weight",
+            "reason": f"re-indexed to the new draft vocab: {report.rows_copied} rows from the source, "
+            f"{missing} from the target's lm_head",
+        }
+    )
+    return out

@@ -1,0 +1,67 @@
+"""TrainConfig: every knob of a drafter training run (TOML loadable, CLI overridable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainConfig:
+    """One EAGLE-3 training run with training-time test (DESIGN section 3)."""
+
+    ttt_steps: int = 5
+    """K: draft steps unrolled per position during training (the seeds used 5)."""
+    loss_decay: float = 0.8
+    """Weight of step k's loss is loss_decay**k."""
+    draft_vocab_size: int = 1024
+    """N: draft vocabulary size built from the training features (ignored when a vocab is given)."""
+    lr: float = 3e-3
+    """Peak learning rate (AdamW)."""
+    warmup_steps: int = 30
+    """Linear warmup from 0 to lr over this many optimizer steps."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio at the last step."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (norm weights are exempt)."""
+    adam_beta2: float = 0.95
+    """AdamW second-moment decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    batch_size: int = 8
+    """Sequences per optimizer step (global, over all ranks); ignored when batch_tokens is set."""
+    batch_tokens: int = 0
+    """If > 0, batches hold as many sequences as fit this many padded tokens (global) instead."""
+    max_length: int = 1024
+    """Sequences are truncated to this many tokens."""
+    epochs: int = 3
+    """Passes over the training split (max_steps may stop earlier)."""
+    max_steps: int = 0
+    """Optimizer-step budget; 0 means epochs decide. The schedule spans min(budget, epochs)."""
+    eval_every: int = 0
+    """Also validate every this many steps (0: only at the end of each epoch)."""
+    eval_batch_size: int = 16
+    """Sequences per validation batch."""
+    checkpoint_every: int = 0
+    """Also write the train state every this many steps (0: at epoch ends and at the end)."""
+    log_every: int = 10
+    """Write a train line to metrics.jsonl every this many steps."""
+    seed: int = 0
+    """Seeds weight init and data order; the same seed gives the same run."""
+    init_lm_head_from_target: bool = False
+    """Start lm_head from the target's lm_head rows of the draft vocab (needs H == H_target)."""
+    device: str = "auto"
+    """"auto" picks CUDA when present, else CPU; or "cpu", "cuda", "cuda:1"."""
+    bf16: bool = True
+    """bf16 autocast on CUDA (CPU always trains in fp32)."""
+    threads: int = 0
+    """torch CPU threads (0: leave torch's default)."""
+    tensorboard: bool = False
+    """Also log to TensorBoard under <out>/tensorboard (needs the tensorboard package)."""
+    drafter_hidden_size: int = 0
+    """Drafter width H (0: the target's). H != H_target gives the drafter its own trained embedding."""
+    drafter_intermediate_size: int = 0
+    """Drafter MLP width (0: the target's)."""
+    drafter_heads: int = 0
+    """Drafter query heads (0: the target's)."""
+    drafter_kv_heads: int = 0
+    """Drafter key/value heads (0: the target's)."""

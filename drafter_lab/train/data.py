@@ -1,0 +1,127 @@
+"""Training examples from captured features, and deterministic padded batches.
+
+Each sequence is prepared once: truncated to max_length, and the target's top-1 over the FULL
+vocabulary computed from `final_hidden` (lm_head in chunks), which is what accuracy is measured
+against. The teacher distribution restricted to the draft vocab is recomputed per batch (one
+matmul with the draft vocab's lm_head rows), cheaper than caching [tokens, N] floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from drafter_lab.data.shards import Sequence
+
+
+@dataclass
+class Example:
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # bool [T]
+    aux_hidden: torch.Tensor  # [T, 3*H_t]
+    final_hidden: torch.Tensor  # [T, H_t]
+    top1: torch.Tensor  # int64 [T]: target argmax over its full vocab at each position
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T] (False on padding)
+    aux_hidden: torch.Tensor  # [B, T, 3*H_t]
+    final_hidden: torch.Tensor  # [B, T, H_t]
+    top1: torch.Tensor  # [B, T]
+
+    def to(self, device) -> Batch:
+        return Batch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
+
+
+@torch.no_grad()
+def target_top1(final_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+    out = torch.empty(len(final_hidden), dtype=torch.long)
+    w = lm_head.float()
+    for a in range(0, len(final_hidden), chunk):
+        out[a:a + chunk] = (final_hidden[a:a + chunk].to(w) @ w.T).argmax(-1).cpu()
+    return out
+
+
+def prepare(sequences: list[Sequence], lm_head_weight: torch.Tensor, max_length: int) -> list[Example]:
+    """Truncate and attach the target's full-vocab top-1; sequences too short to train on are dropped."""
+    lm_head = lm_head_weight.detach().cpu()
+    out = []
+    for s in sequences:
+        n = min(len(s.input_ids), max_length)
+        if n < 3:
+            continue
+        final = s.final_hidden[:n]
+        out.append(
+            Example(
+                input_ids=s.input_ids[:n].long(),
+                loss_mask=s.loss_mask[:n].bool(),
+                aux_hidden=s.aux_hidden[:n],
+                final_hidden=final,
+                top1=target_top1(final, lm_head),
+            )
+        )
+    return out
+
+
+def collate(examples: list[Example]) -> Batch:
+    """Right-pad to the longest sequence (causal attention never sees the padding)."""
+    B, T = len(examples), max(len(e) for e in examples)
+    aux_w, fin_w = examples[0].aux_hidden.shape[1], examples[0].final_hidden.shape[1]
+    dtype = torch.promote_types(examples[0].aux_hidden.dtype, torch.float32)  # bf16 features train in fp32
+    batch = Batch(
+        input_ids=torch.zeros(B, T, dtype=torch.long),
+        loss_mask=torch.zeros(B, T, dtype=torch.bool),
+        aux_hidden=torch.zeros(B, T, aux_w, dtype=dtype),
+        final_hidden=torch.zeros(B, T, fin_w, dtype=dtype),
+        top1=torch.zeros(B, T, dtype=torch.long),
+    )
+    for i, e in enumerate(examples):
+        n = len(e)
+        batch.input_ids[i, :n] = e.input_ids
+        batch.loss_mask[i, :n] = e.loss_mask
+        batch.aux_hidden[i, :n] = e.aux_hidden
+        batch.final_hidden[i, :n] = e.final_hidden
+        batch.top1[i, :n] = e.top1
+    return batch
+
+
+def plan_epoch(lengths: list[int], batch_size: int, batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """The global batches of one epoch, a pure function of (lengths, sizes, seed, epoch).
+
+    Shuffle, then sort by length inside windows of ~50 batches so that a batch pads little,
+    then shuffle the batch order.
+    """
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    window = 50 * max(batch_size, 1)
+    sorted_order = []
+    for a in range(0, len(order), window):
+        sorted_order += sorted(order[a:a + window], key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    if batch_tokens > 0:
+        cur: list[int] = []
+        longest = 0
+        for i in sorted_order:
+            longest_if = max(longest, lengths[i])
+            if cur and longest_if * (len(cur) + 1) > batch_tokens:
+                batches.append(cur)
+                cur, longest_if = [], lengths[i]
+            cur.append(i)
+            longest = longest_if
+        if cur:
+            batches.append(cur)
+    else:
+        batches = [sorted_order[a:a + batch_size] for a in range(0, len(sorted_order), batch_size)]
+    perm = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i] for i in perm]
+
+
+def shard_batch(batch: list[int], rank: int, world: int) -> list[int]:
+    """This rank's part of a global batch (may be empty when the batch has fewer rows than ranks)."""
+    return batch[rank::world]

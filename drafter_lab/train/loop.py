@@ -1,0 +1,377 @@
+"""`train` and `evaluate`: the EAGLE-3 TTT training run (DESIGN section 3).
+
+A run's output directory is an SGLang-loadable drafter (config.json + model.safetensors) with
+train_state/, metrics.jsonl, run.json and, for a transfer, transfer.json beside it. Every input is
+checked before anything is written, so bad input leaves no partial directory behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from drafter_lab import atomic
+from drafter_lab import config as labconfig
+from drafter_lab.data.shards import FeatureSet, Sequence
+from drafter_lab.drafter.checkpoint import save_drafter
+from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.drafter.transfer import TransferReport
+from drafter_lab.drafter.transfer import init_from as transfer_init
+from drafter_lab.errors import LabError
+from drafter_lab.progress import console, log, progress
+from drafter_lab.train import distributed, state
+from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.data import collate, plan_epoch, prepare, shard_batch
+from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
+from drafter_lab.train.schedule import lr_factor
+from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
+
+# Fields that may change between a run and its --resume without changing its results.
+RESUMABLE_CHANGES = ("device", "threads", "tensorboard")
+
+
+def _autocast(device: torch.device, bf16: bool):
+    if device.type == "cuda" and bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterConfig:
+    over = {}
+    if cfg.drafter_hidden_size or cfg.drafter_intermediate_size or cfg.drafter_heads or cfg.drafter_kv_heads:
+        tc = target.config
+        hidden = cfg.drafter_hidden_size or int(tc.hidden_size)
+        heads = cfg.drafter_heads or int(tc.num_attention_heads)
+        kv = cfg.drafter_kv_heads or int(getattr(tc, "num_key_value_heads", None) or heads)
+        if hidden % heads or heads % kv:
+            raise LabError(f"drafter shape: hidden {hidden} must divide by heads {heads}, heads by kv heads {kv}")
+        over = dict(
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=hidden // heads,
+            intermediate_size=cfg.drafter_intermediate_size or (
+                int(tc.intermediate_size) if hidden == int(tc.hidden_size) else 4 * hidden
+            ),
+        )
+    return DrafterConfig.for_target(target.config, n_draft, aux_ids, max_position_embeddings=max(
+        cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)), **over)
+
+
+def _check_features(fs: FeatureSet, target, seqs: list[Sequence], data_dir) -> None:
+    h = target.hidden_size
+    if fs.hidden_size != h:
+        raise LabError(f"features have hidden size {fs.hidden_size}, the target {h}: they do not fit", data_dir)
+    s = seqs[0]
+    if s.aux_hidden.shape[-1] != 3 * h or s.final_hidden.shape[-1] != h:
+        raise LabError(
+            f"features have aux width {s.aux_hidden.shape[-1]} / final width {s.final_hidden.shape[-1]}; "
+            f"the drafter's fc needs 3 x {h} and the target head {h}",
+            data_dir,
+        )
+
+
+def _load_vocab(vocab, data_dir, size: int, target_vocab: int):
+    if vocab is None:
+        from drafter_lab.data.vocab import build_vocab
+
+        vocab = build_vocab(data_dir, size)
+    t2d = torch.as_tensor(vocab.t2d).bool()
+    d2t = torch.as_tensor(vocab.d2t).long()
+    if len(t2d) != target_vocab:
+        raise LabError(f"draft vocab maps a {len(t2d)}-token target vocab, the target has {target_vocab}", data_dir)
+    if int(t2d.sum()) != len(d2t):
+        raise LabError(f"draft vocab is inconsistent: t2d marks {int(t2d.sum())} tokens, d2t has {len(d2t)}")
+    return vocab, d2t, t2d
+
+
+def _param_groups(drafter: Eagle3Drafter, transferred: set[str], cfg: TrainConfig, scale: float) -> list[dict]:
+    groups: dict[tuple, list] = {}
+    for name, p in drafter.named_parameters():
+        if not p.requires_grad:
+            continue
+        key = (name in transferred, p.ndim < 2)
+        groups.setdefault(key, []).append(p)
+    out = []
+    for (is_transferred, no_decay), params in sorted(groups.items()):
+        out.append({
+            "params": params,
+            "lr": cfg.lr * (scale if is_transferred else 1.0),
+            "weight_decay": 0.0 if no_decay else cfg.weight_decay,
+        })
+    return out
+
+
+def _total_steps(cfg: TrainConfig, lengths: list[int]) -> int:
+    total = sum(len(plan_epoch(lengths, cfg.batch_size, cfg.batch_tokens, cfg.seed, e)) for e in range(cfg.epochs))
+    return min(total, cfg.max_steps) if cfg.max_steps > 0 else total
+
+
+def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
+    now = labconfig.to_dict(cfg)
+    diff = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k])
+    if diff:
+        raise LabError(f"--resume with a different config ({', '.join(diff)}): the run would not be the same", out_dir)
+
+
+def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = False, init_from=None,
+          remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None) -> dict:
+    """Train a drafter on `data_dir` features of `target_dir`; returns the final validation metrics.
+
+    `resume` continues the run in `out_dir` exactly (a directory without a train state starts
+    fresh). `init_from` starts from another drafter (drafter.transfer rules; `remap=False` is the
+    seeds' naive path), with `l2sp` pulling transferred weights toward their initial values and
+    `transfer_lr_scale` scaling their learning rate. `vocab` (d2t/t2d) defaults to
+    data.vocab.build_vocab(data_dir, cfg.draft_vocab_size).
+    """
+    d = distributed.setup(cfg.device)
+    try:
+        run = _Run(cfg, d, Path(target_dir), Path(data_dir), Path(out_dir), resume, init_from, remap, l2sp,
+                   transfer_lr_scale, vocab)
+        return run.fit()
+    finally:
+        distributed.teardown(d)
+
+
+class _Run:
+    """One training run: every input checked in __init__ (nothing written yet), then fit()."""
+
+    def __init__(self, cfg: TrainConfig, d: distributed.Dist, target_dir: Path, data_dir: Path, out_dir: Path,
+                 resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab):
+        from drafter_lab.targets.hf import load_target
+
+        self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        if cfg.ttt_steps < 1:
+            raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
+        writer_cls = None
+        if cfg.tensorboard and d.main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter as writer_cls
+            except ImportError:
+                raise LabError("tensorboard = true needs the tensorboard package (pip install tensorboard)") from None
+
+        # ---- every input, before anything is written ------------------------------------------
+        target = load_target(target_dir, device="cpu", tokenizer=False)
+        fs = FeatureSet(data_dir)
+        fs.check_target(target.fingerprint, target_dir)
+        train_seqs, val_seqs = fs.require("train"), fs.require("val")
+        _check_features(fs, target, train_seqs, data_dir)
+        vocab, d2t, t2d = _load_vocab(vocab, data_dir, cfg.draft_vocab_size, target.vocab_size)
+        dcfg = _drafter_config(cfg, target, len(d2t), fs.manifest.aux_layer_ids)
+        self.saved = None
+        if resume and state.state_path(out_dir).exists():
+            self.saved = state.load(out_dir)
+            _check_resume_config(self.saved["config"], cfg, out_dir)
+        elif not resume and (state.state_path(out_dir).exists() or (out_dir / state.METRICS).exists()):
+            raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)
+
+        self.drafter = drafter = _new_drafter(cfg, dcfg, target, d2t, t2d)
+        self.own_embed = dcfg.hidden_size != dcfg.target_hidden_size
+        self.report: TransferReport | None = None
+        if init_from is not None:
+            self.report = transfer_init(drafter, init_from, target, vocab, remap=remap)
+        transferred = set(self.report.transferred) if self.report else set()
+        self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
+                        if n in transferred} if l2sp > 0 else {}
+        lm_head = target.lm_head_weight().detach().float()
+        self.train_ex = prepare(train_seqs, lm_head, cfg.max_length)
+        self.val_ex = prepare(val_seqs, lm_head, cfg.max_length)
+        if not self.train_ex or not self.val_ex:
+            raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", data_dir)
+
+        # ---- model, optimizer, schedule -------------------------------------------------------
+        dev = d.device
+        drafter.to(dev)
+        self.anchors = {n: a.to(dev) for n, a in self.anchors.items()}
+        used = torch.arange(len(d2t)) + d2t
+        self.obj = TTTObjective(drafter, lm_head[used].to(dev), cfg.ttt_steps, cfg.loss_decay)
+        self.model = self.obj
+        if d.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(self.obj, device_ids=[dev.index] if dev.type == "cuda" else None)
+        self.optim = torch.optim.AdamW(_param_groups(drafter, transferred, cfg, transfer_lr_scale), lr=cfg.lr,
+                                       betas=(0.9, cfg.adam_beta2))
+        self.lengths = [len(e) for e in self.train_ex]
+        self.total = total = _total_steps(cfg, self.lengths)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.optim, lambda s: lr_factor(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
+        self.metrics = state.MetricsLog(out_dir / state.METRICS, enabled=d.main)
+        self.autocast = _autocast(dev, cfg.bf16)
+        self.step = self.epoch = self.cursor = 0
+        self.log_counts = torch.zeros(cfg.ttt_steps, N_COLS, dtype=torch.float64, device=dev)
+        self.last_val: dict | None = None
+        self.info = {
+            "config": labconfig.to_dict(cfg),
+            "drafter": dataclasses.asdict(dcfg),
+            "target": target.describe(),
+            "features": {"dir": str(data_dir), "manifest_sha256": atomic.sha256_file(fs.dir / "manifest.json"),
+                         "train_sequences": len(self.train_ex), "val_sequences": len(self.val_ex)},
+            "init_from": None if init_from is None else {
+                "source": str(init_from), "remap": remap, "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale},
+            "world_size": d.world,
+            "own_embedding": self.own_embed,
+        }
+        self.writer_cls = writer_cls
+        self.t0 = time.time()
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+    def restore(self) -> None:
+        s = self.saved
+        if s is None:
+            self.metrics.truncate(0)  # a --resume that found no state: a killed first attempt's lines go
+            return
+        _load_model(self.drafter, s["model"])
+        self.optim.load_state_dict(s["optimizer"])
+        self.sched.load_state_dict(s["scheduler"])
+        self.step, self.epoch, self.cursor = s["step"], s["epoch"], s["cursor"]
+        self.log_counts = s["log_counts"].to(self.d.device)
+        self.last_val = s.get("last_val")
+        self.metrics.truncate(s["metrics_bytes"])
+        state.set_rng_state(s["rng"])
+
+    def record(self, event: str, values: dict) -> None:
+        c = self.cfg
+        lr = c.lr * lr_factor(max(self.step - 1, 0), c.warmup_steps, self.total, c.min_lr_ratio)  # of the last step
+        row = {"event": event, "split": "val" if event == "val" else "train", "step": self.step,
+               "epoch": self.epoch, "lr": lr, "elapsed_s": round(time.time() - self.t0, 3), **values}
+        self.metrics.write(row)
+        if self.tb:
+            for k, v in values.items():
+                if isinstance(v, float):
+                    self.tb.add_scalar(f"{row['split']}/{k}", v, self.step)
+
+    def validate(self) -> dict:
+        self.drafter.eval()
+        m = summarize(eval_counts(self.obj, self.val_ex, self.cfg.eval_batch_size, self.d, self.autocast))
+        self.drafter.train()
+        m["weighted_loss"] = weighted_loss(m, self.cfg.ttt_steps, self.cfg.loss_decay)
+        self.record("val", m)
+        self.last_val = {"step": self.step, "epoch": self.epoch, **m}
+        return self.last_val
+
+    def checkpoint(self) -> None:
+        if not self.d.main:
+            return
+        save_drafter(self.drafter, self.out_dir)
+        state.save(self.out_dir, {
+            "config": labconfig.to_dict(self.cfg),
+            "model": {k: v for k, v in self.drafter.state_dict().items()
+                      if k != "embed_tokens.weight" or self.own_embed},
+            "optimizer": self.optim.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "step": self.step, "epoch": self.epoch, "cursor": self.cursor,
+            "log_counts": self.log_counts.cpu(),
+            "last_val": self.last_val,
+            "metrics_bytes": self.metrics.sync_size(),
+            "rng": state.rng_state(),
+        })
+
+    # ---- training -------------------------------------------------------------------------------
+    def train_step(self, rows: list[int]) -> None:
+        """One optimizer step on global batch `rows` (this rank takes its share)."""
+        c, d = self.cfg, self.d
+        mine = shard_batch(rows, d.rank, d.world)
+        weight = 1.0 if mine else 0.0  # a rank without rows still joins the gradient all-reduce
+        batch = collate([self.train_ex[i] for i in (mine or rows[:1])]).to(d.device)
+        # Loss = sum over the GLOBAL batch / global counts: DDP's gradient mean times world size.
+        den = d.sum(loss_denominators(*step_masks(batch, self.drafter.t2d, c.ttt_steps)) * weight)
+        with self.autocast:
+            loss, counts = self.model(batch, den, d.world * weight)
+        if self.anchors:
+            loss = loss + self.l2sp * sum(((p - self.anchors[n]) ** 2).sum()
+                                          for n, p in self.drafter.named_parameters() if n in self.anchors)
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        if c.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), c.grad_clip)
+        self.optim.step()
+        self.sched.step()
+        self.step += 1
+        self.cursor += 1
+        self.log_counts += counts * weight
+
+    def fit(self) -> dict:
+        c, d = self.cfg, self.d
+        self.restore()
+        if d.main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if self.report is not None:
+                console.print(self.report.table())
+                atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
+            atomic.write_json(self.out_dir / "run.json", self.info)
+        self.tb = self.writer_cls(str(self.out_dir / "tensorboard")) if self.writer_cls else None
+        self.drafter.train()
+        with progress("train", self.total) as advance:
+            advance(self.step)
+            while self.step < self.total:
+                batches = plan_epoch(self.lengths, c.batch_size, c.batch_tokens, c.seed, self.epoch)
+                while self.cursor < len(batches) and self.step < self.total:
+                    self.train_step(batches[self.cursor])
+                    if self.step % c.log_every == 0 or self.step == self.total:
+                        m = summarize(d.sum(self.log_counts))
+                        m["weighted_loss"] = weighted_loss(m, c.ttt_steps, c.loss_decay)
+                        self.record("train", m)
+                        self.log_counts.zero_()
+                        advance(0, loss0=m["loss_0"], acc0=m["cond_acc_0"],
+                                acc1=m["cond_acc_1"] if c.ttt_steps > 1 else 0.0)
+                    advance(1)
+                    if c.eval_every and self.step % c.eval_every == 0 and self.cursor < len(batches):
+                        self.validate()
+                    if c.checkpoint_every and self.step % c.checkpoint_every == 0:
+                        self.checkpoint()
+                if self.cursor >= len(batches):  # epoch end: validate, then the state of the next epoch
+                    self.validate()
+                    self.epoch += 1
+                    self.cursor = 0
+                    self.checkpoint()
+        if self.last_val is None or self.last_val["step"] != self.step:
+            self.validate()
+        self.checkpoint()
+        if self.tb:
+            self.tb.close()
+        v = self.last_val
+        if d.main:
+            log(f"trained {self.step} steps in {time.time() - self.t0:.0f}s: val cond_acc_0={v['cond_acc_0']:.3f}"
+                + (f" cond_acc_1={v['cond_acc_1']:.3f}" if c.ttt_steps > 1 else "")
+                + f" simulated_accept_len={v['simulated_accept_len']:.3f} -> {self.out_dir}")
+        return v
+
+
+def _new_drafter(cfg: TrainConfig, dcfg: DrafterConfig, target, d2t, t2d) -> Eagle3Drafter:
+    """Seeded init; the target's frozen embedding (or, if H != H_target, an own trainable one)."""
+    torch.manual_seed(cfg.seed)
+    drafter = Eagle3Drafter(dcfg)
+    own_embed = dcfg.hidden_size != dcfg.target_hidden_size
+    with torch.no_grad():
+        if own_embed:  # the target's embedding has the wrong width: the drafter learns its own
+            drafter.embed_tokens.weight.normal_(0.0, 0.02)
+            drafter.embed_tokens.weight.requires_grad_(True)
+        else:
+            drafter.embed_tokens.weight.copy_(target.embed_weight())
+        drafter.d2t.copy_(d2t)
+        drafter.t2d.copy_(t2d)
+        if cfg.init_lm_head_from_target:
+            if own_embed:
+                raise LabError("init_lm_head_from_target needs the drafter hidden size to equal the target's")
+            drafter.lm_head.weight.copy_(target.lm_head_weight()[torch.arange(len(d2t)) + d2t])
+    return drafter
+
+
+def _embed_frozen(drafter: Eagle3Drafter) -> bool:
+    return not drafter.embed_tokens.weight.requires_grad
+
+
+def _load_model(drafter: Eagle3Drafter, model_state: dict) -> None:
+    """Load saved weights; a frozen (target-owned) embedding is not in the state and stays as built."""
+    missing, unexpected = drafter.load_state_dict(model_state, strict=False)
+    bad = [k for k in missing if not (k == "embed_tokens.weight" and _embed_frozen(drafter))] + list(unexpected)
+    if bad:
+        raise LabError(f"train state does not fit the drafter ({', '.join(bad)})")

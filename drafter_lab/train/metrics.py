@@ -1,0 +1,75 @@
+"""Metrics from TTT counts (loss_k, acc_k, cond_acc_k, simulated accept length) and `evaluate`.
+
+Counts are sums (see ttt.py's columns), so metrics over many batches or ranks are exact ratios of
+sums, not averages of per-batch ratios.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from drafter_lab.data.shards import Sequence
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.errors import LabError
+from drafter_lab.train import distributed
+from drafter_lab.train.data import Example, collate, prepare
+from drafter_lab.train.ttt import CE_SUM, COND_DEN, COND_NUM, N_COLS, N_CORRECT, N_LOSS, N_VALID, TTTObjective
+
+
+def summarize(counts: torch.Tensor) -> dict:
+    """loss_k, acc_k, cond_acc_k and simulated_accept_len from summed counts [K, N_COLS]."""
+    c = counts.double().cpu()
+    out: dict = {}
+    accept, chain = 0.0, 1.0
+    for k in range(c.shape[0]):
+        out[f"loss_{k}"] = float(c[k, CE_SUM] / c[k, N_LOSS]) if c[k, N_LOSS] > 0 else float("nan")
+        out[f"acc_{k}"] = float(c[k, N_CORRECT] / c[k, N_VALID]) if c[k, N_VALID] > 0 else 0.0
+        cond = float(c[k, COND_NUM] / c[k, COND_DEN]) if c[k, COND_DEN] > 0 else 0.0
+        out[f"cond_acc_{k}"] = cond
+        chain *= cond
+        accept += chain
+    out["simulated_accept_len"] = accept
+    out["positions"] = int(c[0, N_VALID])
+    return out
+
+
+def weighted_loss(metrics: dict, ttt_steps: int, decay: float) -> float:
+    return sum(decay ** k * metrics[f"loss_{k}"] for k in range(ttt_steps))
+
+
+
+@torch.no_grad()
+def eval_counts(obj: TTTObjective, examples: list[Example], batch_size: int, d, autocast) -> torch.Tensor:
+    """Summed counts over `examples` (sharded over ranks, then all-reduced)."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]))
+    mine = order[d.rank::d.world]
+    counts = torch.zeros(obj.ttt_steps, N_COLS, dtype=torch.float64, device=d.device)
+    for a in range(0, len(mine), batch_size):
+        batch = collate([examples[i] for i in mine[a:a + batch_size]]).to(d.device)
+        with autocast:
+            counts += obj(batch)[1]
+    return d.sum(counts)
+
+
+def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: list[Sequence], ttt_steps: int,
+             batch_size: int = 16, max_length: int | None = None) -> dict:
+    """Teacher-forced loss_k, acc_k, cond_acc_k and simulated accept length on `sequences`.
+
+    `lm_head_weight` is the target's full lm_head [V, H_t]; the drafter's d2t/t2d give its vocab.
+    """
+    device = drafter.fc.weight.device
+    used = (torch.arange(drafter.config.draft_vocab_size) + drafter.d2t.cpu()).long()
+    head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
+    examples = prepare(sequences, lm_head_weight, max_length or drafter.config.max_position_embeddings)
+    if not examples:
+        raise LabError("no sequences long enough to evaluate on")
+    obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8)
+    d = distributed.Dist(rank=0, world=1, local_rank=0, device=device)
+    was_training = drafter.training
+    drafter.eval()
+    try:
+        return summarize(eval_counts(obj, examples, batch_size, d, contextlib.nullcontext()))
+    finally:
+        drafter.train(was_training)

@@ -1,0 +1,157 @@
+"""Checkpoint layouts: export then import is the identity; foreign layouts import; bad ones are refused."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from drafter_lab.cli import main
+from drafter_lab.drafter import formats
+from drafter_lab.drafter.checkpoint import export, load_drafter, read_checkpoint, save_drafter
+from drafter_lab.errors import LabError
+
+from .test_model import random_drafter, small_config
+
+
+@pytest.fixture
+def drafter():
+    return random_drafter(small_config(), seed=11, dtype=torch.float32)
+
+
+def assert_same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype, k
+        assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("fmt", formats.FORMATS)
+def test_export_then_import_is_identical(tmp_path, drafter, fmt):
+    save_drafter(drafter, tmp_path / "ours")
+    export(tmp_path / "ours", fmt, tmp_path / fmt)
+    back = load_drafter(tmp_path / fmt)
+    assert_same_state(drafter, back)
+    assert back.config == drafter.config
+    # and back again into the SGLang layout: same tensors under the same names
+    export(tmp_path / fmt, formats.SGLANG, tmp_path / "again")
+    a, b = load_file(str(tmp_path / "ours/model.safetensors")), load_file(str(tmp_path / "again/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_layouts_name_and_convert_as_documented(tmp_path, drafter):
+    cfg = drafter.config
+    save_drafter(drafter, tmp_path / "sg")
+    export(tmp_path / "sg", formats.SPECULATORS, tmp_path / "sp")
+    sg = json.loads((tmp_path / "sg/config.json").read_text())
+    sp = json.loads((tmp_path / "sp/config.json").read_text())
+    assert sg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert sg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in cfg.aux_layer_ids]
+    assert sg["target_hidden_size"] == cfg.target_hidden_size
+    assert sp["architectures"] == ["Eagle3Speculator"] and sp["speculators_model_type"] == "eagle3"
+    assert sp["eagle_aux_hidden_state_layer_ids"] == cfg.aux_layer_ids
+    assert sp["transformer_layer_config"]["vocab_size"] == cfg.target_vocab_size
+    assert sp["norm_before_residual"] is False
+    names_sp = set(load_file(str(tmp_path / "sp/model.safetensors")))
+    assert "layers.0.self_attn.q_proj.weight" in names_sp and not any(n.startswith("midlayer.") for n in names_sp)
+    names_sg = set(load_file(str(tmp_path / "sg/model.safetensors")))
+    assert {"fc.weight", "midlayer.hidden_norm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= names_sg
+
+
+def test_bf16_export_round_trips_bits(tmp_path, drafter):
+    save_drafter(drafter, tmp_path / "a")
+    export(tmp_path / "a", formats.SGLANG, tmp_path / "b", dtype=torch.bfloat16)
+    export(tmp_path / "b", formats.SPECULATORS, tmp_path / "c")
+    b, c = load_file(str(tmp_path / "b/model.safetensors")), load_file(str(tmp_path / "c/model.safetensors"))
+    assert b["fc.weight"].dtype == torch.bfloat16
+    assert torch.equal(b["midlayer.mlp.up_proj.weight"], c["layers.0.mlp.up_proj.weight"])
+
+
+def _foreign(tmp_path, drafter, name, rename, config, file="model.safetensors", drop=()):
+    d = tmp_path / name
+    d.mkdir()
+    state = {rename(k): v.clone() for k, v in drafter.state_dict().items() if k not in drop}
+    if file.endswith(".bin"):
+        torch.save(state, d / file)
+    else:
+        save_file(state, str(d / file))
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def test_imports_specforge_eagle_and_speculators_names(tmp_path, drafter):
+    cfg = drafter.config
+    llama = formats.sglang_config(cfg, torch.float32)
+    # SpecForge: midlayer.* names, "output of layer k" aux ids, embed_tokens included
+    spec = _foreign(tmp_path, drafter, "specforge", lambda k: k, llama)
+    # EAGLE (yuhuili-style): pytorch_model.bin, no embed_tokens, no eagle_config
+    eagle_cfg = {k: v for k, v in llama.items() if k != "eagle_config"}
+    eagle = _foreign(tmp_path, drafter, "eagle", lambda k: k, eagle_cfg, file="pytorch_model.bin",
+                     drop=("embed_tokens.weight",))
+    # speculators: layers.0.* names, verifier head present (ignored)
+    sp_cfg = formats.speculators_config(cfg, torch.float32)
+    sp = _foreign(tmp_path, drafter, "speculators", lambda k: k.replace("midlayer.", "layers.0."), sp_cfg)
+    state = load_file(str(sp / "model.safetensors"))
+    state["verifier_lm_head.weight"] = torch.randn(5, cfg.hidden_size)
+    save_file(state, str(sp / "model.safetensors"))
+
+    assert_same_state(load_drafter(spec), drafter)
+    assert_same_state(load_drafter(sp), drafter)
+    assert read_checkpoint(sp).format == formats.SPECULATORS
+    with pytest.raises(LabError, match="embed_tokens.weight"):
+        load_drafter(eagle)
+    back = load_drafter(eagle, embed_weight=drafter.embed_tokens.weight)
+    assert_same_state(back, drafter)
+    assert back.config.aux_layer_ids == []  # unknown: the file does not say
+    # as in SGLang, a serving target of the same width supplies the embedding, even over the file's
+    own = torch.randn_like(drafter.embed_tokens.weight)
+    target = SimpleNamespace(hidden_size=cfg.hidden_size, embed_weight=lambda: own)
+    assert torch.equal(load_drafter(spec, target=target).embed_tokens.weight, own)
+    assert torch.equal(load_drafter(eagle, target=target).embed_tokens.weight, own)
+
+
+def test_missing_tensor_names_tensor_and_file(tmp_path, drafter):
+    llama = formats.sglang_config(drafter.config, torch.float32)
+    d = _foreign(tmp_path, drafter, "broken", lambda k: k, llama, drop=("midlayer.mlp.down_proj.weight",))
+    with pytest.raises(LabError, match=r"model\.safetensors.*'midlayer\.mlp\.down_proj\.weight'"):
+        read_checkpoint(d)
+    out = tmp_path / "out"
+    assert main(["export", "--drafter", str(d), "--format", "speculators", "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_shape_mismatch_names_tensor(tmp_path, drafter):
+    llama = formats.sglang_config(drafter.config, torch.float32)
+    d = _foreign(tmp_path, drafter, "wrong", lambda k: k, llama)
+    state = load_file(str(d / "model.safetensors"))
+    state["midlayer.self_attn.o_proj.weight"] = state["midlayer.self_attn.o_proj.weight"][:, :-1].contiguous()
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(LabError, match="midlayer.self_attn.o_proj.weight"):
+        load_drafter(d)
+
+
+def test_unsupported_variant_and_truncated_file(tmp_path, drafter):
+    cfg = formats.sglang_config(drafter.config, torch.float32)
+    d = _foreign(tmp_path, drafter, "variant", lambda k: k, {**cfg, "norm_before_fc": True})
+    with pytest.raises(LabError, match="norm_before_fc"):
+        read_checkpoint(d)
+    t = _foreign(tmp_path, drafter, "trunc", lambda k: k, cfg)
+    blob = (t / "model.safetensors").read_bytes()
+    (t / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(LabError, match="truncated or corrupt"):
+        read_checkpoint(t)
+
+
+def test_export_cli(tmp_path, drafter):
+    save_drafter(drafter, tmp_path / "src")
+    assert main(["export", "--drafter", str(tmp_path / "src"), "--format", "speculators",
+                 "--out", str(tmp_path / "dst"), "--dtype", "bfloat16"]) == 0
+    cfg = json.loads((tmp_path / "dst/config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16"
+    before = (tmp_path / "dst/model.safetensors").read_bytes()
+    assert main(["export", "--drafter", str(tmp_path / "src"), "--format", "sglang", "--out", str(tmp_path / "dst")]) == 2
+    assert (tmp_path / "dst/model.safetensors").read_bytes() == before  # an existing directory is never replaced

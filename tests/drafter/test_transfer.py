@@ -1,0 +1,137 @@
+"""init_from: every count of the transfer report, and every re-indexed lm_head row."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from rich.console import Console
+
+from drafter_lab.data.vocab import DraftVocab
+from drafter_lab.drafter import formats
+from drafter_lab.drafter.checkpoint import export, save_drafter
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.drafter.transfer import init_from
+from drafter_lab.errors import LabError
+
+from .test_model import random_drafter, small_config
+
+V, N = 101, 37
+USED_SRC = list(range(0, 74, 2))  # 37 even tokens 0..72
+# 10 shared at the same positions (0..18), 13 new odd tokens, 7 shared but shifted (60..72), 7 new (80..92)
+USED_NEW = list(range(0, 20, 2)) + list(range(21, 47, 2)) + list(range(60, 74, 2)) + list(range(80, 94, 2))
+
+
+def vocab(used) -> DraftVocab:
+    return DraftVocab.from_used(torch.tensor(used), V)
+
+
+def source(tmp_path, fmt: str, **over):
+    cfg = small_config(target_vocab_size=V, draft_vocab_size=N, target_hidden_size=48, **over)
+    src = random_drafter(cfg, seed=21, dtype=torch.float32)
+    v = vocab(USED_SRC)
+    src.d2t.copy_(v.d2t)
+    src.t2d.copy_(v.t2d)
+    save_drafter(src, tmp_path / "src-sglang")
+    if fmt == formats.SGLANG:
+        return src, tmp_path / "src-sglang"
+    export(tmp_path / "src-sglang", fmt, tmp_path / f"src-{fmt}")
+    return src, tmp_path / f"src-{fmt}"
+
+
+def fresh(cfg) -> Eagle3Drafter:
+    torch.manual_seed(5)
+    return Eagle3Drafter(cfg)
+
+
+def target_head(width=48) -> SimpleNamespace:
+    head = torch.randn(V, width, generator=torch.Generator().manual_seed(7))
+    return SimpleNamespace(lm_head_weight=lambda: head)
+
+
+@pytest.mark.parametrize("fmt", formats.FORMATS)
+def test_remap_counts_and_rows(tmp_path, fmt):
+    src, path = source(tmp_path, fmt)
+    new_vocab = vocab(USED_NEW)
+    drafter = fresh(src.config)
+    target = target_head()
+    report = init_from(drafter, path, target, new_vocab, remap=True)
+
+    assert report.source_format == fmt
+    assert report.positions_agree == 10
+    assert report.tokens_shared == 17
+    assert report.rows_copied == 17
+    assert report.rows_from_target == 20
+    src_row = {tok: i for i, tok in enumerate(USED_SRC)}
+    for i, tok in enumerate(USED_NEW):
+        want = src.lm_head.weight[src_row[tok]] if tok in src_row else target.lm_head_weight()[tok]
+        assert torch.equal(drafter.lm_head.weight[i], want), (i, tok)
+    for name in ("fc.weight", "midlayer.self_attn.k_proj.weight", "midlayer.hidden_norm.weight", "norm.weight"):
+        assert torch.equal(dict(drafter.named_parameters())[name], dict(src.named_parameters())[name])
+    assert torch.equal(drafter.d2t, new_vocab.d2t) and torch.equal(drafter.t2d, new_vocab.t2d)
+    skipped = {row["tensor"] for row in report.skipped}
+    assert skipped == {"d2t", "t2d", "embed_tokens.weight"}
+    assert all(row["reason"] for row in report.skipped + report.loaded)
+    assert set(report.transferred) == set(formats.REQUIRED_TENSORS) - {"d2t", "t2d"}
+    # the embedding is not the source's: the new drafter keeps its own (the target's)
+    assert not torch.equal(drafter.embed_tokens.weight, src.embed_tokens.weight)
+    console = Console(record=True, width=200)
+    console.print(report.table())
+    text = console.export_text()
+    assert "10 / 37" in text and "17 / 37" in text and "skipped embed_tokens.weight" in text
+
+
+def test_no_remap_copies_rows_as_they_are(tmp_path):
+    src, path = source(tmp_path, formats.SGLANG)
+    drafter = fresh(src.config)
+    report = init_from(drafter, path, target_head(), vocab(USED_NEW), remap=False)
+    assert torch.equal(drafter.lm_head.weight, src.lm_head.weight)
+    assert (report.rows_copied, report.rows_from_target, report.positions_agree) == (N, 0, 10)
+    assert torch.equal(drafter.d2t, vocab(USED_NEW).d2t)  # the new mapping, with the old rows: the seeds' bug
+
+
+def test_verifier_head_is_skipped_with_reason(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src, path = source(tmp_path, formats.SPECULATORS)
+    state = load_file(str(path / "model.safetensors"))
+    state["verifier_lm_head.weight"] = torch.randn(V, 48)
+    save_file(state, str(path / "model.safetensors"))
+    report = init_from(fresh(src.config), path, target_head(), vocab(USED_NEW))
+    reasons = {row["tensor"]: row["reason"] for row in report.skipped}
+    assert "verifier" in reasons["verifier_lm_head.weight"]
+
+
+def test_shape_mismatch_names_the_tensor(tmp_path):
+    src, path = source(tmp_path, formats.SPECULATORS, intermediate_size=64)
+    other = dataclasses.replace(src.config, intermediate_size=80)
+    with pytest.raises(LabError, match=r"layers\.0\.mlp\.down_proj\.weight|layers\.0\.mlp\.gate_proj\.weight"):
+        init_from(fresh(other), path, target_head(), vocab(USED_NEW))
+    wider = dataclasses.replace(src.config, target_hidden_size=40)
+    with pytest.raises(LabError, match="fc.weight"):
+        init_from(fresh(wider), path, target_head(40), vocab(USED_NEW))
+
+
+def test_no_remap_with_other_vocab_size_is_refused(tmp_path):
+    src, path = source(tmp_path, formats.SGLANG)
+    smaller = dataclasses.replace(src.config, draft_vocab_size=30)
+    with pytest.raises(LabError, match="lm_head.weight"):
+        init_from(fresh(smaller), path, target_head(), vocab(USED_NEW[:30]), remap=False)
+    # with the remap, a different N is fine: rows are picked by target token
+    report = init_from(fresh(smaller), path, target_head(), vocab(USED_NEW[:30]), remap=True)
+    assert report.rows_copied + report.rows_from_target == 30
+
+
+def test_fill_from_target_needs_matching_width(tmp_path):
+    cfg = small_config(target_vocab_size=V, draft_vocab_size=N, target_hidden_size=40)  # H=48 != H_t=40
+    src = random_drafter(cfg, seed=3, dtype=torch.float32)
+    v = vocab(USED_SRC)
+    src.d2t.copy_(v.d2t)
+    src.t2d.copy_(v.t2d)
+    save_drafter(src, tmp_path / "s")
+    with pytest.raises(LabError, match=r"H != H_target"):
+        init_from(fresh(cfg), tmp_path / "s", target_head(40), vocab(USED_NEW))
+    report = init_from(fresh(cfg), tmp_path / "s", target_head(40), vocab(USED_SRC))  # nothing to fill
+    assert report.rows_from_target == 0 and report.positions_agree == N

@@ -1,0 +1,194 @@
+"""`train` end to end on real captured features, transfer through train, and bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from drafter_lab.cli import main
+from drafter_lab.data.shards import FeatureSet, Manifest
+from drafter_lab.data.vocab import build_vocab
+from drafter_lab.drafter.checkpoint import load_drafter
+from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import load_target
+from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.loop import train
+from drafter_lab.train.metrics import evaluate
+from drafter_lab.train.state import read_metrics
+
+CFG = TrainConfig(draft_vocab_size=128, epochs=2, batch_size=8, ttt_steps=3, lr=3e-3, warmup_steps=3,
+                  log_every=1, eval_every=3, eval_batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def trained(peaked_llama, features, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "drafter"
+    return out, train(CFG, peaked_llama, features, out)
+
+
+def test_run_dir_is_a_drafter_with_its_history(trained, peaked_llama, features):
+    out, final = trained
+    for name in ("config.json", "model.safetensors", "train_state/state.pt", "metrics.jsonl", "run.json"):
+        assert (out / name).exists(), name
+    rows = read_metrics(out)
+    val = [r for r in rows if r["split"] == "val"]
+    steps_per_epoch = -(-len(FeatureSet(features).require("train")) // CFG.batch_size)
+    assert [r["step"] for r in val] == sorted({*range(3, 2 * steps_per_epoch, 3), steps_per_epoch, 2 * steps_per_epoch})
+    for r in rows:
+        assert {"event", "step", "epoch", "split", "lr", "loss_0", "acc_2", "cond_acc_2", "simulated_accept_len"} <= set(r)
+    assert final == {k: v for k, v in val[-1].items() if k not in ("event", "split", "lr", "elapsed_s")}
+
+    target = load_target(peaked_llama, tokenizer=False)
+    drafter = load_drafter(out)
+    assert torch.equal(drafter.d2t, build_vocab(features, CFG.draft_vocab_size).d2t)
+    assert torch.equal(drafter.embed_tokens.weight, target.embed_weight())
+    assert drafter.config.aux_layer_ids == FeatureSet(features).manifest.aux_layer_ids
+    again = evaluate(drafter, target.lm_head_weight(), FeatureSet(features).require("val"), CFG.ttt_steps,
+                     CFG.eval_batch_size)
+    for k in ("cond_acc_0", "cond_acc_1", "acc_2", "loss_0", "simulated_accept_len"):
+        assert again[k] == pytest.approx(final[k], rel=1e-6), k
+
+
+def test_training_learns(trained, peaked_llama, features):
+    out, final = trained
+    target = load_target(peaked_llama, tokenizer=False)
+    torch.manual_seed(CFG.seed)
+    untrained = load_drafter(out)
+    from drafter_lab.drafter.model import Eagle3Drafter
+
+    fresh = Eagle3Drafter(untrained.config)
+    fresh.load_state_dict({**fresh.state_dict(), "embed_tokens.weight": untrained.embed_tokens.weight,
+                           "d2t": untrained.d2t, "t2d": untrained.t2d})
+    before = evaluate(fresh, target.lm_head_weight(), FeatureSet(features).require("val"), CFG.ttt_steps)
+    assert final["loss_0"] < before["loss_0"] - 0.5
+    assert final["cond_acc_0"] > before["cond_acc_0"] + 0.1
+
+
+def test_transfer_through_train(trained, peaked_llama, features, tmp_path):
+    src, _ = trained
+    out = tmp_path / "b"
+    cfg = TrainConfig(**{**CFG.__dict__, "epochs": 1, "eval_every": 0})
+    train(cfg, peaked_llama, features, out, init_from=src, transfer_lr_scale=0.0)
+    report = json.loads((out / "transfer.json").read_text())
+    assert report["positions_agree"] == report["tokens_shared"] == report["rows_copied"] == 128
+    assert report["rows_from_target"] == 0
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert torch.equal(a["midlayer.mlp.up_proj.weight"], b["midlayer.mlp.up_proj.weight"])  # lr scale 0: frozen
+
+    def drift(l2sp: float, name: str) -> float:
+        train(cfg, peaked_llama, features, tmp_path / name, init_from=src, l2sp=l2sp)
+        c = load_file(str(tmp_path / name / "model.safetensors"))
+        return float(sum(((c[k] - a[k]) ** 2).sum() for k in a if k.startswith("midlayer.")))
+
+    assert drift(1e4, "d") < 0.5 * drift(0.0, "b0")
+
+
+def test_bad_input_exits_2_and_writes_nothing(trained, peaked_llama, features, tmp_path, capsys):
+    base = ["train", "--draft-vocab-size", "64", "--epochs", "1"]
+
+    def run(target, data, *extra):
+        out = tmp_path / "out"
+        code = main([*base, "--target", str(target), "--data", str(data), "--out", str(out), *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and not out.exists(), err
+        return err
+
+    other = tmp_path / "other-target"  # same weights, another config: another fingerprint
+    shutil.copytree(peaked_llama, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-5}))
+    assert "captured from target" in run(other, features)
+
+    nan = tmp_path / "nan"
+    shutil.copytree(features, nan)
+    shard = nan / Manifest.load(nan).shards["train"][0]["file"]
+    with safe_open(str(shard), framework="pt") as f:
+        meta, t = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    t["aux_hidden"][3, 1] = float("nan")
+    save_file(t, str(shard), metadata=meta)
+    err = run(peaked_llama, nan)
+    assert "NaN or inf" in err and shard.name in err
+
+    empty = tmp_path / "empty"
+    shutil.copytree(features, empty)
+    m = Manifest.load(empty)
+    m.shards["train"] = []
+    m.save(empty)
+    assert "no train sequences" in run(peaked_llama, empty)
+
+    wide = tmp_path / "wide"
+    shutil.copytree(features, wide)
+    m = Manifest.load(wide)
+    m.target["hidden_size"] = 80
+    m.save(wide)
+    assert "hidden size 80" in run(peaked_llama, wide)
+
+    src, _ = trained
+    broken = tmp_path / "broken"
+    shutil.copytree(src, broken, ignore=shutil.ignore_patterns("train_state"))
+    w = load_file(str(broken / "model.safetensors"))
+    del w["midlayer.self_attn.v_proj.weight"]
+    save_file(w, str(broken / "model.safetensors"))
+    err = run(peaked_llama, features, "--init-from", str(broken))
+    assert "midlayer.self_attn.v_proj.weight" in err and "model.safetensors" in err
+
+    narrow = tmp_path / "narrow"
+    shutil.copytree(src, narrow, ignore=shutil.ignore_patterns("train_state"))
+    w = load_file(str(narrow / "model.safetensors"))
+    w["fc.weight"] = w["fc.weight"][:, :-3].contiguous()  # a drafter made for another target width
+    save_file(w, str(narrow / "model.safetensors"))
+    assert "fc.weight" in run(peaked_llama, features, "--init-from", str(narrow))
+
+
+def test_refuses_to_overwrite_or_resume_differently(trained, peaked_llama, features):
+    out, _ = trained
+    with pytest.raises(LabError, match="already holds a training run"):
+        train(CFG, peaked_llama, features, out)
+    with pytest.raises(LabError, match="lr"):
+        train(TrainConfig(**{**CFG.__dict__, "lr": 1e-3}), peaked_llama, features, out, resume=True)
+
+
+def test_config_from_toml_and_cli(tmp_path):
+    from drafter_lab.cli import build_parser
+    from drafter_lab.config import apply_cli_args, field_docs
+    from drafter_lab.train.commands import load_config
+
+    assert set(field_docs(TrainConfig)) == set(TrainConfig.__dataclass_fields__)
+    (tmp_path / "a.toml").write_text("[train]\nttt_steps = 3\nlr = 0.01\n")
+    cfg = load_config(tmp_path / "a.toml")
+    assert (cfg.ttt_steps, cfg.lr, cfg.loss_decay) == (3, 0.01, 0.8)
+    args = build_parser().parse_args(["train", "--target", "t", "--data", "d", "--out", "o", "--lr", "0.02",
+                                      "--batch-tokens", "4096"])
+    cfg = apply_cli_args(cfg, args)
+    assert (cfg.ttt_steps, cfg.lr, cfg.batch_tokens) == (3, 0.02, 4096)
+    (tmp_path / "bad.toml").write_text("ttt_step = 3\n")
+    with pytest.raises(LabError, match="ttt_step"):
+        load_config(tmp_path / "bad.toml")
+
+
+def test_drafter_narrower_than_target_learns_its_own_embedding(peaked_llama, features, tmp_path):
+    cfg = TrainConfig(**{**CFG.__dict__, "max_steps": 2, "drafter_hidden_size": 48, "drafter_heads": 4,
+                         "drafter_kv_heads": 2})
+    train(cfg, peaked_llama, features, tmp_path / "n")
+    drafter = load_drafter(tmp_path / "n")
+    assert drafter.config.hidden_size == 48 and drafter.config.target_hidden_size == 64
+    assert json.loads((tmp_path / "n/config.json").read_text())["target_hidden_size"] == 64
+    assert drafter.embed_tokens.weight.shape[1] == 48 and drafter.embed_tokens.weight.abs().sum() > 0
+    with pytest.raises(LabError, match="init_lm_head_from_target"):
+        train(TrainConfig(**{**cfg.__dict__, "init_lm_head_from_target": True}), peaked_llama, features,
+              tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+def test_lm_head_can_start_from_the_target(peaked_llama, features, tmp_path):
+    cfg = TrainConfig(**{**CFG.__dict__, "max_steps": 1, "lr": 0.0, "warmup_steps": 0,
+                         "init_lm_head_from_target": True})
+    train(cfg, peaked_llama, features, tmp_path / "h")
+    drafter = load_drafter(tmp_path / "h")
+    head = load_target(peaked_llama, tokenizer=False).lm_head_weight()
+    assert torch.equal(drafter.lm_head.weight, head[drafter.to_target_ids(torch.arange(CFG.draft_vocab_size))])

@@ -1,0 +1,137 @@
+"""CLI: `drafter-lab eval` (speculative decoding measured for real) and `drafter-lab costmodel`."""
+
+from __future__ import annotations
+
+from drafter_lab import atomic
+from drafter_lab import config as labconfig
+from drafter_lab.errors import LabError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def register(sub) -> None:
+    e = sub.add_parser(
+        "eval",
+        help="served accept length, tok/s with and without speculation, lossless check",
+        description="Decode each conversation's first prompt with the target alone and with the drafter "
+        "(same prompts, same max_new_tokens, same run); report the served accept length (tokens per "
+        "verify step, bonus included), its histogram, both tok/s and their ratio. Greedy outputs must be "
+        "identical: any difference is an error naming the prompt and position.",
+    )
+    e.add_argument("--drafter", required=True, help="drafter checkpoint directory")
+    e.add_argument("--target", required=True, help="target model directory (any local HF causal LM)")
+    e.add_argument("--prompts", required=True, help="ShareGPT/SpecForge jsonl conversations")
+    e.add_argument("--steps", type=int, default=4, help="draft depth S (drafter steps per cycle)")
+    e.add_argument("--topk", type=int, default=1, help="children per expanded node: 1 = chain, > 1 = tree")
+    e.add_argument("--draft-tokens", type=int, default=None,
+                   help="tree: draft tokens verified per cycle (default steps * topk)")
+    e.add_argument("--batch", type=int, default=1, help="prompts decoded together")
+    e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
+    e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
+    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
+    e.add_argument("--seed", type=int, default=0, help="sampling seed")
+    e.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    e.add_argument("--dtype", default="float32", choices=DTYPES, help="target and drafter dtype")
+    e.add_argument("--fused", default="auto", choices=("auto", "on", "off"),
+                   help="draft step: fused op (on), PyTorch reference (off), or fused when built on CUDA (auto)")
+    e.add_argument("--allow-other-target", action="store_true",
+                   help="decode with a drafter recorded as trained on another target (zero-shot transfer)")
+    e.add_argument("--json", default=None, help="write every number to this JSON file")
+    e.set_defaults(func=run_eval)
+
+    c = sub.add_parser(
+        "costmodel",
+        help="verify-step cost model: spec tok/s, break-even accept length, all-reduce what-ifs",
+        description="spec tok/s = A / (steps x draft step + verify + overhead), verify = layers x compute + "
+        "all-reduces x latency. Unset fields keep the preset's values. Prints the break-even served accept length and what-if tables over "
+        "all-reduce latency and accept length.",
+    )
+    from drafter_lab.spec.costmodel import PRESETS, CostModelConfig
+
+    c.add_argument("--preset", default="seeds-kimi-k2.5-8x-pcie", choices=sorted(PRESETS))
+    c.add_argument("--inputs", default=None,
+                   help="measured inputs JSON (allreduce_us, draft_step_us, verify_ms, decode_ms, accept_length)")
+    c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
+    labconfig.add_cli_args(c, CostModelConfig)
+    c.set_defaults(func=run_costmodel)
+
+
+def _device(name: str):
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise LabError("--device cuda: no CUDA device is visible")
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise LabError(f"unknown device {name!r}: use auto, cpu or cuda")
+    return name
+
+
+def run_eval(args) -> int:
+    import torch
+
+    from drafter_lab.data.conversations import read_conversations
+    from drafter_lab.progress import log
+    from drafter_lab.spec.eval import evaluate
+    from drafter_lab.spec.pairing import load_for_target
+    from drafter_lab.targets.hf import load_target
+
+    convs, skipped = read_conversations(args.prompts)
+    if skipped:
+        log(f"prompts: skipped {skipped}")
+    if args.max_prompts is not None:
+        convs = convs[: args.max_prompts]
+    if not convs:
+        raise LabError("no conversations to decode", args.prompts)
+    dtype = getattr(torch, args.dtype)
+    target = load_target(args.target, device=_device(args.device), dtype=dtype)
+    drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
+    result = evaluate(
+        target, drafter, convs, steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens,
+        batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+        use_fused={"auto": None, "on": True, "off": False}[args.fused], where=args.prompts,
+    )
+    result["drafter"] = str(args.drafter)
+    result["prompts_file"] = str(args.prompts)
+    print(format_eval(result))
+    if args.json:
+        atomic.write_json(args.json, result)
+    return 0
+
+
+def format_eval(r: dict) -> str:
+    c = r["config"]
+    hist = r["accept_histogram"]
+    total = max(sum(hist.values()), 1)
+    lines = [
+        f"{c['drafting']} drafting: steps {c['steps']}, topk {c['topk']}, draft tokens {c['draft_tokens']}, "
+        f"batch {c['batch']}, {r['prompts']} prompts x {c['max_new_tokens']} new tokens, "
+        f"temperature {c['temperature']:g}, {r['device']} {r['dtype']}"
+        + (", fused draft step" if c["fused_draft_step"] else ""),
+        f"served accept length: {r['served_accept_len']:.3f} tokens per verify step (bonus included), "
+        f"{r['verify_steps']} verify steps",
+        "histogram (served accept length: share of verify steps):",
+    ]
+    lines += [f"  {k:>2}: {n / total:6.1%} {'#' * round(40 * n / total)}" for k, n in hist.items()]
+    lines += [
+        f"tok/s: speculative {r['spec_tok_s']:.1f}, target only {r['baseline_tok_s']:.1f}, "
+        f"ratio {r['speedup']:.2f}x",
+        f"lossless check: {r['lossless_check']}",
+    ]
+    return "\n".join(lines)
+
+
+def run_costmodel(args) -> int:
+    from drafter_lab.spec.costmodel import PRESETS, apply_inputs, format_report, report
+
+    cfg = labconfig.apply_cli_args(PRESETS[args.preset], args)
+    measured = None
+    if args.inputs:
+        cfg, measured = apply_inputs(cfg, args.inputs)
+    r = report(cfg, measured)
+    r["preset"] = args.preset
+    print(format_report(r, args.preset + (f" + {args.inputs}" if args.inputs else "")))
+    if args.json:
+        atomic.write_json(args.json, r)
+    return 0

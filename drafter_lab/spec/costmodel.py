@@ -1,0 +1,270 @@
+"""Verify-step cost model: what a faster all-reduce or a better drafter buys, in tok/s.
+
+One speculative cycle drafts `steps` tokens, verifies them in one target pass and emits A tokens
+(A = served accept length, bonus included):
+
+    verify_ms  = num_layers x verify_layer_compute_us + n_allreduce x allreduce_us
+    cycle_ms   = steps x draft_step_us + verify_ms + cycle_overhead_ms
+    spec tok/s = 1000 x A / cycle_ms
+    baseline   = 1000 / decode_ms,   decode_ms = decode compute + n_allreduce x decode_allreduce_us
+    break-even A = cycle_ms / decode_ms
+
+with n_allreduce = num_layers x allreduces_per_layer (tensor parallel: one after attention, one
+after the MLP). In the what-if tables an all-reduce latency x replaces the verify's, and the
+decode's too where x is faster than decode_allreduce_us (a better all-reduce would serve plain
+decoding as well), so the ratio compares like with like.
+
+The preset `seeds-kimi-k2.5-8x-pcie` is the seeds' deployment (Kimi-K2.5, 61 layers, 8 PCIe
+GPUs, tensor parallel): 82 tok/s without speculation, verify ~30 ms of which ~25 ms is 122
+all-reduces of ~205 us, draft ~0.66 ms per cycle; served accept 2.0 gave ~60 tok/s and 1.5 gave
+~52 tok/s. Plain decoding at 82 tok/s with the verify's per-layer compute (5.0 ms) leaves
+59 us per decode all-reduce (the decode step's messages are 4x smaller). The two seed points imply 33.3 and 28.8 ms per cycle: no fixed cycle time matches both,
+so the preset's overhead (0.43 ms) splits the difference, giving 64 and 48 tok/s (+-7 %).
+
+Measured inputs (`--inputs FILE`, written by the kernel benchmarks) are a JSON object with any
+of these keys (others are ignored, so a benchmark can write its full results beside them):
+
+    "allreduce_us":  number, or {"<message bytes>": us, ...} (a verify message is
+                     verify_tokens x hidden_size x dtype_bytes; the latency is interpolated in
+                     log-size); added to the what-if tables as a "measured" row
+    "draft_step_us": number, replaces draft_step_us
+    "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
+    "decode_ms":     number, replaces decode_ms
+    "accept_length": number or list of numbers (served), added to the table's columns
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drafter_lab.errors import LabError
+
+
+@dataclass
+class CostModelConfig:
+    """Inputs of the verify-step cost model (times per cycle or per step, one sequence)."""
+
+    num_layers: int = 61
+    """Target decoder layers."""
+    allreduces_per_layer: int = 2
+    """Tensor-parallel all-reduces per layer (attention output + MLP/MoE output)."""
+    verify_layer_compute_us: float = 82.0
+    """Compute of one layer in the verify pass (everything but all-reduces), microseconds."""
+    verify_allreduce_us: float = 205.0
+    """Latency of one all-reduce inside the verify pass, microseconds."""
+    decode_ms: float = 1000.0 / 82.0
+    """Measured plain decode step (one token) without speculation, milliseconds."""
+    decode_allreduce_us: float = 59.0
+    """Latency of one all-reduce inside a plain decode step, microseconds (the rest of decode_ms
+    is compute)."""
+    draft_step_us: float = 220.0
+    """One drafter forward (draft step), microseconds."""
+    steps: int = 3
+    """Draft steps per cycle."""
+    cycle_overhead_ms: float = 0.43
+    """Per-cycle host work outside draft and verify (scheduling, sampling, cache bookkeeping)."""
+    hidden_size: int = 7168
+    """Target hidden size: sets the verify all-reduce message size."""
+    dtype_bytes: int = 2
+    """Bytes per activation element on the wire (bf16 = 2)."""
+    verify_tokens: int = 4
+    """Tokens in one verify pass (draft tokens + the root)."""
+    accept_lengths: list[float] = field(default_factory=lambda: [1.5, 2.0, 2.5, 3.0, 3.5, 4.0])
+    """Served accept lengths (bonus included) for the what-if tables."""
+    whatif_allreduce_us: list[float] = field(default_factory=lambda: [200.0, 40.0, 25.0, 15.0, 8.0])
+    """All-reduce latencies (us) for the what-if tables."""
+
+
+PRESETS = {
+    "seeds-kimi-k2.5-8x-pcie": CostModelConfig(),
+}
+
+
+class CostModel:
+    def __init__(self, cfg: CostModelConfig):
+        self.cfg = cfg
+        if self.decode_compute_ms <= 0:
+            raise LabError(
+                f"the decode step's {self.n_allreduce} all-reduces of {cfg.decode_allreduce_us:g} us "
+                f"take longer than the whole decode step ({cfg.decode_ms:.2f} ms): lower decode_allreduce_us"
+            )
+
+    @property
+    def n_allreduce(self) -> int:
+        return self.cfg.num_layers * self.cfg.allreduces_per_layer
+
+    @property
+    def verify_compute_ms(self) -> float:
+        return self.cfg.num_layers * self.cfg.verify_layer_compute_us / 1000
+
+    @property
+    def decode_compute_ms(self) -> float:
+        return self.cfg.decode_ms - self.n_allreduce * self.cfg.decode_allreduce_us / 1000
+
+    @property
+    def draft_ms(self) -> float:
+        return self.cfg.steps * self.cfg.draft_step_us / 1000
+
+    @property
+    def message_bytes(self) -> int:
+        return self.cfg.verify_tokens * self.cfg.hidden_size * self.cfg.dtype_bytes
+
+    def verify_ms(self, allreduce_us: float | None = None) -> float:
+        ar = self.cfg.verify_allreduce_us if allreduce_us is None else allreduce_us
+        return self.verify_compute_ms + self.n_allreduce * ar / 1000
+
+    def decode_ms(self, allreduce_us: float | None = None) -> float:
+        if allreduce_us is None or allreduce_us >= self.cfg.decode_allreduce_us:
+            return self.cfg.decode_ms
+        return self.decode_compute_ms + self.n_allreduce * allreduce_us / 1000
+
+    def cycle_ms(self, allreduce_us: float | None = None) -> float:
+        return self.draft_ms + self.verify_ms(allreduce_us) + self.cfg.cycle_overhead_ms
+
+    def spec_tok_s(self, accept: float, allreduce_us: float | None = None) -> float:
+        return 1000 * accept / self.cycle_ms(allreduce_us)
+
+    def baseline_tok_s(self, allreduce_us: float | None = None) -> float:
+        return 1000 / self.decode_ms(allreduce_us)
+
+    def break_even(self, allreduce_us: float | None = None) -> float:
+        """Served accept length at which speculation matches plain decoding."""
+        return self.cycle_ms(allreduce_us) / self.decode_ms(allreduce_us)
+
+
+def interpolate_latency(table: dict[int, float], size: int) -> float:
+    """Latency at `size` bytes from a {bytes: us} table, linear in log(size), clamped at the ends."""
+    sizes = sorted(table)
+    if size <= sizes[0]:
+        return table[sizes[0]]
+    if size >= sizes[-1]:
+        return table[sizes[-1]]
+    i = bisect.bisect_left(sizes, size)
+    lo, hi = sizes[i - 1], sizes[i]
+    w = (math.log(size) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return table[lo] + w * (table[hi] - table[lo])
+
+
+def _number(value, key: str, path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise LabError(f"{key} must be a positive number, got {value!r}", path)
+    return float(value)
+
+
+def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, float | None]:
+    """Fold a measured-inputs JSON into `cfg`; returns (config, measured all-reduce us or None)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LabError("cost model inputs file not found", path) from None
+    except json.JSONDecodeError as e:
+        raise LabError(f"not valid JSON ({e})", path) from None
+    known = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "accept_length")
+    if not isinstance(data, dict) or not any(k in data for k in known):
+        raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(known)}", path)
+    over: dict = {}
+    if "draft_step_us" in data:
+        over["draft_step_us"] = _number(data["draft_step_us"], "draft_step_us", path)
+    if "decode_ms" in data:
+        over["decode_ms"] = _number(data["decode_ms"], "decode_ms", path)
+    if "accept_length" in data:
+        extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]
+        extra = [_number(a, "accept_length", path) for a in extra]
+        over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
+    cfg = dataclasses.replace(cfg, **over)
+    if "verify_ms" in data:
+        verify_us = _number(data["verify_ms"], "verify_ms", path) * 1000
+        model = CostModel(cfg)
+        compute = (verify_us - model.n_allreduce * cfg.verify_allreduce_us) / cfg.num_layers
+        if compute <= 0:
+            raise LabError(
+                f"verify_ms {data['verify_ms']} is shorter than its {model.n_allreduce} all-reduces of "
+                f"{cfg.verify_allreduce_us} us",
+                path,
+            )
+        cfg = dataclasses.replace(cfg, verify_layer_compute_us=compute)
+    measured = None
+    if "allreduce_us" in data:
+        ar = data["allreduce_us"]
+        if isinstance(ar, dict):
+            try:
+                table = {int(k): _number(v, f"allreduce_us[{k}]", path) for k, v in ar.items()}
+            except ValueError:
+                raise LabError("allreduce_us table keys must be message sizes in bytes", path) from None
+            if not table:
+                raise LabError("allreduce_us table is empty", path)
+            measured = interpolate_latency(table, CostModel(cfg).message_bytes)
+        else:
+            measured = _number(ar, "allreduce_us", path)
+    return cfg, measured
+
+
+def report(cfg: CostModelConfig, measured_allreduce_us: float | None = None) -> dict:
+    m = CostModel(cfg)
+    rows = [(f"{x:g} us", x) for x in cfg.whatif_allreduce_us]
+    if measured_allreduce_us is not None:
+        rows.append((f"measured {measured_allreduce_us:.3g} us", measured_allreduce_us))
+    return {
+        "config": dataclasses.asdict(cfg),
+        "n_allreduce": m.n_allreduce,
+        "verify_compute_ms": m.verify_compute_ms,
+        "verify_ms": m.verify_ms(),
+        "draft_ms": m.draft_ms,
+        "cycle_ms": m.cycle_ms(),
+        "decode_ms": cfg.decode_ms,
+        "decode_compute_ms": m.decode_compute_ms,
+        "baseline_tok_s": m.baseline_tok_s(),
+        "break_even_accept_len": m.break_even(),
+        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a) for a in cfg.accept_lengths},
+        "measured_allreduce_us": measured_allreduce_us,
+        "message_bytes": m.message_bytes,
+        "whatif": [
+            {
+                "allreduce": label,
+                "allreduce_us": x,
+                "verify_ms": m.verify_ms(x),
+                "baseline_tok_s": m.baseline_tok_s(x),
+                "break_even_accept_len": m.break_even(x),
+                "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, x) for a in cfg.accept_lengths},
+                "speedup": {f"{a:g}": m.spec_tok_s(a, x) / m.baseline_tok_s(x) for a in cfg.accept_lengths},
+            }
+            for label, x in rows
+        ],
+    }
+
+
+def format_report(r: dict, name: str) -> str:
+    c = r["config"]
+    accepts = [f"{a:g}" for a in c["accept_lengths"]]
+    lines = [
+        f"cost model: {name}",
+        f"  verify   = {c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute + "
+        f"{r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
+        f"  draft    = {c['steps']} steps x {c['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
+        f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms",
+        f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s "
+        f"(its all-reduces: {c['decode_allreduce_us']:.3g} us each)",
+        "  spec tok/s by served accept length (bonus included): "
+        + ", ".join(f"{a} -> {v:.1f}" for a, v in r["spec_tok_s"].items()),
+        f"  break-even served accept length: {r['break_even_accept_len']:.2f}",
+        "",
+        f"what-if: spec tok/s (speedup vs plain decoding with the same all-reduce); "
+        f"verify message {r['message_bytes'] / 1024:.0f} KiB",
+    ]
+    head = f"{'all-reduce':>18} {'verify ms':>9} {'base tok/s':>10} {'break-even':>10} | " + " ".join(
+        f"{'A=' + a:>15}" for a in accepts
+    )
+    lines += [head, "-" * len(head)]
+    for row in r["whatif"]:
+        cells = " ".join(f"{row['spec_tok_s'][a]:>7.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
+        lines.append(
+            f"{row['allreduce']:>18} {row['verify_ms']:>9.2f} {row['baseline_tok_s']:>10.1f} "
+            f"{row['break_even_accept_len']:>10.2f} | {cells}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""The drafter side of speculative decoding: its KV cache, the extend pass, chain and tree drafting.
+
+Drafter cache entry t holds position t's step-0 input (embed(x_{t+1}), fc(aux_t)), so a row's
+committed drafter length equals its committed target length. After each verify the drafter
+*extends* over the accepted positions (the root and the accepted drafts, each paired with the
+next emitted token); the last of them is draft step 0. Draft steps k = 1..S-1 then feed the
+drafter's own pre-norm hidden state and the token drafted at step k-1, at RoPE position t+k,
+writing their cache entries right after the committed ones. Those entries are speculative:
+rollback is just not advancing `lens`, and the next extend overwrites them.
+
+Tree drafting (EAGLE-2 style) keeps a beam of `topk` nodes per depth, each a row with its own
+copy of the cache (the reference `draft_step` attends to a contiguous prefix), expands every beam
+node to its top-k children, keeps the top-k children by cumulative log-prob as the next beam, and
+finally verifies the `draft_tokens` best nodes over all depths.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from drafter_lab.kernels import draft_step as fused_op
+from drafter_lab.spec.sampling import scatter_dist
+from drafter_lab.spec.tree import Candidates, DraftTree, chain
+
+
+def resolve_step(drafter, use_fused: bool | None):
+    """The draft-step function and whether it may run the fused op.
+
+    use_fused=None: the fused op when it is built for CUDA, the drafter is on CUDA and the op
+    supports its shapes (the face checks, per call), else the reference
+    `Eagle3Drafter.draft_step`; True forces the op (an error when it is not built), False forces
+    the reference.
+    """
+    if use_fused is False:
+        return drafter.draft_step, False
+    device = drafter.fc.weight.device
+    if use_fused is None and not (device.type == "cuda" and fused_op.available(device)):
+        return drafter.draft_step, False
+    return functools.partial(fused_op.draft_step, drafter, use_fused=use_fused), True
+
+
+class DrafterRunner:
+    def __init__(self, drafter, use_fused: bool | None = None):
+        self.drafter = drafter
+        self.step, self.fused = resolve_step(drafter, use_fused)
+        self.k = self.v = self.lens = None
+
+    def reset(self, batch: int, max_len: int, device) -> None:
+        self.k, self.v = self.drafter.new_kv_cache(batch, max_len)
+        self.lens = torch.zeros(batch, dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def extend(self, next_ids: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor, topk: int):
+        """Commit counts[b] positions per row: next_ids [B, m] (the token after each position),
+        aux [B, m, 3*H_t]. Same math as `draft_step`, for m queries at once. Returns the last
+        committed position's (hidden [B, H], top-k target ids [B, k], log-probs [B, k])."""
+        d = self.drafter
+        layer, attn = d.midlayer, d.midlayer.self_attn
+        B, m = next_ids.shape
+        hidden = d.project(aux)
+        pos = self.lens[:, None] + torch.arange(m, device=next_ids.device)
+        q, k, v = attn.qkv(layer.attn_input(d.embed(next_ids), hidden), pos)  # [B, h, m, d]
+        rows, cols = (torch.arange(m, device=pos.device)[None] < counts[:, None]).nonzero(as_tuple=True)
+        slots = pos[rows, cols]
+        self.k[rows, :, slots] = k[rows, :, cols].to(self.k.dtype)
+        self.v[rows, :, slots] = v[rows, :, cols].to(self.v.dtype)
+        S = int(pos.max()) + 1
+        kk = attn.expand_kv(self.k[:, :, :S].to(q.dtype))
+        vv = attn.expand_kv(self.v[:, :, :S].to(q.dtype))
+        scores = torch.matmul(q, kk.transpose(-1, -2)) * attn.cfg.head_dim ** -0.5  # [B, h, m, S]
+        allowed = torch.arange(S, device=pos.device)[None, None] <= pos[:, :, None]
+        scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores.float(), -1).to(q.dtype)
+        out = torch.matmul(probs, vv).transpose(1, 2).reshape(B, m, -1)
+        h = layer.finish(hidden, out)
+        last = h[torch.arange(B, device=h.device), (counts - 1).clamp_min(0)]
+        logp = torch.log_softmax(d.logits(last).float(), -1)
+        top_logp, top = logp.topk(topk, -1)
+        self.lens = self.lens + counts
+        return last, d.to_target_ids(top), top_logp
+
+    @torch.no_grad()
+    def draft_tree(self, root, h0, ids0, logp0, steps: int, topk: int, draft_tokens: int) -> DraftTree:
+        """Greedy drafting (chain when topk == 1): S draft steps from step 0's (h0, ids0, logp0)."""
+        d = self.drafter
+        B, K = root.shape[0], topk
+        dev = root.device
+        cands = Candidates()
+        beam_tok, beam_score = ids0[:, :K], logp0[:, :K]
+        beam_idx = cands.add(beam_tok, beam_score, torch.full_like(beam_tok, -1), depth=1).expand(B, K)
+        hidden = h0.repeat_interleave(K, 0)
+        base = self.lens.repeat_interleave(K)
+        if K == 1:  # speculative entries land past lens, and the next extend overwrites them
+            kc, vc = self.k, self.v
+        else:
+            S = int(self.lens.max()) + steps
+            kc = self.k[:, :, :S].repeat_interleave(K, 0)
+            vc = self.v[:, :, :S].repeat_interleave(K, 0)
+        row0 = torch.arange(B, device=dev)[:, None] * K
+        for depth in range(1, steps):
+            pos = base + depth - 1
+            h, ids, lp = self.step(d.embed(beam_tok.reshape(-1)), hidden, pos, kc, vc, pos, K)
+            scores = (beam_score[:, :, None] + lp.view(B, K, K)).reshape(B, K * K)
+            child_tok = ids.view(B, K * K)
+            child_parent = beam_idx[:, :, None].expand(B, K, K).reshape(B, K * K)
+            child_idx = cands.add(child_tok, scores, child_parent, depth=depth + 1)
+            if depth == steps - 1:
+                break
+            beam_score, pick = scores.topk(K, dim=1)
+            beam_tok = child_tok.gather(1, pick)
+            beam_idx = child_idx[pick]
+            rows = (row0 + pick // K).reshape(-1)
+            hidden = h[rows]
+            if K > 1:
+                kc, vc = kc[rows], vc[rows]
+        return cands.select(root, draft_tokens)
+
+    @torch.no_grad()
+    def draft_chain_sampled(self, root, h0, ids0, logp0, steps: int, temperature: float, generator, vocab: int):
+        """A chain whose tokens are drawn from the drafter's renormalised top-k distribution q at
+        `temperature`; q is kept per node for the accept/resample test."""
+        d = self.drafter
+        B, k = ids0.shape
+        qs = [torch.zeros(B, vocab, device=root.device)]  # the root has no proposal
+        toks = []
+        hidden, ids, lp = h0, ids0, logp0
+        for depth in range(1, steps + 1):
+            q = torch.softmax(lp / temperature, -1)
+            tok = ids.gather(1, torch.multinomial(q, 1, generator=generator))[:, 0]
+            toks.append(tok)
+            qs.append(scatter_dist(ids, q, vocab))
+            if depth == steps:
+                break
+            pos = self.lens + depth - 1
+            hidden, ids, lp = self.step(d.embed(tok), hidden, pos, self.k, self.v, pos, k)
+        return chain(root, torch.stack(toks, 1), torch.stack(qs, 1))

@@ -1,0 +1,145 @@
+"""`drafter-lab eval`: served accept length, tok/s with and without speculation, the lossless check.
+
+Both decodes run in the same process over the same prompts with the same max_new_tokens, batch by
+batch and alternating (target-only, then speculative), after a warm-up of each. The prompt of a
+conversation is everything before its first assistant turn, rendered with the target's chat
+template plus the generation prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from drafter_lab.data.chat import render
+from drafter_lab.errors import LabError
+from drafter_lab.progress import progress
+from drafter_lab.spec.accept import accept_summary
+from drafter_lab.spec.engine import SpecConfig, SpecEngine
+from drafter_lab.spec.pairing import check_pair
+
+WARMUP_TOKENS = 8
+
+
+def render_prompts(tokenizer, conversations, where=None) -> list[list[int]]:
+    """Token ids of each conversation's first prompt (turns before the first assistant turn)."""
+    out = []
+    for conv in conversations:
+        roles = [m["role"] for m in conv.messages]
+        head = conv.messages[: roles.index("assistant")] if "assistant" in roles else conv.messages
+        if not any(m["role"] == "user" for m in head):
+            raise LabError(f"conversation {conv.id} has no user turn before its first assistant turn", where)
+        text = render(tokenizer, head, add_generation_prompt=True)
+        out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    if not out:
+        raise LabError("no prompts to decode", where)
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def evaluate(
+    target,
+    drafter,
+    conversations,
+    *,
+    steps: int = 4,
+    topk: int = 1,
+    draft_tokens: int | None = None,
+    batch: int = 1,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    use_fused: bool | None = None,
+    where=None,
+) -> dict:
+    """Decode every conversation's prompt with and without the drafter; returns all the numbers.
+
+    Greedy (temperature 0) outputs must be identical; a difference raises LabError naming the
+    prompt and the first diverging generated position.
+    """
+    if batch < 1:
+        raise LabError(f"batch must be >= 1, got {batch}")
+    check_pair(target, drafter, where)
+    cfg = SpecConfig(steps=steps, topk=topk, draft_tokens=draft_tokens, temperature=temperature,
+                     use_fused=use_fused, max_new_tokens=max_new_tokens)
+    prompts = render_prompts(target.tokenizer, conversations, where)
+    engine = SpecEngine(target, drafter, cfg)
+    device = target.device
+    batches = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
+
+    warm = SpecEngine(target, drafter, dataclasses.replace(cfg, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens)))
+    for speculative in (False, True):
+        warm.generate(batches[0], speculative=speculative, generator=torch.Generator(device).manual_seed(seed))
+
+    gens = {False: torch.Generator(device).manual_seed(seed), True: torch.Generator(device).manual_seed(seed)}
+    outputs = {False: [], True: []}
+    seconds = {False: 0.0, True: 0.0}
+    accept: list[int] = []
+    verify_passes = 0
+    with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
+        for chunk in batches:
+            for speculative in (False, True):
+                _sync(device)
+                t0 = time.perf_counter()
+                g = engine.generate(chunk, speculative=speculative, generator=gens[speculative])
+                _sync(device)
+                seconds[speculative] += time.perf_counter() - t0
+                outputs[speculative].extend(g.tokens)
+                if speculative:
+                    accept.extend(g.accept_lengths)
+                    verify_passes += g.verify_passes
+                advance(1, accept=sum(accept) / max(len(accept), 1))
+
+    if temperature == 0:
+        for i, (a, b) in enumerate(zip(outputs[False], outputs[True])):
+            j = first_difference(a, b)
+            if j is not None:
+                want = a[j] if j < len(a) else "end"
+                got = b[j] if j < len(b) else "end"
+                raise LabError(
+                    f"lossless check failed: prompt {i} ({conversations[i].id}) differs at generated token {j}: "
+                    f"target-only {want}, speculative {got}",
+                    where,
+                )
+    tokens = {k: sum(len(o) for o in v) for k, v in outputs.items()}
+    spec_tps = tokens[True] / seconds[True]
+    base_tps = tokens[False] / seconds[False]
+    summary = accept_summary(accept, cfg.max_accept)
+    return {
+        "served_accept_len": summary["served_accept_len"],
+        "accept_length_kind": "served: tokens emitted per verify step, bonus token included",
+        "accept_histogram": summary["histogram"],
+        "verify_steps": summary["verify_steps"],
+        "verify_passes": verify_passes,
+        "spec_tok_s": spec_tps,
+        "baseline_tok_s": base_tps,
+        "speedup": spec_tps / base_tps,
+        "spec_seconds": seconds[True],
+        "baseline_seconds": seconds[False],
+        "spec_tokens": tokens[True],
+        "baseline_tokens": tokens[False],
+        "lossless_check": "identical" if temperature == 0 else "skipped: sampling (temperature > 0)",
+        "prompts": len(prompts),
+        "config": {
+            "steps": steps, "topk": topk, "draft_tokens": cfg.tree_tokens, "batch": batch,
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
+            "drafting": "chain" if topk == 1 else "tree", "fused_draft_step": engine.fused,
+        },
+        "target": target.describe(),
+        "device": str(device),
+        "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+    }

@@ -1,0 +1,84 @@
+"""The verify-step cost model reproduces the seeds and reads measured inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from drafter_lab.cli import main
+from drafter_lab.errors import LabError
+from drafter_lab.spec.costmodel import PRESETS, CostModel, apply_inputs, interpolate_latency, report
+
+SEEDS = "seeds-kimi-k2.5-8x-pcie"
+
+
+def test_preset_reproduces_the_seeds():
+    m = CostModel(PRESETS[SEEDS])
+    assert m.spec_tok_s(2.0) == pytest.approx(60, rel=0.15)
+    assert m.spec_tok_s(1.5) == pytest.approx(52, rel=0.15)
+    assert m.baseline_tok_s() == pytest.approx(82, rel=1e-6)
+    assert m.verify_ms() == pytest.approx(30, rel=0.05)
+    assert m.n_allreduce == 122
+    assert m.n_allreduce * PRESETS[SEEDS].verify_allreduce_us / 1000 == pytest.approx(25, rel=0.05)
+    assert m.draft_ms == pytest.approx(0.66)
+
+
+def test_break_even_is_where_speculation_matches_decoding():
+    m = CostModel(PRESETS[SEEDS])
+    a = m.break_even()
+    assert 2.0 < a < 3.0  # the seeds: accept 2.0 was slower than plain decoding
+    assert m.spec_tok_s(a) == pytest.approx(m.baseline_tok_s())
+    # a faster all-reduce moves break-even down (draft and overhead then weigh more), and helps
+    # the decode step only where it is faster than the decode's own all-reduce
+    assert m.break_even(40.0) < m.break_even(8.0) < 1.5 < a
+    assert m.baseline_tok_s(200.0) == pytest.approx(m.baseline_tok_s())
+    assert m.baseline_tok_s(8.0) > m.baseline_tok_s()
+
+
+def test_measured_inputs(tmp_path):
+    f = tmp_path / "bench.json"
+    f.write_text(json.dumps({"allreduce_us": {"8192": 9.2, "32768": 16.5, "65536": 25.9},
+                             "draft_step_us": 100.0, "accept_length": 2.2, "table": [1, 2]}))
+    cfg, measured = apply_inputs(PRESETS[SEEDS], f)
+    assert cfg.draft_step_us == 100.0
+    assert 2.2 in cfg.accept_lengths
+    assert 16.5 < measured < 25.9  # a 56 KiB verify message lies between the 32 and 64 KiB points
+    r = report(cfg, measured)
+    assert r["whatif"][-1]["allreduce"].startswith("measured")
+    assert interpolate_latency({8: 1.0, 32: 3.0}, 16) == pytest.approx(2.0)
+
+
+def test_verify_ms_input_sets_compute(tmp_path):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"verify_ms": 40.0}))
+    cfg, _ = apply_inputs(PRESETS[SEEDS], f)
+    assert CostModel(cfg).verify_ms() == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "not valid JSON"),
+    ('{"other": 1}', "no cost model inputs"),
+    ('{"draft_step_us": -3}', "positive number"),
+    ('{"verify_ms": 1.0}', "shorter than"),
+    ('{"allreduce_us": {"big": 3}}', "message sizes"),
+])
+def test_bad_inputs(tmp_path, content, match):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    with pytest.raises(LabError, match=match):
+        apply_inputs(PRESETS[SEEDS], f)
+
+
+def test_cli(tmp_path, capsys):
+    out = tmp_path / "cm.json"
+    assert main(["costmodel", "--json", str(out), "--steps", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "break-even served accept length" in text
+    for x in ("200 us", "40 us", "25 us", "15 us", "8 us"):
+        assert x in text
+    data = json.loads(out.read_text())
+    assert data["config"]["steps"] == 4
+    assert data["break_even_accept_len"] > 2
+    assert main(["costmodel", "--inputs", str(tmp_path / "missing.json")]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,143 @@
+"""`drafter-lab eval` and `evaluate`: numbers, the lossless check, and bad input (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from drafter_lab.cli import main
+from drafter_lab.drafter.checkpoint import save_drafter
+from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.errors import LabError
+from drafter_lab.spec import eval as spec_eval
+from drafter_lab.spec.eval import evaluate
+from drafter_lab.targets.hf import default_aux_layer_ids
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory, trained_drafter):
+    return save_drafter(trained_drafter, tmp_path_factory.mktemp("drafter") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory, conversations):
+    f = tmp_path_factory.mktemp("prompts") / "eval.jsonl"
+    f.write_text("".join(json.dumps({"id": c.id, "conversations": c.messages}) + "\n" for c in conversations))
+    return f
+
+
+def test_evaluate_numbers(target, trained_drafter, conversations):
+    r = evaluate(target, trained_drafter, conversations[:4], steps=4, topk=1, batch=2, max_new_tokens=24)
+    assert r["served_accept_len"] > 2.0
+    assert "served" in r["accept_length_kind"] and "bonus" in r["accept_length_kind"]
+    hist = r["accept_histogram"]
+    assert sorted(hist) == ["1", "2", "3", "4", "5"]
+    assert sum(hist.values()) == r["verify_steps"]
+    assert sum(int(k) * n for k, n in hist.items()) / r["verify_steps"] == pytest.approx(r["served_accept_len"])
+    assert r["spec_tokens"] == r["baseline_tokens"] == 4 * 24
+    assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["baseline_tok_s"])
+    assert r["lossless_check"] == "identical"
+    assert r["config"]["drafting"] == "chain"
+
+
+def test_evaluate_tree_and_sampling(target, trained_drafter, conversations):
+    r = evaluate(target, trained_drafter, conversations[:2], steps=3, topk=2, draft_tokens=5, batch=2,
+                 max_new_tokens=16)
+    assert r["config"]["drafting"] == "tree" and r["lossless_check"] == "identical"
+    r = evaluate(target, trained_drafter, conversations[:2], steps=3, batch=2, max_new_tokens=16,
+                 temperature=0.8, seed=1)
+    assert r["lossless_check"].startswith("skipped") and r["served_accept_len"] >= 1
+
+
+def test_lossless_failure_names_prompt_and_position(target, trained_drafter, conversations, monkeypatch):
+    real = spec_eval.SpecEngine.generate
+
+    def corrupt(self, prompts, *, speculative=True, generator=None):
+        g = real(self, prompts, speculative=speculative, generator=generator)
+        if speculative and g.tokens[0] and len(g.tokens[0]) > 3:
+            g.tokens[0][3] += 1
+        return g
+
+    monkeypatch.setattr(spec_eval.SpecEngine, "generate", corrupt)
+    with pytest.raises(LabError, match=r"prompt 0 \(c0\) differs at generated token 3"):
+        evaluate(target, trained_drafter, conversations[:1], max_new_tokens=8)
+
+
+def test_cli_eval(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    rc = main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
+               "--steps", "4", "--batch", "3", "--max-new-tokens", "16", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "served accept length" in text and "tok/s" in text and "lossless check: identical" in text
+    data = json.loads(out.read_text())
+    assert data["served_accept_len"] > 1.5 and data["prompts"] == 6
+
+
+def _cli_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    lines = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]
+    assert lines[-1].startswith("error: ")
+    return lines[-1]
+
+
+def _eval_argv(drafter, target, prompts):
+    return ["eval", "--drafter", str(drafter), "--target", str(target), "--prompts", str(prompts),
+            "--max-new-tokens", "4", "--max-prompts", "1"]
+
+
+def _save_misfit(target, out, aux=None, **overrides):
+    cfg = DrafterConfig.for_target(target.config, 64, aux or default_aux_layer_ids(target.num_layers), **overrides)
+    return save_drafter(Eagle3Drafter(cfg), out)
+
+
+def test_drafter_that_does_not_fit(target, random_llama, prompts_file, tmp_path, capsys):
+    vocab = _save_misfit(target, tmp_path / "vocab", target_vocab_size=target.vocab_size + 8)
+    assert "vocab does not fit" in _cli_error(capsys, _eval_argv(vocab, random_llama, prompts_file))
+    hidden = _save_misfit(target, tmp_path / "hidden", target_hidden_size=2 * target.hidden_size)
+    assert "hidden size does not fit" in _cli_error(capsys, _eval_argv(hidden, random_llama, prompts_file))
+    aux = _save_misfit(target, tmp_path / "aux", aux=[2, 4, target.num_layers + 3])
+    assert "out of range" in _cli_error(capsys, _eval_argv(aux, random_llama, prompts_file))
+
+
+def test_drafter_of_another_target(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(drafter_dir, other)
+    (other / "run.json").write_text(json.dumps({"target": {"fingerprint": "0123456789abcdef"}}))
+    msg = _cli_error(capsys, _eval_argv(other, random_llama, prompts_file))
+    assert "trained on target 0123456789abcdef" in msg
+    assert main(_eval_argv(other, random_llama, prompts_file) + ["--allow-other-target"]) == 0
+
+
+def test_bad_prompt_files(random_llama, drafter_dir, tmp_path, capsys):
+    missing = tmp_path / "missing.jsonl"
+    assert "not found" in _cli_error(capsys, _eval_argv(drafter_dir, random_llama, missing))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}\n'
+                      "{oops\n")
+    assert "line 2 is not valid JSON" in _cli_error(capsys, _eval_argv(drafter_dir, random_llama, broken))
+    no_user = tmp_path / "no_user.jsonl"
+    no_user.write_text(json.dumps({"id": "s1", "conversations": [{"role": "system", "content": "be nice"},
+                                                                {"role": "assistant", "content": "hello"}]}) + "\n")
+    assert "s1 has no user turn" in _cli_error(capsys, _eval_argv(drafter_dir, random_llama, no_user))
+
+
+def test_evaluate_refuses_a_misfit_object(target, trained_drafter, conversations):
+    bad = Eagle3Drafter(DrafterConfig.for_target(target.config, 32, [2, 4, 5]))
+    with torch.no_grad():
+        bad.d2t.fill_(target.vocab_size)  # maps draft ids past the target vocab
+    with pytest.raises(LabError, match="d2t maps"):
+        evaluate(target, bad, conversations[:1], max_new_tokens=4)
+
+
+def test_checkpoint_without_embedding_takes_the_targets(target, trained_drafter, tmp_path):
+    from drafter_lab.spec.pairing import load_for_target
+
+    d = load_for_target(save_drafter(trained_drafter, tmp_path / "noembed", embed=False), target)
+    assert torch.equal(d.embed_tokens.weight, target.embed_weight())
+    assert torch.equal(d.lm_head.weight, trained_drafter.lm_head.weight)
+    assert torch.equal(d.d2t, trained_drafter.d2t)

@@ -1,0 +1,111 @@
+"""CLI: `probe`, `experiment` and `reproduce`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from drafter_lab.config import add_cli_args, apply_cli_args
+
+
+def _cache_root(args) -> Path:
+    return Path(args.cache or os.environ.get("DRAFTER_LAB_CACHE") or Path.home() / ".cache" / "drafter_lab")
+
+
+def _probe(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from drafter_lab import atomic
+    from drafter_lab.experiments.probe import ProbeThresholds, probe
+
+    th = apply_cli_args(ProbeThresholds(), args)
+    result = probe(args.drafter, args.target, args.data, args.source_target, thresholds=th)
+    if args.json:
+        atomic.write_json(args.json, result)
+    con = Console()
+    table = Table(title="Phase-0 probe (held-out data of the new target)")
+    table.add_column("signal")
+    table.add_column("value", justify="right")
+    z = result["zero_shot"]
+    table.add_row("zero-shot simulated accept length", f"{z['simulated_accept_len']:.2f}")
+    for k in range(len([key for key in z if key.startswith("cond_acc_")])):
+        table.add_row(f"zero-shot cond_acc_{k}", f"{z[f'cond_acc_{k}']:.3f}")
+    if result["home"]:
+        table.add_row("home simulated accept length (source target)", f"{result['home']['simulated_accept_len']:.2f}")
+    v = result["vocab"]
+    table.add_row("draft positions that agree", f"{v['same_positions']} / {v['size_a']}")
+    table.add_row("tokens shared", f"{v['shared_tokens']}")
+    for i, c in enumerate(result["aux_cka"] or []):
+        table.add_row(f"aux layer {i} CKA (source vs new)", f"{c:.4f}")
+    con.print(table)
+    con.print(f"[bold]verdict: {result['verdict']}[/] — {result['reason']}")
+    return 0
+
+
+def _experiment(args) -> int:
+    from drafter_lab.experiments.config import get_config
+    from drafter_lab.experiments.study import run_study
+
+    cfg = apply_cli_args(get_config(args.config), args)
+    cache = _cache_root(args)
+    run_dir = run_study(cfg, Path(args.runs), cache, Path(args.run_dir) if args.run_dir else None,
+                        command=["drafter-lab", *sys.argv[1:]])
+    print(json.dumps({"run_dir": str(run_dir), "report": str(run_dir / "report.md")}))
+    return 0
+
+
+def register(sub) -> None:
+    from drafter_lab.experiments.config import ExperimentConfig
+    from drafter_lab.experiments.probe import ProbeThresholds
+
+    p = sub.add_parser("probe", help="tell in minutes whether an existing drafter will pay on a new target")
+    p.add_argument("--drafter", required=True, help="drafter checkpoint (any format we import)")
+    p.add_argument("--target", required=True, help="the new target (HF model dir)")
+    p.add_argument("--data", required=True, help="features of the new target (`data prepare` output)")
+    p.add_argument("--source-target", help="the target the drafter was trained for (enables aux CKA)")
+    p.add_argument("--json", help="also write the result here")
+    add_cli_args(p, ProbeThresholds)
+    p.set_defaults(func=_probe)
+
+    e = sub.add_parser("experiment", help="the transfer-vs-scratch study end to end (report, plots, manifest)")
+    e.add_argument("--config", default="tiny-cpu", help="tiny-cpu (default), drift-sweep, gpu-small, smoke")
+    e.add_argument("--runs", default="runs", help="where run directories go")
+    e.add_argument("--run-dir", help="resume into this run directory instead of a new one")
+    e.add_argument("--cache", help="cache root for targets, features, source drafters "
+                                   "(default $DRAFTER_LAB_CACHE or ~/.cache/drafter_lab)")
+    add_cli_args(e, ExperimentConfig, skip=("name",))
+    e.set_defaults(func=_experiment)
+    register_reproduce(sub)
+
+
+def _reproduce(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from drafter_lab.experiments.reproduce import reproduce
+
+    cache = _cache_root(args)
+    new_dir, diffs = reproduce(args.run_dir, Path(args.runs), cache, args.rel_tol)
+    con = Console()
+    if not diffs:
+        con.print(f"[bold green]identical[/]: every metric of {args.run_dir} reproduced in {new_dir}")
+        return 0
+    table = Table(title=f"metrics that differ ({len(diffs)})")
+    for col in ("metric", "original", "reproduced"):
+        table.add_column(col)
+    for key, a, b in diffs:
+        table.add_row(key, str(a), str(b))
+    con.print(table)
+    return 1
+
+
+def register_reproduce(sub) -> None:
+    r = sub.add_parser("reproduce", help="re-run a run directory from its manifest; report metrics that differ")
+    r.add_argument("run_dir")
+    r.add_argument("--runs", default="runs")
+    r.add_argument("--cache", help="cache root (default $DRAFTER_LAB_CACHE or ~/.cache/drafter_lab)")
+    r.add_argument("--rel-tol", type=float, default=0.0, help="relative tolerance (0 = identical)")
+    r.set_defaults(func=_reproduce)

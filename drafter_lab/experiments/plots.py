@@ -1,0 +1,67 @@
+"""PNG plots of a study: learning curves per arm, per-step conditional accuracy, drift sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on CI machines or in containers
+import matplotlib.pyplot as plt  # noqa: E402
+
+from drafter_lab import atomic  # noqa: E402
+
+
+def _save(fig, path: Path) -> None:
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def learning_curves(arms: list, path: Path, ttt_steps: int) -> None:
+    """cond_acc_0 and loss_0 against step, validation points, one line per arm."""
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm in arms:
+        rows = [r for r in arm.history if r.get("split") == "val"]
+        steps = [r["step"] for r in rows]
+        ax_acc.plot(steps, [r["cond_acc_0"] for r in rows], marker="o", ms=3, label=arm.label)
+        ax_loss.plot(steps, [r["loss_0"] for r in rows], marker="o", ms=3, label=arm.label)
+    ax_acc.set(xlabel="optimizer step", ylabel="val cond_acc_0", title="first-token acceptance (val)")
+    ax_loss.set(xlabel="optimizer step", ylabel="val loss_0", title="step-0 loss (val)")
+    ax_loss.set_yscale("log")
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+    ax_acc.legend(fontsize=8)
+    _save(fig, path)
+
+
+def cond_acc_bars(arms: list, path: Path, ttt_steps: int) -> None:
+    """Final validation cond_acc_k per TTT step k, grouped bars per arm."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(arms), 1)
+    for i, arm in enumerate(arms):
+        xs = [k + i * width for k in range(ttt_steps)]
+        ax.bar(xs, [arm.final.get(f"cond_acc_{k}", 0.0) for k in range(ttt_steps)], width, label=arm.label)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(ttt_steps)], [f"k={k}" for k in range(ttt_steps)])
+    ax.set(ylabel="val cond_acc_k", ylim=(0, 1), title="conditional accuracy per draft step (final, val)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def drift_sweep(points: list[dict], path: Path) -> None:
+    """Transfer gain ((b) - (a) at equal budget) against measured drift (1 - mean aux CKA)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [p["drift"] for p in points]
+    ys = [100 * p["gain"] for p in points]
+    colors = ["tab:green" if p["verdict_matches"] else "tab:red" for p in points]
+    ax.axhline(0, color="grey", lw=1)
+    ax.plot(xs, ys, color="tab:blue", alpha=0.5)
+    ax.scatter(xs, ys, c=colors, zorder=3)
+    for p in points:
+        ax.annotate(f"knob {p['drift_knob']:g}\n{p['verdict']}", (p["drift"], 100 * p["gain"]), fontsize=7,
+                    textcoords="offset points", xytext=(4, 4))
+    ax.set(xlabel="measured drift: 1 - mean aux-layer CKA (base vs tuned)",
+           ylabel="transfer gain, points of val cond_acc_0", title="When does transferring a drafter pay?")
+    ax.grid(alpha=0.3)
+    _save(fig, path)

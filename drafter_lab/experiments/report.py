@@ -1,0 +1,198 @@
+"""report.md for a study: per-arm tables, the seeds' decisions taken from the numbers, the probe's
+verdict next to the measured outcome, and the drift sweep."""
+
+from __future__ import annotations
+
+import math
+
+from drafter_lab.config import to_dict
+from drafter_lab.experiments.config import ExperimentConfig
+
+REUSE_MARGIN = 0.95
+"""Measured "reuse": the untouched source drafter keeps >= 95 % of scratch's simulated accept length."""
+GAIN_MARGIN = 0.01
+"""Measured "transfer pays": (b) beats (a) by more than 1 point of val cond_acc_0 at equal steps."""
+PLATEAU_POINTS = 0.01
+"""An arm has plateaued when its val cond_acc_0 rose by less than 1 point over its last half."""
+
+
+def _val(arm) -> list[dict]:
+    return [r for r in arm.history if r.get("split") == "val"]
+
+
+def _early_loss(arm) -> float | None:
+    rows = [r for r in arm.history if "loss_0" in r]
+    return rows[0]["loss_0"] if rows else None
+
+
+def _plateau_step(arm) -> int | None:
+    """First validation step after which cond_acc_0 never rose by PLATEAU_POINTS again."""
+    rows = _val(arm)
+    if len(rows) < 4:
+        return None
+    tail = rows[len(rows) // 2:]
+    if tail[-1]["cond_acc_0"] - tail[0]["cond_acc_0"] >= PLATEAU_POINTS:
+        return None
+    best = max(r["cond_acc_0"] for r in rows)
+    return next(r["step"] for r in rows if r["cond_acc_0"] >= best - PLATEAU_POINTS)
+
+
+def measured_outcome(level: dict) -> tuple[str, float]:
+    """What the training runs say one should have done, and the transfer gain (b) - (a)."""
+    arms = {a.key: a for a in level["arms"]}
+    a, b = arms["a"].final, arms["b"].final
+    gain = b["cond_acc_0"] - a["cond_acc_0"]
+    zero = level["probe"]["zero_shot"]["simulated_accept_len"]
+    if zero >= REUSE_MARGIN * a["simulated_accept_len"]:
+        return "reuse as is", gain
+    return ("transfer with remap" if gain > GAIN_MARGIN else "train from scratch"), gain
+
+
+def decisions(level: dict, cfg: ExperimentConfig) -> list[str]:
+    arms = {a.key: a for a in level["arms"]}
+    out = []
+    random_level = math.log(cfg.draft_vocab_size)
+    lb, lc = _early_loss(arms["b"]), _early_loss(arms["c"])
+    if lb is not None and lc is not None:
+        verb = "the vocab remap matters" if lc > 1.5 * lb else "the remap changes little here"
+        out.append(
+            f"(c) starts at loss_0 {lc:.2f} (random level ln {cfg.draft_vocab_size} = {random_level:.2f}) "
+            f"vs (b) {lb:.2f}: {verb}."
+        )
+    fa, fb = arms["a"].final["cond_acc_0"], arms["b"].final["cond_acc_0"]
+    diff = 100 * (fb - fa)
+    plateau = _plateau_step(arms["b"])
+    if diff < -100 * GAIN_MARGIN:
+        tail = f", plateau since step {plateau}" if plateau is not None else ""
+        out.append(f"(b) trails (a) by {-diff:.1f} points of cond_acc_0 at equal steps{tail}: stop the transfer, "
+                   "train from scratch.")
+    elif diff > 100 * GAIN_MARGIN:
+        out.append(f"(b) leads (a) by {diff:.1f} points of cond_acc_0 at equal steps: the transfer pays.")
+    else:
+        out.append(f"(b) and (a) are within {100 * GAIN_MARGIN:.0f} point ({diff:+.1f}): the transfer buys nothing.")
+    if "d" in arms:
+        dd = 100 * (arms["d"].final["cond_acc_0"] - fb)
+        out.append(f"L2-SP (d) vs plain transfer (b): {dd:+.1f} points of cond_acc_0.")
+    return out
+
+
+def _arm_table(level: dict, k: int) -> list[str]:
+    head = ["arm"] + [f"cond_acc_{i}" for i in range(k)] + [f"loss_{i}" for i in range(k)]
+    head += ["sim. accept", "served accept"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm in level["arms"]:
+        f = arm.final
+        served = f"{arm.served['served_accept_len']:.2f}" if arm.served else "-"
+        cells = [arm.label] + [f"{f.get(f'cond_acc_{i}', float('nan')):.3f}" for i in range(k)]
+        cells += [f"{f.get(f'loss_{i}', float('nan')):.3f}" for i in range(k)]
+        cells += [f"{f.get('simulated_accept_len', float('nan')):.2f}", served]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _probe_section(level: dict) -> list[str]:
+    p = level["probe"]
+    z = p["zero_shot"]
+    outcome, gain = measured_outcome(level)
+    match = "matches" if outcome == p["verdict"] else "does NOT match"
+    lines = [
+        f"- zero-shot on the new target: simulated accept {z['simulated_accept_len']:.2f}, "
+        f"cond_acc_0 {z['cond_acc_0']:.3f}, cond_acc_1 {z['cond_acc_1']:.3f}",
+    ]
+    if p.get("home"):
+        lines.append(f"- home (source target, same tokens): simulated accept {p['home']['simulated_accept_len']:.2f}")
+    if level.get("source_served_zero_shot"):
+        lines.append(f"- zero-shot served accept length (decoded, bonus included): "
+                     f"{level['source_served_zero_shot']['served_accept_len']:.2f}")
+    v = p["vocab"]
+    lines.append(f"- vocab: {v['same_positions']} of {v['size_a']} draft positions mean the same target token; "
+                 f"{v['shared_tokens']} tokens shared")
+    if p.get("aux_cka"):
+        lines.append("- aux-layer CKA (source vs new target): " + ", ".join(f"{c:.3f}" for c in p["aux_cka"]))
+    lines += [
+        "",
+        f"**Probe verdict: {p['verdict']}** ({p['reason']}).",
+        f"**Measured outcome: {outcome}** (transfer gain (b) - (a) = {100 * gain:+.1f} points of cond_acc_0). "
+        f"The verdict {match} the measurement.",
+    ]
+    return lines
+
+
+def sweep_points(levels: list[dict]) -> list[dict]:
+    points = []
+    for lv in levels:
+        outcome, gain = measured_outcome(lv)
+        ckas = lv["probe"].get("aux_cka") or [1.0]
+        points.append({
+            "drift_knob": lv["drift_knob"],
+            "drift": 1.0 - sum(ckas) / len(ckas),
+            "min_cka": min(ckas),
+            "zero_shot_accept": lv["probe"]["zero_shot"]["simulated_accept_len"],
+            "gain": gain,
+            "verdict": lv["probe"]["verdict"],
+            "outcome": outcome,
+            "verdict_matches": outcome == lv["probe"]["verdict"],
+        })
+    return points
+
+
+def sweep_table(points: list[dict]) -> list[str]:
+    lines = [
+        "| drift knob | 1 - mean aux CKA | min aux CKA | zero-shot sim. accept | gain (b)-(a), points | probe verdict | measured | match |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        lines.append(
+            f"| {p['drift_knob']:g} | {p['drift']:.4f} | {p['min_cka']:.4f} | {p['zero_shot_accept']:.2f} | "
+            f"{100 * p['gain']:+.1f} | {p['verdict']} | {p['outcome']} | {'yes' if p['verdict_matches'] else 'no'} |"
+        )
+    hits = sum(p["verdict_matches"] for p in points)
+    lines += ["", f"The probe's verdict matched the measured outcome at {hits} of {len(points)} drift levels."]
+    return lines
+
+
+def render(cfg: ExperimentConfig, levels: list[dict], sweep: list[dict] | None, elapsed: float) -> str:
+    k = cfg.ttt_steps
+    lines = [
+        f"# drafter_lab study: {cfg.name}",
+        "",
+        f"Target pair preset `{cfg.target_preset}`; every arm trains {cfg.arm_steps} steps of batch "
+        f"{cfg.batch_size} on the tuned target's own regenerated data, seed {cfg.seed}. "
+        f"Wall time {elapsed / 60:.1f} min. Accept lengths: *simulated* = sum_k prod_j<=k cond_acc_j "
+        f"(offline, no bonus token); *served* = tokens per verify step when decoding, bonus included "
+        f"(chain, {cfg.served_steps} steps).",
+        "",
+    ]
+    for lv in levels:
+        if len(levels) > 1:
+            lines += [f"## Drift knob {lv['drift_knob']:g}", ""]
+        drift = lv["pair"].get("drift_figures", {}).get("all")
+        if drift:
+            lines += [f"Target drift (tuned vs base): KL {drift.get('kl', float('nan')):.4f}; "
+                      f"per-layer CKA {', '.join(f'{c:.3f}' for c in drift.get('cka', []))}", ""]
+        lines += ["### Arms (final validation)", ""] + _arm_table(lv, k) + [""]
+        lines += ["### Decisions, taken from the numbers", ""] + [f"- {d}" for d in decisions(lv, cfg)] + [""]
+        lines += ["### Phase-0 probe", ""] + _probe_section(lv) + [""]
+        prefix = "" if len(levels) == 1 else f"drift-{lv['drift_knob']:g}/"
+        lines += [f"![learning curves]({prefix}curves.png)", "", f"![cond_acc_k]({prefix}cond_acc_k.png)", ""]
+        lines += ["Stage times: " + ", ".join(f"{n} {v:.0f}s" for n, v in lv["timings"].items()), ""]
+    if sweep:
+        lines += ["## Drift sweep: when does transferring a drafter pay?", ""] + sweep_table(sweep)
+        lines += ["", "![drift sweep](drift_sweep.png)", ""]
+    lines += ["## Config", "", "```", *(f"{k_} = {v!r}" for k_, v in to_dict(cfg).items()), "```", ""]
+    return "\n".join(lines)
+
+
+def results_json(levels: list[dict], sweep: list[dict] | None, elapsed: float) -> dict:
+    def arm(a):
+        return {"key": a.key, "label": a.label, "final": a.final, "served": a.served, "transfer": a.transfer}
+
+    return {
+        "elapsed_s": elapsed,
+        "levels": [
+            {**{k: v for k, v in lv.items() if k != "arms"}, "arms": [arm(a) for a in lv["arms"]],
+             "measured_outcome": measured_outcome(lv)[0]}
+            for lv in levels
+        ],
+        "sweep": sweep,
+    }

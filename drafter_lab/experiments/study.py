@@ -1,0 +1,217 @@
+"""The seeds' study as one command: build the pair, regenerate data, train a source drafter, probe,
+then train every arm on the new target with equal budgets, and write the report.
+
+Arms on `tuned` ("K2.5") data, same seed, same steps:
+    (a) scratch             a fresh drafter
+    (b) transfer+remap      init from the source ("K2") drafter, lm_head re-indexed row by row
+    (c) transfer, no remap  init from the source drafter with its lm_head rows as they were
+    (d) transfer+L2-SP      (b) regularised toward its initial weights (when cfg.l2sp > 0)
+
+Targets, features and the source drafter are cached under the cache root by what made them, so a
+second run starts at the arms. Each arm trains with `resume=True`, so a killed study picks up
+where it stopped when re-run with the same `--run-dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from drafter_lab import atomic
+from drafter_lab.config import to_dict
+from drafter_lab.data.capture import prepare_features
+from drafter_lab.data.shards import Manifest
+from drafter_lab.experiments import plots, report
+from drafter_lab.experiments.config import ExperimentConfig
+from drafter_lab.experiments.manifest import build_manifest, write_manifest
+from drafter_lab.experiments.probe import VERDICTS, probe
+from drafter_lab.progress import log
+from drafter_lab.targets.build import build_pair
+from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.loop import train
+
+
+@dataclass
+class Arm:
+    """One training arm of the study and what it produced."""
+
+    key: str
+    label: str
+    init_from: bool = False
+    remap: bool = True
+    l2sp: float = 0.0
+    history: list = field(default_factory=list)
+    final: dict = field(default_factory=dict)
+    served: dict | None = None
+    transfer: dict | None = None
+
+
+def arms_for(cfg: ExperimentConfig) -> list[Arm]:
+    arms = [
+        Arm("a", "(a) scratch"),
+        Arm("b", "(b) transfer + remap", init_from=True, remap=True),
+        Arm("c", "(c) transfer, no remap", init_from=True, remap=False),
+    ]
+    if cfg.l2sp > 0:
+        arms.append(Arm("d", f"(d) transfer + remap + L2-SP {cfg.l2sp:g}", init_from=True, l2sp=cfg.l2sp))
+    return arms
+
+
+def _train_config(cfg: ExperimentConfig, steps: int) -> TrainConfig:
+    return TrainConfig(
+        ttt_steps=cfg.ttt_steps,
+        draft_vocab_size=cfg.draft_vocab_size,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        max_length=cfg.max_length,
+        max_steps=steps,
+        epochs=10_000,
+        eval_every=cfg.eval_every,
+        seed=cfg.seed,
+        device=cfg.device,
+    )
+
+
+def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfig) -> Path:
+    """Let the target regenerate its own conversations, then capture them (cached by settings)."""
+    from drafter_lab.targets.hf import fingerprint
+
+    settings = dict(max_length=cfg.max_length, regenerate=True, temperature=0.0,
+                    max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
+    key = atomic.sha256_json([fingerprint(target_dir), atomic.sha256_file(prompts), settings])[:16]
+    out = cache / "features" / key
+    prepare_features(target_dir, prompts, out, **settings)
+    return out
+
+
+def _read_history(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _served(cfg: ExperimentConfig, drafter_dir: Path, target_dir: Path, prompts: Path) -> dict | None:
+    if not cfg.served_eval:
+        return None
+    from drafter_lab.data.conversations import read_conversations
+    from drafter_lab.drafter.checkpoint import load_drafter
+    from drafter_lab.spec.eval import evaluate as served_eval
+    from drafter_lab.targets.hf import load_target
+
+    target = load_target(target_dir)
+    drafter = load_drafter(drafter_dir, target=target)
+    convs, _ = read_conversations(prompts)
+    return served_eval(
+        target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,
+        draft_tokens=cfg.served_steps, batch=1, max_new_tokens=cfg.max_new_tokens, temperature=0.0,
+        seed=cfg.seed,
+    )
+
+
+def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path) -> dict:
+    """One drift level: pair, data, source drafter, probe, arms. Returns the level's results."""
+    t0 = time.time()
+    timings = {}
+    pair_dir = cache / "pairs" / f"{cfg.target_preset}-drift{drift:g}"
+    pair = build_pair(cfg.target_preset, pair_dir, drift=drift, cache_dir=cache / "targets")
+    timings["pair_s"] = time.time() - t0
+
+    t = time.time()
+    log(f"[bold]data[/]: regenerating and capturing base and tuned conversations ({pair_dir})")
+    base_feats = _features(pair_dir / "base", pair_dir / "prompts-train.jsonl", cache, cfg)
+    tuned_feats = _features(pair_dir / "tuned", pair_dir / "prompts-train.jsonl", cache, cfg)
+    timings["features_s"] = time.time() - t
+
+    t = time.time()
+    source_key = atomic.sha256_json([base_feats.name, to_dict(_train_config(cfg, cfg.source_steps))])[:16]
+    source_dir = cache / "source-drafters" / source_key
+    log(f"[bold]source drafter[/] (the \"K2 drafter\") on base data -> {source_dir}")
+    train(_train_config(cfg, cfg.source_steps), pair_dir / "base", base_feats, source_dir, resume=True)
+    timings["source_s"] = time.time() - t
+
+    t = time.time()
+    log("[bold]probe[/]: source drafter on the tuned target")
+    probe_result = probe(source_dir, pair_dir / "tuned", tuned_feats, pair_dir / "base")
+    atomic.write_json(level_dir / "probe.json", probe_result)
+    timings["probe_s"] = time.time() - t
+
+    arms = arms_for(cfg)
+    for arm in arms:
+        t = time.time()
+        out = level_dir / "arms" / arm.key
+        log(f"[bold]arm {arm.label}[/]: {cfg.arm_steps} steps on tuned data -> {out}")
+        arm.final = train(
+            _train_config(cfg, cfg.arm_steps), pair_dir / "tuned", tuned_feats, out, resume=True,
+            init_from=source_dir if arm.init_from else None, remap=arm.remap, l2sp=arm.l2sp,
+            transfer_lr_scale=cfg.transfer_lr_scale,
+        )
+        arm.history = _read_history(out / "metrics.jsonl")
+        if (out / "transfer.json").exists():
+            arm.transfer = json.loads((out / "transfer.json").read_text())
+        arm.served = _served(cfg, out, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
+        timings[f"arm_{arm.key}_s"] = time.time() - t
+    source_served = _served(cfg, source_dir, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
+
+    plots.learning_curves(arms, level_dir / "curves.png", cfg.ttt_steps)
+    plots.cond_acc_bars(arms, level_dir / "cond_acc_k.png", cfg.ttt_steps)
+    return {
+        "drift_knob": drift,
+        "pair": pair,
+        "pair_dir": str(pair_dir),
+        "features": {"base": str(base_feats), "tuned": str(tuned_feats)},
+        "feature_manifests": {
+            "base": Manifest.load(base_feats).to_json()["counts"],
+            "tuned": Manifest.load(tuned_feats).to_json()["counts"],
+        },
+        "source_drafter": str(source_dir),
+        "source_served_zero_shot": source_served,
+        "probe": probe_result,
+        "arms": arms,
+        "timings": timings,
+    }
+
+
+def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path | None = None,
+              command: list[str] | None = None) -> Path:
+    run_dir = run_dir or runs_root / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    levels = []
+    for drift in cfg.drift_levels:
+        level_dir = run_dir if len(cfg.drift_levels) == 1 else run_dir / f"drift-{drift:g}"
+        level_dir.mkdir(parents=True, exist_ok=True)
+        levels.append(run_level(cfg, drift, level_dir, cache))
+    elapsed = time.time() - started
+
+    for level in levels:
+        level_dir = run_dir if len(levels) == 1 else run_dir / f"drift-{level['drift_knob']:g}"
+        for arm in level["arms"]:
+            atomic.write_text(level_dir / f"metrics-{arm.key}.jsonl",
+                              "".join(json.dumps(r) + "\n" for r in arm.history))
+    sweep = report.sweep_points(levels) if len(levels) > 1 else None
+    if sweep:
+        plots.drift_sweep(sweep, run_dir / "drift_sweep.png")
+    atomic.write_text(run_dir / "report.md", report.render(cfg, levels, sweep, elapsed))
+    write_manifest(
+        run_dir,
+        build_manifest(
+            command=command or [],
+            config=to_dict(cfg),
+            seeds={"seed": cfg.seed},
+            data={
+                f"drift-{lv['drift_knob']:g}": {
+                    "pair": {k: lv["pair"].get(k) for k in ("config_hash", "corpus_hash") if k in lv["pair"]},
+                    "features": {k: Path(v).name for k, v in lv["features"].items()},
+                    "counts": lv["feature_manifests"],
+                }
+                for lv in levels
+            },
+        ),
+    )
+    atomic.write_json(run_dir / "results.json", report.results_json(levels, sweep, elapsed))
+    log(f"[bold green]done[/] in {elapsed / 60:.1f} min: {run_dir / 'report.md'}")
+    return run_dir
+
+
+__all__ = ["run_study", "VERDICTS"]

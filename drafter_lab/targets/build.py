@@ -315,11 +315,11 @@ def build_pair(
 
     `preset_or_config`: a preset name (see PRESETS) or a TargetConfig. `drift` overrides the
     config's drift. `force` retrains both stages even when cached. `cache_dir` defaults to
-    `default_cache_dir()`.
+    `default_cache_dir()`. In the returned dict, `build_seconds.this_call` is this call's time.
     """
     begin = time.perf_counter()
-    preset = preset_or_config if isinstance(preset_or_config, str) else None
     cfg = resolve(preset_or_config)
+    preset = next((name for name, known in PRESETS.items() if known == cfg), None)
     if drift is not None:
         cfg = dataclasses.replace(cfg, drift=float(drift))
     out_dir = Path(out_dir)
@@ -335,6 +335,7 @@ def build_pair(
     if not force and existing and existing.get("key") == tuned_key and (out_dir / "tuned").is_dir():
         log(f"cached: {out_dir} already holds this pair (key {tuned_key})")
         existing["build_seconds"]["this_call"] = round(time.perf_counter() - begin, 2)
+        existing["base"]["cached"] = existing["tuned"]["cached"] = True
         return existing
 
     corpus = _Corpus(cfg, files, content_hash)
@@ -364,7 +365,7 @@ def build_pair(
         "config": dataclasses.asdict(cfg),
         "drift": cfg.drift,
         "device": device.type,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": cfg.threads or torch.get_num_threads(),
         "corpus": base_info["corpus"],
         "aux_layer_ids": default_aux_layer_ids(cfg.num_layers),
         "base": {

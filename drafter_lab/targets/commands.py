@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from rich.console import Console
 from rich.table import Table
 
@@ -15,11 +13,11 @@ def register(subparsers) -> None:
     targets = subparsers.add_parser("targets", help="build the offline target pair (base 'K2', tuned 'K2.5')")
     sub = targets.add_subparsers(dest="targets_command", metavar="ACTION", required=True)
     build = sub.add_parser(
-        "build",
-        help="train base and tuned on the stdlib corpus, print how far tuned drifted",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "build", help="train base and tuned on the stdlib corpus, print how far tuned drifted"
     )
-    build.add_argument("--preset", default="tiny-cpu", help=f"one of: {', '.join(PRESETS)}")
+    build.add_argument(
+        "--preset", default="tiny-cpu", help=f"one of: {', '.join(PRESETS)} (default: tiny-cpu)"
+    )
     build.add_argument(
         "--config", default=None, help="TOML file with TargetConfig fields (replaces the preset)"
     )
@@ -68,4 +66,5 @@ def print_drift(pair: dict) -> None:
         f"{'cached' if pair['base']['cached'] else 'built'}), tuned: {pair['tuned']['fingerprint']} "
         f"({'cached' if pair['tuned']['cached'] else 'built'}); this call {secs['this_call']} s",
         highlight=False,
+        soft_wrap=True,
     )

@@ -133,7 +133,9 @@ def load_tokenizer(path):
     return tok
 
 
-def load_target(path, device="cpu", dtype: torch.dtype | None = torch.float32, tokenizer: bool = True) -> Target:
+def load_target(
+    path, device="cpu", dtype: torch.dtype | None = torch.float32, tokenizer: bool = True
+) -> Target:
     """Load a local HF causal LM directory (no hub access) for inference."""
     from transformers import AutoConfig, AutoModelForCausalLM
 

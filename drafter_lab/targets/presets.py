@@ -41,15 +41,15 @@ class TargetConfig:
     """Training window in tokens; windows start at a conversation start and pack the ones after."""
     batch_size: int = 4
     """Windows per optimizer step (small: on a CPU budget, more steps beat bigger batches)."""
-    base_steps: int = 400
+    base_steps: int = 320
     """Optimizer steps training `base` from scratch on the BASE slice."""
     base_lr: float = 3e-3
-    """Peak learning rate for `base` (linear warmup, cosine decay to 10 %)."""
-    warmup_steps: int = 30
+    """Peak learning rate for `base` (linear warmup, then cosine decay to a tenth of it)."""
+    warmup_steps: int = 25
     """Linear warmup steps, for both base and the fine-tune."""
     weight_decay: float = 0.1
     """AdamW weight decay on matrices (not on norms)."""
-    tune_steps: int = 120
+    tune_steps: int = 100
     """Fine-tune steps at drift 1.0; the run does round(drift * tune_steps)."""
     tune_lr: float = 1e-3
     """Constant (after warmup) fine-tune learning rate, so lower drifts are prefixes of one run."""
@@ -92,7 +92,7 @@ class TargetConfig:
 
 
 PRESETS: dict[str, TargetConfig] = {
-    # Seconds on a laptop core; learns little. For tests of everything downstream.
+    # Seconds on one core; learns little. For tests of everything downstream.
     "micro": TargetConfig(
         corpus_max_files=40,
         vocab_size=512,
@@ -109,8 +109,8 @@ PRESETS: dict[str, TargetConfig] = {
         device="cpu",
         threads=1,
     ),
-    # The default pair: builds in under 5 minutes on 2 CPU cores. One thread: barely slower than
-    # two on an idle machine, and many times faster when other work shares the cores.
+    # The default pair: builds in under 5 minutes on 2 CPU cores. One thread: two would be faster
+    # on an idle machine, but OpenMP threads that share cores with other work slow down ~10x.
     "tiny-cpu": TargetConfig(device="cpu", threads=1),
     # Bigger models and all the data, for one GPU.
     "gpu-small": TargetConfig(
@@ -122,11 +122,11 @@ PRESETS: dict[str, TargetConfig] = {
         num_heads=8,
         num_kv_heads=2,
         seq_len=512,
-        batch_size=32,
-        base_steps=1500,
+        batch_size=16,
+        base_steps=1200,
         base_lr=1.5e-3,
         warmup_steps=100,
-        tune_steps=500,
+        tune_steps=400,
         tune_lr=5e-4,
         train_prompts=1024,
         eval_prompts=64,

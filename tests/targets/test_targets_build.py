@@ -188,3 +188,13 @@ def test_cli_unknown_preset_exits_2_with_one_line(tmp_path):
     assert len(lines) == 1 and "unknown preset 'huge'" in lines[0]
     assert all(name in lines[0] for name in PRESETS)
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_help_lists_every_config_field(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["targets", "build", "--help"])
+    assert stop.value.code == 0
+    printed = capsys.readouterr().out
+    assert "--drift" in printed and all(
+        f"--{f.name.replace('_', '-')}" in printed for f in dataclasses.fields(PRESETS["micro"])
+    )

@@ -127,7 +127,7 @@ def add_cli_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (
             dest=f"cfg__{f.name}",
             default=None,
             metavar=f.name.upper(),
-            help=docs.get(f.name, ""),
+            help=docs.get(f.name, "").replace("%", "%%"),  # argparse formats help with %
         )
 
 

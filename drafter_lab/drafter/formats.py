@@ -30,7 +30,6 @@ FORMATS = (SGLANG, SPECULATORS)
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 SGLANG_AUX_CONVENTION = "output_of_layer"  # hidden_states index = id + 1
-SPECULATORS_AUX_CONVENTION = "hf_hidden_states"  # hidden_states index = id
 
 MIDLAYER_TENSORS = (
     "input_layernorm.weight",
@@ -53,8 +52,6 @@ REQUIRED_TENSORS = (
     "t2d",
 )
 EMBED = "embed_tokens.weight"
-# Present in some checkpoints, never part of a drafter's own weights.
-IGNORED_TENSORS = ("verifier_lm_head.weight", "verifier_norm.weight")
 
 _MIDLAYER_PREFIXES = ("midlayer.", "layers.0.")
 

@@ -32,6 +32,8 @@ def register(sub) -> None:
     e.add_argument("--seed", type=int, default=0, help="sampling seed")
     e.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     e.add_argument("--dtype", default="float32", choices=DTYPES, help="target and drafter dtype")
+    e.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch (0 = torch's default); tiny models time best and steadiest with 1")
     e.add_argument("--fused", default="auto", choices=("auto", "on", "off"),
                    help="draft step: fused op (on), PyTorch reference (off), or fused when built on CUDA (auto)")
     e.add_argument("--allow-other-target", action="store_true",
@@ -84,6 +86,10 @@ def run_eval(args) -> int:
         convs = convs[: args.max_prompts]
     if not convs:
         raise LabError("no conversations to decode", args.prompts)
+    if args.threads < 0:
+        raise LabError(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, device=_device(args.device), dtype=dtype)
     drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)

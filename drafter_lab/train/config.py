@@ -54,7 +54,8 @@ class TrainConfig:
     bf16: bool = True
     """bf16 autocast on CUDA (CPU always trains in fp32)."""
     threads: int = 0
-    """torch CPU threads (0: leave torch's default)."""
+    """torch CPU threads during the run (0: torch's default). On a shared 2-core machine 1 is often
+    faster than 2: OpenMP threads spin-wait when another process holds a core."""
     tensorboard: bool = False
     """Also log to TensorBoard under <out>/tensorboard (needs the tensorboard package)."""
     drafter_hidden_size: int = 0

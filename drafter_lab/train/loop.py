@@ -130,11 +130,15 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     data.vocab.build_vocab(data_dir, cfg.draft_vocab_size).
     """
     d = distributed.setup(cfg.device)
+    threads = torch.get_num_threads()
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
     try:
         run = _Run(cfg, d, Path(target_dir), Path(data_dir), Path(out_dir), resume, init_from, remap, l2sp,
                    transfer_lr_scale, vocab)
         return run.fit()
     finally:
+        torch.set_num_threads(threads)
         distributed.teardown(d)
 
 
@@ -146,8 +150,6 @@ class _Run:
         from drafter_lab.targets.hf import load_target
 
         self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
-        if cfg.threads > 0:
-            torch.set_num_threads(cfg.threads)
         if cfg.ttt_steps < 1:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
         writer_cls = None

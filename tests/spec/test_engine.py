@@ -8,6 +8,8 @@ import torch
 from drafter_lab.spec.drafting import DrafterRunner
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
 
+from .conftest import make_drafter
+
 MODES = [
     pytest.param(dict(steps=4, topk=1), id="chain"),
     pytest.param(dict(steps=3, topk=3, draft_tokens=7), id="tree"),
@@ -96,14 +98,29 @@ def test_extend_matches_sequential_draft_steps(target, random_drafter):
     assert torch.equal(runner.lens, start + counts)
 
 
-def test_tree_verifies_more_than_chain(target, trained_drafter, prompts):
-    """A tree has at least the accept length of its own top-1 chain on the same prompts."""
-    chain = SpecEngine(target, trained_drafter, SpecConfig(steps=3, topk=1, max_new_tokens=30, stop_at_eos=False))
-    tree = SpecEngine(target, trained_drafter, SpecConfig(steps=3, topk=3, draft_tokens=9, max_new_tokens=30,
-                                                            stop_at_eos=False))
-    a = chain.generate(prompts[:4]).accept_lengths
-    b = tree.generate(prompts[:4]).accept_lengths
-    assert sum(b) / len(b) >= sum(a) / len(a) - 1e-9
+def test_full_two_level_tree_contains_the_chain(target, trained_drafter, prompts):
+    """With every candidate kept (T = K + K*K), a depth-2 tree holds the top-1 chain from the same state."""
+    runner = DrafterRunner(trained_drafter, use_fused=False)
+    engine = SpecEngine(target, trained_drafter, SpecConfig(steps=2, topk=3))
+    B = 3
+    lens = torch.tensor([len(p) for p in prompts[:B]])
+    ids = torch.zeros(B, int(lens.max()), dtype=torch.long)
+    for b, p in enumerate(prompts[:B]):
+        ids[b, :len(p)] = torch.tensor(p)
+    logits, aux = engine.target.prefill(ids, lens)
+    root = logits.argmax(-1)
+    nxt = torch.roll(ids, -1, 1)
+    nxt[torch.arange(B), lens - 1] = root
+    runner.reset(B, 128, "cpu")
+    h0, top, logp = runner.extend(nxt, aux, lens, 3)
+    k, v = runner.k.clone(), runner.v.clone()
+    chain = runner.draft_tree(root, h0, top[:, :1], logp[:, :1], 2, 1, 2)
+    runner.k, runner.v = k, v
+    tree = runner.draft_tree(root, h0, top, logp, 2, 3, 3 + 9)
+    for b in range(B):
+        first = [i for i in range(1, tree.size) if tree.parents[b, i] == 0 and tree.tokens[b, i] == chain.tokens[b, 1]]
+        assert len(first) == 1
+        assert any(tree.parents[b, i] == first[0] and tree.tokens[b, i] == chain.tokens[b, 2] for i in range(tree.size))
 
 
 def test_fused_step_selection(target, random_drafter, prompts):
@@ -122,3 +139,50 @@ def test_fused_step_selection(target, random_drafter, prompts):
     else:
         with pytest.raises(LabError, match="draft_step"):
             engine.generate(prompts[:1])
+
+
+def test_tree_children_are_the_drafters_topk_along_each_path(target):
+    """Every expanded node's children equal the top-k of draft steps replayed along its own path
+    (checks the beam's cache copies and their reordering when two beam nodes share a parent)."""
+    d = make_drafter(target, seed=4)
+    with torch.no_grad():  # large weights: every input (token, hidden, cache entry) moves the top-k
+        for name, w in d.named_parameters():
+            if w.dim() == 2 and not name.startswith("embed"):
+                w.mul_(10.0)
+    K, steps = 2, 4
+    g = torch.Generator().manual_seed(0)  # short prompts: each drafted cache entry weighs in attention
+    prompts = [torch.randint(0, target.vocab_size, (n,), generator=g).tolist() for n in (2, 3, 2, 4, 3, 2, 5, 3)]
+    runner = DrafterRunner(d, use_fused=False)
+    engine = SpecEngine(target, d, SpecConfig(steps=steps, topk=K))
+    B = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts])
+    ids = torch.zeros(B, int(lens.max()), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = torch.tensor(p)
+    logits, aux = engine.target.prefill(ids, lens)
+    root = logits.argmax(-1)
+    nxt = torch.roll(ids, -1, 1)
+    nxt[torch.arange(B), lens - 1] = root
+    runner.reset(B, 128, "cpu")
+    h0, top, logp = runner.extend(nxt, aux, lens, K)
+    k, v = runner.k.clone(), runner.v.clone()
+    tree = runner.draft_tree(root, h0, top, logp, steps, K, K + (steps - 1) * K * K)  # every candidate kept
+    shared_parent = 0
+    for b in range(B):
+        tok, par = tree.tokens[b].tolist(), tree.parents[b].tolist()
+        assert sorted(tok[i] for i in range(1, len(tok)) if par[i] == 0) == sorted(top[b].tolist())
+        expanded = [n for n in range(1, len(tok)) if n in par]
+        assert len(expanded) == K * (steps - 1)
+        shared_parent += len(expanded) - len({par[n] for n in expanded})
+        for n in expanded:
+            kids = sorted(tok[i] for i in range(len(tok)) if par[i] == n)
+            path, j = [], n
+            while j > 0:
+                path.insert(0, tok[j])
+                j = par[j]
+            kc, vc, h = k[b:b + 1].clone(), v[b:b + 1].clone(), h0[b:b + 1]
+            for depth, t in enumerate(path):
+                pos = lens[b:b + 1] + depth
+                h, out, _ = d.draft_step(d.embed(torch.tensor([t])), h, pos, kc, vc, pos, K)
+            assert kids == sorted(out[0].tolist())
+    assert shared_parent > 0  # some beam took two children of one node: the cache reorder mattered

@@ -22,13 +22,16 @@ from drafter_lab.train.metrics import evaluate
 from drafter_lab.train.state import read_metrics
 
 CFG = TrainConfig(draft_vocab_size=128, epochs=2, batch_size=8, ttt_steps=3, lr=3e-3, warmup_steps=3,
-                  log_every=1, eval_every=3, eval_batch_size=8)
+                  log_every=1, eval_every=3, eval_batch_size=8, threads=1)
 
 
 @pytest.fixture(scope="module")
 def trained(peaked_llama, features, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "drafter"
-    return out, train(CFG, peaked_llama, features, out)
+    threads = torch.get_num_threads()
+    final = train(CFG, peaked_llama, features, out)
+    assert torch.get_num_threads() == threads  # cfg.threads holds for the run only
+    return out, final
 
 
 def test_run_dir_is_a_drafter_with_its_history(trained, peaked_llama, features):

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Everything the kernels need a GPU for, in one call (a machine with no nox: python3 + pytest):
+# build drafter_lab._C for this GPU, the GPU correctness suites, the benchmarks, compute-sanitizer.
+#   OUT=DIR bash tests/kernels/device_check.sh [build] [tests] [bench] [sanitizer]   (default: all)
+# Each step has its own time limit and the script goes on after a failure, so one call shows every
+# problem; the log (device_check.log), the built extension and the benchmark JSON land in $OUT, and
+# the last lines printed are the summary.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export OUT="${OUT:-runs/device}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+STEPS=("${@:-build tests bench sanitizer}")
+read -r -a STEPS <<<"${STEPS[*]}"
+summary=()
+
+step() {  # step NAME LIMIT_S CMD...: run with a limit, log to $OUT/NAME.log, record rc and seconds
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS rc
+  echo "== ${name} (limit ${limit}s): $*"
+  local log="$OUT/${name}.log"
+  timeout --kill-after=5 "${limit}" "$@" >"$log" 2>&1
+  rc=$?
+  tail -n 25 "$log"
+  { echo "===== ${name} rc=${rc}: $*"; cat "$log"; } >>"$OUT/device_check.log" && rm -f "$log"
+  summary+=("$(printf '%-22s rc=%-3s %4ss' "${name}" "${rc}" "$((SECONDS - t0))")")
+}
+
+for s in "${STEPS[@]}"; do
+  case "$s" in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+      "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+      # Only this GPU's architecture: the full list (setup.py's default) is for wheels and images.
+      step build 240 env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
+        "$PY" setup.py -q build_ext --inplace
+      cp drafter_lab/_C*.so "$OUT/" 2>/dev/null || true
+      ;;
+    tests)
+      step tests 200 "$PY" -m pytest tests/kernels -m gpu -q -p no:cacheprovider --timeout=90 -rfEs
+      ;;
+    bench)
+      step bench_draft_forward 150 "$PY" -m drafter_lab.kernels.bench_draft_forward \
+        --json "$OUT/draft_forward.json" --reps "${BENCH_REPS:-100}"
+      step bench_allreduce 90 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
+        --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"
+      ;;
+    sanitizer)
+      step sanitizer 150 bash tests/kernels/run_sanitizer.sh
+      ;;
+    *) echo "unknown step: $s (build, tests, bench, sanitizer)"; exit 2 ;;
+  esac
+done
+echo "== summary"
+printf '%s\n' "${summary[@]}"

@@ -4,6 +4,7 @@
     nox -s tests                 the test suite (CPU; GPU tests skip with a reason)
     nox -s lint                  ruff
     nox -s kernels               the kernel correctness suites (GPU parts skip without a GPU)
+    nox -s build_cuda            compile the CUDA sources (CUDA torch + nvcc; no GPU needed)
     nox -s bench -- NAME         kernel benchmarks: allreduce | draft-forward
     nox -s container [-- smoke]  build the CPU/GPU images offline; smoke runs the lab inside
 """
@@ -18,6 +19,24 @@ nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["lint", "tests"]
 
 CPU_TORCH = "torch==2.13.0"  # the CPU build; a bare `torch` would pull a multi-GB CUDA build
+CUDA_TORCH = "torch==2.14.1"  # the CUDA 13.0 build (about 5.5 GB installed)
+
+# Run inside build_cuda: load the freshly built library and check what a GPU machine would rely on.
+CHECK_CUDA_BUILD = """
+import glob, importlib.util, os, subprocess, sys
+import torch
+lib = glob.glob(os.path.join(sys.argv[1], "drafter_lab", "_C*.so"))[0]
+spec = importlib.util.spec_from_file_location("drafter_lab._C", lib)
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+for op in ("drafter_lab::draft_step",):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"), f"{op}: no CUDA kernel in {lib}"
+elf = subprocess.run([os.path.join(os.environ["CUDA_HOME"], "bin", "cuobjdump"), "--list-elf", lib],
+                     capture_output=True, text=True, check=True).stdout
+want = ["sm_" + a.replace(".", "") for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
+missing = [a for a in want if a not in elf]
+assert not missing, f"{lib} has no code for {missing}"
+print(f"{os.path.basename(lib)}: CUDA kernels registered; machine code for {', '.join(want)}")
+"""
 
 
 def install_lab(session: nox.Session, torch_spec: str = CPU_TORCH, extras: str = "test") -> None:
@@ -52,6 +71,22 @@ def kernels(session: nox.Session) -> None:
     """Correctness suites of the compiled ops against their PyTorch references."""
     install_lab(session)
     session.run("pytest", "-q", "tests/kernels", *session.posargs)
+
+
+@nox.session
+def build_cuda(session: nox.Session) -> None:
+    """Compile the CUDA sources with the CUDA torch build and nvcc (CUDA_HOME); no GPU needed.
+    Builds outside the source tree, so the CPU sessions' in-place extension is left alone."""
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    if not os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
+        session.error(f"no nvcc under CUDA_HOME={cuda_home}")
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0;12.0")
+    session.install("--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
+    session.install(CUDA_TORCH)
+    out = session.create_tmp()
+    env = {"CUDA_HOME": cuda_home, "TORCH_CUDA_ARCH_LIST": archs}
+    session.run("python", "setup.py", "-q", "build_ext", "-b", f"{out}/lib", "-t", f"{out}/obj", env=env)
+    session.run("python", "-c", CHECK_CUDA_BUILD, f"{out}/lib", env=env)
 
 
 @nox.session

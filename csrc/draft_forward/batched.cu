@@ -15,6 +15,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+// The top-k merge is one block per row and latency-bound: more threads, fewer dependent loads each.
+constexpr int kMergeThreads = 512;
+constexpr int kMergeWarps = kMergeThreads / 32;
+
+template <int NW = kWarps>
 __device__ float block_sum(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = warp_sum(v);
@@ -22,10 +27,11 @@ __device__ float block_sum(float v, float* scratch) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   float t = 0.0f;
-  for (int w = 0; w < kWarps; ++w) t += scratch[w];
+  for (int w = 0; w < NW; ++w) t += scratch[w];
   return t;
 }
 
+template <int NW = kWarps>
 __device__ float block_max(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = warp_max(v);
@@ -33,7 +39,7 @@ __device__ float block_max(float v, float* scratch) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   float t = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) t = fmaxf(t, scratch[w]);
+  for (int w = 0; w < NW; ++w) t = fmaxf(t, scratch[w]);
   return t;
 }
 
@@ -92,21 +98,21 @@ __global__ void __launch_bounds__(kThreads) logits_parts_kernel(const T* logits,
 // Row b: log-sum-exp from the tiles' pieces; top-k from their candidates. Each thread keeps its
 // best kMaxTopk candidates in registers (unrolled insertion), then k rounds of a block-wide best
 // pop the winner's head.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kMergeThreads)
     topk_merge_kernel(const TopkParts t, int batch, const int64_t* d2t, int64_t* ids, float* logp) {
-  __shared__ float scratch[kWarps];
-  __shared__ float best_v[kWarps];
-  __shared__ int best_i[kWarps];
+  __shared__ float scratch[kMergeWarps];
+  __shared__ float best_v[kMergeWarps];
+  __shared__ int best_i[kMergeWarps];
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float m = -INFINITY;
-  for (int i = tid; i < t.n_tiles; i += kThreads) m = fmaxf(m, t.tile_max[static_cast<int64_t>(i) * batch + b]);
-  m = block_max(m, scratch);
+  for (int i = tid; i < t.n_tiles; i += kMergeThreads) m = fmaxf(m, t.tile_max[static_cast<int64_t>(i) * batch + b]);
+  m = block_max<kMergeWarps>(m, scratch);
   float s = 0.0f;
-  for (int i = tid; i < t.n_tiles; i += kThreads) {
+  for (int i = tid; i < t.n_tiles; i += kMergeThreads) {
     const int64_t slot = static_cast<int64_t>(i) * batch + b;
     s += t.tile_sum[slot] * __nv_expf(t.tile_max[slot] - m);
   }
-  const float log_sum = __nv_logf(block_sum(s, scratch));
+  const float log_sum = __nv_logf(block_sum<kMergeWarps>(s, scratch));
 
   float lv[kMaxTopk];
   int li[kMaxTopk];
@@ -116,7 +122,8 @@ __global__ void __launch_bounds__(kThreads)
     li[j] = INT_MAX;
   }
   const int n = t.n_tiles * t.topk;
-  for (int c = tid; c < n; c += kThreads) {
+#pragma unroll 4
+  for (int c = tid; c < n; c += kMergeThreads) {
     const int64_t slot = (static_cast<int64_t>(c / t.topk) * batch + b) * t.topk + c % t.topk;
     int idx = t.cand_idx[slot];
     if (idx < 0) continue;
@@ -145,7 +152,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     bv = best_v[0];
     bi = best_i[0];
-    for (int w = 1; w < kWarps; ++w) {
+    for (int w = 1; w < kMergeWarps; ++w) {
       if (better(best_v[w], best_i[w], bv, bi)) {
         bv = best_v[w];
         bi = best_i[w];
@@ -231,7 +238,7 @@ void launch_logits_parts(const void* logits, int batch, int vocab, const TopkPar
 void launch_topk_merge(const TopkParts& t, int batch, const int64_t* d2t, int64_t* ids, float* logp,
                        cudaStream_t stream) {
   TORCH_CHECK(t.topk >= 1 && t.topk <= kMaxTopk, "draft_step: topk ", t.topk, " > ", kMaxTopk, " on CUDA");
-  topk_merge_kernel<<<batch, kThreads, 0, stream>>>(t, batch, d2t, ids, logp);
+  topk_merge_kernel<<<batch, kMergeThreads, 0, stream>>>(t, batch, d2t, ids, logp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

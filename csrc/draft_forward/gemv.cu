@@ -12,6 +12,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "draft_forward/common.cuh"
 #include "draft_forward/epilogue.cuh"
@@ -24,7 +26,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kSmemBudget = 32 * 1024;  // x slice per block: leaves room for several blocks per SM
 constexpr int kMinSlice = 512;          // columns per block below which splitting K stops paying
-constexpr int kBlocksPerSm = 4;         // enough blocks that the last wave is short
+constexpr int kBlocksPerSm = 4;         // resident blocks per SM (64 registers x 256 threads)
 
 // Virtual row of local row i (0..31) of a tile; paired tiles hold rows r and r + pair in halves.
 __device__ __forceinline__ int tile_row(const GemvParams& p, int tile, int i) {
@@ -59,6 +61,25 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
   }
 }
 
+// Programmatic dependent launch (sm_90+): a GEMV is launched while the kernel before it drains. The
+// weights do not depend on that kernel, so each lane first pulls one 128-byte line of its rows'
+// first two 64-column blocks (the tensor-core loop's mapping) into L2, then waits for the previous
+// kernel's results; everything that reads activations or writes memory comes after the wait.
+template <typename T>
+__device__ __forceinline__ void prefetch_then_wait(const GemvParams& p, int tile, int k_col, int len) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (Dt<T>::kVec == 8) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row = min(tile_row(p, tile, (warp & 1) * 16 + g + (t & 1) * 8), p.rows - 1);
+    const int blk = (warp >> 1) + (t >> 1) * 4;
+    if (blk * 64 < len) asm volatile("prefetch.global.L2 [%0];" ::"l"(weight_row<T>(p, row) + k_col + blk * 64));
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 template <typename T, int NB>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvParams p) {
   constexpr int V = Dt<T>::kVec;
@@ -79,6 +100,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   const int k_col = (seg ? p.x_len[0] : 0) + k_seg;
   const T* xg = static_cast<const T*>(p.x[seg]);
   const T* nw = static_cast<const T*>(p.norm_w[seg]);
+  prefetch_then_wait<T>(p, tile, k_col, len);
 
   // Prologue: x[:, slice] (times the norm weight) -> shared memory, zero-padded to slice_pad.
   uint4* xs = reinterpret_cast<uint4*>(smem);
@@ -308,13 +330,37 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   }
 }
 
+bool pdl_enabled();
+
 template <typename T, int NB>
 void launch_typed(const GemvParams& p, cudaStream_t stream) {
   const int smem = p.batch * p.slice_pad * static_cast<int>(sizeof(T));
   TORCH_CHECK(smem <= 48 * 1024, "draft_step: GEMV slice of ", smem, " bytes exceeds shared memory");
-  const dim3 grid(p.n_tiles, p.total_splits);
-  gemv_kernel<T, NB><<<grid, kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(p.n_tiles, p.total_splits);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_enabled()) {
+    cfg.attrs = &pdl;
+    cfg.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<T, NB>, p));
+}
+
+// DRAFTER_LAB_PDL=0 launches the GEMVs plainly (for A/B timing and tools that predate PDL).
+bool pdl_enabled() {
+  static const bool on = [] {
+    int dev = 0, major = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const char* env = std::getenv("DRAFTER_LAB_PDL");
+    return major >= 9 && !(env != nullptr && std::string(env) == "0");
+  }();
+  return on;
 }
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -333,7 +379,8 @@ GemvWork plan_gemv(GemvParams& p, c10::ScalarType dtype, int sm_count) {
   p.n_tiles = p.pair > 0 ? p.rows / kTileRows : ceil_div(p.rows, kTileRows);
   const int elem = static_cast<int>(c10::elementSize(dtype));
   const int max_slice = std::max(64, kSmemBudget / (p.batch * elem) / 64 * 64);
-  const int want = ceil_div(static_cast<int64_t>(kBlocksPerSm) * sm_count, p.n_tiles);
+  // Round down: one more split than fits in a wave leaves a second, nearly empty wave.
+  const int want = std::max(1, kBlocksPerSm * sm_count / p.n_tiles);
   int total = 0, widest = 0;
   for (int s = 0; s < 2; ++s) {
     const int len = p.x_len[s];

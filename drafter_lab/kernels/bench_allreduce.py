@@ -380,7 +380,8 @@ def gpu_streams(args) -> dict:
                 comms = list(
                     pool.map(
                         lambda r, b=b, tag=tag, world=world: Communicator(
-                            r, world, name=tag, backend=b, device=r % gpus, timeout_s=args.timeout, one_shot_max_bytes=0
+                            r, world, name=tag, backend=b, device=r % gpus, timeout_s=args.timeout, one_shot_max_bytes=0,
+                            blocks=args.blocks,
                         ),
                         range(world),
                     )
@@ -394,16 +395,16 @@ def gpu_streams(args) -> dict:
             for c in comms:
                 c.close()
         results[world] = cols
-        print(f"\nCUDA all-reduce, {args.dtype}, {world} ranks as streams on {gpus} GPU(s): us per call (graph replays)")
+        print(f"\nCUDA all-reduce, {args.dtype}, {world} ranks as streams on {gpus} GPU(s), {args.blocks} CTAs: us per call (graph replays)")
         print(f"{'size':>8} " + "".join(f"{k:>18}" for k in cols))
         for s in args.sizes:
             print(f"{_fmt_size(s):>8} " + "".join(f"{cols[k][s]:>18.2f}" for k in cols))
-    out = Path(args.json).with_name("allreduce_gpu_streams.json")
+    out = Path(args.json).with_name(f"allreduce_gpu_streams_{args.blocks}ctas.json")
     write_json(out, {
         "allreduce_us": {f"{w} ranks, {k}": {str(s): v for s, v in col.items()} for w, cols in results.items() for k, col in cols.items()},
         "meta": {"dtype": args.dtype, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                  "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                 "how": "ranks as streams of one process, 20 calls per CUDA graph, median over replays"},
+                 "blocks": args.blocks, "how": "ranks as streams of one process, 20 calls per CUDA graph, median over replays"},
     })
     log(f"wrote {out}")
     return results
@@ -419,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--iters", type=int, default=2000, help="timed calls per size up to 64 KB (fewer above)")
     p.add_argument("--timeout", type=float, default=30.0, help="all-reduce timeout, seconds")
+    p.add_argument("--blocks", type=int, default=16, help="gpu-streams: CTAs per all-reduce kernel")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8], help="tp-sim: verify tokens")
     p.add_argument("--layers", type=int, default=61, help="tp-sim: layers (2 all-reduces each)")
     p.add_argument("--inner", type=int, default=32, help="tp-sim: per-rank shard width of the GEMV stand-in")

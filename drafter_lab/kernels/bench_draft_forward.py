@@ -159,7 +159,35 @@ def bench_shape(name: str, batches: list[int], args, device: torch.device, timer
         row["pct_floor"] = 100 * row["floor_us"] / row["us"]
         rows.append(row)
         print_row(row)
+        if args.breakdown and device.type == "cuda":
+            with torch.no_grad():
+                row["kernels_us"] = kernel_breakdown(step_calls(drafters, inputs, args.topk, True), 20)
+            print("      kernels (eager, us): " + "  ".join(f"{n} {us:.1f}" for n, us in row["kernels_us"]), flush=True)
     return rows
+
+
+def kernel_breakdown(fns: list[Callable], reps: int) -> list[tuple[str, float]]:
+    """Device time of each kernel of one eager call, in launch order (us, mean over reps), from the
+    profiler's CUDA activity: where the step's time goes, kernel by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            fns[i % len(fns)]()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    per_call = len(kernels) // reps
+    if per_call == 0 or len(kernels) % reps:
+        return []
+    out = []
+    for j in range(per_call):
+        name = kernels[j].name.replace("(anonymous namespace)::", "").split("(")[0].split("<")[0].split("::")[-1]
+        out.append((name, statistics.mean(kernels[i * per_call + j].time_range.elapsed_us() for i in range(reps))))
+    return out
 
 
 def compiled_calls(drafters, inputs, args) -> list[Callable]:
@@ -199,6 +227,7 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--compile-mode", default="default",
                     choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead", "none"],
                     help="torch.compile mode for the reference baseline (none: skip it)")
+    ap.add_argument("--breakdown", action="store_true", help="also print each kernel's device time (CUDA profiler)")
     ap.add_argument("--json", default=None, help="write {draft_step_us, meta} here")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"

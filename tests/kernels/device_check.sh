@@ -3,7 +3,7 @@
 # build drafter_lab._C for this GPU, the GPU correctness suites, the benchmarks, compute-sanitizer.
 #   OUT=DIR bash tests/kernels/device_check.sh [build] [tests] [bench] [sanitizer]   (default: all)
 # Each step has its own time limit and the script goes on after a failure, so one call shows every
-# problem; the log (device_check.log), the built extension and the benchmark JSON land in $OUT, and
+# problem; the log (device_check.log) and the benchmark JSON land in $OUT, and
 # the last lines printed are the summary.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,16 +34,22 @@ for s in "${STEPS[@]}"; do
       # Only this GPU's architecture: the full list (setup.py's default) is for wheels and images.
       step build 240 env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
         "$PY" setup.py -q build_ext --inplace
-      cp drafter_lab/_C*.so "$OUT/" 2>/dev/null || true
       ;;
     tests)
       step tests 200 "$PY" -m pytest tests/kernels -m gpu -q -p no:cacheprovider --timeout=90 -rfEs
       ;;
     bench)
+      # Per-kernel device times with and without programmatic dependent launch, then the table.
+      for pdl in 1 0; do
+        step "breakdown_pdl${pdl}" 90 env DRAFTER_LAB_PDL=$pdl "$PY" -m drafter_lab.kernels.bench_draft_forward \
+          --breakdown --compile-mode none --batch 1 8 --reps 50
+      done
       step bench_draft_forward 150 "$PY" -m drafter_lab.kernels.bench_draft_forward \
         --json "$OUT/draft_forward.json" --reps "${BENCH_REPS:-100}"
-      step bench_allreduce 90 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
-        --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"
+      for blocks in 16 4 1; do
+        step "bench_allreduce_${blocks}ctas" 60 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
+          --blocks "$blocks" --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"
+      done
       ;;
     sanitizer)
       step sanitizer 150 bash tests/kernels/run_sanitizer.sh

@@ -30,8 +30,15 @@ spec = importlib.util.spec_from_file_location("drafter_lab._C", lib)
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
 for op in ("drafter_lab::draft_step",):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"), f"{op}: no CUDA kernel in {lib}"
-elf = subprocess.run([os.path.join(os.environ["CUDA_HOME"], "bin", "cuobjdump"), "--list-elf", lib],
-                     capture_output=True, text=True, check=True).stdout
+tools = [os.path.join(os.environ["CUDA_HOME"], "bin", "cuobjdump")]
+try:  # the CUDA toolkit here may lack cuobjdump; the Triton that CUDA torch pulls in carries one
+    import triton
+    tools.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+except ImportError:
+    pass
+tool = next((t for t in tools if os.path.exists(t)), None)
+assert tool, f"no cuobjdump among {tools}"
+elf = subprocess.run([tool, "--list-elf", lib], capture_output=True, text=True, check=True).stdout
 want = ["sm_" + a.replace(".", "") for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
 missing = [a for a in want if a not in elf]
 assert not missing, f"{lib} has no code for {missing}"

@@ -13,6 +13,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+_UMASK = os.umask(0o22)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
@@ -20,6 +23,7 @@ def atomic_path(path: str | os.PathLike):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should look like any new file
     os.close(fd)
     try:
         yield Path(tmp)
@@ -61,6 +65,7 @@ def atomic_dir(path: str | os.PathLike):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700
     try:
         yield tmp
         if path.exists():

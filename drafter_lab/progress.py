@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 from rich.console import Console
 from rich.progress import (
@@ -23,8 +24,11 @@ def log(message: str) -> None:
 
 
 @contextlib.contextmanager
-def progress(description: str, total: int | None):
-    """Yield a callback `advance(n=1, **fields)`; `fields` shows as `key=value` after the bar."""
+def progress(description: str, total: int | None, every_s: float = 30.0):
+    """Yield a callback `advance(n=1, **fields)`; `fields` shows as `key=value` after the bar.
+
+    On a terminal this is a live bar. Elsewhere (CI logs, files) a live bar would only print when
+    it finishes, so a plain line is written every `every_s` seconds and at the end instead."""
     columns = [
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -33,11 +37,23 @@ def progress(description: str, total: int | None):
         TimeRemainingColumn(),
         TextColumn("{task.fields[status]}"),
     ]
-    with Progress(*columns, console=console, transient=False) as bar:
+    live = console.is_terminal
+    with Progress(*columns, console=console, transient=False, disable=not live) as bar:
         task = bar.add_task(description, total=total, status="")
+        start = last = time.monotonic()
+        done = 0
+
+        def line(status: str) -> None:
+            of = f"/{total}" if total is not None else ""
+            log(f"{description} {done}{of} [{time.monotonic() - start:.0f} s] {status}".rstrip())
 
         def advance(n: int = 1, **fields) -> None:
+            nonlocal done, last
             status = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
             bar.update(task, advance=n, **({"status": status} if fields else {}))
+            done += n
+            if not live and (time.monotonic() - last >= every_s or (total is not None and done >= total)):
+                last = time.monotonic()
+                line(status)
 
         yield advance

@@ -1,0 +1,29 @@
+"""Atomic writes keep normal file modes; progress writes plain lines where no terminal is attached."""
+
+from __future__ import annotations
+
+import os
+
+from drafter_lab import atomic
+from drafter_lab.progress import progress
+
+
+def test_atomic_writes_get_the_umask_modes(tmp_path):
+    umask = os.umask(0o22)
+    os.umask(umask)
+    atomic.write_text(tmp_path / "a.txt", "x")
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o666 & ~umask
+    with atomic.atomic_dir(tmp_path / "d") as d:
+        (d / "f").write_text("y")
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left behind
+
+
+def test_progress_logs_lines_without_a_terminal(capsys):
+    with progress("stage", 3, every_s=3600) as advance:
+        advance()
+        advance(loss=1.5)
+        advance(loss=1.25)
+    err = capsys.readouterr().err
+    assert "stage 3/3" in err and "loss=1.25" in err  # the final line, always
+    assert "stage 1/3" not in err  # nothing in between: every_s has not passed

@@ -22,6 +22,10 @@ def _probe(args) -> int:
     from drafter_lab.experiments.probe import ProbeThresholds, probe
 
     th = apply_cli_args(ProbeThresholds(), args)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     result = probe(args.drafter, args.target, args.data, args.source_target, thresholds=th)
     if args.json:
         atomic.write_json(args.json, result)
@@ -67,6 +71,8 @@ def register(sub) -> None:
     p.add_argument("--data", required=True, help="features of the new target (`data prepare` output)")
     p.add_argument("--source-target", help="the target the drafter was trained for (enables aux CKA)")
     p.add_argument("--json", help="also write the result here")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0 = torch's default); tiny models run best on 1 when cores are shared")
     add_cli_args(p, ProbeThresholds)
     p.set_defaults(func=_probe)
 

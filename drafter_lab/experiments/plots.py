@@ -18,8 +18,9 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def learning_curves(arms: list, path: Path, ttt_steps: int) -> None:
-    """cond_acc_0 and loss_0 against step, validation points, one line per arm."""
+def learning_curves(arms: list, path: Path, random_loss: float) -> None:
+    """cond_acc_0 and loss_0 against step, validation points, one line per arm; `random_loss`
+    (ln of the draft vocab size) marks where an uninformed drafter starts."""
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
     for arm in arms:
         rows = [r for r in arm.history if r.get("split") == "val"]
@@ -27,11 +28,12 @@ def learning_curves(arms: list, path: Path, ttt_steps: int) -> None:
         ax_acc.plot(steps, [r["cond_acc_0"] for r in rows], marker="o", ms=3, label=arm.label)
         ax_loss.plot(steps, [r["loss_0"] for r in rows], marker="o", ms=3, label=arm.label)
     ax_acc.set(xlabel="optimizer step", ylabel="val cond_acc_0", title="first-token acceptance (val)")
-    ax_loss.set(xlabel="optimizer step", ylabel="val loss_0", title="step-0 loss (val)")
-    ax_loss.set_yscale("log")
+    ax_loss.axhline(random_loss, color="grey", ls="--", lw=1, label=f"random level ln N = {random_loss:.2f}")
+    ax_loss.set(xlabel="optimizer step", ylabel="val loss_0 (soft CE vs the target)", title="step-0 loss (val)")
     for ax in (ax_acc, ax_loss):
         ax.grid(alpha=0.3)
     ax_acc.legend(fontsize=8)
+    ax_loss.legend(fontsize=8)
     _save(fig, path)
 
 
@@ -61,6 +63,9 @@ def drift_sweep(points: list[dict], path: Path) -> None:
     for p in points:
         ax.annotate(f"knob {p['drift_knob']:g}\n{p['verdict']}", (p["drift"], 100 * p["gain"]), fontsize=7,
                     textcoords="offset points", xytext=(4, 4))
+    for color, text in (("tab:green", "probe verdict = measured outcome"), ("tab:red", "probe verdict wrong")):
+        ax.scatter([], [], c=color, label=text)
+    ax.legend(fontsize=7, loc="lower left")
     ax.set(xlabel="measured drift: 1 - mean aux-layer CKA (base vs tuned)",
            ylabel="transfer gain, points of val cond_acc_0", title="When does transferring a drafter pay?")
     ax.grid(alpha=0.3)

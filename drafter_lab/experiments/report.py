@@ -21,7 +21,9 @@ def _val(arm) -> list[dict]:
 
 
 def _early_loss(arm) -> float | None:
-    rows = [r for r in arm.history if "loss_0" in r]
+    """loss_0 of the initial weights (validation before step 1), else the first logged train loss."""
+    start = [r for r in _val(arm) if r["step"] == 0]
+    rows = start or [r for r in arm.history if "loss_0" in r]
     return rows[0]["loss_0"] if rows else None
 
 
@@ -52,9 +54,11 @@ def decisions(level: dict, cfg: ExperimentConfig) -> list[str]:
     arms = {a.key: a for a in level["arms"]}
     out = []
     random_level = math.log(cfg.draft_vocab_size)
-    lb, lc = _early_loss(arms["b"]), _early_loss(arms["c"])
+    lb, lc = _early_loss(arms["b"]), _early_loss(arms["c"]) if "c" in arms else None
     if lb is not None and lc is not None:
-        verb = "the vocab remap matters" if lc > 1.5 * lb else "the remap changes little here"
+        # The remap matters when (c) starts nearer the random level than (b)'s start.
+        remap_matters = abs(lc - random_level) < abs(lc - lb)
+        verb = "the vocab remap matters" if remap_matters else "the remap changes little here"
         out.append(
             f"(c) starts at loss_0 {lc:.2f} (random level ln {cfg.draft_vocab_size} = {random_level:.2f}) "
             f"vs (b) {lb:.2f}: {verb}."
@@ -70,10 +74,31 @@ def decisions(level: dict, cfg: ExperimentConfig) -> list[str]:
         out.append(f"(b) leads (a) by {diff:.1f} points of cond_acc_0 at equal steps: the transfer pays.")
     else:
         out.append(f"(b) and (a) are within {100 * GAIN_MARGIN:.0f} point ({diff:+.1f}): the transfer buys nothing.")
+    trend = _lead_trend(arms["a"], arms["b"])
+    if trend:
+        out.append(trend)
     if "d" in arms:
         dd = 100 * (arms["d"].final["cond_acc_0"] - fb)
         out.append(f"L2-SP (d) vs plain transfer (b): {dd:+.1f} points of cond_acc_0.")
     return out
+
+
+def _lead_trend(a, b) -> str | None:
+    """(b) - (a) in val cond_acc_0 at the first, middle and last shared validation steps after 0:
+    a lead that shrinks says a longer budget would let scratch catch up."""
+    va = {r["step"]: r["cond_acc_0"] for r in _val(a) if r["step"] > 0}
+    vb = {r["step"]: r["cond_acc_0"] for r in _val(b) if r["step"] > 0}
+    steps = sorted(set(va) & set(vb))
+    if len(steps) < 3:
+        return None
+    picks = [steps[0], steps[len(steps) // 2], steps[-1]]
+    leads = [100 * (vb[s] - va[s]) for s in picks]
+    if abs(leads[-1]) < 0.5 * abs(leads[0]) and leads[0] * leads[-1] >= 0:
+        tail = "the gap is closing: a longer budget may erase it"
+    else:
+        tail = "the gap holds"
+    return (f"(b) - (a) at steps {' / '.join(map(str, picks))}: "
+            f"{' / '.join(f'{x:+.1f}' for x in leads)} points; {tail}.")
 
 
 def _arm_table(level: dict, k: int) -> list[str]:
@@ -158,7 +183,8 @@ def render(cfg: ExperimentConfig, levels: list[dict], sweep: list[dict] | None, 
         "",
         f"Target pair preset `{cfg.target_preset}`; every arm trains {cfg.arm_steps} steps of batch "
         f"{cfg.batch_size} on the tuned target's own regenerated data, seed {cfg.seed}. "
-        f"Wall time {elapsed / 60:.1f} min. Accept lengths: *simulated* = sum_k prod_j<=k cond_acc_j "
+        f"Wall time of this invocation {elapsed / 60:.1f} min (cached stages and finished arms count as their "
+        f"lookup). Accept lengths: *simulated* = sum_k prod_j<=k cond_acc_j "
         f"(offline, no bonus token); *served* = tokens per verify step when decoding, bonus included "
         f"(chain, {cfg.served_steps} steps).",
         "",

@@ -14,7 +14,10 @@ where it stopped when re-run with the same `--run-dir`.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +27,7 @@ from drafter_lab import atomic
 from drafter_lab.config import to_dict
 from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.shards import Manifest
+from drafter_lab.errors import LabError
 from drafter_lab.experiments import plots, report
 from drafter_lab.experiments.config import ExperimentConfig
 from drafter_lab.experiments.manifest import build_manifest, write_manifest
@@ -50,11 +54,15 @@ class Arm:
 
 
 def arms_for(cfg: ExperimentConfig) -> list[Arm]:
+    unknown = sorted(set(cfg.arms) - {"a", "b", "c"})
+    if unknown or not {"a", "b"} <= set(cfg.arms):
+        raise LabError(f"arms must include a and b and be among a, b, c (d follows l2sp); got {cfg.arms}")
     arms = [
         Arm("a", "(a) scratch"),
         Arm("b", "(b) transfer + remap", init_from=True, remap=True),
         Arm("c", "(c) transfer, no remap", init_from=True, remap=False),
     ]
+    arms = [a for a in arms if a.key in cfg.arms]
     if cfg.l2sp > 0:
         arms.append(Arm("d", f"(d) transfer + remap + L2-SP {cfg.l2sp:g}", init_from=True, l2sp=cfg.l2sp))
     return arms
@@ -70,16 +78,38 @@ def _train_config(cfg: ExperimentConfig, steps: int) -> TrainConfig:
         max_steps=steps,
         epochs=10_000,
         eval_every=cfg.eval_every,
+        eval_at_start=True,
         seed=cfg.seed,
         device=cfg.device,
+        threads=cfg.threads,
     )
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """Run a stage with `n` torch CPU threads (0 = as is), restoring the count after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
+    """Cache key of the source drafter: its data and training config (threads change speed, not results)."""
+    train_cfg = {k: v for k, v in to_dict(_train_config(cfg, cfg.source_steps)).items() if k != "threads"}
+    return atomic.sha256_json([base_feats.name, train_cfg])[:16]
 
 
 def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfig) -> Path:
     """Let the target regenerate its own conversations, then capture them (cached by settings)."""
     from drafter_lab.targets.hf import fingerprint
 
-    settings = dict(max_length=cfg.max_length, regenerate=True, temperature=0.0,
+    settings = dict(max_length=cfg.max_length, regenerate=True, temperature=cfg.regen_temperature,
                     max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
     key = atomic.sha256_json([fingerprint(target_dir), atomic.sha256_file(prompts), settings])[:16]
     out = cache / "features" / key
@@ -124,10 +154,14 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     timings["features_s"] = time.time() - t
 
     t = time.time()
-    source_key = atomic.sha256_json([base_feats.name, to_dict(_train_config(cfg, cfg.source_steps))])[:16]
-    source_dir = cache / "source-drafters" / source_key
-    log(f"[bold]source drafter[/] (the \"K2 drafter\") on base data -> {source_dir}")
-    train(_train_config(cfg, cfg.source_steps), pair_dir / "base", base_feats, source_dir, resume=True)
+    source_dir = cache / "source-drafters" / _source_key(base_feats, cfg)
+    done = source_dir / "study-final.json"  # written last: its presence means the drafter is complete
+    if done.exists():
+        log(f"[bold]source drafter[/] (the \"K2 drafter\"): cached ({source_dir})")
+    else:
+        log(f"[bold]source drafter[/] (the \"K2 drafter\") on base data -> {source_dir}")
+        final = train(_train_config(cfg, cfg.source_steps), pair_dir / "base", base_feats, source_dir, resume=True)
+        atomic.write_json(done, final)
     timings["source_s"] = time.time() - t
 
     t = time.time()
@@ -153,7 +187,7 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
         timings[f"arm_{arm.key}_s"] = time.time() - t
     source_served = _served(cfg, source_dir, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
 
-    plots.learning_curves(arms, level_dir / "curves.png", cfg.ttt_steps)
+    plots.learning_curves(arms, level_dir / "curves.png", math.log(cfg.draft_vocab_size))
     plots.cond_acc_bars(arms, level_dir / "cond_acc_k.png", cfg.ttt_steps)
     return {
         "drift_knob": drift,
@@ -172,16 +206,46 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     }
 
 
+def _shards_hash(feature_dir: Path) -> str:
+    """The feature set's content: its manifest's shard list (names, counts, sha256 of each file).
+    The whole manifest would also hash the absolute paths it was captured from."""
+    shards = json.loads((feature_dir / "manifest.json").read_text())["shards"]
+    return hashlib.sha256(json.dumps(shards, sort_keys=True).encode()).hexdigest()
+
+
+def data_record(level: dict) -> dict:
+    """What the level's data is, by hash: corpus, both targets' weights, prompts, captured features."""
+    pair, pair_dir = level["pair"], Path(level["pair_dir"])
+    return {
+        "pair": {
+            "key": pair.get("key"),
+            "base_key": pair.get("base_key"),
+            "corpus_sha256": pair.get("corpus", {}).get("hash"),
+            "base_fingerprint": pair.get("base", {}).get("fingerprint"),
+            "tuned_fingerprint": pair.get("tuned", {}).get("fingerprint"),
+            "prompts_sha256": {name: atomic.sha256_file(pair_dir / name)
+                               for name in ("prompts-train.jsonl", "prompts-eval.jsonl")},
+        },
+        "features": {
+            split: {"key": Path(d).name, "shards_sha256": _shards_hash(Path(d))}
+            for split, d in level["features"].items()
+        },
+        "counts": level["feature_manifests"],
+    }
+
+
 def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path | None = None,
               command: list[str] | None = None) -> Path:
     run_dir = run_dir or runs_root / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     levels = []
-    for drift in cfg.drift_levels:
-        level_dir = run_dir if len(cfg.drift_levels) == 1 else run_dir / f"drift-{drift:g}"
-        level_dir.mkdir(parents=True, exist_ok=True)
-        levels.append(run_level(cfg, drift, level_dir, cache))
+    with _threads(cfg.threads):
+        for i, drift in enumerate(cfg.drift_levels):
+            level_dir = run_dir if len(cfg.drift_levels) == 1 else run_dir / f"drift-{drift:g}"
+            level_dir.mkdir(parents=True, exist_ok=True)
+            log(f"[bold]level {i + 1}/{len(cfg.drift_levels)}[/]: drift knob {drift:g} -> {level_dir}")
+            levels.append(run_level(cfg, drift, level_dir, cache))
     elapsed = time.time() - started
 
     for level in levels:
@@ -199,14 +263,7 @@ def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path
             command=command or [],
             config=to_dict(cfg),
             seeds={"seed": cfg.seed},
-            data={
-                f"drift-{lv['drift_knob']:g}": {
-                    "pair": {k: lv["pair"].get(k) for k in ("config_hash", "corpus_hash") if k in lv["pair"]},
-                    "features": {k: Path(v).name for k, v in lv["features"].items()},
-                    "counts": lv["feature_manifests"],
-                }
-                for lv in levels
-            },
+            data={f"drift-{lv['drift_knob']:g}": data_record(lv) for lv in levels},
         ),
     )
     atomic.write_json(run_dir / "results.json", report.results_json(levels, sweep, elapsed))

@@ -39,6 +39,9 @@ class TrainConfig:
     """Optimizer-step budget; 0 means epochs decide. The schedule spans min(budget, epochs)."""
     eval_every: int = 0
     """Also validate every this many steps (0: only at the end of each epoch)."""
+    eval_at_start: bool = False
+    """Also validate before the first step: the curve starts at the initial weights (a transfer's
+    starting loss next to a fresh drafter's)."""
     eval_batch_size: int = 16
     """Sequences per validation batch."""
     checkpoint_every: int = 0

@@ -311,6 +311,8 @@ class _Run:
             atomic.write_json(self.out_dir / "run.json", self.info)
         self.tb = self.writer_cls(str(self.out_dir / "tensorboard")) if self.writer_cls else None
         self.drafter.train()
+        if c.eval_at_start and self.step == 0:
+            self.validate()
         with progress("train", self.total) as advance:
             advance(self.step)
             while self.step < self.total:

@@ -60,3 +60,58 @@ def test_probe_decide_thresholds():
     assert decide(1.0, 2.1, [0.95, 0.92, 0.91], th)[0] == "transfer with remap"
     assert decide(1.0, 2.1, [0.95, 0.92, 0.85], th)[0] == "train from scratch"
     assert decide(1.0, None, None, th)[0] == "train from scratch"
+
+
+def test_remap_verdict_follows_distance_to_random():
+    cfg = get_config("tiny-cpu")
+    rnd = math.log(cfg.draft_vocab_size)
+    near_b = _level(0.7, 0.6, 0.5)
+    near_b["arms"][2].history[0]["loss_0"] = 3.0 + 0.4 * (rnd - 3.0)  # (b) starts at 3.0
+    assert "the remap changes little here" in report.decisions(near_b, cfg)[0]
+    near_random = _level(0.7, 0.6, 0.5)
+    near_random["arms"][2].history[0]["loss_0"] = 3.0 + 0.6 * (rnd - 3.0)
+    assert "the vocab remap matters" in report.decisions(near_random, cfg)[0]
+
+
+def test_decisions_without_arm_c():
+    level = _level(0.6, 0.7, 0.5)
+    level["arms"] = level["arms"][:2]
+    lines = report.decisions(level, get_config("drift-sweep"))
+    assert "(b) leads (a) by 10.0 points" in lines[0] and lines[1].startswith("(b) - (a) at steps")
+    assert not any("(c)" in line for line in lines)
+
+
+def test_arms_must_include_a_and_b():
+    import dataclasses
+
+    import pytest
+
+    from drafter_lab.errors import LabError
+    from drafter_lab.experiments.study import arms_for
+
+    cfg = get_config("tiny-cpu")
+    assert [a.key for a in arms_for(cfg)] == ["a", "b", "c"]
+    assert [a.key for a in arms_for(dataclasses.replace(cfg, arms=["b", "a"], l2sp=0.1))] == ["a", "b", "d"]
+    for bad in (["a", "c"], ["a", "b", "e"]):
+        with pytest.raises(LabError):
+            arms_for(dataclasses.replace(cfg, arms=bad))
+
+
+def test_default_thresholds_reproduce_the_sweep_verdicts():
+    """The README's drift-sweep probe figures (zero-shot, home, aux CKA) -> the measured outcomes."""
+    th = ProbeThresholds()
+    assert decide(2.608, 2.608, [1.0, 1.0, 1.0], th)[0] == "reuse as is"  # knob 0
+    assert decide(1.137, 1.878, [0.9189, 0.9017, 0.8749], th)[0] == "transfer with remap"  # knob 0.5
+    assert decide(1.460, 2.321, [0.8984, 0.8756, 0.8537], th)[0] == "transfer with remap"  # knob 1
+    assert decide(1.460, 2.321, [0.8984, 0.8756, 0.79], th)[0] == "train from scratch"
+
+
+def test_lead_trend_closing_and_holding():
+    level = _level(0.6, 0.7, 0.5)
+    a, b = level["arms"][0], level["arms"][1]  # val cond_acc_0 at steps 10..40: a 0.3 .. 0.7, b 0.3 .. 0.383
+    assert report._lead_trend(a, b) == ("(b) - (a) at steps 10 / 30 / 40: +0.0 / -22.0 / -31.7 points; "
+                                        "the gap holds.")
+    for r, v in zip(report._val(b), (0.7, 0.75, 0.76, 0.78)):
+        r["cond_acc_0"] = v
+    assert report._lead_trend(a, b).endswith("+40.0 / +16.0 / +8.0 points; the gap is closing: a longer budget "
+                                             "may erase it.")

@@ -2,7 +2,8 @@
 """Builds drafter_lab's container images without a package index, and runs the lab inside them.
 
     python3 containers/build.py          CPU image  localhost/drafter-lab-cpu:<git sha> (and :latest)
-    python3 containers/build.py smoke    fast tests + the smallest experiment inside the CPU image
+    python3 containers/build.py smoke    inside the CPU image: fast tests, the smallest experiment,
+                                         its manifest, and `reproduce` of it from an empty cache
     python3 containers/build.py gpu      the GPU recipe (Containerfile); on a machine without an image
                                          registry it runs on the local Debian base with the host's CUDA
 
@@ -105,9 +106,9 @@ class Timer:
 
 
 def git_tag() -> tuple[str, bool]:
-    """Short sha of HEAD, and whether the tree (untracked files included: they go in) differs."""
+    """Sha of HEAD, and whether the tree (untracked files included: they go in) differs."""
     try:
-        sha = run(["git", "rev-parse", "--short=12", "HEAD"], capture=True, cwd=ROOT).stdout.strip()
+        sha = run(["git", "rev-parse", "HEAD"], capture=True, cwd=ROOT).stdout.strip()
         dirty = run(["git", "status", "--porcelain"], capture=True, cwd=ROOT).stdout.strip() != ""
     except (BuildError, OSError):
         return "nogit", True
@@ -116,7 +117,7 @@ def git_tag() -> tuple[str, bool]:
 
 def image_tag() -> str:
     sha, dirty = git_tag()
-    return f"{sha}-dirty" if dirty else sha
+    return f"{sha[:12]}-dirty" if dirty else sha[:12]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,18 +540,23 @@ def base_for(engine: Engine, requested: str | None, default: str, timer: Timer, 
     return BASE_IMAGE, True
 
 
+def recorded_args(base: str, ref: str) -> dict[str, str]:
+    """Build args the image keeps as ENV, for the run manifests written inside it."""
+    sha, dirty = git_tag()
+    return {"BASE": base, "DRAFTER_LAB_IMAGE": ref, "GIT_SHA": sha if sha != "nogit" else "unknown",
+            "GIT_DIRTY": str(dirty).lower()}
+
+
 def build_cpu(engine: Engine, opts, timer: Timer) -> str:
     base, local = base_for(engine, opts.base, "debian:bookworm", timer, opts.rebuild_base)
     target = Target("3.11", BOOKWORM_PLATFORM)
     lock, wheels = ensure_wheelhouse("cpu", target, timer)
-    tag, (sha, dirty) = image_tag(), git_tag()
-    ref = f"localhost/drafter-lab-cpu:{tag}"
+    ref = f"localhost/drafter-lab-cpu:{image_tag()}"
     with timer.stage("context"):
         ctx = make_context("cpu", lock, wheels)
     with timer.stage(f"build {ref}"):
         engine.build(HERE / "Containerfile.cpu", ctx, [ref, "localhost/drafter-lab-cpu:latest"],
-                     {"BASE": base, "DRAFTER_LAB_IMAGE": ref, "GIT_SHA": sha, "GIT_DIRTY": str(dirty).lower()},
-                     {}, local, opts.no_cache)
+                     recorded_args(base, ref), {}, local, opts.no_cache)
     print(f"built {ref} ({engine.digest(ref)})")
     return ref
 
@@ -564,18 +570,42 @@ def smoke_tests(file: Path = SMOKE_TESTS_FILE) -> list[str]:
     return [line for line in lines if line]
 
 
+# Run inside the image after the smoke experiment: the manifest names this image and this commit.
+MANIFEST_CHECK = """
+import json, sys
+path, digest, sha = sys.argv[1:]
+sha = None if sha == "-" else sha
+m = json.load(open(path))
+got = ((m.get("container") or {}).get("digest"), (m.get("git") or {}).get("sha"))
+if got != (digest, sha):
+    sys.exit(f"{path}: (image digest, git sha) is {got}, expected {(digest, sha)}")
+print(f"manifest: image {digest}, git {sha} dirty={m['git'].get('dirty')}, packages {m['packages']}")
+"""
+
+
 def smoke(engine: Engine, opts, timer: Timer) -> None:
+    """In the CPU image: the fast tests, the `smoke` study, its manifest, and `reproduce` of that run
+    from an empty cache (pair, data, source drafter and arms all built again), which must report
+    identical metrics."""
     ref = f"localhost/drafter-lab-cpu:{image_tag()}"
     if not engine.exists(ref):
         raise BuildError(f"{ref} is not built: run `python3 containers/build.py` first")
     out = Path(tempfile.mkdtemp(prefix="drafter-lab-smoke-"))
-    env = {"DRAFTER_LAB_IMAGE_DIGEST": engine.digest(ref), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
-           "DRAFTER_LAB_CACHE": "/tmp/runs/cache"}
+    digest, (sha, _) = engine.digest(ref), git_tag()
+    # One torch thread: the models are tiny, and OpenMP threads spin-wait whenever another process
+    # holds a core (the smoke study took 14 min with 2 threads on a busy 2-core machine, 44 s with 1).
+    env = {"DRAFTER_LAB_IMAGE_DIGEST": digest, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     vols = {str(out): "/tmp/runs"}
+    run_dir = "/tmp/runs/smoke"
     steps = [
         ("smoke: tests", ["sh", "-c", "cd /opt/drafter-lab && exec pytest -q -p no:cacheprovider -m 'not slow' "
                           + " ".join(smoke_tests())]),
-        ("smoke: experiment --config smoke", ["drafter-lab", "experiment", "--config", "smoke", "--runs", "/tmp/runs"]),
+        ("smoke: experiment --config smoke", ["drafter-lab", "experiment", "--config", "smoke", "--runs", "/tmp/runs",
+                                              "--run-dir", run_dir, "--cache", "/tmp/runs/cache"]),
+        ("smoke: manifest", ["python", "-c", MANIFEST_CHECK, f"{run_dir}/manifest.json", digest,
+                             sha if sha != "nogit" else "-"]),
+        ("smoke: reproduce (empty cache)", ["drafter-lab", "reproduce", run_dir, "--runs", "/tmp/runs",
+                                            "--cache", "/tmp/runs/cache-reproduce"]),
     ]
     for name, cmd in steps:
         with timer.stage(name):
@@ -598,15 +628,13 @@ def gpu(engine: Engine, opts, timer: Timer) -> None:
     else:
         target = Target(opts.python or "3.12", UBUNTU_2404_PLATFORM)
     lock, wheels = ensure_wheelhouse("gpu", target, timer)
-    tag, (sha, dirty) = image_tag(), git_tag()
     name = "localhost/drafter-lab-gpu-localbase" if local else "localhost/drafter-lab-gpu"
-    ref = f"{name}:{tag}"
+    ref = f"{name}:{image_tag()}"
     with timer.stage("context"):
         ctx = make_context("gpu", lock, wheels)
     with timer.stage(f"build {ref}"):
         engine.build(HERE / "Containerfile", ctx, [ref, f"{name}:latest"],
-                     {"BASE": base, "DRAFTER_LAB_IMAGE": ref, "GIT_SHA": sha, "GIT_DIRTY": str(dirty).lower(),
-                      "TORCH_CUDA_ARCH_LIST": CUDA_ARCHS, "MAX_JOBS": str(os.cpu_count() or 4)},
+                     {**recorded_args(base, ref), "TORCH_CUDA_ARCH_LIST": CUDA_ARCHS, "MAX_JOBS": str(os.cpu_count() or 4)},
                      volumes, local, opts.no_cache)
     # Without a GPU the check is what the image holds: CUDA torch, sglang, and SASS for every arch.
     so = "$(python -c 'import torch, drafter_lab._C as C; print(C.__file__)')"

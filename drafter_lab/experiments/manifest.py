@@ -14,8 +14,17 @@ from drafter_lab import atomic
 PACKAGES = ("drafter_lab", "torch", "transformers", "tokenizers", "safetensors", "numpy", "sglang")
 
 
+def _image_git_state() -> dict:
+    """What the image build recorded (Containerfile ENV): an installed copy has no checkout to ask."""
+    sha = os.environ.get("DRAFTER_LAB_GIT_SHA")
+    dirty = {"true": True, "false": False}.get(os.environ.get("DRAFTER_LAB_GIT_DIRTY", ""))
+    if not sha or sha == "unknown":
+        return {"sha": None, "dirty": None}
+    return {"sha": sha, "dirty": dirty, "from": "image"}
+
+
 def git_state(root: Path | None = None) -> dict:
-    """Commit sha and whether the work tree differs from it; unknown outside a checkout."""
+    """Commit sha and whether the work tree differs from it; inside our images, the build's record."""
     root = root or Path(__file__).resolve().parents[2]
 
     def git(*args):
@@ -24,20 +33,22 @@ def git_state(root: Path | None = None) -> dict:
     try:
         sha = git("rev-parse", "HEAD")
         if sha.returncode != 0:
-            return {"sha": None, "dirty": None}
+            return _image_git_state()
         dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
         return {"sha": sha.stdout.strip(), "dirty": dirty}
     except (OSError, subprocess.TimeoutExpired):
-        return {"sha": None, "dirty": None}
+        return _image_git_state()
 
 
 def container_state() -> dict | None:
-    """The image digest when running inside one of our containers (set by the Containerfiles)."""
-    digest = os.environ.get("DRAFTER_LAB_IMAGE_DIGEST")
-    in_container = digest is not None or Path("/run/.containerenv").exists() or Path("/.dockerenv").exists()
-    if not in_container:
+    """Image name and digest inside one of our containers: the Containerfiles set DRAFTER_LAB_IMAGE;
+    the digest exists only after the build, so containers/build.py passes it at run time. Any other
+    container is recorded by the marker file that gave it away, with no image."""
+    image, digest = os.environ.get("DRAFTER_LAB_IMAGE"), os.environ.get("DRAFTER_LAB_IMAGE_DIGEST")
+    markers = [m for m in ("/run/.containerenv", "/.dockerenv") if Path(m).exists()]
+    if image is None and digest is None and not markers:
         return None
-    return {"image": os.environ.get("DRAFTER_LAB_IMAGE"), "digest": digest}
+    return {"image": image, "digest": digest, "markers": markers}
 
 
 def package_versions() -> dict:

@@ -23,22 +23,57 @@ def _load(run_dir: Path) -> tuple[dict, dict]:
     return manifest, results
 
 
-def flat_metrics(results: dict) -> dict[str, float]:
-    """Every number a study reports, keyed by where it sits (level / arm / metric)."""
-    out = {}
+# Served-evaluation fields that a re-run must match; speeds and seconds are left out on purpose.
+SERVED_KEYS = ("served_accept_len", "verify_steps", "spec_tokens", "baseline_tokens", "lossless_check")
+
+
+def _numbers(prefix: str, d: dict | None, out: dict) -> None:
+    for k, v in (d or {}).items():
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out[f"{prefix} / {k}"] = float(v)
+
+
+def _served(prefix: str, served: dict | None, out: dict) -> None:
+    if not served:
+        return
+    for k in SERVED_KEYS:
+        if k in served:
+            v = served[k]
+            out[f"{prefix} / {k}"] = float(v) if isinstance(v, int | float) else v
+    for n, count in (served.get("accept_histogram") or {}).items():
+        out[f"{prefix} / accepted {n}"] = float(count)
+
+
+def flat_metrics(results: dict) -> dict[str, object]:
+    """Every deterministic result of a study, keyed by where it sits (level / part / name): the
+    targets' fingerprints and drift figures, the probe, each arm's final validation and served
+    evaluation, and the measured outcome. Timings and paths are not results."""
+    out: dict[str, object] = {}
     for lv in results["levels"]:
         prefix = f"drift {lv['drift_knob']:g}"
+        pair = lv.get("pair") or {}
+        # The corpus is the running interpreter's standard library: another Python, another pair.
+        if "hash" in (pair.get("corpus") or {}):
+            out[f"{prefix} / pair / corpus hash"] = pair["corpus"]["hash"]
+        for side in ("base", "tuned"):
+            if "fingerprint" in (pair.get(side) or {}):
+                out[f"{prefix} / pair / {side} fingerprint"] = pair[side]["fingerprint"]
+        for text, fig in (pair.get("drift_figures") or {}).items():
+            _numbers(f"{prefix} / pair / drift {text}", {k: v for k, v in fig.items() if k != "cka"}, out)
+            for i, c in enumerate(fig.get("cka") or []):
+                out[f"{prefix} / pair / drift {text} / cka {i}"] = float(c)
         for arm in lv["arms"]:
-            for k, v in arm["final"].items():
-                if isinstance(v, int | float):
-                    out[f"{prefix} / arm {arm['key']} / {k}"] = float(v)
-            for k, v in (arm.get("served") or {}).items():
-                if k == "served_accept_len":
-                    out[f"{prefix} / arm {arm['key']} / served_accept_len"] = float(v)
-        for k, v in lv["probe"]["zero_shot"].items():
-            if isinstance(v, int | float):
-                out[f"{prefix} / probe zero-shot / {k}"] = float(v)
-        out[f"{prefix} / probe verdict"] = lv["probe"]["verdict"]
+            _numbers(f"{prefix} / arm {arm['key']}", arm["final"], out)
+            _served(f"{prefix} / arm {arm['key']} / served", arm.get("served"), out)
+        _served(f"{prefix} / source drafter zero-shot / served", lv.get("source_served_zero_shot"), out)
+        probe = lv["probe"]
+        _numbers(f"{prefix} / probe zero-shot", probe["zero_shot"], out)
+        _numbers(f"{prefix} / probe home", probe.get("home"), out)
+        for i, c in enumerate(probe.get("aux_cka") or []):
+            out[f"{prefix} / probe / aux cka {i}"] = float(c)
+        out[f"{prefix} / probe verdict"] = probe["verdict"]
+        if "measured_outcome" in lv:
+            out[f"{prefix} / measured outcome"] = lv["measured_outcome"]
     return out
 
 
@@ -54,11 +89,41 @@ def compare(a: dict, b: dict, rel_tol: float = 0.0) -> list[tuple[str, object, o
     return diffs
 
 
+def flat_data(manifest: dict) -> dict[str, object]:
+    """The manifest's data record (corpus, target and prompt hashes, feature keys, counts), keyed like
+    the metrics: an artefact rebuilt differently in a fresh cache shows up here."""
+    out = {}
+
+    def walk(prefix: str, node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix} / {k}", v)
+        else:
+            out[prefix] = float(node) if isinstance(node, int | float) and not isinstance(node, bool) else node
+
+    walk("data", manifest.get("data") or {})
+    return out
+
+
+def _fresh_dir(runs_root: Path, name: str) -> Path:
+    """A directory no earlier reproduction used: the study resumes arms it finds, which would make a
+    second reproduction compare a run with its own checkpoints."""
+    n = 1
+    while (runs_root / f"{name}-repro{'' if n == 1 else n}").exists():
+        n += 1
+    return runs_root / f"{name}-repro{'' if n == 1 else n}"
+
+
 def reproduce(run_dir, runs_root: Path, cache: Path, rel_tol: float = 0.0) -> tuple[Path, list]:
+    """Re-run the study recorded in `run_dir`/manifest.json into a new directory under `runs_root`;
+    returns it and every (key, original, reproduced) metric or data record that differs."""
     run_dir = Path(run_dir)
     manifest, before = _load(run_dir)
+    if not isinstance(manifest.get("config"), dict):
+        raise LabError("manifest.json has no config to re-run", run_dir)
     cfg = from_dict(ExperimentConfig, manifest["config"], str(run_dir / "manifest.json"))
-    new_dir = run_study(cfg, runs_root, cache, run_dir=runs_root / f"{run_dir.name}-repro",
+    new_dir = run_study(cfg, runs_root, cache, run_dir=_fresh_dir(runs_root, run_dir.name),
                         command=["drafter-lab", "reproduce", str(run_dir)])
-    _, after = _load(new_dir)
-    return new_dir, compare(flat_metrics(before), flat_metrics(after), rel_tol)
+    manifest_after, after = _load(new_dir)
+    diffs = compare(flat_metrics(before), flat_metrics(after), rel_tol)
+    return new_dir, diffs + compare(flat_data(manifest), flat_data(manifest_after))

@@ -1,0 +1,73 @@
+"""`reproduce`: a real study re-run from its manifest (empty cache) matches; a changed metric or data
+record is named; an unfinished run is refused."""
+
+import json
+
+import pytest
+import torch
+
+from drafter_lab.errors import LabError
+from drafter_lab.experiments.config import ExperimentConfig
+from drafter_lab.experiments.reproduce import compare, flat_metrics, reproduce
+from drafter_lab.experiments.study import run_study
+
+# The micro target pair and a few steps of everything: the whole pipeline, in seconds.
+TINY = ExperimentConfig(
+    name="tiny-test", target_preset="micro", max_length=128, max_new_tokens=16, draft_vocab_size=128,
+    source_steps=4, arm_steps=3, eval_every=3, batch_size=2, served_prompts=1, served_steps=2,
+)
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_reproduce_from_an_empty_cache_is_identical_and_names_what_differs(tmp_path, one_thread):
+    runs = tmp_path / "runs"
+    run_dir = run_study(TINY, runs, tmp_path / "cache", run_dir=runs / "orig")
+    metrics = flat_metrics(json.loads((run_dir / "results.json").read_text()))
+    assert "drift 1 / arm b / cond_acc_0" in metrics and "drift 1 / pair / tuned fingerprint" in metrics
+
+    new_dir, diffs = reproduce(run_dir, runs, tmp_path / "fresh-cache")
+    assert diffs == []
+    assert new_dir == runs / "orig-repro" and (new_dir / "manifest.json").exists()
+    # Everything was built again in the empty cache, under the same content keys.
+    assert sorted(p.name for p in (tmp_path / "fresh-cache" / "features").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "cache" / "features").iterdir())
+
+    # Change one metric and one data record of the original: exactly those are reported, and the
+    # second reproduction trains in its own directory instead of resuming the first one's arms.
+    results = json.loads((run_dir / "results.json").read_text())
+    arm_a = results["levels"][0]["arms"][0]
+    arm_a["final"]["cond_acc_0"] += 0.25
+    (run_dir / "results.json").write_text(json.dumps(results))
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["data"]["drift-1"]["counts"]["tuned"]["train"]["sequences"] += 1
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+
+    second, diffs = reproduce(run_dir, runs, tmp_path / "fresh-cache")
+    assert second == runs / "orig-repro2"
+    assert {d[0] for d in diffs} == {"drift 1 / arm a / cond_acc_0", "data / drift-1 / counts / tuned / train / sequences"}
+    got = dict((k, (a, b)) for k, a, b in diffs)
+    assert got["drift 1 / arm a / cond_acc_0"][0] == got["drift 1 / arm a / cond_acc_0"][1] + 0.25
+
+
+def test_unfinished_run_is_refused_and_nothing_is_written(tmp_path):
+    run_dir = tmp_path / "half"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"config": {"name": "x"}}))
+    with pytest.raises(LabError, match="results.json is missing"):
+        reproduce(run_dir, tmp_path / "runs", tmp_path / "cache")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_compare_tolerance_types_and_missing_keys():
+    a = {"x": 1.0, "y": 2.0, "verdict": "reuse as is", "only_a": 3.0}
+    b = {"x": 1.0 + 1e-9, "y": 2.0, "verdict": "train from scratch"}
+    assert {k for k, _, _ in compare(a, b)} == {"x", "verdict", "only_a"}
+    assert {k for k, _, _ in compare(a, b, rel_tol=1e-6)} == {"verdict", "only_a"}

@@ -14,7 +14,6 @@ where it stopped when re-run with the same `--run-dir`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -34,6 +33,7 @@ from drafter_lab.experiments.manifest import build_manifest, write_manifest
 from drafter_lab.experiments.probe import VERDICTS, probe
 from drafter_lab.progress import log
 from drafter_lab.targets.build import build_pair
+from drafter_lab.threads import torch_threads
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 
@@ -83,20 +83,6 @@ def _train_config(cfg: ExperimentConfig, steps: int) -> TrainConfig:
         device=cfg.device,
         threads=cfg.threads,
     )
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    """Run a stage with `n` torch CPU threads (0 = as is), restoring the count after."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
@@ -240,7 +226,7 @@ def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     levels = []
-    with _threads(cfg.threads):
+    with torch_threads(cfg.threads):
         for i, drift in enumerate(cfg.drift_levels):
             level_dir = run_dir if len(cfg.drift_levels) == 1 else run_dir / f"drift-{drift:g}"
             level_dir.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from drafter_lab.targets.hf import default_aux_layer_ids, fingerprint
 from drafter_lab.targets.presets import PRESETS, TargetConfig, resolve
 from drafter_lab.targets.tokenizer import train_bpe
 from drafter_lab.targets.train_lm import encode_conversations, train_lm
+from drafter_lab.threads import torch_threads
 
 __all__ = ["CODE_VERSION", "PRESETS", "TargetConfig", "build_pair", "default_cache_dir"]
 
@@ -70,18 +71,6 @@ def _quiet_transformers():
     finally:
         if was:
             hf_logging.enable_progress_bar()
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    """Run with `n` torch CPU threads (0 = leave as is), restoring the previous count after."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _clear_stale_temps(dest: Path, older_than_s: float = 6 * 3600) -> None:
@@ -342,7 +331,7 @@ def build_pair(
     base_dir, tuned_dir = cache / f"base-{base_key}", cache / f"tuned-{tuned_key}"
     base_cached = not force and (base_dir / "build.json").exists()
     tuned_cached = not force and (tuned_dir / "build.json").exists()
-    with _threads(cfg.threads):
+    with torch_threads(cfg.threads):
         if base_cached:
             log(f"base: cached ({base_dir})")
         else:

@@ -24,6 +24,7 @@ from drafter_lab.drafter.transfer import TransferReport
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, progress
+from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.data import collate, plan_epoch, prepare, shard_batch
@@ -130,15 +131,12 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     data.vocab.build_vocab(data_dir, cfg.draft_vocab_size).
     """
     d = distributed.setup(cfg.device)
-    threads = torch.get_num_threads()
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
     try:
-        run = _Run(cfg, d, Path(target_dir), Path(data_dir), Path(out_dir), resume, init_from, remap, l2sp,
-                   transfer_lr_scale, vocab)
-        return run.fit()
+        with torch_threads(cfg.threads):
+            run = _Run(cfg, d, Path(target_dir), Path(data_dir), Path(out_dir), resume, init_from, remap, l2sp,
+                       transfer_lr_scale, vocab)
+            return run.fit()
     finally:
-        torch.set_num_threads(threads)
         distributed.teardown(d)
 
 

@@ -79,13 +79,6 @@ def test_step0_row_is_the_early_loss(random_llama, features, tmp_path):
     assert report._early_loss(arm) == start["loss_0"] != first_train["loss_0"]
 
 
-def test_study_threads_are_scoped():
-    before = torch.get_num_threads()
-    with study._threads(1):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
-
-
 def test_train_config_of_the_study():
     cfg = get_config("tiny-cpu")
     t = study._train_config(cfg, cfg.arm_steps)

@@ -98,21 +98,29 @@ def test_extend_matches_sequential_draft_steps(target, random_drafter):
     assert torch.equal(runner.lens, start + counts)
 
 
-def test_full_two_level_tree_contains_the_chain(target, trained_drafter, prompts):
-    """With every candidate kept (T = K + K*K), a depth-2 tree holds the top-1 chain from the same state."""
-    runner = DrafterRunner(trained_drafter, use_fused=False)
-    engine = SpecEngine(target, trained_drafter, SpecConfig(steps=2, topk=3))
-    B = 3
-    lens = torch.tensor([len(p) for p in prompts[:B]])
+def _prefill_and_extend(engine, runner, prompts, topk):
+    """Target prefill of the prompts, then the drafter over them (as the engine's first cycle does):
+    prompt lengths, the target's greedy root token, and the drafter's hidden state and top-k."""
+    B = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts])
     ids = torch.zeros(B, int(lens.max()), dtype=torch.long)
-    for b, p in enumerate(prompts[:B]):
+    for b, p in enumerate(prompts):
         ids[b, :len(p)] = torch.tensor(p)
     logits, aux = engine.target.prefill(ids, lens)
     root = logits.argmax(-1)
     nxt = torch.roll(ids, -1, 1)
     nxt[torch.arange(B), lens - 1] = root
     runner.reset(B, 128, "cpu")
-    h0, top, logp = runner.extend(nxt, aux, lens, 3)
+    h0, top, logp = runner.extend(nxt, aux, lens, topk)
+    return lens, root, h0, top, logp
+
+
+def test_full_two_level_tree_contains_the_chain(target, trained_drafter, prompts):
+    """With every candidate kept (T = K + K*K), a depth-2 tree holds the top-1 chain from the same state."""
+    runner = DrafterRunner(trained_drafter, use_fused=False)
+    engine = SpecEngine(target, trained_drafter, SpecConfig(steps=2, topk=3))
+    B = 3
+    lens, root, h0, top, logp = _prefill_and_extend(engine, runner, prompts[:B], 3)
     k, v = runner.k.clone(), runner.v.clone()
     chain = runner.draft_tree(root, h0, top[:, :1], logp[:, :1], 2, 1, 2)
     runner.k, runner.v = k, v
@@ -155,16 +163,7 @@ def test_tree_children_are_the_drafters_topk_along_each_path(target):
     runner = DrafterRunner(d, use_fused=False)
     engine = SpecEngine(target, d, SpecConfig(steps=steps, topk=K))
     B = len(prompts)
-    lens = torch.tensor([len(p) for p in prompts])
-    ids = torch.zeros(B, int(lens.max()), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, :len(p)] = torch.tensor(p)
-    logits, aux = engine.target.prefill(ids, lens)
-    root = logits.argmax(-1)
-    nxt = torch.roll(ids, -1, 1)
-    nxt[torch.arange(B), lens - 1] = root
-    runner.reset(B, 128, "cpu")
-    h0, top, logp = runner.extend(nxt, aux, lens, K)
+    lens, root, h0, top, logp = _prefill_and_extend(engine, runner, prompts, K)
     k, v = runner.k.clone(), runner.v.clone()
     tree = runner.draft_tree(root, h0, top, logp, steps, K, K + (steps - 1) * K * K)  # every candidate kept
     shared_parent = 0

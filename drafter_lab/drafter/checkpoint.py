@@ -194,8 +194,10 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None) -> Path:
     ckpt = read_checkpoint(src)
     has_embed = formats.EMBED in ckpt.tensors
     c = ckpt.config
-    placeholder = None if has_embed else torch.zeros(c.target_vocab_size, c.hidden_size)
-    drafter = build_drafter(ckpt, embed_weight=placeholder)
+    # A drafter that shares the target's embedding has none of its own: zeros fill the module so it
+    # builds, and the export leaves that tensor out as the source did.
+    zero_embed = None if has_embed else torch.zeros(c.target_vocab_size, c.hidden_size)
+    drafter = build_drafter(ckpt, embed_weight=zero_embed)
     dtype = dtype or ckpt.tensors["fc.weight"].dtype
     with atomic.atomic_dir(out) as tmp:
         save_drafter(drafter, tmp, fmt, dtype, embed=has_embed)

@@ -140,7 +140,7 @@ class _Corpus:
     def get(self):
         if self._value is None:
             start = time.perf_counter()
-            log(f"corpus: {len(self.files)} stdlib files -> conversations")
+            log(f"corpus: {len(self.files)} files of {corpus_mod.SNAPSHOT.name} -> conversations")
             self._value = corpus_mod.build_corpus(
                 self.files,
                 seed=self.cfg.seed,

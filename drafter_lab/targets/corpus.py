@@ -1,11 +1,12 @@
-"""Offline chat corpus built from the running interpreter's own standard library.
+"""Offline chat corpus built from a pinned snapshot of CPython's standard library.
 
-Source: every `*.py` file under `sysconfig.get_paths()["stdlib"]`, walked in sorted order of its
-path relative to that root, skipping `site-packages`, `__pycache__` and directories named `test`,
-`tests` or `idle_test` (distributions and container images often strip the test suite, so leaving
-it out keeps the corpus the same wherever a given Python version is installed). The text is real
-code and real prose written by people; nothing is generated. Different Python versions give
-different corpora, which is why the content hash is part of every cache key.
+Source: `SNAPSHOT`, a tar.xz of every `*.py` file of CPython 3.11.7's `Lib/` (as installed, so
+without `site-packages`, `__pycache__` and directories named `test`, `tests` or `idle_test`),
+shipped with the package under the PSF license (`cpython-LICENSE.txt` beside it). Pinning the text,
+instead of reading the running interpreter's library, makes the targets the same on every machine
+and in every image: a run made on a laptop reproduces inside the container. The text is real code
+and real prose written by people; nothing is generated. `write_snapshot` rebuilds such an archive
+from any directory (`source_files(source=DIR)` also reads a directory directly).
 
 Every module-level function and class method with a docstring (at least `MIN_DOC_CHARS` long) and
 a body besides the docstring becomes one ShareGPT-style conversation
@@ -19,19 +20,21 @@ two slices that differ in domain and style:
 
 Each function lands in exactly one slice, and a held-out part of each slice is never trained on;
 both choices come from a sha256 of (seed, function name), so the corpus is a pure function of
-(stdlib files, seed, options).
+(source files, seed, options).
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import os
-import sysconfig
+import tarfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from drafter_lab.atomic import atomic_path
 from drafter_lab.errors import LabError
 
 # Bump when the conversion below changes, so caches keyed on the corpus hash are invalidated.
@@ -39,35 +42,71 @@ FORMAT_VERSION = 1
 SKIP_DIRS = frozenset({"site-packages", "__pycache__", "test", "tests", "idle_test"})
 MIN_DOC_CHARS = 40
 MAX_SUMMARY_CHARS = 400
+SNAPSHOT = Path(__file__).with_name("corpus") / "cpython-3.11.7-lib.tar.xz"
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+@dataclass(frozen=True)
+class SourceFile:
+    """One corpus file: its path relative to the library root (which names the module) and bytes."""
+
+    relpath: str
+    data: bytes
 
 
-def source_files(max_files: int = 0, root: Path | None = None) -> list[Path]:
-    """The corpus files in their fixed order; `max_files` > 0 keeps that many, evenly spread."""
-    root = root or stdlib_root()
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]  # prune: never walk site-packages
-        found += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
-    files = sorted(found, key=lambda p: p.relative_to(root).as_posix())
-    if not files:
-        raise LabError("no Python sources found for the corpus", root)
+def source_files(max_files: int = 0, source: Path = SNAPSHOT) -> list[SourceFile]:
+    """The corpus files of `source` (a snapshot archive or a directory) in their fixed order, sorted
+    by relative path; `max_files` > 0 keeps that many, evenly spread."""
+    files = _read_snapshot(source) if source.is_file() else _read_dir(source)
     if 0 < max_files < len(files):
         step = len(files) / max_files
         files = [files[int(i * step)] for i in range(max_files)]
     return files
 
 
-def corpus_hash(files: list[Path], root: Path | None = None) -> str:
+def _read_dir(root: Path) -> list[SourceFile]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]  # prune: never walk site-packages
+        found += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
+    if not found:
+        raise LabError("no Python sources found for the corpus", root)
+    files = [SourceFile(p.relative_to(root).as_posix(), p.read_bytes()) for p in found]
+    return sorted(files, key=lambda f: f.relpath)
+
+
+def _read_snapshot(path: Path) -> list[SourceFile]:
+    try:
+        with tarfile.open(path, "r:xz") as tar:
+            files = [
+                SourceFile(m.name, tar.extractfile(m).read())
+                for m in tar.getmembers()
+                if m.isfile() and m.name.endswith(".py")
+            ]
+    except (OSError, tarfile.TarError, EOFError) as e:
+        raise LabError(f"cannot read the corpus snapshot: {e}", path) from e
+    if not files:
+        raise LabError("the corpus snapshot holds no Python sources", path)
+    return sorted(files, key=lambda f: f.relpath)
+
+
+def write_snapshot(root: Path, out: Path) -> int:
+    """Archive the corpus files under directory `root` into `out` (tar.xz), byte-for-byte
+    repeatable: sorted members, no times or owners. Returns the number of files."""
+    files = source_files(source=root)
+    with atomic_path(out) as tmp, tarfile.open(tmp, mode="w:xz", preset=9) as tar:
+        for f in files:
+            info = tarfile.TarInfo(f.relpath)
+            info.size, info.mode = len(f.data), 0o644
+            tar.addfile(info, io.BytesIO(f.data))
+    return len(files)
+
+
+def corpus_hash(files: list[SourceFile]) -> str:
     """sha256 over the format version and each file's relative path and bytes."""
-    root = root or stdlib_root()
     h = hashlib.sha256(f"corpus-format-{FORMAT_VERSION}".encode())
-    for p in files:
-        h.update(p.relative_to(root).as_posix().encode() + b"\0")
-        h.update(p.read_bytes())
+    for f in files:
+        h.update(f.relpath.encode() + b"\0")
+        h.update(f.data)
         h.update(b"\0")
     return h.hexdigest()
 
@@ -78,8 +117,8 @@ def _unit(seed: int, tag: str, name: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+def _module_name(relpath: str) -> str:
+    parts = relpath.removesuffix(".py").split("/")
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -113,14 +152,14 @@ def _paragraphs_within(text: str, limit: int) -> str:
     return out
 
 
-def _examples_in(path: Path, root: Path, max_source_chars: int):
-    text = path.read_bytes().decode("utf-8", errors="replace").expandtabs(8)
+def _examples_in(f: SourceFile, max_source_chars: int):
+    text = f.data.decode("utf-8", errors="replace").expandtabs(8)
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return
     lines = text.splitlines()
-    module = _module_name(path, root)
+    module = _module_name(f.relpath)
     for qualname, fn in _functions(tree):
         doc = (ast.get_docstring(fn, clean=True) or "").strip()
         if not doc or len(doc) < MIN_DOC_CHARS or len(fn.body) < 2:
@@ -170,8 +209,7 @@ class Corpus:
 
     def summary(self) -> dict:
         return {
-            "source": "python stdlib",
-            "stdlib": str(stdlib_root()),
+            "source": SNAPSHOT.name,
             "files": self.files,
             "hash": self.hash,
             "format_version": FORMAT_VERSION,
@@ -185,13 +223,12 @@ class Corpus:
 
 
 def build_corpus(
-    files: list[Path],
+    files: list[SourceFile],
     *,
     seed: int,
     shifted_share: float,
     heldout_per_slice: int,
     max_source_chars: int,
-    root: Path | None = None,
     content_hash: str | None = None,
 ) -> Corpus:
     """Convert `files` (from `source_files`) into the two slices, deterministically for `seed`.
@@ -200,10 +237,9 @@ def build_corpus(
     slice (in seeded hash order) are held out from training. Conversation order is that same
     seeded order, so it does not depend on the file walk.
     """
-    root = root or stdlib_root()
     slices: dict[str, list[tuple[float, dict]]] = {"base": [], "shifted": []}
-    for path in files:
-        for module, qualname, signature, doc, source, bare in _examples_in(path, root, max_source_chars):
+    for f in files:
+        for module, qualname, signature, doc, source, bare in _examples_in(f, max_source_chars):
             name = f"{module}.{qualname}"
             if _unit(seed, "slice", name) < shifted_share:
                 kind, conv = "shifted", _shifted_conversation(module, qualname, bare, doc, max_source_chars)
@@ -216,8 +252,7 @@ def build_corpus(
         if len(records) < heldout_per_slice + 1:
             raise LabError(
                 f"corpus too small: the {kind} slice has {len(records)} conversations, "
-                f"need more than {heldout_per_slice} held out",
-                root,
+                f"need more than {heldout_per_slice} held out (from {len(files)} files)"
             )
     return Corpus(
         base=ordered["base"][heldout_per_slice:],
@@ -225,5 +260,5 @@ def build_corpus(
         heldout_base=ordered["base"][:heldout_per_slice],
         heldout_shifted=ordered["shifted"][:heldout_per_slice],
         files=len(files),
-        hash=content_hash or corpus_hash(files, root),
+        hash=content_hash or corpus_hash(files),
     )

@@ -47,6 +47,7 @@ from drafter_lab.targets.hf import (
     fingerprint,
     load_target,
     load_tokenizer,
+    quiet_transformers,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,7 +106,8 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
         tp = {"tp_plan": "auto"}
     fp = fingerprint(path)  # one-line error for a directory without config.json
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)
     except Exception as e:
         raise LabError(f"cannot load model tensor-parallel: {str(e).strip().splitlines()[0][:300]}", path) from None
     model.eval().requires_grad_(False)

@@ -14,7 +14,6 @@ built in a temp directory and renamed into place, so a killed build leaves nothi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -29,7 +28,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.progress import log
 from drafter_lab.targets import corpus as corpus_mod
 from drafter_lab.targets.drift import measure_drift
-from drafter_lab.targets.hf import default_aux_layer_ids, fingerprint
+from drafter_lab.targets.hf import default_aux_layer_ids, fingerprint, quiet_transformers
 from drafter_lab.targets.presets import PRESETS, TargetConfig, resolve
 from drafter_lab.targets.tokenizer import train_bpe
 from drafter_lab.targets.train_lm import encode_conversations, train_lm
@@ -57,20 +56,6 @@ def _device(name: str) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise LabError(f"unknown device {name!r}; known: auto, cpu, cuda")
     return torch.device(name)
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Hide transformers' own per-file progress bars while saving/loading our small models."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
 
 
 def _clear_stale_temps(dest: Path, older_than_s: float = 6 * 3600) -> None:
@@ -176,7 +161,7 @@ def _build_base(cfg: TargetConfig, corpus: _Corpus, key: str, dest: Path, device
             seed=cfg.seed,
             description="train base",
         )
-        with _quiet_transformers():
+        with quiet_transformers():
             model.cpu().save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")
         split = _heldout_split(cfg, c)
@@ -219,7 +204,7 @@ def _build_tuned(cfg: TargetConfig, corpus: _Corpus, base_dir: Path, key: str, d
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     steps = round(cfg.drift * cfg.tune_steps)
-    with _quiet_transformers():
+    with quiet_transformers():
         tok = AutoTokenizer.from_pretrained(str(base_dir / "model"))
         base = (
             LlamaForCausalLM.from_pretrained(str(base_dir / "model"), dtype=torch.float32).to(device).eval()
@@ -247,7 +232,7 @@ def _build_tuned(cfg: TargetConfig, corpus: _Corpus, base_dir: Path, key: str, d
     log("drift: CKA per layer and KL(base || tuned) on held-out text")
     figures = _drift_figures(base, tuned, load_file(str(base_dir / "drift-inputs.safetensors")))
     drift_seconds = round(time.perf_counter() - start, 2)
-    with atomic_dir(dest) as tmp, _quiet_transformers():
+    with atomic_dir(dest) as tmp, quiet_transformers():
         tuned.cpu().save_pretrained(tmp / "model")
         tok.save_pretrained(tmp / "model")
         write_json(

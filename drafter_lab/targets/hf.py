@@ -6,6 +6,7 @@ our own tiny pair all load the same way, and a bad directory fails with one line
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import warnings
@@ -152,13 +153,29 @@ def load_target(
         raise LabError("no weight files (*.safetensors or *.bin)", path)
     try:
         AutoConfig.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     except Exception as e:
         raise LabError(f"cannot load model: {_first_line(e)}", path) from None
     model.to(device).eval()
     model.requires_grad_(False)
     tok = load_tokenizer(path) if tokenizer else None
     return Target(path=path, model=model, tokenizer=tok, fingerprint=fingerprint(path))
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Hide transformers' own progress bars (one per load or save) while loading or saving models:
+    the lab shows its own progress, and the bars flood logs without a terminal."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _first_line(e: Exception) -> str:

@@ -56,6 +56,12 @@ def test_pair_loads_through_transformers(pair):
     assert (out / "base" / "tokenizer.json").read_bytes() == (out / "tuned" / "tokenizer.json").read_bytes()
 
 
+def test_load_target_hides_transformers_bars(pair, capfd):
+    capfd.readouterr()
+    load_target(pair[0] / "tuned")
+    assert "Loading weights" not in capfd.readouterr().err  # one bar per load floods logs
+
+
 def test_pair_json_and_prompt_files(pair):
     out, info = pair
     assert json.loads((out / "pair.json").read_text())["key"] == info["key"]

@@ -301,6 +301,11 @@ class _Run:
     def fit(self) -> dict:
         c, d = self.cfg, self.d
         self.restore()
+        if self.step == self.total and self.last_val is not None and self.last_val["step"] == self.step:
+            # A finished run: its last checkpoint holds the final validation, so nothing is rewritten.
+            if d.main:
+                log(f"already finished ({self.step} steps): {self.out_dir}")
+            return self.last_val
         if d.main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.report is not None:

@@ -54,7 +54,9 @@ class MetricsLog:
             return os.fstat(f.fileno()).st_size
 
     def truncate(self, size: int) -> None:
-        if self.enabled and self.path.exists():
+        """Drop lines written after the checkpoint that recorded `size` (a file already that size is
+        left untouched)."""
+        if self.enabled and self.path.exists() and self.path.stat().st_size != size:
             os.truncate(self.path, size)
 
 

@@ -156,6 +156,13 @@ def test_refuses_to_overwrite_or_resume_differently(trained, peaked_llama, featu
         train(TrainConfig(**{**CFG.__dict__, "lr": 1e-3}), peaked_llama, features, out, resume=True)
 
 
+def test_resuming_a_finished_run_returns_its_result_and_writes_nothing(trained, peaked_llama, features):
+    out, final = trained
+    files = {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.rglob("*") if f.is_file()}
+    assert train(CFG, peaked_llama, features, out, resume=True) == final
+    assert {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.rglob("*") if f.is_file()} == files
+
+
 def test_config_from_toml_and_cli(tmp_path):
     from drafter_lab.cli import build_parser
     from drafter_lab.config import apply_cli_args, field_docs

@@ -196,8 +196,14 @@ class FeatureSet:
 
     def sequences(self, split: str) -> list[Sequence]:
         rows = self.manifest.shards.get(split, [])
-        out = [s for r in rows for s in read_shard(self.dir / r["file"])]
-        return out
+        planned = self.manifest.source.get("planned", {}).get(split, {}).get("shards", 0)
+        if len(rows) < planned:  # a killed `data prepare`: training on part of it would be silently different
+            raise LabError(
+                f"partial capture: {split} has {len(rows)} of {planned} shards; run the same "
+                "`drafter-lab data prepare` again to finish it",
+                self.dir,
+            )
+        return [s for r in rows for s in read_shard(self.dir / r["file"])]
 
     def require(self, split: str) -> list[Sequence]:
         seqs = self.sequences(split)

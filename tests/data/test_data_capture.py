@@ -71,6 +71,8 @@ def test_resume_recomputes_only_the_missing_shard(features, random_llama, conver
     last = manifest["shards"]["train"].pop()
     (out / "manifest.json").write_text(json.dumps(manifest))
     (out / last["file"]).unlink()  # a run killed before its last shard
+    with pytest.raises(LabError, match="partial capture: train has"):
+        FeatureSet(out).sequences("train")
     args = ("data", "prepare", "--target", random_llama, "--conversations", conversations_file, "--out", out)
     assert run_cli(*args, *PREPARE_ARGS) == 0
     assert snapshot(out) == before

@@ -7,6 +7,7 @@
     nox -s build_cuda            compile the CUDA sources (CUDA torch + nvcc; no GPU needed)
     nox -s bench -- NAME         kernel benchmarks: allreduce | draft-forward
     nox -s container [-- smoke]  build the CPU/GPU images offline; smoke runs the lab inside
+    nox -s reproduce -- RUN_DIR  re-run a run (made here or in an image) and list what differs
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ def experiment(session: nox.Session) -> None:
     install_lab(session, extras="")
     args = session.posargs or ["--config", "tiny-cpu"]
     session.run("drafter-lab", "experiment", *args, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+
+
+@nox.session
+def reproduce(session: nox.Session) -> None:
+    """Re-run a run directory's config here and compare: `nox -s reproduce -- RUN_DIR [--cache DIR]`."""
+    install_lab(session, extras="")
+    session.run("drafter-lab", "reproduce", *session.posargs, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
 @nox.session

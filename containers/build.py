@@ -590,7 +590,10 @@ def smoke(engine: Engine, opts, timer: Timer) -> None:
     ref = f"localhost/drafter-lab-cpu:{image_tag()}"
     if not engine.exists(ref):
         raise BuildError(f"{ref} is not built: run `python3 containers/build.py` first")
-    out = Path(tempfile.mkdtemp(prefix="drafter-lab-smoke-"))
+    out = Path(opts.runs).resolve() if opts.runs else Path(tempfile.mkdtemp(prefix="drafter-lab-smoke-"))
+    if opts.runs and out.exists() and any(out.iterdir()):
+        raise BuildError(f"{out}: --runs must name a new or empty directory")
+    out.mkdir(parents=True, exist_ok=True)
     digest, (sha, _) = engine.digest(ref), git_tag()
     # One torch thread: the models are tiny, and OpenMP threads spin-wait whenever another process
     # holds a core (the smoke study took 14 min with 2 threads on a busy 2-core machine, 44 s with 1).
@@ -657,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--install-tools", action="store_true", help="apt-get install buildah podman debootstrap")
     ap.add_argument("--rebuild-base", action="store_true", help="debootstrap the local base again")
     ap.add_argument("--no-cache", action="store_true", help="build every layer again")
+    ap.add_argument("--runs", help="smoke: where the runs land (a new or empty directory; default a temp one)")
     opts = ap.parse_args(argv)
     timer = Timer()
     try:

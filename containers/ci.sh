@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# CI for the containers: build the CPU image from this checkout, then run the smoke inside it
-# (fast tests, the `smoke` study, its manifest, `reproduce` of that run from an empty cache).
+# CI for the containers: build the CPU image from this checkout, run the smoke inside it (fast tests,
+# the `smoke` study, its manifest, `reproduce` of that run from an empty cache), then reproduce the
+# image's run on the host (`nox -s reproduce`): a run must give the same numbers in and out of it.
 # Needs root (or sudo) for apt-get and for buildah's chroot isolation; no GPU, no image registry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,5 +17,10 @@ python3 -m pip install -q --disable-pip-version-check nox
 start=$SECONDS
 python3 -m nox -s container
 built=$SECONDS
-python3 -m nox -s container -- smoke
-echo "containers/ci.sh: image $((built - start)) s, smoke $((SECONDS - built)) s, total $((SECONDS - start)) s"
+runs=$(mktemp -d -t drafter-lab-ci-XXXXXX)
+python3 -m nox -s container -- smoke --runs "$runs"
+smoked=$SECONDS
+# The image's run must reproduce on the host too: same pinned corpus, same locked torch.
+python3 -m nox -s reproduce -- "$runs/smoke" --runs "$runs" --cache "$runs/cache-host"
+echo "containers/ci.sh: image $((built - start)) s, smoke $((smoked - built)) s," \
+     "host reproduce $((SECONDS - smoked)) s, total $((SECONDS - start)) s"

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     build.add_argument(
         "--cache-dir", default=None, help="stage cache (default $DRAFTER_LAB_CACHE/targets or ~/.cache)"
     )
-    build.add_argument("--drift", type=float, default=None, help="override the config's drift, in [0, 1]")
+    build.add_argument("--drift", type=float, default=None, help="override the config's drift (>= 0; 1 = the preset's fine-tune)")
     add_cli_args(build, TargetConfig, skip=("drift",))
     build.set_defaults(func=_build)
 

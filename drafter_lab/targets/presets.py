@@ -2,7 +2,8 @@
 
 `drift` is the knob for how far `tuned` ("K2.5") moves from `base` ("K2"): the fine-tune runs
 `round(drift * tune_steps)` steps of one fixed, seeded trajectory at a constant learning rate, so a
-lower drift is exactly an earlier point of the same run. 0 makes `tuned` a copy of `base`.
+lower drift is exactly an earlier point of the same run. 0 makes `tuned` a copy of `base`; values
+above 1 run the same fine-tune further.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class TargetConfig:
     tune_shifted_fraction: float = 0.75
     """Share of each fine-tune batch drawn from the SHIFTED slice; the rest is BASE text."""
     drift: float = 1.0
-    """How far tuned moves from base, in [0, 1] (scales the fine-tune steps; 0 = copy of base)."""
+    """How far tuned moves from base, >= 0 (scales the fine-tune steps; 0 = copy of base, 1 = the
+    preset's `tune_steps`, above 1 the same fine-tune continued)."""
     train_prompts: int = 320
     """Held-out conversations written to prompts-train.jsonl (half from each slice)."""
     eval_prompts: int = 32
@@ -70,8 +72,8 @@ class TargetConfig:
     busy machines: oversubscribed OpenMP threads slow small ops down by an order of magnitude."""
 
     def __post_init__(self):
-        if not 0.0 <= self.drift <= 1.0:
-            raise LabError(f"drift must be in [0, 1], got {self.drift}")
+        if not self.drift >= 0.0:
+            raise LabError(f"drift must be >= 0, got {self.drift}")
         if self.num_layers < 8:
             raise LabError(f"num_layers must be >= 8 for distinct aux layers, got {self.num_layers}")
         if self.num_heads % self.num_kv_heads or self.hidden_size % self.num_heads:

@@ -149,8 +149,8 @@ def test_refuses_to_replace_a_foreign_directory(tmp_path, cache):
 
 
 def test_bad_drift_is_an_error(tmp_path, cache):
-    with pytest.raises(LabError, match="drift must be in"):
-        build_pair("micro", tmp_path / "x", drift=1.5, cache_dir=cache)
+    with pytest.raises(LabError, match="drift must be >= 0"):
+        build_pair("micro", tmp_path / "x", drift=-0.5, cache_dir=cache)
 
 
 def test_cli_builds_and_prints_drift(pair, cache, capsys, monkeypatch):

@@ -103,6 +103,7 @@ def test_default_thresholds_reproduce_the_sweep_verdicts():
     assert decide(2.608, 2.608, [1.0, 1.0, 1.0], th)[0] == "reuse as is"  # knob 0
     assert decide(1.137, 1.878, [0.9189, 0.9017, 0.8749], th)[0] == "transfer with remap"  # knob 0.5
     assert decide(1.460, 2.321, [0.8984, 0.8756, 0.8537], th)[0] == "transfer with remap"  # knob 1
+    assert decide(1.055, 2.055, [0.8208, 0.8010, 0.8018], th)[0] == "transfer with remap"  # knob 4
     assert decide(1.460, 2.321, [0.8984, 0.8756, 0.79], th)[0] == "train from scratch"
 
 

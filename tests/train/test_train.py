@@ -120,7 +120,8 @@ def test_bad_input_exits_2_and_writes_nothing(trained, peaked_llama, features, t
     empty = tmp_path / "empty"
     shutil.copytree(features, empty)
     m = Manifest.load(empty)
-    m.shards["train"] = []
+    m.shards["train"] = []  # a capture that planned no train sequences (not a partial one)
+    m.source["planned"]["train"] = {"sequences": 0, "shards": 0}
     m.save(empty)
     assert "no train sequences" in run(peaked_llama, empty)
 

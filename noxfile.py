@@ -83,9 +83,10 @@ def reproduce(session: nox.Session) -> None:
 
 @nox.session
 def kernels(session: nox.Session) -> None:
-    """Correctness suites of the compiled ops against their PyTorch references."""
+    """Correctness suites of the compiled ops against their PyTorch references, and decoding through
+    the fused draft step."""
     install_lab(session)
-    session.run("pytest", "-q", "tests/kernels", *session.posargs)
+    session.run("pytest", "-q", "tests/kernels", "tests/spec/test_fused_decoding.py", *session.posargs)
 
 
 @nox.session

@@ -47,6 +47,12 @@ def random_llama(tmp_path_factory) -> Path:
     return make_random_llama(tmp_path_factory.mktemp("random_llama") / "model")
 
 
+@pytest.fixture(scope="session")
+def wide_llama(tmp_path_factory) -> Path:
+    """A random Llama whose drafter the CUDA draft-step kernels take (head_dim 128, hidden 256)."""
+    return make_random_llama(tmp_path_factory.mktemp("wide_llama") / "model", hidden=256, heads=2, kv_heads=1)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -10,12 +10,12 @@ The CPU cases are small and run in CI; the `gpu` cases cover the full ranges of 
 from __future__ import annotations
 
 import copy
-import os
 import random
 from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import require_draft_step_op
 
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -31,15 +31,6 @@ LOGP_FLOOR = {torch.float32: 5e-4, torch.bfloat16: 3e-2, torch.float16: 8e-3}
 # (plus a slack far below the dtype's rounding): "no worse than plain PyTorch".
 NO_WORSE = 1.5
 NO_WORSE_SLACK = {torch.float32: 5e-6, torch.bfloat16: 1e-3, torch.float16: 2e-4}
-
-
-def require_op(device: str) -> None:
-    if ds.available(device):
-        return
-    msg = f"drafter_lab._C has no {device} kernel for draft_step (build with pip install -e .)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg)
 
 
 @dataclass(frozen=True)
@@ -239,14 +230,14 @@ CPU_CASES = [(dt, fc, seed) for dt in DTYPES for fc in (True, False) for seed in
 
 @pytest.mark.parametrize("dtype_name,fc,seed", CPU_CASES, ids=[f"{d}-{'fc' if f else 'nofc'}-{s}" for d, f, s in CPU_CASES])
 def test_cpu_op_matches_reference(dtype_name, fc, seed):
-    require_op("cpu")
+    require_draft_step_op("cpu")
     shape = draw_shape(random.Random(seed * 7 + fc), fc=fc, **CPU_LIMITS)
     check_step(shape, DTYPES[dtype_name], "cpu", seed)
 
 
 def test_cpu_op_edges():
     """Context 0 everywhere, top-1, MQA (8 query heads on 1 kv head), head_dim 128, int32 indices."""
-    require_op("cpu")
+    require_draft_step_op("cpu")
     shape = Shape(batch=3, hidden=256, heads=8, kv_heads=1, head_dim=128, inter=512, vocab=1024,
                   target_hidden=128, context=0, topk=1, fc=True)
     check_step(shape, torch.bfloat16, "cpu", 5, index_dtype=torch.int32)
@@ -256,7 +247,7 @@ def test_cpu_op_edges():
 
 
 def test_cpu_op_rejects_bad_input():
-    require_op("cpu")
+    require_draft_step_op("cpu")
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=1, head_dim=64, inter=256, vocab=1000,
                   target_hidden=64, context=4, topk=2, fc=False)
     drafter = make_drafter(shape, 3, "cpu")
@@ -325,7 +316,7 @@ def _opcheck(device, dtype):
 
 
 def test_opcheck_cpu():
-    require_op("cpu")
+    require_draft_step_op("cpu")
     _opcheck("cpu", torch.float32)
 
 
@@ -338,7 +329,7 @@ SMALL = dict(hidden=(256, 512), batch=(1, 20), context=(0, 64), vocab=(1000, 200
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", GPU_SEEDS)
 def test_gpu_fuzz(seed):
-    require_op("cuda")
+    require_draft_step_op("cuda")
     rng = random.Random(seed)
     shape = draw_shape(rng, **GPU_LIMITS)
     dtype = list(DTYPES.values())[seed % 3]
@@ -349,7 +340,7 @@ def test_gpu_fuzz(seed):
 @pytest.mark.parametrize("seed", [200, 201, 202, 203, 204, 205])
 def test_gpu_small(seed):
     """Small draws on both batch paths (<= 16 own kernels, > 16 cuBLAS): the compute-sanitizer set."""
-    require_op("cuda")
+    require_draft_step_op("cuda")
     shape = draw_shape(random.Random(seed), **SMALL)
     check_step(shape, list(DTYPES.values())[seed % 3], "cuda", seed)
 
@@ -366,7 +357,7 @@ NAMED = {
 @pytest.mark.parametrize("name", list(NAMED))
 @pytest.mark.parametrize("batch", [1, 8, 32])
 def test_gpu_named_shapes(name, batch):
-    require_op("cuda")
+    require_draft_step_op("cuda")
     shape = Shape(batch=batch, context=1024, topk=4, fc=True, **NAMED[name])
     check_step(shape, torch.bfloat16, "cuda", 300 + batch)
 
@@ -375,7 +366,7 @@ def test_gpu_named_shapes(name, batch):
 @pytest.mark.parametrize("batch", [3, 40])
 def test_gpu_graph_replay(batch):
     """Capture the op once, change every input in place, replay: matches the reference on the new inputs."""
-    require_op("cuda")
+    require_draft_step_op("cuda")
     shape = Shape(batch=batch, hidden=512, heads=8, kv_heads=2, head_dim=64, inter=1408, vocab=5000,
                   target_hidden=256, context=200, topk=5, fc=True)
     drafter = make_drafter(shape, 9, "cuda").to(torch.bfloat16)
@@ -425,7 +416,7 @@ def test_gpu_graph_replay(batch):
 @pytest.mark.gpu
 def test_gpu_bad_cache_len_gives_nan_row():
     """Without a host sync the CUDA op cannot raise: a row whose cache_lens is out of range comes back NaN."""
-    require_op("cuda")
+    require_draft_step_op("cuda")
     shape = Shape(batch=3, hidden=256, heads=4, kv_heads=2, head_dim=64, inter=512, vocab=1000,
                   target_hidden=128, context=8, topk=2, fc=False)
     drafter = make_drafter(shape, 12, "cuda")
@@ -442,14 +433,14 @@ def test_gpu_bad_cache_len_gives_nan_row():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck_cuda(dtype):
-    require_op("cuda")
+    require_draft_step_op("cuda")
     _opcheck("cuda", dtype)
 
 
 @pytest.mark.gpu
 def test_gpu_torch_compile_fullgraph():
     """The fake kernel lets torch.compile trace the op; compiled and eager results agree."""
-    require_op("cuda")
+    require_draft_step_op("cuda")
     shape = Shape(batch=4, hidden=256, heads=4, kv_heads=4, head_dim=64, inter=704, vocab=2000,
                   target_hidden=256, context=30, topk=3, fc=False)
     drafter = make_drafter(shape, 13, "cuda").to(torch.bfloat16)

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from conftest import require_draft_step_op
 
 from drafter_lab.kernels import bench_draft_forward as bench
-from drafter_lab.kernels import draft_step as ds
 
 
 def test_bench_cpu_tiny(tmp_path, capsys):
-    if not ds.available("cpu"):
-        msg = "drafter_lab._C has no CPU draft_step kernel (build with pip install -e .)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_draft_step_op("cpu")
     out = tmp_path / "bench.json"
     argv = ["--device", "cpu", "--shapes", "tiny", "--batch", "1", "3", "--context", "8", "--copies", "2",
             "--reps", "2", "--warmup", "1", "--json", str(out)]

@@ -5,10 +5,10 @@ The CPU op runs in CI; the CUDA kernels run with `-m gpu` (the drafter's shapes 
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
+from conftest import require_draft_step_op
 
 from drafter_lab.kernels import draft_step as fused_op
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
@@ -37,11 +37,7 @@ def setup(wide_llama, conversations):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("topk,draft_tokens", [(1, None), (3, 8)], ids=["chain", "tree"])
 def test_fused_step_drafts_like_the_reference(setup, wide_llama, device, topk, draft_tokens):
-    if not fused_op.available(device):
-        msg = f"drafter_lab._C has no {device} kernel for draft_step (build with pip install -e .)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_draft_step_op(device)
     prompts, trained = setup
     target = load_target(wide_llama, device=device)
     drafter = copy.deepcopy(trained).to(device)

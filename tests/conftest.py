@@ -16,16 +16,21 @@ def stdlib_texts(n_files: int = 12) -> list[str]:
     return [f.read_text(errors="replace") for f in files]
 
 
-def require_draft_step_op(device: str) -> None:
-    """Skip without a built draft_step kernel for `device`; under CI its absence is a failure."""
+@pytest.fixture(scope="session")
+def require_draft_step_op():
+    """`require(device)` skips without a built draft_step kernel for `device`; under CI its absence
+    fails the test. A fixture, not an import: several test folders have a module named conftest."""
     from drafter_lab.kernels import draft_step
 
-    if draft_step.available(device):
-        return
-    msg = f"drafter_lab._C has no {device} kernel for draft_step (build with pip install -e .)"
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg)
+    def require(device: str) -> None:
+        if draft_step.available(device):
+            return
+        msg = f"drafter_lab._C has no {device} kernel for draft_step (build with pip install -e .)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+    return require
 
 
 def make_random_llama(out: Path, vocab_texts=None, *, hidden=64, layers=8, heads=4, kv_heads=2, vocab=512, seed=0):

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import require_draft_step_op
 
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -229,13 +228,13 @@ CPU_CASES = [(dt, fc, seed) for dt in DTYPES for fc in (True, False) for seed in
 
 
 @pytest.mark.parametrize("dtype_name,fc,seed", CPU_CASES, ids=[f"{d}-{'fc' if f else 'nofc'}-{s}" for d, f, s in CPU_CASES])
-def test_cpu_op_matches_reference(dtype_name, fc, seed):
+def test_cpu_op_matches_reference(dtype_name, fc, seed, require_draft_step_op):
     require_draft_step_op("cpu")
     shape = draw_shape(random.Random(seed * 7 + fc), fc=fc, **CPU_LIMITS)
     check_step(shape, DTYPES[dtype_name], "cpu", seed)
 
 
-def test_cpu_op_edges():
+def test_cpu_op_edges(require_draft_step_op):
     """Context 0 everywhere, top-1, MQA (8 query heads on 1 kv head), head_dim 128, int32 indices."""
     require_draft_step_op("cpu")
     shape = Shape(batch=3, hidden=256, heads=8, kv_heads=1, head_dim=128, inter=512, vocab=1024,
@@ -246,7 +245,7 @@ def test_cpu_op_edges():
     check_step(shape, torch.float32, "cpu", 6)
 
 
-def test_cpu_op_rejects_bad_input():
+def test_cpu_op_rejects_bad_input(require_draft_step_op):
     require_draft_step_op("cpu")
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=1, head_dim=64, inter=256, vocab=1000,
                   target_hidden=64, context=4, topk=2, fc=False)
@@ -315,7 +314,7 @@ def _opcheck(device, dtype):
     torch.library.opcheck(torch.ops.drafter_lab.draft_step.default, args)
 
 
-def test_opcheck_cpu():
+def test_opcheck_cpu(require_draft_step_op):
     require_draft_step_op("cpu")
     _opcheck("cpu", torch.float32)
 
@@ -328,7 +327,7 @@ SMALL = dict(hidden=(256, 512), batch=(1, 20), context=(0, 64), vocab=(1000, 200
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", GPU_SEEDS)
-def test_gpu_fuzz(seed):
+def test_gpu_fuzz(seed, require_draft_step_op):
     require_draft_step_op("cuda")
     rng = random.Random(seed)
     shape = draw_shape(rng, **GPU_LIMITS)
@@ -338,7 +337,7 @@ def test_gpu_fuzz(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", [200, 201, 202, 203, 204, 205])
-def test_gpu_small(seed):
+def test_gpu_small(seed, require_draft_step_op):
     """Small draws on both batch paths (<= 16 own kernels, > 16 cuBLAS): the compute-sanitizer set."""
     require_draft_step_op("cuda")
     shape = draw_shape(random.Random(seed), **SMALL)
@@ -356,7 +355,7 @@ NAMED = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(NAMED))
 @pytest.mark.parametrize("batch", [1, 8, 32])
-def test_gpu_named_shapes(name, batch):
+def test_gpu_named_shapes(name, batch, require_draft_step_op):
     require_draft_step_op("cuda")
     shape = Shape(batch=batch, context=1024, topk=4, fc=True, **NAMED[name])
     check_step(shape, torch.bfloat16, "cuda", 300 + batch)
@@ -364,7 +363,7 @@ def test_gpu_named_shapes(name, batch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [3, 40])
-def test_gpu_graph_replay(batch):
+def test_gpu_graph_replay(batch, require_draft_step_op):
     """Capture the op once, change every input in place, replay: matches the reference on the new inputs."""
     require_draft_step_op("cuda")
     shape = Shape(batch=batch, hidden=512, heads=8, kv_heads=2, head_dim=64, inter=1408, vocab=5000,
@@ -414,7 +413,7 @@ def test_gpu_graph_replay(batch):
 
 
 @pytest.mark.gpu
-def test_gpu_bad_cache_len_gives_nan_row():
+def test_gpu_bad_cache_len_gives_nan_row(require_draft_step_op):
     """Without a host sync the CUDA op cannot raise: a row whose cache_lens is out of range comes back NaN."""
     require_draft_step_op("cuda")
     shape = Shape(batch=3, hidden=256, heads=4, kv_heads=2, head_dim=64, inter=512, vocab=1000,
@@ -432,13 +431,13 @@ def test_gpu_bad_cache_len_gives_nan_row():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_opcheck_cuda(dtype):
+def test_opcheck_cuda(dtype, require_draft_step_op):
     require_draft_step_op("cuda")
     _opcheck("cuda", dtype)
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_fullgraph():
+def test_gpu_torch_compile_fullgraph(require_draft_step_op):
     """The fake kernel lets torch.compile trace the op; compiled and eager results agree."""
     require_draft_step_op("cuda")
     shape = Shape(batch=4, hidden=256, heads=4, kv_heads=4, head_dim=64, inter=704, vocab=2000,

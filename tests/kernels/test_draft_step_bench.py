@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import require_draft_step_op
 
 from drafter_lab.kernels import bench_draft_forward as bench
 
 
-def test_bench_cpu_tiny(tmp_path, capsys):
+def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
     require_draft_step_op("cpu")
     out = tmp_path / "bench.json"
     argv = ["--device", "cpu", "--shapes", "tiny", "--batch", "1", "3", "--context", "8", "--copies", "2",

@@ -8,7 +8,6 @@ import copy
 
 import pytest
 import torch
-from conftest import require_draft_step_op
 
 from drafter_lab.kernels import draft_step as fused_op
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
@@ -36,7 +35,7 @@ def setup(wide_llama, conversations):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("topk,draft_tokens", [(1, None), (3, 8)], ids=["chain", "tree"])
-def test_fused_step_drafts_like_the_reference(setup, wide_llama, device, topk, draft_tokens):
+def test_fused_step_drafts_like_the_reference(setup, wide_llama, device, topk, draft_tokens, require_draft_step_op):
     require_draft_step_op(device)
     prompts, trained = setup
     target = load_target(wide_llama, device=device)

@@ -1,4 +1,5 @@
-"""Atomic writes (temp file in the same directory + fsync + rename) and content hashes.
+"""Atomic writes (temp file in the same directory + fsync + rename), the matching JSON read, and
+content hashes.
 
 A killed run never leaves a half-written file: readers see the old version or the new one.
 """
@@ -12,6 +13,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from drafter_lab.errors import LabError
 
 _UMASK = os.umask(0o22)
 os.umask(_UMASK)
@@ -42,6 +45,18 @@ def write_text(path, text: str) -> None:
 
 def write_json(path, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path, missing: str, owner=None):
+    """The JSON value in `path`. A missing file is LabError(`missing`) naming `owner` (the directory
+    the file belongs to; default the file); a file that does not parse is one naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LabError(missing, owner if owner is not None else path) from None
+    except json.JSONDecodeError as e:
+        raise LabError(f"{path.name} is not valid JSON ({e})", path.parent) from None
 
 
 def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:

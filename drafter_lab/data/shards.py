@@ -89,12 +89,7 @@ class Manifest:
     @classmethod
     def load(cls, directory) -> Manifest:
         path = Path(directory) / MANIFEST
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise LabError("not a feature directory: manifest.json is missing", directory) from None
-        except json.JSONDecodeError as e:
-            raise LabError(f"manifest is not valid JSON ({e})", path) from None
+        data = atomic.read_json(path, "not a feature directory: manifest.json is missing", directory)
         if data.get("format") != FORMAT:
             raise LabError(f"unknown feature format {data.get('format')!r} (want {FORMAT})", path)
         data.pop("counts", None)

@@ -7,7 +7,6 @@ training run's output directory holds) or the speculators layout, every file ato
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,12 +64,7 @@ def _read_file(f: Path) -> dict[str, torch.Tensor]:
 def read_config(path) -> tuple[DrafterConfig, str]:
     path = Path(path)
     cfg_file = path / CONFIG
-    try:
-        data = json.loads(cfg_file.read_text())
-    except FileNotFoundError:
-        raise LabError("not a drafter checkpoint: config.json is missing", path) from None
-    except json.JSONDecodeError as e:
-        raise LabError(f"config.json is not valid JSON ({e})", cfg_file) from None
+    data = atomic.read_json(cfg_file, "not a drafter checkpoint: config.json is missing", path)
     return formats.parse_config(data, cfg_file)
 
 

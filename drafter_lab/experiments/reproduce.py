@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from drafter_lab import atomic
 from drafter_lab.config import from_dict
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ExperimentConfig
@@ -13,14 +13,10 @@ from drafter_lab.experiments.study import run_study
 
 
 def _load(run_dir: Path) -> tuple[dict, dict]:
-    try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        results = json.loads((run_dir / "results.json").read_text())
-    except FileNotFoundError as e:
-        raise LabError(f"not a finished run: {Path(e.filename).name} is missing", run_dir) from None
-    except json.JSONDecodeError as e:
-        raise LabError(f"run files are not valid JSON ({e})", run_dir) from None
-    return manifest, results
+    def read(name: str):
+        return atomic.read_json(run_dir / name, f"not a finished run: {name} is missing", run_dir)
+
+    return read("manifest.json"), read("results.json")
 
 
 # Served-evaluation fields that a re-run must match; speeds and seconds are left out on purpose.

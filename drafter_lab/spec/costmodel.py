@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drafter_lab import atomic
 from drafter_lab.errors import LabError
 
 
@@ -159,12 +159,7 @@ def _number(value, key: str, path) -> float:
 def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, float | None]:
     """Fold a measured-inputs JSON into `cfg`; returns (config, measured all-reduce us or None)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LabError("cost model inputs file not found", path) from None
-    except json.JSONDecodeError as e:
-        raise LabError(f"not valid JSON ({e})", path) from None
+    data = atomic.read_json(path, "cost model inputs file not found")
     known = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "accept_length")
     if not isinstance(data, dict) or not any(k in data for k in known):
         raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(known)}", path)

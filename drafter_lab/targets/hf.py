@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from drafter_lab import atomic
 from drafter_lab.errors import LabError
 
 # ChatML, used when a target ships no chat template (with a warning).
@@ -143,12 +143,7 @@ def load_target(
     path = Path(path)
     if not path.is_dir():
         raise LabError("model directory not found", path)
-    try:
-        json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        raise LabError("not a model directory: config.json is missing", path) from None
-    except json.JSONDecodeError as e:
-        raise LabError(f"config.json is not valid JSON ({e})", path) from None
+    atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
     if not _weight_files(path):
         raise LabError("no weight files (*.safetensors or *.bin)", path)
     try:

@@ -43,6 +43,7 @@ SHAPES = {
                   intermediate_size=2816, draft_vocab_size=8000, target_hidden_size=1024),
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TITLES = {"llama3.1-8b": "Llama-3.1-8B", "kimi-k2": "Kimi-K2"}
 
 
 def make_drafter(name: str, dtype, device, seed: int) -> Eagle3Drafter:
@@ -212,6 +213,24 @@ def print_row(r: dict) -> None:
           flush=True)
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """The README's table of a run (us); "vs best" is ours against the better of the reference's
+    CUDA graph and torch.compile, n/a where neither was measured."""
+    def cell(r, key):
+        return f"{r[key]:.0f}" if key in r else "n/a"
+
+    lines = ["| drafter shape | batch | floor | ours (% of floor) | ours eager | ref eager | ref CUDA graph "
+             "| ref torch.compile | vs best |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        best = min((r[k] for k in ("ref_graph_us", "ref_compile_us") if k in r), default=None)
+        vs = "n/a" if best is None else f"{best / r['us']:.2f}x"
+        lines.append(f"| {TITLES.get(r['shape'], r['shape'])} | {r['batch']} | {r['floor_us']:.0f} "
+                     f"| **{r['us']:.0f}** ({r['pct_floor']:.0f} %) | {cell(r, 'eager_us')} | {cell(r, 'ref_eager_us')} "
+                     f"| {cell(r, 'ref_graph_us')} | {cell(r, 'ref_compile_us')} "
+                     f"| {vs} |")
+    return "\n".join(lines) + "\n"
+
+
 def parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench_draft_forward", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -229,6 +248,7 @@ def parse(argv) -> argparse.Namespace:
                     help="torch.compile mode for the reference baseline (none: skip it)")
     ap.add_argument("--breakdown", action="store_true", help="also print each kernel's device time (CUDA profiler)")
     ap.add_argument("--json", default=None, help="write {draft_step_us, meta} here")
+    ap.add_argument("--markdown", default=None, help="write the README's table of this run here")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     args.shapes = args.shapes or (["tiny", "small"] if cpu else ["llama3.1-8b", "kimi-k2"])
@@ -280,6 +300,8 @@ def main(argv=None) -> int:
             },
         }
         atomic.write_json(args.json, result)
+    if args.markdown:
+        atomic.write_text(args.markdown, markdown_table(rows))
     return 0
 
 

@@ -45,7 +45,7 @@ for s in "${STEPS[@]}"; do
           --breakdown --compile-mode none --batch 1 8 --reps 50
       done
       step bench_draft_forward 150 "$PY" -m drafter_lab.kernels.bench_draft_forward \
-        --json "$OUT/draft_forward.json" --reps "${BENCH_REPS:-100}"
+        --json "$OUT/draft_forward.json" --markdown "$OUT/draft_forward.md" --reps "${BENCH_REPS:-100}"
       for blocks in 16 4 1; do
         step "bench_allreduce_${blocks}ctas" 60 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
           --blocks "$blocks" --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"

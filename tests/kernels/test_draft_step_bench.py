@@ -12,8 +12,9 @@ from drafter_lab.kernels import bench_draft_forward as bench
 def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
     require_draft_step_op("cpu")
     out = tmp_path / "bench.json"
+    table = tmp_path / "bench.md"
     argv = ["--device", "cpu", "--shapes", "tiny", "--batch", "1", "3", "--context", "8", "--copies", "2",
-            "--reps", "2", "--warmup", "1", "--json", str(out)]
+            "--reps", "2", "--warmup", "1", "--json", str(out), "--markdown", str(table)]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     assert set(result) == {"draft_step_us", "draft_step_us_table", "meta"}
@@ -26,6 +27,14 @@ def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
     assert result["meta"]["copy_bandwidth_gbs"] > 0
     printed = capsys.readouterr().out
     assert "tiny B=1" in printed and "vs eager" in printed
+    # The README's table: a row per batch, the same numbers, n/a for what a CPU run does not measure.
+    lines = table.read_text().splitlines()
+    assert lines[0].startswith("| drafter shape | batch | floor |") and len(lines) == 2 + len(rows)
+    for line, r in zip(lines[2:], rows):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:3] == ["tiny", str(r["batch"]), f"{r['floor_us']:.0f}"]
+        assert cells[3] == f"**{r['us']:.0f}** ({r['pct_floor']:.0f} %)"
+        assert cells[5] == f"{r['ref_eager_us']:.0f}" and cells[6:] == ["n/a", "n/a", "n/a"]
     # The cost model reads the file as its measured inputs.
     from drafter_lab.spec.costmodel import CostModelConfig, apply_inputs
 

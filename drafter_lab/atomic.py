@@ -26,11 +26,13 @@ def atomic_path(path: str | os.PathLike):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should look like any new file
     os.close(fd)
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as f:
+            # mkstemp makes 0600, and some writers (safetensors) replace the file with their own
+            # 0600 one: the result should look like any new file.
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:

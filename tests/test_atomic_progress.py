@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from drafter_lab import atomic
 from drafter_lab.progress import progress
 
@@ -12,7 +14,11 @@ def test_atomic_writes_get_the_umask_modes(tmp_path):
     umask = os.umask(0o22)
     os.umask(umask)
     atomic.write_text(tmp_path / "a.txt", "x")
-    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o666 & ~umask
+    # safetensors' writer replaces the temp file with a 0600 one of its own.
+    atomic.save_safetensors({"w": torch.ones(2)}, tmp_path / "m.safetensors")
+    atomic.torch_save({"step": 1}, tmp_path / "s.pt")
+    for name in ("a.txt", "m.safetensors", "s.pt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
     with atomic.atomic_dir(tmp_path / "d") as d:
         (d / "f").write_text("y")
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o777 & ~umask

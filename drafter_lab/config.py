@@ -132,7 +132,10 @@ def add_cli_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (
 
 
 def apply_cli_args(cfg, args: argparse.Namespace):
+    """`cfg` with the `--field-name` options given for its own fields (a parser may hold several configs)."""
+    names = {f.name for f in dataclasses.fields(cfg)}
     overrides = {
-        k[len("cfg__"):]: v for k, v in vars(args).items() if k.startswith("cfg__") and v is not None
+        k[len("cfg__"):]: v for k, v in vars(args).items()
+        if k.startswith("cfg__") and v is not None and k[len("cfg__"):] in names
     }
     return replace(cfg, **overrides) if overrides else cfg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -19,14 +20,19 @@ def _probe(args) -> int:
     from rich.table import Table
 
     from drafter_lab import atomic
-    from drafter_lab.experiments.probe import ProbeThresholds, probe
+    from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, probe
+    from drafter_lab.train.commands import load_config
+    from drafter_lab.train.config import TrainConfig
 
-    th = apply_cli_args(ProbeThresholds(), args)
+    th, cfg = apply_cli_args(ProbeThresholds(), args), apply_cli_args(ProbeConfig(), args)
+    recipe = load_config(args.pilot_config) if args.pilot_config else TrainConfig()
     if args.threads > 0:
         import torch
 
         torch.set_num_threads(args.threads)
-    result = probe(args.drafter, args.target, args.data, args.source_target, thresholds=th)
+        recipe = dataclasses.replace(recipe, threads=args.threads)
+    result = probe(args.drafter, args.target, args.data, args.source_target, cfg=cfg, thresholds=th,
+                   pilot_recipe=recipe, pilot_dir=args.pilot_dir, transfer_lr_scale=args.transfer_lr_scale)
     if args.json:
         atomic.write_json(args.json, result)
     con = Console()
@@ -44,6 +50,9 @@ def _probe(args) -> int:
     table.add_row("tokens shared", f"{v['shared_tokens']}")
     for i, c in enumerate(result["aux_cka"] or []):
         table.add_row(f"aux layer {i} CKA (source vs new)", f"{c:.4f}")
+    for row in (result["pilot"] or {}).get("curve", []):
+        table.add_row(f"pilot step {row['step']}: val cond_acc_0 transfer / scratch",
+                      f"{row['transfer_cond_acc_0']:.3f} / {row['scratch_cond_acc_0']:.3f}")
     con.print(table)
     con.print(f"[bold]verdict: {result['verdict']}[/] — {result['reason']}")
     return 0
@@ -63,7 +72,7 @@ def _experiment(args) -> int:
 
 def register(sub) -> None:
     from drafter_lab.experiments.config import ExperimentConfig
-    from drafter_lab.experiments.probe import ProbeThresholds
+    from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds
 
     p = sub.add_parser("probe", help="tell in minutes whether an existing drafter will pay on a new target")
     p.add_argument("--drafter", required=True, help="drafter checkpoint (any format we import)")
@@ -73,6 +82,12 @@ def register(sub) -> None:
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0 = torch's default); tiny models run best on 1 when cores are shared")
+    p.add_argument("--pilot-config", metavar="F.toml",
+                   help="the training recipe the pilot cuts to --pilot-steps (TrainConfig TOML, as `train --config`)")
+    p.add_argument("--pilot-dir", help="keep the pilot's two arms here (default: a temporary directory)")
+    p.add_argument("--transfer-lr-scale", type=float, default=1.0, metavar="X",
+                   help="learning-rate multiplier for the pilot transfer arm's transferred weights")
+    add_cli_args(p, ProbeConfig)
     add_cli_args(p, ProbeThresholds)
     p.set_defaults(func=_probe)
 

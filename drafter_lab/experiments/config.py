@@ -35,6 +35,9 @@ class ExperimentConfig:
     """Optimizer steps for every arm on `tuned` data: equal budgets."""
     eval_every: int = 25
     """Validation every this many steps, for the learning curves."""
+    probe_pilot_steps: int = 48
+    """Steps of each arm of the probe's pilot (scratch and transfer with remap, the arms' recipe cut
+    short); its verdict is then checked against arms trained `arm_steps`. 0: the CKA rule decides."""
     batch_size: int = 8
     """Sequences per optimizer step."""
     lr: float = 3e-3
@@ -76,7 +79,7 @@ PRESETS: dict[str, ExperimentConfig] = {
     # The smallest end-to-end config: the container smoke test and CI's experiment check.
     "smoke": ExperimentConfig(
         name="smoke", target_preset="micro", max_length=128, max_new_tokens=48, draft_vocab_size=256,
-        source_steps=30, arm_steps=20, eval_every=10, batch_size=4, served_prompts=4,
+        source_steps=30, arm_steps=20, eval_every=10, probe_pilot_steps=8, batch_size=4, served_prompts=4,
     ),
 }
 

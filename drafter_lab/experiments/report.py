@@ -7,6 +7,7 @@ import math
 
 from drafter_lab.config import to_dict
 from drafter_lab.experiments.config import ExperimentConfig
+from drafter_lab.experiments.pilot import lead_closing, lead_text
 
 REUSE_MARGIN = 0.95
 """Measured "reuse": the untouched source drafter keeps >= 95 % of scratch's simulated accept length."""
@@ -93,7 +94,7 @@ def _lead_trend(a, b) -> str | None:
         return None
     picks = [steps[0], steps[len(steps) // 2], steps[-1]]
     leads = [100 * (vb[s] - va[s]) for s in picks]
-    if abs(leads[-1]) < 0.5 * abs(leads[0]) and leads[0] * leads[-1] >= 0:
+    if lead_closing(leads[0], leads[-1]):
         tail = "the gap is closing: a longer budget may erase it"
     else:
         tail = "the gap holds"
@@ -134,6 +135,9 @@ def _probe_section(level: dict) -> list[str]:
                  f"{v['shared_tokens']} tokens shared")
     if p.get("aux_cka"):
         lines.append("- aux-layer CKA (source vs new target): " + ", ".join(f"{c:.3f}" for c in p["aux_cka"]))
+    if p.get("pilot"):
+        lines.append(f"- pilot ({p['pilot']['steps']} steps per arm, {p['pilot']['seconds']:.0f} s): "
+                     f"transfer - scratch in val cond_acc_0 = {lead_text(p['pilot'])}")
     lines += [
         "",
         f"**Probe verdict: {p['verdict']}** ({p['reason']}).",
@@ -154,6 +158,7 @@ def sweep_points(levels: list[dict]) -> list[dict]:
             "min_cka": min(ckas),
             "zero_shot_accept": lv["probe"]["zero_shot"]["simulated_accept_len"],
             "gain": gain,
+            "pilot_gain": (lv["probe"].get("pilot") or {}).get("gain"),
             "verdict": lv["probe"]["verdict"],
             "outcome": outcome,
             "verdict_matches": outcome == lv["probe"]["verdict"],
@@ -163,13 +168,16 @@ def sweep_points(levels: list[dict]) -> list[dict]:
 
 def sweep_table(points: list[dict]) -> list[str]:
     lines = [
-        "| drift knob | 1 - mean aux CKA | min aux CKA | zero-shot sim. accept | gain (b)-(a), points | probe verdict | measured | match |",
-        "|---|---|---|---|---|---|---|---|",
+        "| drift knob | 1 - mean aux CKA | min aux CKA | zero-shot sim. accept | pilot gain, points "
+        "| gain (b)-(a), points | probe verdict | measured | match |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
+        pilot = "-" if p.get("pilot_gain") is None else f"{100 * p['pilot_gain']:+.1f}"
         lines.append(
             f"| {p['drift_knob']:g} | {p['drift']:.4f} | {p['min_cka']:.4f} | {p['zero_shot_accept']:.2f} | "
-            f"{100 * p['gain']:+.1f} | {p['verdict']} | {p['outcome']} | {'yes' if p['verdict_matches'] else 'no'} |"
+            f"{pilot} | {100 * p['gain']:+.1f} | {p['verdict']} | {p['outcome']} | "
+            f"{'yes' if p['verdict_matches'] else 'no'} |"
         )
     hits = sum(p["verdict_matches"] for p in points)
     lines += ["", f"The probe's verdict matched the measured outcome at {hits} of {len(points)} drift levels."]

@@ -67,6 +67,8 @@ def flat_metrics(results: dict) -> dict[str, object]:
         _numbers(f"{prefix} / probe home", probe.get("home"), out)
         for i, c in enumerate(probe.get("aux_cka") or []):
             out[f"{prefix} / probe / aux cka {i}"] = float(c)
+        for row in (probe.get("pilot") or {}).get("curve", []):
+            _numbers(f"{prefix} / probe / pilot step {row['step']}", {k: v for k, v in row.items() if k != "step"}, out)
         out[f"{prefix} / probe verdict"] = probe["verdict"]
         if "measured_outcome" in lv:
             out[f"{prefix} / measured outcome"] = lv["measured_outcome"]
@@ -110,14 +112,20 @@ def _fresh_dir(runs_root: Path, name: str) -> Path:
     return runs_root / f"{name}-repro{'' if n == 1 else n}"
 
 
+def recorded_config(manifest: dict, run_dir: Path) -> ExperimentConfig:
+    """The study config a manifest recorded. Runs made before the probe had a pilot ran none, so a
+    missing `probe_pilot_steps` is 0, not today's default."""
+    if not isinstance(manifest.get("config"), dict):
+        raise LabError("manifest.json has no config to re-run", run_dir)
+    return from_dict(ExperimentConfig, {"probe_pilot_steps": 0, **manifest["config"]}, str(run_dir / "manifest.json"))
+
+
 def reproduce(run_dir, runs_root: Path, cache: Path, rel_tol: float = 0.0) -> tuple[Path, list]:
     """Re-run the study recorded in `run_dir`/manifest.json into a new directory under `runs_root`;
     returns it and every (key, original, reproduced) metric or data record that differs."""
     run_dir = Path(run_dir)
     manifest, before = _load(run_dir)
-    if not isinstance(manifest.get("config"), dict):
-        raise LabError("manifest.json has no config to re-run", run_dir)
-    cfg = from_dict(ExperimentConfig, manifest["config"], str(run_dir / "manifest.json"))
+    cfg = recorded_config(manifest, run_dir)
     new_dir = run_study(cfg, runs_root, cache, run_dir=_fresh_dir(runs_root, run_dir.name),
                         command=["drafter-lab", "reproduce", str(run_dir)])
     manifest_after, after = _load(new_dir)

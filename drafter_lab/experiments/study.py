@@ -30,7 +30,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.experiments import plots, report
 from drafter_lab.experiments.config import ExperimentConfig
 from drafter_lab.experiments.manifest import build_manifest, write_manifest
-from drafter_lab.experiments.probe import VERDICTS, probe
+from drafter_lab.experiments.probe import VERDICTS, ProbeConfig, probe
 from drafter_lab.progress import log
 from drafter_lab.targets.build import build_pair
 from drafter_lab.threads import torch_threads
@@ -152,7 +152,11 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
 
     t = time.time()
     log("[bold]probe[/]: source drafter on the tuned target")
-    probe_result = probe(source_dir, pair_dir / "tuned", tuned_feats, pair_dir / "base")
+    probe_result = probe(
+        source_dir, pair_dir / "tuned", tuned_feats, pair_dir / "base",
+        cfg=ProbeConfig(pilot_steps=cfg.probe_pilot_steps), pilot_recipe=_train_config(cfg, cfg.probe_pilot_steps),
+        pilot_dir=level_dir / "probe-pilot", transfer_lr_scale=cfg.transfer_lr_scale,
+    )
     atomic.write_json(level_dir / "probe.json", probe_result)
     timings["probe_s"] = time.time() - t
 

@@ -51,11 +51,13 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
         kv = cfg.drafter_kv_heads or int(getattr(tc, "num_key_value_heads", None) or heads)
         if hidden % heads or heads % kv:
             raise LabError(f"drafter shape: hidden {hidden} must divide by heads {heads}, heads by kv heads {kv}")
+        same_heads = hidden == int(tc.hidden_size) and heads == int(tc.num_attention_heads)
         over = dict(
             hidden_size=hidden,
             num_attention_heads=heads,
             num_key_value_heads=kv,
-            head_dim=hidden // heads,
+            # The target's own head_dim where its attention shape is kept (Qwen3: heads x head_dim != H).
+            head_dim=int(getattr(tc, "head_dim", None) or hidden // heads) if same_heads else hidden // heads,
             intermediate_size=cfg.drafter_intermediate_size or (
                 int(tc.intermediate_size) if hidden == int(tc.hidden_size) else 4 * hidden
             ),

@@ -52,6 +52,9 @@ def test_sweep_points_report_matches():
     assert [p["verdict_matches"] for p in pts] == [True, False]
     assert abs(pts[1]["drift"] - 0.3) < 1e-9 and pts[1]["min_cka"] == 0.6
     assert "matched the measured outcome at 1 of 2" in "\n".join(report.sweep_table(pts))
+    levels[0]["probe"]["pilot"] = {"gain": 0.123}
+    rows = report.sweep_table(report.sweep_points(levels))
+    assert "| 0.9700 | 0.50 | +12.3 | +10.0 | transfer with remap |" in rows[2] and "| 0.50 | - | -30.0 |" in rows[3]
 
 
 def test_probe_decide_thresholds():

@@ -71,3 +71,13 @@ def test_compare_tolerance_types_and_missing_keys():
     b = {"x": 1.0 + 1e-9, "y": 2.0, "verdict": "train from scratch"}
     assert {k for k, _, _ in compare(a, b)} == {"x", "verdict", "only_a"}
     assert {k for k, _, _ in compare(a, b, rel_tol=1e-6)} == {"verdict", "only_a"}
+
+
+def test_runs_recorded_before_the_pilot_reproduce_without_one(tmp_path):
+    from drafter_lab.experiments.reproduce import recorded_config
+
+    old = recorded_config({"config": {"name": "smoke", "target_preset": "micro"}}, tmp_path)
+    assert old.probe_pilot_steps == 0 and old.target_preset == "micro"
+    assert recorded_config({"config": {"name": "smoke", "probe_pilot_steps": 8}}, tmp_path).probe_pilot_steps == 8
+    with pytest.raises(LabError, match="no config to re-run"):
+        recorded_config({}, tmp_path)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import sysconfig
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,29 +12,6 @@ from drafter_lab.experiments.config import get_config
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.state import read_metrics
-
-
-def _conversations(path: Path, n: int) -> Path:
-    lines = [ln for ln in (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text().splitlines() if ln.strip()]
-    with open(path, "w") as f:
-        for i in range(n):
-            a = (i * 5) % (len(lines) - 8)
-            convo = [{"role": "user", "content": "\n".join(lines[a:a + 2])},
-                     {"role": "assistant", "content": "\n".join(lines[a + 2:a + 7])}]
-            f.write(json.dumps({"id": f"c{i}", "conversations": convo}) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def features(random_llama, tmp_path_factory) -> Path:
-    from drafter_lab.data.capture import prepare_features
-
-    root = tmp_path_factory.mktemp("study-features")
-    out = root / "features"
-    prepare_features(random_llama, _conversations(root / "convs.jsonl", 40), out, max_length=64,
-                     val_fraction=0.25, batch_size=12)
-    return out
-
 
 CFG = TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
                   log_every=2, eval_every=2, eval_at_start=True, threads=1)

@@ -203,3 +203,18 @@ def test_lm_head_can_start_from_the_target(peaked_llama, features, tmp_path):
     drafter = load_drafter(tmp_path / "h")
     head = load_target(peaked_llama, tokenizer=False).lm_head_weight()
     assert torch.equal(drafter.lm_head.weight, head[drafter.to_target_ids(torch.arange(CFG.draft_vocab_size))])
+
+
+def test_drafter_shape_overrides_keep_the_targets_head_dim():
+    """A target whose heads x head_dim is not its hidden size (Qwen3-style): overriding only the MLP
+    width must keep the target's head_dim, or a drafter mirrored from the target would not fit."""
+    from types import SimpleNamespace
+
+    from drafter_lab.train.loop import _drafter_config
+
+    tc = SimpleNamespace(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         intermediate_size=128, vocab_size=300, max_position_embeddings=256, rope_theta=1e4)
+    target = SimpleNamespace(config=tc)
+    cfg = _drafter_config(TrainConfig(drafter_intermediate_size=96), target, 32, [1, 2, 3])
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.hidden_size) == (32, 96, 64)
+    assert _drafter_config(TrainConfig(drafter_hidden_size=48), target, 32, [1, 2, 3]).head_dim == 12

@@ -1,0 +1,90 @@
+"""The probe on a real (random) HF Llama and a trained source drafter: the pilot and its verdict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from drafter_lab.experiments.pilot import closing, lead_text
+from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, decide, probe
+from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.loop import train
+from drafter_lab.train.state import read_metrics
+
+RECIPE = TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
+                     log_every=2, threads=1)
+
+
+@pytest.fixture(scope="module")
+def source(random_llama, features, tmp_path_factory):
+    """A drafter trained on the target's features: the "old" drafter the probe is asked about."""
+    root = tmp_path_factory.mktemp("probe")
+    train(RECIPE, random_llama, features, root / "source")
+    return root / "source", features
+
+
+def _pilot(*leads, steps=(0, 10, 20, 30)):
+    curve = [{"step": s, "scratch_cond_acc_0": 0.3, "transfer_cond_acc_0": 0.3 + x, "scratch_simulated_accept_len": 1.0,
+              "transfer_simulated_accept_len": 1.0} for s, x in zip(steps, leads)]
+    return {"steps": steps[-1], "curve": curve, "gain": leads[-1]}
+
+
+def test_pilot_decides_transfer_against_scratch_before_cka():
+    th = ProbeThresholds()
+    verdict, reason = decide(1.0, 2.0, [0.5, 0.5, 0.5], th, _pilot(0.0, 0.20, 0.15, 0.12))
+    assert verdict == "transfer with remap"
+    assert reason.startswith("pilot of 30 steps per arm: transfer - scratch = +20.0 / +15.0 / +12.0 points at "
+                             "steps 10 / 20 / 30 (>= 1 at the end)")
+    assert "closing" not in reason
+    verdict, reason = decide(1.0, 2.0, [0.99, 0.99, 0.99], th, _pilot(0.0, 0.20, 0.05, 0.005))
+    assert verdict == "train from scratch" and "(< 1 at the end)" in reason  # CKA 0.99 does not overrule it
+    verdict, reason = decide(1.0, 2.0, None, th, _pilot(0.0, 0.30, 0.10, 0.05))
+    assert verdict == "transfer with remap" and reason.endswith("a much longer budget may erase it")
+    assert decide(1.9, 2.0, None, th, _pilot(0.0, -0.1, -0.1, -0.1))[0] == "reuse as is"  # reuse is checked first
+
+
+def test_lead_text_and_closing():
+    p = _pilot(0.5, 0.361, 0.12, 0.074)
+    assert lead_text(p) == "+36.1 / +12.0 / +7.4 points at steps 10 / 20 / 30"
+    assert closing(p) and not closing(_pilot(0.0, 0.1, 0.08, 0.06)) and not closing(_pilot(0.0, 0.2, 0.0, -0.05))
+
+
+def test_pilot_trains_both_arms_with_one_recipe(source, random_llama, tmp_path):
+    src, feats = source
+    cfg = ProbeConfig(max_sequences=8, cka_tokens=256, ttt_steps=2, pilot_steps=8)
+    out = probe(src, random_llama, feats, random_llama, cfg=cfg, pilot_recipe=RECIPE, pilot_dir=tmp_path)
+    pilot = out["pilot"]
+    assert [r["step"] for r in pilot["curve"]] == [0, 2, 4, 6, 8]
+    runs = {arm: json.loads((tmp_path / arm / "run.json").read_text()) for arm in ("scratch", "transfer")}
+    assert runs["scratch"]["init_from"] is None and runs["transfer"]["init_from"]["source"] == str(src)
+    assert runs["transfer"]["init_from"]["remap"] is True
+    assert runs["scratch"]["config"] == runs["transfer"]["config"]
+    assert runs["scratch"]["config"]["max_steps"] == 8 and runs["scratch"]["config"]["warmup_steps"] == 1
+    assert runs["scratch"]["drafter"] == runs["transfer"]["drafter"]
+    vals = {arm: {r["step"]: r["cond_acc_0"] for r in read_metrics(tmp_path / arm) if r["split"] == "val"}
+            for arm in runs}
+    for row in pilot["curve"]:
+        assert row["scratch_cond_acc_0"] == vals["scratch"][row["step"]]
+        assert row["transfer_cond_acc_0"] == vals["transfer"][row["step"]]
+    assert pilot["gain"] == vals["transfer"][8] - vals["scratch"][8]
+    assert out["reason"] == decide(out["zero_shot"]["simulated_accept_len"], out["home"]["simulated_accept_len"],
+                                   out["aux_cka"], ProbeThresholds(), pilot)[1]
+
+
+def test_cli_without_source_target_takes_the_pilots_verdict(source, random_llama, tmp_path):
+    src, feats = source
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("[train]\nbatch_size = 4\nttt_steps = 2\nlog_every = 2\n")
+    for gain_line, verdict in ((-1.0, "transfer with remap"), (1.0, "train from scratch")):
+        out = tmp_path / f"probe{gain_line}.json"
+        subprocess.run(
+            [sys.executable, "-m", "drafter_lab", "probe", "--drafter", str(src), "--target", str(random_llama),
+             "--data", str(feats), "--pilot-steps", "4", "--pilot-config", str(recipe), "--ttt-steps", "2",
+             "--max-sequences", "8", "--pilot-min-gain", str(gain_line), "--threads", "1", "--json", str(out)],
+            check=True, capture_output=True)
+        result = json.loads(out.read_text())
+        assert result["verdict"] == verdict and result["reason"].startswith("pilot of 4 steps per arm")
+        assert [r["step"] for r in result["pilot"]["curve"]] == [0, 1, 2, 3, 4]

@@ -88,3 +88,16 @@ def test_cli_without_source_target_takes_the_pilots_verdict(source, random_llama
         result = json.loads(out.read_text())
         assert result["verdict"] == verdict and result["reason"].startswith("pilot of 4 steps per arm")
         assert [r["step"] for r in result["pilot"]["curve"]] == [0, 1, 2, 3, 4]
+
+
+def test_cli_bad_pilot_recipe_is_one_line_naming_the_file(source, random_llama, tmp_path):
+    src, feats = source
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("[train]\nbatch_sise = 4\n")
+    out = tmp_path / "probe.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "drafter_lab", "probe", "--drafter", str(src), "--target", str(random_llama),
+         "--data", str(feats), "--pilot-config", str(recipe), "--json", str(out)], capture_output=True, text=True)
+    assert run.returncode == 2 and not out.exists()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(recipe) in lines[0] and "batch_sise" in lines[0]

@@ -30,7 +30,7 @@ from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
 from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.experiments.pilot import closing, lead_text, pilot_config, run_pilot
 from drafter_lab.targets.drift import linear_cka
-from drafter_lab.targets.hf import Target, load_target
+from drafter_lab.targets.hf import Target, load_target, load_target_head
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.metrics import evaluate
 
@@ -138,7 +138,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     (default TrainConfig()) cut to the pilot's steps, keeping its arms in `pilot_dir` if given."""
     cfg = cfg or ProbeConfig()
     th = thresholds or ProbeThresholds()
-    target = load_target(target_dir, device=device, tokenizer=False)
+    target = load_target_head(target_dir, device=device)  # features are given: no layer runs
     features = FeatureSet(data_dir)
     features.check_target(target.fingerprint, target_dir)
     val = features.require("val")[: cfg.max_sequences]

@@ -72,8 +72,37 @@ def fingerprint(path) -> str:
     return h.hexdigest()[:16]
 
 
+class _TargetFacts:
+    """What the lab reads off a target besides running it: shape, name and its two vocab matrices."""
+
+    path: Path
+    fingerprint: str
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm_head_weight().shape[0])
+
+    def describe(self) -> dict:
+        return {
+            "path": str(self.path),
+            "fingerprint": self.fingerprint,
+            "architecture": self.architecture,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+        }
+
+
 @dataclass
-class Target:
+class Target(_TargetFacts):
     """A loaded target model with what the lab needs to know about it."""
 
     path: Path
@@ -86,16 +115,8 @@ class Target:
         return self.model.config
 
     @property
-    def num_layers(self) -> int:
-        return int(self.config.num_hidden_layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+    def architecture(self) -> str:
+        return (self.config.architectures or [type(self.model).__name__])[0]
 
     @property
     def device(self) -> torch.device:
@@ -107,15 +128,29 @@ class Target:
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
-    def describe(self) -> dict:
-        return {
-            "path": str(self.path),
-            "fingerprint": self.fingerprint,
-            "architecture": (self.config.architectures or [type(self.model).__name__])[0],
-            "num_layers": self.num_layers,
-            "hidden_size": self.hidden_size,
-            "vocab_size": self.vocab_size,
-        }
+
+@dataclass
+class TargetHead(_TargetFacts):
+    """A target's config, token embedding and lm_head without its layers: all that training and
+    evaluating a drafter on captured features need, for the memory of two [V, H] matrices instead of
+    the whole model (an 8B target is 32 GB in fp32; its embedding and head are 4 GB)."""
+
+    path: Path
+    config: object
+    """The (text) model config."""
+    embed: torch.Tensor
+    lm_head: torch.Tensor
+    fingerprint: str
+
+    @property
+    def architecture(self) -> str:
+        return (getattr(self.config, "architectures", None) or ["unknown"])[0]
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.embed
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.lm_head
 
 
 def load_tokenizer(path):
@@ -141,11 +176,7 @@ def load_target(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
-    if not path.is_dir():
-        raise LabError("model directory not found", path)
-    atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
-    if not _weight_files(path):
-        raise LabError("no weight files (*.safetensors or *.bin)", path)
+    _check_model_dir(path)
     try:
         AutoConfig.from_pretrained(str(path))
         with quiet_transformers():
@@ -156,6 +187,77 @@ def load_target(
     model.requires_grad_(False)
     tok = load_tokenizer(path) if tokenizer else None
     return Target(path=path, model=model, tokenizer=tok, fingerprint=fingerprint(path))
+
+
+def _check_model_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise LabError("model directory not found", path)
+    atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
+    if not _weight_files(path):
+        raise LabError("no weight files (*.safetensors or *.bin)", path)
+
+
+def _tensor_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (the shard index when there is one)."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = atomic.read_json(index, "missing", path).get("weight_map", {})
+        return {name: path / f for name, f in weight_map.items()}
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            out.update(dict.fromkeys(fh.keys(), f))
+    return out
+
+
+def _read_tensor(name: str, files: dict[str, Path]) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(files[name]), "pt") as fh:
+        return fh.get_tensor(name)
+
+
+def load_target_head(path, device="cpu") -> TargetHead:
+    """A target's config, embedding and lm_head (fp32), read from its safetensors files alone.
+
+    The names are found by suffix (`embed_tokens.weight`, `lm_head.weight`, under any prefix such as
+    a multimodal wrapper's); a tied head is the embedding. A checkpoint without safetensors is loaded
+    whole, once, to take the two matrices."""
+    from safetensors import SafetensorError
+    from transformers import AutoConfig
+
+    path = Path(path)
+    _check_model_dir(path)
+    try:
+        config = AutoConfig.from_pretrained(str(path)).get_text_config()
+    except Exception as e:
+        raise LabError(f"cannot read the model config: {_first_line(e)}", path) from None
+    files = _tensor_files(path)
+    if not files:
+        full = load_target(path, tokenizer=False)
+        return TargetHead(path, config, full.embed_weight().detach(), full.lm_head_weight().detach(),
+                          full.fingerprint)
+
+    def find(suffix: str) -> str | None:
+        names = sorted((n for n in files if n == suffix or n.endswith("." + suffix)), key=len)
+        return names[0] if names else None
+
+    embed_name, head_name = find("embed_tokens.weight"), find("lm_head.weight")
+    if embed_name is None:
+        raise LabError("no embed_tokens.weight tensor in the safetensors files", path)
+    if head_name is None and not getattr(config, "tie_word_embeddings", False):
+        raise LabError("no lm_head.weight tensor, and the config does not tie it to the embedding", path)
+    try:
+        embed = _read_tensor(embed_name, files).float()
+        head = embed if head_name is None else _read_tensor(head_name, files).float()
+    except (OSError, SafetensorError) as e:
+        raise LabError(f"cannot read the embedding or lm_head: {_first_line(e)}", path) from None
+    if embed.shape[1] != int(config.hidden_size) or head.shape[1] != int(config.hidden_size):
+        raise LabError(f"embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not match "
+                       f"hidden_size {config.hidden_size}", path)
+    return TargetHead(path, config, embed.to(device), head.to(device), fingerprint(path))
 
 
 @contextlib.contextmanager

@@ -147,7 +147,7 @@ class _Run:
 
     def __init__(self, cfg: TrainConfig, d: distributed.Dist, target_dir: Path, data_dir: Path, out_dir: Path,
                  resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab):
-        from drafter_lab.targets.hf import load_target
+        from drafter_lab.targets.hf import load_target_head
 
         self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
         if cfg.ttt_steps < 1:
@@ -160,7 +160,7 @@ class _Run:
                 raise LabError("tensorboard = true needs the tensorboard package (pip install tensorboard)") from None
 
         # ---- every input, before anything is written ------------------------------------------
-        target = load_target(target_dir, device="cpu", tokenizer=False)
+        target = load_target_head(target_dir)  # embedding + lm_head: the layers never run here
         fs = FeatureSet(data_dir)
         fs.check_target(target.fingerprint, target_dir)
         train_seqs, val_seqs = fs.require("train"), fs.require("val")

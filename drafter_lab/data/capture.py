@@ -126,18 +126,18 @@ def _check_config(cfg: CaptureConfig) -> None:
         raise LabError(f"temperature must be >= 0, got {cfg.temperature}")
 
 
-def _settings(target: dict, aux_ids: list[int], dtype: str, source: dict) -> dict:
+def resume_settings(target: dict, aux_ids: list[int], dtype: str, source: dict) -> dict:
     """What must match for a rerun to resume (paths may move; content hashes may not)."""
     return {
         "target fingerprint": target["fingerprint"],
         "aux_layer_ids": list(aux_ids),
         "dtype": dtype,
-        **{k: v for k, v in source.items() if k not in ("conversations", "planned")},
+        **{k: v for k, v in source.items() if k not in ("conversations", "dir", "planned")},
     }
 
 
-def _check_resumable(out: Path, existing: Manifest, now: dict) -> None:
-    before = _settings(existing.target, existing.aux_layer_ids, existing.dtype, existing.source)
+def check_resumable(out: Path, existing: Manifest, now: dict) -> None:
+    before = resume_settings(existing.target, existing.aux_layer_ids, existing.dtype, existing.source)
     for key in sorted(set(before) | set(now)):
         if before.get(key) != now.get(key):
             raise LabError(
@@ -147,7 +147,7 @@ def _check_resumable(out: Path, existing: Manifest, now: dict) -> None:
             )
 
 
-def _check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path) -> None:
     """An existing --out without a manifest may only hold what an earlier run of ours left."""
     if out.exists() and not out.is_dir():
         raise LabError("output path exists and is not a directory", out)
@@ -254,10 +254,39 @@ def _source(cfg: CaptureConfig, conversations_path: Path) -> dict:
     }
 
 
-def _plan(items: list[tuple], cfg: CaptureConfig) -> dict[str, list[list[tuple]]]:
-    """Per split, the sequences of each shard, in file order: the same on every run."""
-    by_split = {s: [it for it in items if split_of(it[0], cfg.val_fraction) == s] for s in SPLITS}
-    return {s: [seqs[k : k + cfg.shard_size] for k in range(0, len(seqs), cfg.shard_size)] for s, seqs in by_split.items()}
+def plan_shards(items: list[tuple], val_fraction: float, shard_size: int) -> dict[str, list[list[tuple]]]:
+    """Per split, the items (id first) of each shard, in input order: the same on every run."""
+    by_split = {s: [it for it in items if split_of(it[0], val_fraction) == s] for s in SPLITS}
+    return {s: [seqs[k : k + shard_size] for k in range(0, len(seqs), shard_size)] for s, seqs in by_split.items()}
+
+
+def write_planned(out: Path, manifest: Manifest, existing: Manifest | None, plan: dict, dtype: torch.dtype,
+                  compute, main: bool = True, what: str = "capture") -> Manifest:
+    """Write each planned shard that `existing` does not list yet, then the manifest, shard by shard
+    (a killed run resumes from there). `compute(chunk, advance)` returns a shard's Sequences; only
+    the main rank writes."""
+    planned = {s: {"sequences": sum(map(len, plan[s])), "shards": len(plan[s])} for s in SPLITS}
+    manifest.source["planned"] = planned
+    if existing is not None and existing.source.get("planned") != planned:
+        raise LabError(f"manifest plans {existing.source.get('planned')} but this run plans {planned}", out / MANIFEST)
+    if existing is not None:
+        manifest.shards = {s: [r for r in existing.shards.get(s, []) if (out / r["file"]).exists()] for s in SPLITS}
+    done = {r["file"] for rows in manifest.shards.values() for r in rows}
+    todo = [(s, k, chunk) for s in SPLITS for k, chunk in enumerate(plan[s]) if shard_name(s, k) not in done]
+    if main:
+        log(
+            f"{what}: {sum(p['sequences'] for p in planned.values())} sequences (train {planned['train']['sequences']}, "
+            f"val {planned['val']['sequences']}), {sum(p['shards'] for p in planned.values())} shards, "
+            f"{len(todo)} to compute; aux ids {manifest.aux_layer_ids}"
+        )
+    with maybe_progress(what, sum(len(c) for _, _, c in todo), main) as advance:
+        for split, k, chunk in todo:
+            seqs = compute(chunk, advance)
+            if main:
+                row = write_shard(out, split, k, seqs, dtype)
+                manifest.shards[split] = sorted([*manifest.shards[split], row], key=lambda r: r["file"])
+                manifest.save(out)
+    return manifest
 
 
 def prepare_features(
@@ -271,7 +300,7 @@ def prepare_features(
     cfg = cfglib.replace(config or CaptureConfig(), **overrides) if overrides else (config or CaptureConfig())
     _check_config(cfg)
     out, conversations_path = Path(out_dir), Path(conversations_path)
-    _check_out_dir(out)
+    check_out_dir(out)
     convs, skipped = read_conversations(conversations_path, strict=cfg.strict)
     if not convs:
         raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", conversations_path)
@@ -286,10 +315,10 @@ def prepare_features(
     )
     source = _source(cfg, conversations_path)
     describe = target.describe()
-    settings = _settings(describe, aux_ids, cfg.dtype, source)
+    settings = resume_settings(describe, aux_ids, cfg.dtype, source)
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
     if existing is not None:
-        _check_resumable(out, existing, settings)
+        check_resumable(out, existing, settings)
     if tp:  # every rank has read the manifest and cache before rank 0 writes anything
         torch.distributed.barrier()
 
@@ -297,29 +326,8 @@ def prepare_features(
     items = _encode(target.tokenizer, convs, cfg, conversations_path, skipped)
     if not items:
         raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length}", conversations_path)
-    plan = _plan(items, cfg)
-    source["planned"] = {s: {"sequences": sum(map(len, plan[s])), "shards": len(plan[s])} for s in SPLITS}
-    if existing is not None and existing.source.get("planned") != source["planned"]:
-        raise LabError(
-            f"manifest plans {existing.source.get('planned')} but this run plans {source['planned']}", out / MANIFEST
-        )
-
     manifest = Manifest(target=describe, aux_layer_ids=aux_ids, dtype=cfg.dtype, source=source, skipped=skipped)
-    if existing is not None:
-        manifest.shards = {s: [r for r in existing.shards.get(s, []) if (out / r["file"]).exists()] for s in SPLITS}
-    done = {r["file"] for rows in manifest.shards.values() for r in rows}
-    todo = [(s, k, chunk) for s in SPLITS for k, chunk in enumerate(plan[s]) if shard_name(s, k) not in done]
-    if main:
-        log(
-            f"capture: {len(items)} sequences (train {source['planned']['train']['sequences']}, "
-            f"val {source['planned']['val']['sequences']}), "
-            f"{sum(map(len, plan.values()))} shards, {len(todo)} to compute; aux ids {aux_ids}"
-        )
-    with maybe_progress("capture", sum(len(c) for _, _, c in todo), main) as advance:
-        for split, k, chunk in todo:
-            seqs = _capture_shard(target, chunk, aux_ids, dtype, cfg.batch_size, advance)
-            if main:
-                row = write_shard(out, split, k, seqs, dtype)
-                manifest.shards[split] = sorted([*manifest.shards[split], row], key=lambda r: r["file"])
-                manifest.save(out)
-    return manifest
+    return write_planned(
+        out, manifest, existing, plan_shards(items, cfg.val_fraction, cfg.shard_size), dtype,
+        lambda chunk, advance: _capture_shard(target, chunk, aux_ids, dtype, cfg.batch_size, advance), main,
+    )

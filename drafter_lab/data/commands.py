@@ -38,6 +38,16 @@ def register(subparsers) -> None:
     p.add_argument("--strict", action="store_true", help=docs["strict"])
     p.add_argument("--device", default=d.device, help=docs["device"])
     p.set_defaults(func=_prepare)
+    i = data_sub.add_parser("import-specforge", help="SpecForge offline hidden states (*.ckpt) -> feature shards")
+    i.add_argument("--hidden-states", required=True, help="directory SpecForge's prepare_hidden_states wrote")
+    i.add_argument("--target", required=True, help="the target they were captured from (only config, "
+                                                   "embedding and lm_head are read)")
+    i.add_argument("--out", required=True, help="feature directory (resumes if it holds a manifest)")
+    i.add_argument("--aux-layer-ids", type=_aux_ids, default=None, metavar="I,J,K",
+                   help="SpecForge's ids (output of layer k), as in its draft config; default [1, L//2-1, L-4]")
+    i.add_argument("--shard-size", type=int, default=d.shard_size, help=docs["shard_size"])
+    i.add_argument("--val-fraction", type=float, default=d.val_fraction, help=docs["val_fraction"])
+    i.set_defaults(func=_import_specforge)
 
     vocab = subparsers.add_parser("vocab", help="draft vocabulary (d2t/t2d): build, compare")
     vocab_sub = vocab.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
@@ -56,8 +66,6 @@ def register(subparsers) -> None:
 
 def _prepare(args) -> int:
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
     from drafter_lab.data.capture import CaptureConfig, prepare_features
 
@@ -82,7 +90,24 @@ def _prepare(args) -> int:
         torch.distributed.destroy_process_group()
         if rank:
             return 0
-    table = Table(title=f"features in {args.out} (target {manifest.target['fingerprint']})")
+    _print_manifest(manifest, args.out)
+    return 0
+
+
+def _import_specforge(args) -> int:
+    from drafter_lab.data.specforge import import_specforge
+
+    manifest = import_specforge(args.hidden_states, args.target, args.out, aux_layer_ids=args.aux_layer_ids,
+                                val_fraction=args.val_fraction, shard_size=args.shard_size)
+    _print_manifest(manifest, args.out)
+    return 0
+
+
+def _print_manifest(manifest, out) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"features in {out} (target {manifest.target['fingerprint']})")
     for col in ("split", "shards", "sequences", "tokens", "loss tokens"):
         table.add_column(col, justify="right")
     for split in manifest.shards:
@@ -95,7 +120,6 @@ def _prepare(args) -> int:
         f"skipped {manifest.skipped or 'none'}",
         highlight=False,
     )
-    return 0
 
 
 def _build(args) -> int:

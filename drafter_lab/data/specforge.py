@@ -1,0 +1,119 @@
+"""Import SpecForge's offline hidden states as a feature directory, without running the target.
+
+SpecForge's `prepare_hidden_states` writes one `torch.save` dict per sequence (`*.ckpt`):
+
+    input_ids         [T] (or [1, T])    token ids
+    loss_mask         [T] (or [1, T])    1 on assistant tokens
+    hidden_state      [1, T, H]          the target's last hidden state, after the final norm
+    aux_hidden_state  [1, T, 3H]         three layers' outputs, concatenated
+
+Its aux layer ids count "output of layer k" (default [1, L//2-1, L-4]); ours are HF
+`output_hidden_states` indices, one more (DESIGN section 3), so the conversion happens here and the
+manifest records ours. Only the target's config, embedding and lm_head are read (for the
+fingerprint and the shape checks), so a target of any size imports in seconds per shard. The
+split, the shard plan and resume are capture's: a killed import picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from drafter_lab.data.capture import (
+    DTYPES,
+    check_out_dir,
+    check_resumable,
+    plan_shards,
+    resume_settings,
+    write_planned,
+)
+from drafter_lab.data.shards import MANIFEST, Manifest, Sequence
+from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, load_target_head
+
+FORMAT = "specforge-offline"
+
+
+def _listing_hash(root: Path, files: list[Path]) -> str:
+    """Names and sizes of every file: cheap on terabytes, and any added, removed or rewritten
+    sequence changes it."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(root)}:{f.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
+def _flat(t: torch.Tensor, where: Path, name: str) -> torch.Tensor:
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1:
+        raise LabError(f"{name} has shape {tuple(t.shape)}, want [T] or [1, T]", where)
+    return t
+
+
+def read_sample(path: Path, seq_id: str, hidden: int) -> Sequence:
+    """One SpecForge sample as a Sequence; any missing key or shape that does not fit names the file."""
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise LabError(f"cannot read as a SpecForge sample ({str(e).strip().splitlines()[0][:200]})", path) from None
+    missing = sorted({"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"} - set(d))
+    if missing:
+        raise LabError(f"SpecForge sample lacks {missing}", path)
+    ids, mask = _flat(d["input_ids"], path, "input_ids"), _flat(d["loss_mask"], path, "loss_mask")
+    final, aux = d["hidden_state"].squeeze(0), d["aux_hidden_state"].squeeze(0)
+    n = len(ids)
+    if len(mask) != n or tuple(final.shape) != (n, hidden) or tuple(aux.shape) != (n, 3 * hidden):
+        raise LabError(
+            f"shapes do not fit the target (hidden {hidden}): input_ids {tuple(ids.shape)}, loss_mask "
+            f"{tuple(mask.shape)}, hidden_state {tuple(final.shape)}, aux_hidden_state {tuple(aux.shape)}",
+            path,
+        )
+    if not (torch.isfinite(final).all() and torch.isfinite(aux).all()):
+        raise LabError("NaN or inf in the hidden states", path)
+    return Sequence(seq_id=seq_id, input_ids=ids.long(), loss_mask=mask.bool(), aux_hidden=aux, final_hidden=final)
+
+
+def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] | None = None,
+                     val_fraction: float = 0.1, shard_size: int = 256) -> Manifest:
+    """Convert every `*.ckpt` under `src_dir` (made from `target_dir`) into shards under `out_dir`.
+
+    `aux_layer_ids` are SpecForge's ("output of layer k", as in its draft config's
+    `eagle_aux_hidden_state_layer_ids`); None means its default for the target's depth."""
+    src, out = Path(src_dir), Path(out_dir)
+    if not src.is_dir():
+        raise LabError("SpecForge hidden-states directory not found", src)
+    files = sorted(src.rglob("*.ckpt"))
+    if not files:
+        raise LabError("no *.ckpt files (SpecForge offline hidden states) below it", src)
+    if not 0.0 <= val_fraction < 1.0 or shard_size < 1:
+        raise LabError(f"need 0 <= val_fraction < 1 and shard_size >= 1, got {val_fraction} and {shard_size}")
+    check_out_dir(out)
+    target = load_target_head(target_dir)
+    ours = (default_aux_layer_ids(target.num_layers) if aux_layer_ids is None
+            else check_aux_layer_ids([i + 1 for i in aux_layer_ids], target.num_layers, target.path))
+    first = read_sample(files[0], "probe", target.hidden_size)
+    dtype = next((name for name, dt in DTYPES.items() if dt == first.aux_hidden.dtype), None)
+    if dtype is None:
+        raise LabError(f"hidden states are {first.aux_hidden.dtype}; expected one of {', '.join(DTYPES)}", files[0])
+
+    source = {"format": FORMAT, "dir": str(src), "files": len(files), "listing_sha256": _listing_hash(src, files),
+              "val_fraction": val_fraction, "shard_size": shard_size}
+    describe = target.describe()
+    existing = Manifest.load(out) if (out / MANIFEST).exists() else None
+    if existing is not None:
+        check_resumable(out, existing, resume_settings(describe, ours, dtype, source))
+    items = [(str(f.relative_to(src).with_suffix("")), f) for f in files]
+
+    def convert(chunk, advance):
+        seqs = []
+        for seq_id, path in chunk:
+            seqs.append(read_sample(path, seq_id, target.hidden_size))
+            advance(1)
+        return seqs
+
+    manifest = Manifest(target=describe, aux_layer_ids=ours, dtype=dtype, source=source)
+    return write_planned(out, manifest, existing, plan_shards(items, val_fraction, shard_size), DTYPES[dtype],
+                         convert, what="import")

@@ -1,4 +1,5 @@
-"""CLI: `data prepare` (features from conversations) and `vocab build` / `vocab compare`."""
+"""CLI: `data prepare` (features from conversations), `data import-specforge` (features SpecForge
+captured) and `vocab build` / `vocab compare`."""
 
 from __future__ import annotations
 

@@ -76,7 +76,8 @@ class ProbeConfig:
     """Sequences per evaluation batch."""
     pilot_steps: int = 48
     """Optimizer steps of each pilot arm (scratch, transfer with remap) on the new target's train
-    split; 0 skips the pilot and the transfer verdict falls back to aux CKA."""
+    split (48: about a minute on one core for the tiny pair); 0 skips the pilot and the transfer
+    verdict falls back to aux CKA."""
 
 
 def _source_features(source: Target, sequences: list[Sequence], aux_ids: list[int]) -> list[Sequence]:

@@ -9,6 +9,7 @@ validated on its held-out split, from step 0 on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 import time
@@ -47,8 +48,10 @@ def run_pilot(drafter_dir, target_dir, data_dir, cfg: TrainConfig, out_dir=None,
     `out_dir` keeps the arms (and resumes them when re-run); without it they go to a temporary
     directory that is removed afterwards."""
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="drafter-lab-pilot-") as tmp:
-        root = Path(out_dir) if out_dir is not None else Path(tmp)
+    place = (contextlib.nullcontext(out_dir) if out_dir is not None
+             else tempfile.TemporaryDirectory(prefix="drafter-lab-pilot-"))
+    with place as where:
+        root = Path(where)
         curves = {}
         for name, transfer in ARMS.items():
             train(cfg, target_dir, data_dir, root / name, resume=True,

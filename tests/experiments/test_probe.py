@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -78,13 +79,16 @@ def test_cli_without_source_target_takes_the_pilots_verdict(source, random_llama
     src, feats = source
     recipe = tmp_path / "recipe.toml"
     recipe.write_text("[train]\nbatch_size = 4\nttt_steps = 2\nlog_every = 2\n")
+    scratch_space = tmp_path / "tmp"
+    scratch_space.mkdir()
     for gain_line, verdict in ((-1.0, "transfer with remap"), (1.0, "train from scratch")):
         out = tmp_path / f"probe{gain_line}.json"
         subprocess.run(
             [sys.executable, "-m", "drafter_lab", "probe", "--drafter", str(src), "--target", str(random_llama),
              "--data", str(feats), "--pilot-steps", "4", "--pilot-config", str(recipe), "--ttt-steps", "2",
              "--max-sequences", "8", "--pilot-min-gain", str(gain_line), "--threads", "1", "--json", str(out)],
-            check=True, capture_output=True)
+            check=True, capture_output=True, env={**os.environ, "TMPDIR": str(scratch_space)})
+        assert not list(scratch_space.iterdir())  # the pilot's arms went to a temporary directory, now gone
         result = json.loads(out.read_text())
         assert result["verdict"] == verdict and result["reason"].startswith("pilot of 4 steps per arm")
         assert [r["step"] for r in result["pilot"]["curve"]] == [0, 1, 2, 3, 4]

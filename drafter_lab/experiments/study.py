@@ -154,7 +154,8 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     log("[bold]probe[/]: source drafter on the tuned target")
     probe_result = probe(
         source_dir, pair_dir / "tuned", tuned_feats, pair_dir / "base",
-        cfg=ProbeConfig(pilot_steps=cfg.probe_pilot_steps), pilot_recipe=_train_config(cfg, cfg.probe_pilot_steps),
+        # The arms' recipe; the probe cuts it to the pilot's steps.
+        cfg=ProbeConfig(pilot_steps=cfg.probe_pilot_steps), pilot_recipe=_train_config(cfg, cfg.arm_steps),
         pilot_dir=level_dir / "probe-pilot", transfer_lr_scale=cfg.transfer_lr_scale,
     )
     atomic.write_json(level_dir / "probe.json", probe_result)

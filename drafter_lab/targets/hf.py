@@ -203,7 +203,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = atomic.read_json(index, "missing", path).get("weight_map", {})
+        weight_map = atomic.read_json(index, "shard index is missing", path).get("weight_map", {})
         return {name: path / f for name, f in weight_map.items()}
     out = {}
     for f in sorted(path.glob("*.safetensors")):
@@ -236,7 +236,7 @@ def load_target_head(path, device="cpu") -> TargetHead:
         raise LabError(f"cannot read the model config: {_first_line(e)}", path) from None
     files = _tensor_files(path)
     if not files:
-        full = load_target(path, tokenizer=False)
+        full = load_target(path, device=device, tokenizer=False)
         return TargetHead(path, config, full.embed_weight().detach(), full.lm_head_weight().detach(),
                           full.fingerprint)
 

@@ -62,11 +62,20 @@ def read_json(path, missing: str, owner=None):
 
 
 def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
+    """Same tensors and metadata, same bytes: safetensors writes the metadata map in hash order,
+    which differs from process to process, so the header is re-written in place with sorted keys
+    (the same keys and values, so the same length)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+        with open(tmp, "r+b") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.dumps(json.loads(f.read(n)), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            if len(header.encode()) <= n:  # serde and json escape alike; never write past the header
+                f.seek(8)
+                f.write(header.encode().ljust(n))
 
 
 def torch_save(obj, path) -> None:

@@ -33,3 +33,19 @@ def test_progress_logs_lines_without_a_terminal(capsys):
     err = capsys.readouterr().err
     assert "stage 3/3" in err and "loss=1.25" in err  # the final line, always
     assert "stage 1/3" not in err  # nothing in between: every_s has not passed
+
+
+def test_safetensors_bytes_do_not_depend_on_the_process(tmp_path):
+    # safetensors writes its metadata map in hash order; the same content must give the same bytes.
+    from safetensors import safe_open
+
+    tensors = {"w": torch.randn(3, 5), "ids": torch.arange(7), "h": torch.randn(4).bfloat16()}
+    meta = {"format": "pt", "seq_ids": '["a", "é\\n"]', "layout": "sglang", "x": "1", "y": "2", "z": "∑"}
+    blobs = set()
+    for i in range(8):
+        atomic.save_safetensors(tensors, tmp_path / f"{i}.safetensors", metadata=meta)
+        blobs.add((tmp_path / f"{i}.safetensors").read_bytes())
+    assert len(blobs) == 1
+    with safe_open(str(tmp_path / "0.safetensors"), framework="pt") as f:
+        assert f.metadata() == meta
+        assert all(torch.equal(f.get_tensor(k), v) for k, v in tensors.items())

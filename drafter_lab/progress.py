@@ -57,3 +57,8 @@ def progress(description: str, total: int | None, every_s: float = 30.0):
                 line(status)
 
         yield advance
+
+
+def maybe_progress(description: str, total: int, show: bool):
+    """`progress(...)`, or a silent stand-in (ranks other than 0 stay quiet)."""
+    return progress(description, total) if show else contextlib.nullcontext(lambda *args, **fields: None)

@@ -36,10 +36,10 @@ from drafter_lab import atomic
 from drafter_lab import config as cfglib
 from drafter_lab.data.chat import encode_conversation
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
-from drafter_lab.data.regenerate import maybe_progress, regenerate
+from drafter_lab.data.regenerate import regenerate
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, shard_name, write_shard
 from drafter_lab.errors import LabError
-from drafter_lab.progress import log
+from drafter_lab.progress import log, maybe_progress
 from drafter_lab.targets.hf import (
     Target,
     check_aux_layer_ids,

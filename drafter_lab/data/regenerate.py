@@ -9,19 +9,13 @@ answers, as in a real chat). Prompts are batched with left padding and decoded w
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import torch
 
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import Conversation
-from drafter_lab.progress import progress
-
-
-def maybe_progress(description: str, total: int, show: bool):
-    """`progress(...)`, or a silent stand-in (tensor-parallel ranks other than 0 stay quiet)."""
-    return progress(description, total) if show else contextlib.nullcontext(lambda *args, **fields: None)
+from drafter_lab.progress import maybe_progress
 
 
 def stop_token_ids(target) -> list[int]:

@@ -126,41 +126,104 @@ def write_shard(directory, split: str, index: int, sequences: list[Sequence], dt
     }
 
 
-def read_shard(path, check_finite: bool = True) -> list[Sequence]:
-    """Read a shard; a truncated or corrupt file, or NaN/inf features, is a LabError naming it."""
+@dataclass(frozen=True)
+class SequenceRef:
+    """Where one captured sequence lies: a shard and its token range there."""
+
+    shard: Path
+    start: int
+    end: int
+    seq_id: str
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+HIDDEN_KEYS = ("aux_hidden", "final_hidden")
+SEQUENCE_KEYS = ("input_ids", "loss_mask", *HIDDEN_KEYS)
+KEYS = (*SEQUENCE_KEYS, "offsets")
+
+
+def _corrupt(e: Exception, path: Path) -> LabError:
+    if isinstance(e, FileNotFoundError):
+        return LabError("feature shard is missing", path)
+    return LabError(f"truncated or corrupt feature shard ({str(e).splitlines()[0][:200]})", path)
+
+
+def _open(path: Path):
     from safetensors import safe_open
 
-    path = Path(path)
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            t = {k: f.get_tensor(k) for k in f.keys()}
-    except FileNotFoundError:
-        raise LabError("feature shard is missing", path) from None
+        return safe_open(str(path), framework="pt")
     except Exception as e:
-        raise LabError(f"truncated or corrupt feature shard ({str(e).splitlines()[0][:200]})", path) from None
-    need = {"input_ids", "loss_mask", "aux_hidden", "final_hidden", "offsets"}
-    if not need <= t.keys():
-        raise LabError(f"feature shard lacks {sorted(need - t.keys())}", path)
-    if check_finite:
-        for key in ("aux_hidden", "final_hidden"):
+        raise _corrupt(e, path) from None
+
+
+class ShardReader:
+    """Token ranges of shards read through safetensors' memory map: a sequence costs its own bytes,
+    not its shard's. The last `max_open` shards stay open."""
+
+    def __init__(self, max_open: int = 16):
+        self.max_open = max_open
+        self._open: dict[Path, object] = {}
+
+    def handle(self, path: Path):
+        f = self._open.pop(path, None) or _open(path)
+        if len(self._open) >= self.max_open:
+            self._open.pop(next(iter(self._open)))
+        self._open[path] = f  # most recently used last
+        return f
+
+    def rows(self, path: Path, key: str, a: int, b: int, f=None) -> torch.Tensor:
+        try:
+            return (f or self.handle(path)).get_slice(key)[a:b]
+        except LabError:
+            raise
+        except Exception as e:
+            raise _corrupt(e, path) from None
+
+    def read(self, ref: SequenceRef, max_length: int | None = None) -> Sequence:
+        """One sequence, its first `max_length` tokens; NaN/inf hidden states are a LabError naming
+        the shard."""
+        end = ref.end if max_length is None else min(ref.end, ref.start + max_length)
+        t = {k: self.rows(ref.shard, k, ref.start, end) for k in SEQUENCE_KEYS}
+        for key in HIDDEN_KEYS:
             if not torch.isfinite(t[key]).all():
-                raise LabError(f"NaN or inf in {key}: refusing to train on it", path)
-    seq_ids = json.loads(meta.get("seq_ids", "[]"))
-    offsets = t["offsets"].tolist()
-    out = []
-    for i in range(len(offsets) - 1):
-        a, b = offsets[i], offsets[i + 1]
-        out.append(
-            Sequence(
-                seq_id=seq_ids[i] if i < len(seq_ids) else str(i),
-                input_ids=t["input_ids"][a:b].long(),
-                loss_mask=t["loss_mask"][a:b].bool(),
-                aux_hidden=t["aux_hidden"][a:b],
-                final_hidden=t["final_hidden"][a:b],
-            )
-        )
-    return out
+                raise LabError(f"NaN or inf in {key} of sequence {ref.seq_id}: refusing to train on it", ref.shard)
+        return Sequence(ref.seq_id, t["input_ids"].long(), t["loss_mask"].bool(), t["aux_hidden"], t["final_hidden"])
+
+    def index(self, path: Path, hidden_size: int) -> list[SequenceRef]:
+        """The sequences of one shard, from its offsets and header only; a shard whose tensors are
+        missing or of another width than the manifest says is a LabError naming it."""
+        f = self.handle(path)
+        try:
+            keys = set(f.keys())
+            if missing := sorted(set(KEYS) - keys):
+                raise LabError(f"feature shard lacks {missing}", path)
+            widths = {k: f.get_slice(k).get_shape() for k in HIDDEN_KEYS}
+            offsets = f.get_tensor("offsets").tolist()
+            seq_ids = json.loads((f.metadata() or {}).get("seq_ids", "[]"))
+        except LabError:
+            raise
+        except Exception as e:
+            raise _corrupt(e, path) from None
+        want = {"aux_hidden": 3 * hidden_size, "final_hidden": hidden_size}
+        for k, shape in widths.items():
+            if len(shape) != 2 or shape[1] != want[k] or shape[0] != offsets[-1]:
+                raise LabError(f"{k} is {shape}; the manifest says {offsets[-1]} tokens of width {want[k]}", path)
+        return [SequenceRef(path, a, b, seq_ids[i] if i < len(seq_ids) else str(i))
+                for i, (a, b) in enumerate(zip(offsets, offsets[1:]))]
+
+    def scan(self, path: Path, chunk_bytes: int = 1 << 28) -> None:
+        """Every hidden state of one shard checked finite, `chunk_bytes` at a time, through a
+        handle of its own: the shard is unmapped when the scan is done."""
+        f = _open(path)
+        for key in HIDDEN_KEYS:
+            tokens, width = f.get_slice(key).get_shape()
+            step = max(1, chunk_bytes // (4 * width))
+            for a in range(0, tokens, step):
+                if not torch.isfinite(self.rows(path, key, a, a + step, f)).all():
+                    raise LabError(f"NaN or inf in {key}: refusing to train on it", path)
 
 
 class FeatureSet:
@@ -171,6 +234,7 @@ class FeatureSet:
         if not self.dir.is_dir():
             raise LabError("feature directory not found", self.dir)
         self.manifest = Manifest.load(self.dir)
+        self.reader = ShardReader()
 
     @property
     def hidden_size(self) -> int:
@@ -189,7 +253,8 @@ class FeatureSet:
                 self.dir,
             )
 
-    def sequences(self, split: str) -> list[Sequence]:
+    def index(self, split: str) -> list[SequenceRef]:
+        """Every sequence of `split`, located but not read (shard headers and offsets only)."""
         rows = self.manifest.shards.get(split, [])
         planned = self.manifest.source.get("planned", {}).get(split, {}).get("shards", 0)
         if len(rows) < planned:  # a killed `data prepare`: training on part of it would be silently different
@@ -198,10 +263,18 @@ class FeatureSet:
                 "`drafter-lab data prepare` again to finish it",
                 self.dir,
             )
-        return [s for r in rows for s in read_shard(self.dir / r["file"])]
+        return [ref for r in rows for ref in self.reader.index(self.dir / r["file"], self.hidden_size)]
 
-    def require(self, split: str) -> list[Sequence]:
-        seqs = self.sequences(split)
-        if not seqs or not any(bool(s.loss_mask.any()) for s in seqs):
+    def require(self, split: str) -> list[SequenceRef]:
+        """`index(split)`, refused when the manifest counts no loss token in it."""
+        refs = self.index(split)
+        if not refs or not self.manifest.counts(split)["loss_tokens"]:
             raise LabError(f"no {split} sequences with loss tokens: nothing to train or evaluate on", self.dir)
-        return seqs
+        return refs
+
+    def read(self, refs: list[SequenceRef]) -> list[Sequence]:
+        return [self.reader.read(r) for r in refs]
+
+    def sequences(self, split: str) -> list[Sequence]:
+        """All of `split` in memory: for small sets and tests; training reads per batch."""
+        return self.read(self.index(split))

@@ -144,7 +144,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     target = load_target_head(target_dir, device=device)  # features are given: no layer runs
     features = FeatureSet(data_dir)
     features.check_target(target.fingerprint, target_dir)
-    val = features.require("val")[: cfg.max_sequences]
+    val = features.read(features.require("val")[: cfg.max_sequences])
     drafter = load_drafter(drafter_dir, target=target, device=device)
     lm_head = target.lm_head_weight()
 

@@ -33,6 +33,11 @@ class TrainConfig:
     """If > 0, batches hold as many sequences as fit this many padded tokens (global) instead."""
     max_length: int = 1024
     """Sequences are truncated to this many tokens."""
+    scan_features: bool = True
+    """Read every feature shard once before training, so that NaN/inf or corrupt features are
+    refused before anything is written. False for feature sets too large to read twice: each batch
+    is still checked as it is read, and a bad one stops the run with one line naming its shard
+    (the last checkpoint stays, and --resume continues from it)."""
     epochs: int = 3
     """Passes over the training split (max_steps may stop earlier)."""
     max_steps: int = 0

@@ -1,9 +1,11 @@
 """Training examples from captured features, and deterministic padded batches.
 
-Each sequence is prepared once: truncated to max_length, and the target's top-1 over the FULL
-vocabulary computed from `final_hidden` (lm_head in chunks), which is what accuracy is measured
-against. The teacher distribution restricted to the draft vocab is recomputed per batch (one
-matmul with the draft vocab's lm_head rows), cheaper than caching [tokens, N] floats.
+Examples are read per batch (`Examples.take`), so a run holds the batch in hand, not the feature
+set: a real target's features are terabytes. Each sequence is truncated to max_length, and the
+target's top-1 over the FULL vocabulary, which accuracy is measured against, is computed from
+`final_hidden` the first time the sequence is read and kept (4 bytes a token). The teacher
+distribution restricted to the draft vocab is recomputed per batch (one matmul with the draft
+vocab's lm_head rows), cheaper than caching [tokens, N] floats.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from drafter_lab.data.shards import Sequence
+from drafter_lab.data.shards import Sequence, SequenceRef, ShardReader
 
 
 @dataclass
@@ -48,25 +50,41 @@ def target_top1(final_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int = 
     return out
 
 
-def prepare(sequences: list[Sequence], lm_head_weight: torch.Tensor, max_length: int) -> list[Example]:
-    """Truncate and attach the target's full-vocab top-1; sequences too short to train on are dropped."""
-    lm_head = lm_head_weight.detach().cpu()
-    out = []
-    for s in sequences:
-        n = min(len(s.input_ids), max_length)
-        if n < 3:
-            continue
-        final = s.final_hidden[:n]
-        out.append(
-            Example(
-                input_ids=s.input_ids[:n].long(),
-                loss_mask=s.loss_mask[:n].bool(),
-                aux_hidden=s.aux_hidden[:n],
-                final_hidden=final,
-                top1=target_top1(final, lm_head),
-            )
-        )
-    return out
+def _tokens(item: Sequence | SequenceRef) -> int:
+    return len(item.input_ids) if isinstance(item, Sequence) else len(item)
+
+
+class Examples:
+    """Sequences (in memory, or located in shards and read on demand) as training examples.
+
+    The full-vocab top-1 is computed on `device` (the run's), where a real target's lm_head
+    matmul belongs; the features themselves stay on the CPU until their batch is collated."""
+
+    def __init__(self, items: list[Sequence] | list[SequenceRef], lm_head_weight: torch.Tensor, max_length: int,
+                 device: torch.device | str = "cpu"):
+        lengths = [min(_tokens(it), max_length) for it in items]
+        self.items = [it for it, n in zip(items, lengths) if n >= 3]
+        self.lengths = [n for n in lengths if n >= 3]
+        """Tokens per example after truncation; sequences under 3 tokens are left out."""
+        self.reader, self.max_length = ShardReader(), max_length
+        self.lm_head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
+        self._top1: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def take(self, ids: list[int]) -> list[Example]:
+        out = []
+        for i in ids:
+            it = self.items[i]
+            s = it if isinstance(it, Sequence) else self.reader.read(it, self.max_length)
+            n = self.lengths[i]
+            final = s.final_hidden[:n]
+            if i not in self._top1:
+                self._top1[i] = target_top1(final, self.lm_head).int()
+            out.append(Example(input_ids=s.input_ids[:n].long(), loss_mask=s.loss_mask[:n].bool(),
+                               aux_hidden=s.aux_hidden[:n], final_hidden=final, top1=self._top1[i].long()))
+        return out
 
 
 def collate(examples: list[Example]) -> Batch:

@@ -16,24 +16,24 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
-from drafter_lab.data.shards import FeatureSet, Sequence
+from drafter_lab.data.shards import FeatureSet
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import TransferReport
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
-from drafter_lab.progress import console, log, progress
+from drafter_lab.progress import console, log, maybe_progress, progress
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import TrainConfig
-from drafter_lab.train.data import collate, plan_epoch, prepare, shard_batch
+from drafter_lab.train.data import Examples, collate, plan_epoch, shard_batch
 from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
 
 # Fields that may change between a run and its --resume without changing its results.
-RESUMABLE_CHANGES = ("device", "threads", "tensorboard")
+RESUMABLE_CHANGES = ("device", "threads", "tensorboard", "scan_features")
 
 
 def _autocast(device: torch.device, bf16: bool):
@@ -66,17 +66,19 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
         cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)), **over)
 
 
-def _check_features(fs: FeatureSet, target, seqs: list[Sequence], data_dir) -> None:
-    h = target.hidden_size
-    if fs.hidden_size != h:
-        raise LabError(f"features have hidden size {fs.hidden_size}, the target {h}: they do not fit", data_dir)
-    s = seqs[0]
-    if s.aux_hidden.shape[-1] != 3 * h or s.final_hidden.shape[-1] != h:
-        raise LabError(
-            f"features have aux width {s.aux_hidden.shape[-1]} / final width {s.final_hidden.shape[-1]}; "
-            f"the drafter's fc needs 3 x {h} and the target head {h}",
-            data_dir,
-        )
+def _check_width(fs: FeatureSet, target, data_dir) -> None:
+    if fs.hidden_size != target.hidden_size:
+        raise LabError(f"features have hidden size {fs.hidden_size}, the target {target.hidden_size}: "
+                       "they do not fit", data_dir)
+
+
+def _scan(fs: FeatureSet, d: distributed.Dist) -> None:
+    """Every shard read once before anything is written; ranks split the shards."""
+    rows = [r for split in ("train", "val") for r in fs.manifest.shards.get(split, [])][d.rank::d.world]
+    with maybe_progress("check features", len(rows), d.main) as advance:
+        for r in rows:
+            fs.reader.scan(fs.dir / r["file"])
+            advance(1)
 
 
 def _load_vocab(vocab, data_dir, size: int, target_vocab: int):
@@ -163,8 +165,10 @@ class _Run:
         target = load_target_head(target_dir)  # embedding + lm_head: the layers never run here
         fs = FeatureSet(data_dir)
         fs.check_target(target.fingerprint, target_dir)
-        train_seqs, val_seqs = fs.require("train"), fs.require("val")
-        _check_features(fs, target, train_seqs, data_dir)
+        _check_width(fs, target, data_dir)
+        train_refs, val_refs = fs.require("train"), fs.require("val")  # located, not read
+        if cfg.scan_features:
+            _scan(fs, d)
         vocab, d2t, t2d = _load_vocab(vocab, data_dir, cfg.draft_vocab_size, target.vocab_size)
         dcfg = _drafter_config(cfg, target, len(d2t), fs.manifest.aux_layer_ids)
         self.saved = None
@@ -183,8 +187,8 @@ class _Run:
         self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
                         if n in transferred} if l2sp > 0 else {}
         lm_head = target.lm_head_weight().detach().float()
-        self.train_ex = prepare(train_seqs, lm_head, cfg.max_length)
-        self.val_ex = prepare(val_seqs, lm_head, cfg.max_length)
+        self.train_ex = Examples(train_refs, lm_head, cfg.max_length, d.device)
+        self.val_ex = Examples(val_refs, lm_head, cfg.max_length, d.device)
         if not self.train_ex or not self.val_ex:
             raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", data_dir)
 
@@ -201,7 +205,7 @@ class _Run:
             self.model = DistributedDataParallel(self.obj, device_ids=[dev.index] if dev.type == "cuda" else None)
         self.optim = torch.optim.AdamW(_param_groups(drafter, transferred, cfg, transfer_lr_scale), lr=cfg.lr,
                                        betas=(0.9, cfg.adam_beta2))
-        self.lengths = [len(e) for e in self.train_ex]
+        self.lengths = self.train_ex.lengths
         self.total = total = _total_steps(cfg, self.lengths)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: lr_factor(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
@@ -282,7 +286,7 @@ class _Run:
         c, d = self.cfg, self.d
         mine = shard_batch(rows, d.rank, d.world)
         weight = 1.0 if mine else 0.0  # a rank without rows still joins the gradient all-reduce
-        batch = collate([self.train_ex[i] for i in (mine or rows[:1])]).to(d.device)
+        batch = collate(self.train_ex.take(mine or rows[:1])).to(d.device)
         # Loss = sum over the GLOBAL batch / global counts: DDP's gradient mean times world size.
         den = d.sum(loss_denominators(*step_masks(batch, self.drafter.t2d, c.ttt_steps)) * weight)
         with self.autocast:

@@ -10,11 +10,11 @@ import contextlib
 
 import torch
 
-from drafter_lab.data.shards import Sequence
+from drafter_lab.data.shards import Sequence, SequenceRef
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 from drafter_lab.train import distributed
-from drafter_lab.train.data import Example, collate, prepare
+from drafter_lab.train.data import Examples, collate
 from drafter_lab.train.ttt import CE_SUM, COND_DEN, COND_NUM, N_COLS, N_CORRECT, N_LOSS, N_VALID, TTTObjective
 
 
@@ -41,28 +41,30 @@ def weighted_loss(metrics: dict, ttt_steps: int, decay: float) -> float:
 
 
 @torch.no_grad()
-def eval_counts(obj: TTTObjective, examples: list[Example], batch_size: int, d, autocast) -> torch.Tensor:
+def eval_counts(obj: TTTObjective, examples: Examples, batch_size: int, d, autocast) -> torch.Tensor:
     """Summed counts over `examples` (sharded over ranks, then all-reduced)."""
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]))
+    order = sorted(range(len(examples)), key=lambda i: examples.lengths[i])
     mine = order[d.rank::d.world]
     counts = torch.zeros(obj.ttt_steps, N_COLS, dtype=torch.float64, device=d.device)
     for a in range(0, len(mine), batch_size):
-        batch = collate([examples[i] for i in mine[a:a + batch_size]]).to(d.device)
+        batch = collate(examples.take(mine[a:a + batch_size])).to(d.device)
         with autocast:
             counts += obj(batch)[1]
     return d.sum(counts)
 
 
-def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: list[Sequence], ttt_steps: int,
-             batch_size: int = 16, max_length: int | None = None) -> dict:
-    """Teacher-forced loss_k, acc_k, cond_acc_k and simulated accept length on `sequences`.
+def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: list[Sequence] | list[SequenceRef],
+             ttt_steps: int, batch_size: int = 16, max_length: int | None = None) -> dict:
+    """Teacher-forced loss_k, acc_k, cond_acc_k and simulated accept length on `sequences` (in memory,
+    or `FeatureSet.index` refs, read a batch at a time).
 
     `lm_head_weight` is the target's full lm_head [V, H_t]; the drafter's d2t/t2d give its vocab.
     """
     device = drafter.fc.weight.device
     used = (torch.arange(drafter.config.draft_vocab_size) + drafter.d2t.cpu()).long()
     head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
-    examples = prepare(sequences, lm_head_weight, max_length or drafter.config.max_position_embeddings)
+    examples = Examples(sequences, lm_head_weight, max_length or drafter.config.max_position_embeddings,
+                        device=device)
     if not examples:
         raise LabError("no sequences long enough to evaluate on")
     obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8)

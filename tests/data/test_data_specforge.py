@@ -18,7 +18,7 @@ from drafter_lab.errors import LabError
 def _specforge_dir(features, root):
     """Write the captured sequences the way SpecForge's prepare_hidden_states stores them."""
     fs = FeatureSet(features)
-    seqs = fs.require("train") + fs.require("val")
+    seqs = fs.sequences("train") + fs.sequences("val")
     for i, s in enumerate(seqs):
         sample = {
             "input_ids": s.input_ids[None] if i % 2 else s.input_ids,  # both layouts occur

@@ -64,6 +64,7 @@ def test_pilot_trains_both_arms_with_one_recipe(source, random_llama, tmp_path):
     assert runs["transfer"]["init_from"]["remap"] is True
     assert runs["scratch"]["config"] == runs["transfer"]["config"]
     assert runs["scratch"]["config"]["max_steps"] == 8 and runs["scratch"]["config"]["warmup_steps"] == 1
+    assert runs["scratch"]["config"]["scan_features"] is False  # 8 batches read, not the whole set
     assert runs["scratch"]["drafter"] == runs["transfer"]["drafter"]
     vals = {arm: {r["step"]: r["cond_acc_0"] for r in read_metrics(tmp_path / arm) if r["split"] == "val"}
             for arm in runs}

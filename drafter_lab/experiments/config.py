@@ -71,6 +71,12 @@ PRESETS: dict[str, ExperimentConfig] = {
     "drift-sweep": ExperimentConfig(
         name="drift-sweep", drift_levels=[0.0, 0.5, 1.0], arms=["a", "b"], served_eval=False,
     ),
+    # The seeds' fine-tune: the old drafter's weights trained at a tenth of the rate, long enough
+    # for scratch to converge. On the lab's pair the transfer leads for ~200 steps, then trails.
+    "seeds-finetune": ExperimentConfig(
+        name="seeds-finetune", drift_levels=[4.0], arms=["a", "b"], served_eval=False, arm_steps=2000,
+        eval_every=100, transfer_lr_scale=0.1,
+    ),
     "gpu-small": ExperimentConfig(
         name="gpu-small", target_preset="gpu-small", max_length=512, max_new_tokens=256,
         regen_batch_size=64, draft_vocab_size=4096, source_steps=1500, arm_steps=600, batch_size=16,

@@ -10,6 +10,7 @@ vocab's lm_head rows), cheaper than caching [tokens, N] floats.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,10 @@ class Batch:
 
     def to(self, device) -> Batch:
         return Batch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
+
+    def pin(self) -> Batch:
+        """In page-locked memory, so that `to(cuda)` copies asynchronously."""
+        return Batch(*(t.pin_memory() for t in vars(self).values()))
 
 
 @torch.no_grad()
@@ -143,3 +148,25 @@ def plan_epoch(lengths: list[int], batch_size: int, batch_tokens: int, seed: int
 def shard_batch(batch: list[int], rank: int, world: int) -> list[int]:
     """This rank's part of a global batch (may be empty when the batch has fewer rows than ranks)."""
     return batch[rank::world]
+
+
+class Prefetcher:
+    """Loads the next batch in a background thread while the current step computes, so that on a
+    GPU the read from disk and the first top-1 of its sequences overlap the step instead of
+    stalling it. What is loaded does not depend on the timing: results are the same either way."""
+
+    def __init__(self, load):
+        self.load = load
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-lab-batch")
+        self.pending: tuple[object, Future] | None = None
+
+    def get(self, key, rows: list[int], after: tuple[object, list[int]] | None = None) -> Batch:
+        """The batch of `rows` (loaded ahead if `key` was the last call's `after`); then starts
+        loading `after` = (key, rows) for the next call."""
+        hit = self.pending is not None and self.pending[0] == key
+        future = self.pending[1] if hit else self.pool.submit(self.load, rows)
+        self.pending = (after[0], self.pool.submit(self.load, after[1])) if after else None
+        return future.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -27,7 +27,7 @@ from drafter_lab.progress import console, log, maybe_progress, progress
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import TrainConfig
-from drafter_lab.train.data import Examples, collate, plan_epoch, shard_batch
+from drafter_lab.train.data import Batch, Examples, Prefetcher, collate, plan_epoch, shard_batch
 from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
@@ -281,12 +281,17 @@ class _Run:
         })
 
     # ---- training -------------------------------------------------------------------------------
-    def train_step(self, rows: list[int]) -> None:
-        """One optimizer step on global batch `rows` (this rank takes its share)."""
+    def load_batch(self, rows: list[int]) -> Batch:
+        """This rank's share of global batch `rows`, collated on the CPU (pinned for a GPU)."""
+        mine = shard_batch(rows, self.d.rank, self.d.world)
+        batch = collate(self.train_ex.take(mine or rows[:1]))  # a rank without rows computes on a stand-in
+        return batch.pin() if self.d.device.type == "cuda" else batch
+
+    def train_step(self, rows: list[int], batch: Batch) -> None:
+        """One optimizer step on global batch `rows`, whose share for this rank is `batch`."""
         c, d = self.cfg, self.d
-        mine = shard_batch(rows, d.rank, d.world)
-        weight = 1.0 if mine else 0.0  # a rank without rows still joins the gradient all-reduce
-        batch = collate(self.train_ex.take(mine or rows[:1])).to(d.device)
+        weight = 1.0 if shard_batch(rows, d.rank, d.world) else 0.0  # a rank without rows still joins the all-reduce
+        batch = batch.to(d.device)
         # Loss = sum over the GLOBAL batch / global counts: DDP's gradient mean times world size.
         den = d.sum(loss_denominators(*step_masks(batch, self.drafter.t2d, c.ttt_steps)) * weight)
         with self.autocast:
@@ -322,12 +327,15 @@ class _Run:
         self.drafter.train()
         if c.eval_at_start and self.step == 0:
             self.validate()
-        with progress("train", self.total) as advance:
+        prefetch = Prefetcher(self.load_batch)
+        with progress("train", self.total) as advance, contextlib.closing(prefetch):
             advance(self.step)
             while self.step < self.total:
                 batches = plan_epoch(self.lengths, c.batch_size, c.batch_tokens, c.seed, self.epoch)
                 while self.cursor < len(batches) and self.step < self.total:
-                    self.train_step(batches[self.cursor])
+                    i = self.cursor
+                    nxt = ((self.epoch, i + 1), batches[i + 1]) if i + 1 < len(batches) and self.step + 1 < self.total else None
+                    self.train_step(batches[i], prefetch.get((self.epoch, i), batches[i], nxt))
                     if self.step % c.log_every == 0 or self.step == self.total:
                         m = summarize(d.sum(self.log_counts))
                         m["weighted_loss"] = weighted_loss(m, c.ttt_steps, c.loss_decay)

@@ -1,19 +1,23 @@
-"""Training reads features a batch at a time: what it reads equals the shards, and no more is read."""
+"""Training reads features a batch at a time, the next one ahead: what it reads equals the shards,
+and no more is read."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 
+import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from drafter_lab.cli import main
 from drafter_lab.data.shards import FeatureSet, Manifest, ShardReader
+from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import load_target_head
 from drafter_lab.train.config import TrainConfig
-from drafter_lab.train.data import Examples
+from drafter_lab.train.data import Examples, Prefetcher
 from drafter_lab.train.loop import train
 
 
@@ -68,3 +72,25 @@ def test_bad_shard_found_mid_run_without_the_scan(peaked_llama, features, tmp_pa
     assert main([*base, "--out", str(tmp_path / "lazy"), "--scan-features", "false"]) == 2
     err = capsys.readouterr().err
     assert "NaN or inf in final_hidden" in err and last in err and shard.name in err
+
+
+def test_prefetcher_loads_each_batch_once_and_ahead():
+    calls, main = [], threading.get_ident()
+
+    def load(rows):
+        calls.append((tuple(rows), threading.get_ident() != main))
+        if rows == [9]:
+            raise LabError("bad batch")
+        return sum(rows)
+
+    p = Prefetcher(load)
+    try:
+        assert p.get("a", [1, 2], ("b", [3])) == 3
+        assert p.get("b", [3], ("c", [4, 5])) == 3  # loaded ahead: no second load of [3]
+        assert p.get("x", [7]) == 7  # not what was loaded ahead: loaded now, and nothing ahead
+        with pytest.raises(LabError, match="bad batch"):  # a failed load surfaces where it is used
+            p.get("y", [9])
+    finally:
+        p.close()
+    assert [c[0] for c in calls] == [(1, 2), (3,), (4, 5), (7,), (9,)]
+    assert all(in_worker for _, in_worker in calls)

@@ -86,8 +86,10 @@ def _train_config(cfg: ExperimentConfig, steps: int) -> TrainConfig:
 
 
 def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
-    """Cache key of the source drafter: its data and training config (threads change speed, not results)."""
-    train_cfg = {k: v for k, v in to_dict(_train_config(cfg, cfg.source_steps)).items() if k != "threads"}
+    """Cache key of the source drafter: its data and training config, less the fields that change
+    speed or when bad input is caught, not results."""
+    train_cfg = {k: v for k, v in to_dict(_train_config(cfg, cfg.source_steps)).items()
+                 if k not in ("threads", "scan_features")}
     return atomic.sha256_json([base_feats.name, train_cfg])[:16]
 
 

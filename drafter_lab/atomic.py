@@ -61,21 +61,44 @@ def read_json(path, missing: str, owner=None):
         raise LabError(f"{path.name} is not valid JSON ({e})", path.parent) from None
 
 
-def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
-    """Same tensors and metadata, same bytes: safetensors writes the metadata map in hash order,
-    which differs from process to process, so the header is re-written in place with sorted keys
-    (the same keys and values, so the same length)."""
-    from safetensors.torch import save_file
+_SAFETENSORS_DTYPES = {
+    "torch.float64": "F64", "torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
+    "torch.int64": "I64", "torch.int32": "I32", "torch.int16": "I16", "torch.int8": "I8",
+    "torch.uint8": "U8", "torch.bool": "BOOL",
+}
 
-    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-        with open(tmp, "r+b") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.dumps(json.loads(f.read(n)), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            if len(header.encode()) <= n:  # serde and json escape alike; never write past the header
-                f.seek(8)
-                f.write(header.encode().ljust(n))
+
+def save_safetensors(tensors: dict, path, metadata: dict | None = None, dtypes: dict | None = None) -> None:
+    """Write a safetensors file atomically. A value may be a list of tensors, stored as their
+    concatenation along dim 0, and `dtypes` may name a stored dtype per key: each piece is converted
+    and written in turn, so no concatenated copy and no whole-file buffer is made (a capture shard of
+    a wide target is tens of GB). Keys are written sorted, so the same content gives the same bytes
+    (safetensors' own writer orders the metadata by hash, which changes from process to process)."""
+    import torch
+
+    dtypes = dtypes or {}
+    pieces = {k: [t.detach() for t in (v if isinstance(v, (list, tuple)) else [v])] for k, v in tensors.items()}
+    dtype = {k: dtypes.get(k, ps[0].dtype) for k, ps in pieces.items()}
+    # Wider elements first, as safetensors does: every tensor then starts at a multiple of its size.
+    order = sorted(pieces, key=lambda k: (-dtype[k].itemsize, k))
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for k in order:
+        ps = pieces[k]
+        shape = list(ps[0].shape) if len(ps) == 1 else [sum(p.shape[0] for p in ps), *ps[0].shape[1:]]
+        if any(p.shape[1:] != ps[0].shape[1:] for p in ps):
+            raise ValueError(f"{k}: pieces differ beyond dim 0")
+        n = dtype[k].itemsize * (torch.Size(shape).numel())
+        header[k] = {"dtype": _SAFETENSORS_DTYPES[str(dtype[k])], "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for k in order:
+            for p in pieces[k]:
+                f.write(p.to(device="cpu", dtype=dtype[k]).contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def torch_save(obj, path) -> None:

@@ -14,7 +14,7 @@ def test_atomic_writes_get_the_umask_modes(tmp_path):
     umask = os.umask(0o22)
     os.umask(umask)
     atomic.write_text(tmp_path / "a.txt", "x")
-    # safetensors' writer replaces the temp file with a 0600 one of its own.
+    # mkstemp makes 0600 temp files; what lands must look like any new file.
     atomic.save_safetensors({"w": torch.ones(2)}, tmp_path / "m.safetensors")
     atomic.torch_save({"step": 1}, tmp_path / "s.pt")
     for name in ("a.txt", "m.safetensors", "s.pt"):
@@ -49,3 +49,31 @@ def test_safetensors_bytes_do_not_depend_on_the_process(tmp_path):
     with safe_open(str(tmp_path / "0.safetensors"), framework="pt") as f:
         assert f.metadata() == meta
         assert all(torch.equal(f.get_tensor(k), v) for k, v in tensors.items())
+
+
+def test_safetensors_writer_round_trips_through_safetensors(tmp_path):
+    from safetensors import safe_open
+
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 3, generator=g) for n in (2, 0, 5)]
+    tensors = {
+        "parts": parts,  # stored as one [7, 3] tensor
+        "as_bf16": parts,
+        "u8": torch.randint(0, 255, (5,), dtype=torch.uint8, generator=g),  # odd length before wider tensors
+        "i64": torch.randint(-9, 9, (3, 2), generator=g),
+        "i32": torch.randint(-9, 9, (4,), generator=g).int(),
+        "f16": torch.randn(2, 2, generator=g).half(),
+        "f64": torch.randn(3, generator=g).double(),
+        "flags": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "strided": torch.arange(12.0).reshape(3, 4).T,
+    }
+    atomic.save_safetensors(tensors, tmp_path / "m.safetensors", metadata={"k": "v"}, dtypes={"as_bf16": torch.bfloat16})
+    want = {k: torch.cat(v) if isinstance(v, list) else v for k, v in tensors.items()}
+    want["as_bf16"] = want["as_bf16"].bfloat16()
+    with safe_open(str(tmp_path / "m.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"k": "v"} and set(f.keys()) == set(want)
+        for k, v in want.items():
+            got = f.get_tensor(k)
+            assert got.dtype == v.dtype and torch.equal(got, v), k

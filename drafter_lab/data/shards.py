@@ -30,6 +30,9 @@ FORMAT = "drafter_lab.features/1"
 MANIFEST = "manifest.json"
 AUX_CONVENTION = "hf_hidden_states"  # index 0 = embeddings, index i = output of layer i-1
 SPLITS = ("train", "val")
+HIDDEN_KEYS = ("aux_hidden", "final_hidden")
+SEQUENCE_KEYS = ("input_ids", "loss_mask", *HIDDEN_KEYS)
+KEYS = (*SEQUENCE_KEYS, "offsets")
 
 
 @dataclass
@@ -107,21 +110,18 @@ def write_shard(directory, split: str, index: int, sequences: list[Sequence], dt
     lengths = [len(s.input_ids) for s in sequences]
     offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    tensors = {
-        "input_ids": torch.cat([s.input_ids for s in sequences]).to(torch.int32),
-        "loss_mask": torch.cat([s.loss_mask for s in sequences]).to(torch.uint8),
-        "aux_hidden": torch.cat([s.aux_hidden for s in sequences]).to(dtype),
-        "final_hidden": torch.cat([s.final_hidden for s in sequences]).to(dtype),
-        "offsets": offsets,
-    }
+    # Each sequence is written in turn, converted as it goes: no concatenated copy of the shard.
+    pieces = {key: [getattr(s, key) for s in sequences] for key in SEQUENCE_KEYS}
+    dtypes = {"input_ids": torch.int32, "loss_mask": torch.uint8, "aux_hidden": dtype, "final_hidden": dtype}
     name = shard_name(split, index)
     path = Path(directory) / name
-    atomic.save_safetensors(tensors, path, metadata={"seq_ids": json.dumps([s.seq_id for s in sequences])})
+    atomic.save_safetensors({**pieces, "offsets": offsets}, path, dtypes=dtypes,
+                            metadata={"seq_ids": json.dumps([s.seq_id for s in sequences])})
     return {
         "file": name,
         "sequences": len(sequences),
         "tokens": int(offsets[-1]),
-        "loss_tokens": int(tensors["loss_mask"].sum()),
+        "loss_tokens": sum(int(s.loss_mask.sum()) for s in sequences),
         "sha256": atomic.sha256_file(path),
     }
 
@@ -137,11 +137,6 @@ class SequenceRef:
 
     def __len__(self) -> int:
         return self.end - self.start
-
-
-HIDDEN_KEYS = ("aux_hidden", "final_hidden")
-SEQUENCE_KEYS = ("input_ids", "loss_mask", *HIDDEN_KEYS)
-KEYS = (*SEQUENCE_KEYS, "offsets")
 
 
 def _corrupt(e: Exception, path: Path) -> LabError:

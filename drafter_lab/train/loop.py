@@ -186,7 +186,7 @@ class _Run:
         transferred = set(self.report.transferred) if self.report else set()
         self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
                         if n in transferred} if l2sp > 0 else {}
-        lm_head = target.lm_head_weight().detach().float()
+        lm_head = target.lm_head_weight().detach().float().to(d.device)  # one copy for top-1 and teacher
         self.train_ex = Examples(train_refs, lm_head, cfg.max_length, d.device)
         self.val_ex = Examples(val_refs, lm_head, cfg.max_length, d.device)
         if not self.train_ex or not self.val_ex:
@@ -197,7 +197,7 @@ class _Run:
         drafter.to(dev)
         self.anchors = {n: a.to(dev) for n, a in self.anchors.items()}
         used = torch.arange(len(d2t)) + d2t
-        self.obj = TTTObjective(drafter, lm_head[used].to(dev), cfg.ttt_steps, cfg.loss_decay)
+        self.obj = TTTObjective(drafter, lm_head[used.to(dev)], cfg.ttt_steps, cfg.loss_decay)
         self.model = self.obj
         if d.active:
             from torch.nn.parallel import DistributedDataParallel
@@ -334,7 +334,8 @@ class _Run:
                 batches = plan_epoch(self.lengths, c.batch_size, c.batch_tokens, c.seed, self.epoch)
                 while self.cursor < len(batches) and self.step < self.total:
                     i = self.cursor
-                    nxt = ((self.epoch, i + 1), batches[i + 1]) if i + 1 < len(batches) and self.step + 1 < self.total else None
+                    last = i + 1 == len(batches) or self.step + 1 == self.total
+                    nxt = None if last else ((self.epoch, i + 1), batches[i + 1])  # loaded during this step
                     self.train_step(batches[i], prefetch.get((self.epoch, i), batches[i], nxt))
                     if self.step % c.log_every == 0 or self.step == self.total:
                         m = summarize(d.sum(self.log_counts))

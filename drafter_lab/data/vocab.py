@@ -103,20 +103,13 @@ def vocab_of_drafter(drafter) -> DraftVocab:
 
 def count_train_tokens(feature_dir) -> torch.Tensor:
     """Per target token, how often it sits at a loss-masked position of the train split (int64 [V])."""
-    from safetensors import safe_open
-
     features = FeatureSet(feature_dir)
     vocab_size = int(features.manifest.target["vocab_size"])
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for row in features.manifest.shards.get("train", []):
         path = features.dir / row["file"]
-        try:  # only the two small tensors: the hidden states are not needed here
-            with safe_open(str(path), framework="pt") as f:
-                ids, mask = f.get_tensor("input_ids"), f.get_tensor("loss_mask")
-        except FileNotFoundError:
-            raise LabError("feature shard is missing", path) from None
-        except Exception as e:
-            raise LabError(f"truncated or corrupt feature shard ({str(e).splitlines()[0][:200]})", path) from None
+        # only the two small tensors: the hidden states are not needed here
+        ids, mask = (features.reader.rows(path, key, 0, row["tokens"]) for key in ("input_ids", "loss_mask"))
         ids = ids[mask.bool()].long()
         if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
             raise LabError(f"token id {int(ids.max())} outside the target vocab ({vocab_size})", path)

@@ -12,7 +12,9 @@ end to end with an `offsets` index, so sequence i spans tokens offsets[i]:offset
 
 The shard's safetensors metadata holds `seq_ids` (JSON list). The manifest lists finished shards
 with their sha256; it is rewritten atomically after every shard, so a killed capture resumes by
-skipping what the manifest already lists.
+skipping what the manifest already lists. Shards are written a sequence at a time and read a
+sequence at a time (`ShardReader`, through safetensors' memory map): neither side holds a whole
+feature set, or even a concatenated shard.
 """
 
 from __future__ import annotations

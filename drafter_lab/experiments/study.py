@@ -34,7 +34,7 @@ from drafter_lab.experiments.probe import VERDICTS, ProbeConfig, probe
 from drafter_lab.progress import log
 from drafter_lab.targets.build import build_pair
 from drafter_lab.threads import torch_threads
-from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
 from drafter_lab.train.loop import train
 
 
@@ -86,10 +86,8 @@ def _train_config(cfg: ExperimentConfig, steps: int) -> TrainConfig:
 
 
 def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
-    """Cache key of the source drafter: its data and training config, less the fields that change
-    speed or when bad input is caught, not results."""
-    train_cfg = {k: v for k, v in to_dict(_train_config(cfg, cfg.source_steps)).items()
-                 if k not in ("threads", "scan_features")}
+    """Cache key of the source drafter: its data and training config, less SPEED_FIELDS."""
+    train_cfg = {k: v for k, v in to_dict(_train_config(cfg, cfg.source_steps)).items() if k not in SPEED_FIELDS}
     return atomic.sha256_json([base_feats.name, train_cfg])[:16]
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SPEED_FIELDS = ("threads", "scan_features")
+"""TrainConfig fields that change how fast a run goes or when bad input is caught, never its
+results: a resume may change them, and cache keys leave them out."""
+
 
 @dataclass
 class TrainConfig:

@@ -26,14 +26,14 @@ from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, maybe_progress, progress
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
-from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
 from drafter_lab.train.data import Batch, Examples, Prefetcher, collate, plan_epoch, shard_batch
 from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
 
 # Fields that may change between a run and its --resume without changing its results.
-RESUMABLE_CHANGES = ("device", "threads", "tensorboard", "scan_features")
+RESUMABLE_CHANGES = ("device", "tensorboard", *SPEED_FIELDS)
 
 
 def _autocast(device: torch.device, bf16: bool):

@@ -20,21 +20,30 @@ _UMASK = os.umask(0o22)
 os.umask(_UMASK)
 
 
+def _temp_beside(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    with open(tmp, "rb+") as f:
+        # mkstemp makes 0600, and some writers (safetensors) replace the file with their own
+        # 0600 one: the result should look like any new file.
+        os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temp path beside `path`; on success it is fsynced and renamed over `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _temp_beside(path)
     try:
-        yield Path(tmp)
-        with open(tmp, "rb+") as f:
-            # mkstemp makes 0600, and some writers (safetensors) replace the file with their own
-            # 0600 one: the result should look like any new file.
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        yield tmp
+        _commit(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -68,37 +77,76 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def save_safetensors(tensors: dict, path, metadata: dict | None = None, dtypes: dict | None = None) -> None:
-    """Write a safetensors file atomically. A value may be a list of tensors, stored as their
-    concatenation along dim 0, and `dtypes` may name a stored dtype per key: each piece is converted
-    and written in turn, so no concatenated copy and no whole-file buffer is made (a capture shard of
-    a wide target is tens of GB). Keys are written sorted, so the same content gives the same bytes
-    (safetensors' own writer orders the metadata by hash, which changes from process to process)."""
-    import torch
+class SafetensorsWriter:
+    """A safetensors file whose layout is fixed up front and whose tensors are filled in any order,
+    a block of rows at a time, each converted as it is written: a capture shard of a wide target is
+    tens of GB, and no part of it needs to be in memory twice. Use it as a context manager: the file
+    lands atomically when the block exits with every row written (once), and not at all otherwise.
 
-    dtypes = dtypes or {}
-    pieces = {k: [t.detach() for t in (v if isinstance(v, (list, tuple)) else [v])] for k, v in tensors.items()}
-    dtype = {k: dtypes.get(k, ps[0].dtype) for k, ps in pieces.items()}
-    # Wider elements first, as safetensors does: every tensor then starts at a multiple of its size.
-    order = sorted(pieces, key=lambda k: (-dtype[k].itemsize, k))
-    header: dict = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for k in order:
-        ps = pieces[k]
-        shape = list(ps[0].shape) if len(ps) == 1 else [sum(p.shape[0] for p in ps), *ps[0].shape[1:]]
-        if any(p.shape[1:] != ps[0].shape[1:] for p in ps):
-            raise ValueError(f"{k}: pieces differ beyond dim 0")
-        n = dtype[k].itemsize * (torch.Size(shape).numel())
-        header[k] = {"dtype": _SAFETENSORS_DTYPES[str(dtype[k])], "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    blob = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for k in order:
-            for p in pieces[k]:
-                f.write(p.to(device="cpu", dtype=dtype[k]).contiguous().reshape(-1).view(torch.uint8).numpy())
+    `layout` maps each key to its stored (dtype, shape). Tensors are laid out wider elements first
+    (as safetensors does, so each starts at a multiple of its element size), then by key, and the
+    header's keys are sorted: the same content gives the same bytes. (safetensors' own writer
+    orders the metadata by hash, which changes from process to process.)"""
+
+    def __init__(self, path, layout: dict, metadata: dict | None = None):
+        import torch
+
+        self.path = Path(path)
+        self._dtype = {k: dtype for k, (dtype, _) in layout.items()}
+        self._span: dict[str, tuple[int, int, int]] = {}  # key -> (data offset, bytes per row, rows)
+        header: dict = {"__metadata__": metadata} if metadata else {}
+        offset = 0
+        for k in sorted(layout, key=lambda k: (-layout[k][0].itemsize, k)):
+            dtype, shape = layout[k]
+            row = dtype.itemsize * torch.Size(shape[1:]).numel()
+            n = row * (shape[0] if shape else 1)
+            header[k] = {"dtype": _SAFETENSORS_DTYPES[str(dtype)], "shape": list(shape), "data_offsets": [offset, offset + n]}
+            self._span[k] = (offset, row, shape[0] if shape else 1)
+            offset += n
+        blob = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+        self._head = len(blob).to_bytes(8, "little") + blob
+        self._unwritten = offset
+
+    def __enter__(self) -> SafetensorsWriter:
+        self._tmp = _temp_beside(self.path)
+        self._fd = os.open(self._tmp, os.O_WRONLY)
+        self._put(memoryview(self._head), 0)
+        return self
+
+    def write(self, key: str, row: int, tensor) -> None:
+        """Store `tensor` (any device or dtype; scalars at row 0) as `key`'s rows from `row` on."""
+        import torch
+
+        base, row_bytes, rows = self._span[key]
+        data = tensor.detach().to(device="cpu", dtype=self._dtype[key]).contiguous().reshape(-1).view(torch.uint8)
+        if row < 0 or row * row_bytes + data.numel() > rows * row_bytes or data.numel() % max(row_bytes, 1):
+            raise ValueError(f"{key}: {tuple(tensor.shape)} at row {row} does not fit its layout")
+        self._put(memoryview(data.numpy()), len(self._head) + base + row * row_bytes)
+        self._unwritten -= data.numel()
+
+    def _put(self, data: memoryview, offset: int) -> None:
+        while data:  # one pwrite moves at most ~2 GB
+            n = os.pwrite(self._fd, data, offset)
+            data, offset = data[n:], offset + n
+
+    def __exit__(self, kind, *_) -> None:
+        os.close(self._fd)
+        try:
+            if kind is None and self._unwritten:
+                raise ValueError(f"{self._unwritten} bytes of {self.path.name} were never written")
+            if kind is None:
+                _commit(self._tmp, self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+
+
+def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
+    """Write tensors as a safetensors file, atomically and byte-deterministically (SafetensorsWriter)."""
+    with SafetensorsWriter(path, {k: (t.dtype, list(t.shape)) for k, t in tensors.items()}, metadata) as w:
+        for k, t in tensors.items():
+            w.write(k, 0, t)
 
 
 def torch_save(obj, path) -> None:

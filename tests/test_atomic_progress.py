@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from drafter_lab import atomic
@@ -55,10 +56,8 @@ def test_safetensors_writer_round_trips_through_safetensors(tmp_path):
     from safetensors import safe_open
 
     g = torch.Generator().manual_seed(0)
-    parts = [torch.randn(n, 3, generator=g) for n in (2, 0, 5)]
     tensors = {
-        "parts": parts,  # stored as one [7, 3] tensor
-        "as_bf16": parts,
+        "bf16": torch.randn(7, 3, generator=g).bfloat16(),
         "u8": torch.randint(0, 255, (5,), dtype=torch.uint8, generator=g),  # odd length before wider tensors
         "i64": torch.randint(-9, 9, (3, 2), generator=g),
         "i32": torch.randint(-9, 9, (4,), generator=g).int(),
@@ -69,11 +68,32 @@ def test_safetensors_writer_round_trips_through_safetensors(tmp_path):
         "empty": torch.zeros(0, 4),
         "strided": torch.arange(12.0).reshape(3, 4).T,
     }
-    atomic.save_safetensors(tensors, tmp_path / "m.safetensors", metadata={"k": "v"}, dtypes={"as_bf16": torch.bfloat16})
-    want = {k: torch.cat(v) if isinstance(v, list) else v for k, v in tensors.items()}
-    want["as_bf16"] = want["as_bf16"].bfloat16()
+    atomic.save_safetensors(tensors, tmp_path / "m.safetensors", metadata={"k": "v"})
     with safe_open(str(tmp_path / "m.safetensors"), framework="pt") as f:
-        assert f.metadata() == {"k": "v"} and set(f.keys()) == set(want)
-        for k, v in want.items():
+        assert f.metadata() == {"k": "v"} and set(f.keys()) == set(tensors)
+        for k, v in tensors.items():
             got = f.get_tensor(k)
             assert got.dtype == v.dtype and torch.equal(got, v), k
+
+
+def test_safetensors_writer_fills_rows_in_any_order_and_lands_only_when_full(tmp_path):
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(1)
+    x, ids = torch.randn(6, 4, generator=g), torch.randint(0, 99, (6,), generator=g)
+    layout = {"x": (torch.bfloat16, [6, 4]), "ids": (torch.int32, [6])}
+    with atomic.SafetensorsWriter(tmp_path / "a.safetensors", layout) as w:
+        for a, b in ((4, 6), (0, 1), (1, 4)):  # out of order, converted on the way
+            w.write("x", a, x[a:b])
+            w.write("ids", a, ids[a:b])
+    got = load_file(tmp_path / "a.safetensors")
+    assert torch.equal(got["x"], x.bfloat16()) and torch.equal(got["ids"], ids.int())
+    # Same content, same bytes as the one-shot writer.
+    atomic.save_safetensors({"x": x.bfloat16(), "ids": ids.int()}, tmp_path / "b.safetensors")
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+    with pytest.raises(ValueError, match="never written"), atomic.SafetensorsWriter(tmp_path / "c.safetensors", layout) as w:
+        w.write("x", 0, x)
+    with pytest.raises(ValueError, match="does not fit"), atomic.SafetensorsWriter(tmp_path / "d.safetensors", layout) as w:
+        w.write("x", 3, x[:4])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors"]  # no file, no temp

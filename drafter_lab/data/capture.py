@@ -9,7 +9,8 @@ sequence id, shard k of a split always holds the same sequences, and batches ins
 formed the same way every run, so a rerun recomputes exactly the shards the manifest does not list
 and skips the rest. A manifest made from another target or other settings is refused. Regenerated
 conversations are cached beside the shards (`regenerated-<hash>.jsonl`), so a resumed run does not
-generate again. Memory holds one batch of hidden states plus one shard.
+generate again. Memory holds one batch of hidden states: each sequence is written into its
+shard (laid out from the planned lengths) as its batch finishes.
 
 Targets that do not fit one device: launch the same command under torchrun, e.g.
 
@@ -25,6 +26,7 @@ and one GPU each (LOCAL_RANK); on CPU, gloo.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ from drafter_lab import config as cfglib
 from drafter_lab.data.chat import encode_conversation
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.regenerate import regenerate
-from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, shard_name, write_shard
+from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log, maybe_progress
 from drafter_lab.targets.hf import (
@@ -197,11 +199,11 @@ def _encode(tokenizer, convs, cfg: CaptureConfig, conversations_path, skipped: d
     return items
 
 
-def _capture_shard(target: Target, items: list[tuple], aux_ids: list[int], dtype, batch_size: int, advance):
-    """Run the target over one shard's sequences (longest first, right-padded) and keep its states."""
+def _capture_shard(target: Target, items: list[tuple], aux_ids: list[int], dtype, batch_size: int, advance, put):
+    """Run the target over one shard's sequences (longest first, right-padded) and `put(j, seq)` each
+    item's states as its batch finishes."""
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else 0
     order = sorted(range(len(items)), key=lambda j: -len(items[j][1]))
-    out: list[Sequence | None] = [None] * len(items)
     for b in range(0, len(order), batch_size):
         chunk = order[b : b + batch_size]
         width = len(items[chunk[0]][1])
@@ -234,10 +236,9 @@ def _capture_shard(target: Target, items: list[tuple], aux_ids: list[int], dtype
                 raise LabError(
                     f"target produced NaN/inf hidden states on sequence {seq_id} in {str(dtype).removeprefix('torch.')}", target.path
                 )
-            out[j] = seq
+            put(j, seq)
         del hs, aux
         advance(len(chunk), tokens=int(attn.sum()))
-    return out
 
 
 def _source(cfg: CaptureConfig, conversations_path: Path) -> dict:
@@ -260,11 +261,25 @@ def plan_shards(items: list[tuple], val_fraction: float, shard_size: int) -> dic
     return {s: [seqs[k : k + shard_size] for k in range(0, len(seqs), shard_size)] for s, seqs in by_split.items()}
 
 
+@contextlib.contextmanager
+def _removed_if_empty(out: Path, fresh: bool):
+    """A run that fails before its first shard lands leaves no directory behind (a shard's temp file
+    lives in `out` while it is written)."""
+    try:
+        yield
+    except BaseException:
+        if fresh:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only an empty one
+        raise
+
+
 def write_planned(out: Path, manifest: Manifest, existing: Manifest | None, plan: dict, dtype: torch.dtype,
-                  compute, main: bool = True, what: str = "capture") -> Manifest:
+                  length, compute, main: bool = True, what: str = "capture") -> Manifest:
     """Write each planned shard that `existing` does not list yet, then the manifest, shard by shard
-    (a killed run resumes from there). `compute(chunk, advance)` returns a shard's Sequences; only
-    the main rank writes."""
+    (a killed run resumes from there). `length(item)` is an item's token count, which lays out its
+    shard; `compute(chunk, advance, put)` calls `put(j, seq)` once for each item of the chunk, in
+    any order, and each sequence goes to disk then. Only the main rank writes."""
     planned = {s: {"sequences": sum(map(len, plan[s])), "shards": len(plan[s])} for s in SPLITS}
     manifest.source["planned"] = planned
     if existing is not None and existing.source.get("planned") != planned:
@@ -279,13 +294,20 @@ def write_planned(out: Path, manifest: Manifest, existing: Manifest | None, plan
             f"val {planned['val']['sequences']}), {sum(p['shards'] for p in planned.values())} shards, "
             f"{len(todo)} to compute; aux ids {manifest.aux_layer_ids}"
         )
-    with maybe_progress(what, sum(len(c) for _, _, c in todo), main) as advance:
+    fresh = not out.exists()
+    if main:  # the half-written shard of a killed run (every shard that landed is in the manifest)
+        for stale in out.glob(".*.safetensors.*.tmp"):
+            stale.unlink()
+    with maybe_progress(what, sum(len(c) for _, _, c in todo), main) as advance, _removed_if_empty(out, fresh):
         for split, k, chunk in todo:
-            seqs = compute(chunk, advance)
-            if main:
-                row = write_shard(out, split, k, seqs, dtype)
-                manifest.shards[split] = sorted([*manifest.shards[split], row], key=lambda r: r["file"])
-                manifest.save(out)
+            if not main:
+                compute(chunk, advance, lambda j, seq: None)
+                continue
+            with ShardWriter(out, split, k, [it[0] for it in chunk], [length(it) for it in chunk],
+                             manifest.target["hidden_size"], dtype) as shard:
+                compute(chunk, advance, shard.put)
+            manifest.shards[split] = sorted([*manifest.shards[split], shard.row], key=lambda r: r["file"])
+            manifest.save(out)
     return manifest
 
 
@@ -328,6 +350,6 @@ def prepare_features(
         raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length}", conversations_path)
     manifest = Manifest(target=describe, aux_layer_ids=aux_ids, dtype=cfg.dtype, source=source, skipped=skipped)
     return write_planned(
-        out, manifest, existing, plan_shards(items, cfg.val_fraction, cfg.shard_size), dtype,
-        lambda chunk, advance: _capture_shard(target, chunk, aux_ids, dtype, cfg.batch_size, advance), main,
+        out, manifest, existing, plan_shards(items, cfg.val_fraction, cfg.shard_size), dtype, lambda it: len(it[1]),
+        lambda chunk, advance, put: _capture_shard(target, chunk, aux_ids, dtype, cfg.batch_size, advance, put), main,
     )

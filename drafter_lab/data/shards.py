@@ -12,9 +12,9 @@ end to end with an `offsets` index, so sequence i spans tokens offsets[i]:offset
 
 The shard's safetensors metadata holds `seq_ids` (JSON list). The manifest lists finished shards
 with their sha256; it is rewritten atomically after every shard, so a killed capture resumes by
-skipping what the manifest already lists. Shards are written a sequence at a time and read a
-sequence at a time (`ShardReader`, through safetensors' memory map): neither side holds a whole
-feature set, or even a concatenated shard.
+skipping what the manifest already lists. Shards are written a sequence at a time, in any order,
+into a layout fixed by the planned lengths (`ShardWriter`), and read a sequence at a time
+(`ShardReader`, through safetensors' memory map): neither side holds a shard in memory.
 """
 
 from __future__ import annotations
@@ -105,27 +105,57 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.safetensors"
 
 
-def write_shard(directory, split: str, index: int, sequences: list[Sequence], dtype: torch.dtype) -> dict:
-    """Write one shard atomically; returns its manifest row."""
-    if not sequences:
-        raise ValueError("empty shard")
-    lengths = [len(s.input_ids) for s in sequences]
-    offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    # Each sequence is written in turn, converted as it goes: no concatenated copy of the shard.
-    pieces = {key: [getattr(s, key) for s in sequences] for key in SEQUENCE_KEYS}
-    dtypes = {"input_ids": torch.int32, "loss_mask": torch.uint8, "aux_hidden": dtype, "final_hidden": dtype}
-    name = shard_name(split, index)
-    path = Path(directory) / name
-    atomic.save_safetensors({**pieces, "offsets": offsets}, path, dtypes=dtypes,
-                            metadata={"seq_ids": json.dumps([s.seq_id for s in sequences])})
-    return {
-        "file": name,
-        "sequences": len(sequences),
-        "tokens": int(offsets[-1]),
-        "loss_tokens": sum(int(s.loss_mask.sum()) for s in sequences),
-        "sha256": atomic.sha256_file(path),
-    }
+class ShardWriter:
+    """One shard, written a sequence at a time as each is captured, in any order: its layout follows
+    from the sequence ids and lengths given up front, so memory holds one sequence, not a shard.
+    Use it as a context manager; on a clean exit with every sequence put, the shard lands
+    atomically and `row` is its manifest row."""
+
+    def __init__(self, directory, split: str, index: int, seq_ids: list[str], lengths: list[int],
+                 hidden_size: int, dtype: torch.dtype):
+        if not seq_ids:
+            raise ValueError("empty shard")
+        self.name = shard_name(split, index)
+        self.path = Path(directory) / self.name
+        self.offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        self.offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+        tokens = int(self.offsets[-1])
+        layout = {
+            "input_ids": (torch.int32, [tokens]),
+            "loss_mask": (torch.uint8, [tokens]),
+            "aux_hidden": (dtype, [tokens, 3 * hidden_size]),
+            "final_hidden": (dtype, [tokens, hidden_size]),
+            "offsets": (torch.int64, [len(lengths) + 1]),
+        }
+        self._file = atomic.SafetensorsWriter(self.path, layout, metadata={"seq_ids": json.dumps(seq_ids)})
+        self._seq_ids, self._put, self._loss_tokens = seq_ids, set(), 0
+        self.row: dict | None = None
+
+    def __enter__(self) -> ShardWriter:
+        self._file.__enter__()
+        self._file.write("offsets", 0, self.offsets)
+        return self
+
+    def put(self, j: int, seq: Sequence) -> None:
+        """Write sequence `j` of the shard (it must have the length it was planned with)."""
+        a, b = int(self.offsets[j]), int(self.offsets[j + 1])
+        if seq.seq_id != self._seq_ids[j] or len(seq.input_ids) != b - a or j in self._put:
+            raise ValueError(f"sequence {seq.seq_id} ({len(seq.input_ids)} tokens) is not slot {j} of {self.name}")
+        for key in SEQUENCE_KEYS:
+            self._file.write(key, a, getattr(seq, key))
+        self._put.add(j)
+        self._loss_tokens += int(seq.loss_mask.sum())
+
+    def __exit__(self, *exc) -> None:
+        self._file.__exit__(*exc)
+        if exc[0] is None:
+            self.row = {
+                "file": self.name,
+                "sequences": len(self._seq_ids),
+                "tokens": int(self.offsets[-1]),
+                "loss_tokens": self._loss_tokens,
+                "sha256": atomic.sha256_file(self.path),
+            }
 
 
 @dataclass(frozen=True)

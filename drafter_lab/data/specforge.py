@@ -53,15 +53,26 @@ def _flat(t: torch.Tensor, where: Path, name: str) -> torch.Tensor:
     return t
 
 
-def read_sample(path: Path, seq_id: str, hidden: int) -> Sequence:
-    """One SpecForge sample as a Sequence; any missing key or shape that does not fit names the file."""
+def _load(path: Path) -> dict:
+    # Memory-mapped: the states stay file pages that the shard writer copies out, not process memory.
     try:
-        d = torch.load(path, map_location="cpu", weights_only=True)
+        d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise LabError(f"cannot read as a SpecForge sample ({str(e).strip().splitlines()[0][:200]})", path) from None
     missing = sorted({"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"} - set(d))
     if missing:
         raise LabError(f"SpecForge sample lacks {missing}", path)
+    return d
+
+
+def sample_length(path: Path) -> int:
+    """A sample's token count, from its header and ids alone."""
+    return len(_flat(_load(path)["input_ids"], path, "input_ids"))
+
+
+def read_sample(path: Path, seq_id: str, hidden: int) -> Sequence:
+    """One SpecForge sample as a Sequence; any missing key or shape that does not fit names the file."""
+    d = _load(path)
     ids, mask = _flat(d["input_ids"], path, "input_ids"), _flat(d["loss_mask"], path, "loss_mask")
     final, aux = d["hidden_state"].squeeze(0), d["aux_hidden_state"].squeeze(0)
     n = len(ids)
@@ -107,13 +118,11 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
         check_resumable(out, existing, resume_settings(describe, ours, dtype, source))
     items = [(str(f.relative_to(src).with_suffix("")), f) for f in files]
 
-    def convert(chunk, advance):
-        seqs = []
-        for seq_id, path in chunk:
-            seqs.append(read_sample(path, seq_id, target.hidden_size))
+    def convert(chunk, advance, put):
+        for j, (seq_id, path) in enumerate(chunk):
+            put(j, read_sample(path, seq_id, target.hidden_size))
             advance(1)
-        return seqs
 
     manifest = Manifest(target=describe, aux_layer_ids=ours, dtype=dtype, source=source)
     return write_planned(out, manifest, existing, plan_shards(items, val_fraction, shard_size), DTYPES[dtype],
-                         convert, what="import")
+                         lambda item: sample_length(item[1]), convert, what="import")

@@ -70,7 +70,8 @@ def test_resume_recomputes_only_the_missing_shard(features, random_llama, conver
     manifest = json.loads((out / "manifest.json").read_text())
     last = manifest["shards"]["train"].pop()
     (out / "manifest.json").write_text(json.dumps(manifest))
-    (out / last["file"]).unlink()  # a run killed before its last shard
+    (out / last["file"]).unlink()  # a run killed while it wrote its last shard:
+    (out / f".{last['file']}.q8z1x0.tmp").write_bytes(b"half a shard")  # what SIGKILL leaves
     with pytest.raises(LabError, match="partial capture: train has"):
         FeatureSet(out).sequences("train")
     args = ("data", "prepare", "--target", random_llama, "--conversations", conversations_file, "--out", out)

@@ -116,7 +116,7 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     return Target(path=path, model=model, tokenizer=load_tokenizer(path), fingerprint=fp)
 
 
-def _check_config(cfg: CaptureConfig) -> None:
+def check_config(cfg: CaptureConfig) -> None:
     if cfg.dtype not in DTYPES:
         raise LabError(f"unknown dtype {cfg.dtype!r}; choose one of {', '.join(DTYPES)}")
     for name in ("max_length", "batch_size", "shard_size", "max_new_tokens", "regen_batch_size"):
@@ -185,7 +185,9 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
     return convs
 
 
-def _encode(tokenizer, convs, cfg: CaptureConfig, conversations_path, skipped: dict) -> list[tuple]:
+def tokenize_conversations(tokenizer, convs, cfg: CaptureConfig, conversations_path, skipped: dict) -> list[tuple]:
+    """(id, input_ids, loss_mask) per conversation with an assistant token within max_length; the
+    others are counted in `skipped`."""
     items = []
     for conv in convs:
         try:
@@ -199,9 +201,9 @@ def _encode(tokenizer, convs, cfg: CaptureConfig, conversations_path, skipped: d
     return items
 
 
-def _capture_shard(target: Target, items: list[tuple], aux_ids: list[int], dtype, batch_size: int, advance, put):
-    """Run the target over one shard's sequences (longest first, right-padded) and `put(j, seq)` each
-    item's states as its batch finishes."""
+def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype, batch_size: int, advance, put):
+    """Run the target over `items` (id, input_ids, loss_mask), `batch_size` at a time (longest first,
+    right-padded), and `put(j, seq)` each item's states as its batch finishes."""
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else 0
     order = sorted(range(len(items)), key=lambda j: -len(items[j][1]))
     for b in range(0, len(order), batch_size):
@@ -320,7 +322,7 @@ def prepare_features(
     `prepare_features(t, c, o, max_length=256, regenerate=True)`.
     """
     cfg = cfglib.replace(config or CaptureConfig(), **overrides) if overrides else (config or CaptureConfig())
-    _check_config(cfg)
+    check_config(cfg)
     out, conversations_path = Path(out_dir), Path(conversations_path)
     check_out_dir(out)
     convs, skipped = read_conversations(conversations_path, strict=cfg.strict)
@@ -345,11 +347,11 @@ def prepare_features(
         torch.distributed.barrier()
 
     convs = _conversations(target, convs, cfg, out, settings, main)
-    items = _encode(target.tokenizer, convs, cfg, conversations_path, skipped)
+    items = tokenize_conversations(target.tokenizer, convs, cfg, conversations_path, skipped)
     if not items:
         raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length}", conversations_path)
     manifest = Manifest(target=describe, aux_layer_ids=aux_ids, dtype=cfg.dtype, source=source, skipped=skipped)
     return write_planned(
         out, manifest, existing, plan_shards(items, cfg.val_fraction, cfg.shard_size), dtype, lambda it: len(it[1]),
-        lambda chunk, advance, put: _capture_shard(target, chunk, aux_ids, dtype, cfg.batch_size, advance, put), main,
+        lambda chunk, advance, put: capture_states(target, chunk, aux_ids, dtype, cfg.batch_size, advance, put), main,
     )

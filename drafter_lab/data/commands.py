@@ -8,7 +8,7 @@ import argparse
 from drafter_lab.config import field_docs
 
 
-def _aux_ids(text: str) -> list[int]:
+def aux_ids_arg(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size, help=docs["regen_batch_size"])
     p.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
     p.add_argument("--max-length", type=int, default=d.max_length, help=docs["max_length"])
-    p.add_argument("--aux-layer-ids", type=_aux_ids, default=None, metavar="I,J,K", help=docs["aux_layer_ids"])
+    p.add_argument("--aux-layer-ids", type=aux_ids_arg, default=None, metavar="I,J,K", help=docs["aux_layer_ids"])
     p.add_argument("--dtype", default=d.dtype, choices=list(DTYPES), help=docs["dtype"])
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=docs["batch_size"])
     p.add_argument("--shard-size", type=int, default=d.shard_size, help=docs["shard_size"])
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     i.add_argument("--target", required=True, help="the target they were captured from (only config, "
                                                    "embedding and lm_head are read)")
     i.add_argument("--out", required=True, help="feature directory (resumes if it holds a manifest)")
-    i.add_argument("--aux-layer-ids", type=_aux_ids, default=None, metavar="I,J,K",
+    i.add_argument("--aux-layer-ids", type=aux_ids_arg, default=None, metavar="I,J,K",
                    help="SpecForge's ids (output of layer k), as in its draft config; default [1, L//2-1, L-4]")
     i.add_argument("--shard-size", type=int, default=d.shard_size, help=docs["shard_size"])
     i.add_argument("--val-fraction", type=float, default=d.val_fraction, help=docs["val_fraction"])

@@ -55,34 +55,38 @@ def target_top1(final_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int = 
     return out
 
 
-def _tokens(item: Sequence | SequenceRef) -> int:
+def _tokens(item) -> int:
     return len(item.input_ids) if isinstance(item, Sequence) else len(item)
 
 
 class Examples:
     """Sequences (in memory, or located in shards and read on demand) as training examples.
 
-    The full-vocab top-1 is computed on `device` (the run's), where a real target's lm_head
-    matmul belongs; the features themselves stay on the CPU until their batch is collated."""
+    `read(items) -> Sequences` replaces the reading for items of another kind (an online run's
+    prompts, whose states the target computes per batch). The full-vocab top-1 is computed on
+    `device` (the run's), where a real target's lm_head matmul belongs; the features themselves
+    stay on the CPU until their batch is collated."""
 
-    def __init__(self, items: list[Sequence] | list[SequenceRef], lm_head_weight: torch.Tensor, max_length: int,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, items: list, lm_head_weight: torch.Tensor, max_length: int,
+                 device: torch.device | str = "cpu", read=None):
         lengths = [min(_tokens(it), max_length) for it in items]
         self.items = [it for it, n in zip(items, lengths) if n >= 3]
         self.lengths = [n for n in lengths if n >= 3]
         """Tokens per example after truncation; sequences under 3 tokens are left out."""
         self.reader, self.max_length = ShardReader(), max_length
+        self.read = read or self._read
         self.lm_head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
         self._top1: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return len(self.items)
 
+    def _read(self, items: list[Sequence | SequenceRef]) -> list[Sequence]:
+        return [it if isinstance(it, Sequence) else self.reader.read(it, self.max_length) for it in items]
+
     def take(self, ids: list[int]) -> list[Example]:
         out = []
-        for i in ids:
-            it = self.items[i]
-            s = it if isinstance(it, Sequence) else self.reader.read(it, self.max_length)
+        for i, s in zip(ids, self.read([self.items[i] for i in ids]), strict=True):
             n = self.lengths[i]
             final = s.final_hidden[:n]
             if i not in self._top1:

@@ -16,20 +16,21 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
-from drafter_lab.data.shards import FeatureSet
+from drafter_lab.data.capture import CaptureConfig
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import TransferReport
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
-from drafter_lab.progress import console, log, maybe_progress, progress
+from drafter_lab.progress import console, log, progress
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
 from drafter_lab.train.data import Batch, Examples, Prefetcher, collate, plan_epoch, shard_batch
 from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
 from drafter_lab.train.schedule import lr_factor
+from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
 
 # Fields that may change between a run and its --resume without changing its results.
@@ -66,30 +67,15 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
         cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)), **over)
 
 
-def _check_width(fs: FeatureSet, target, data_dir) -> None:
-    if fs.hidden_size != target.hidden_size:
-        raise LabError(f"features have hidden size {fs.hidden_size}, the target {target.hidden_size}: "
-                       "they do not fit", data_dir)
-
-
-def _scan(fs: FeatureSet, d: distributed.Dist) -> None:
-    """Every shard read once before anything is written; ranks split the shards."""
-    rows = [r for split in ("train", "val") for r in fs.manifest.shards.get(split, [])][d.rank::d.world]
-    with maybe_progress("check features", len(rows), d.main) as advance:
-        for r in rows:
-            fs.reader.scan(fs.dir / r["file"])
-            advance(1)
-
-
-def _load_vocab(vocab, data_dir, size: int, target_vocab: int):
+def _load_vocab(vocab, source, size: int, target_vocab: int):
     if vocab is None:
-        from drafter_lab.data.vocab import build_vocab
+        from drafter_lab.data.vocab import vocab_from_counts
 
-        vocab = build_vocab(data_dir, size)
+        vocab = vocab_from_counts(source.token_counts(), size)
     t2d = torch.as_tensor(vocab.t2d).bool()
     d2t = torch.as_tensor(vocab.d2t).long()
     if len(t2d) != target_vocab:
-        raise LabError(f"draft vocab maps a {len(t2d)}-token target vocab, the target has {target_vocab}", data_dir)
+        raise LabError(f"draft vocab maps a {len(t2d)}-token target vocab, the target has {target_vocab}", source.where)
     if int(t2d.sum()) != len(d2t):
         raise LabError(f"draft vocab is inconsistent: t2d marks {int(t2d.sum())} tokens, d2t has {len(d2t)}")
     return vocab, d2t, t2d
@@ -125,20 +111,28 @@ def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
 
 
 def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = False, init_from=None,
-          remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None) -> dict:
+          remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None,
+          online: CaptureConfig | None = None) -> dict:
     """Train a drafter on `data_dir` features of `target_dir`; returns the final validation metrics.
+
+    With `online` (capture settings; its max_length is cfg.max_length), `data_dir` is a
+    conversations file instead, and the target computes each batch's states (train.sources.Online).
 
     `resume` continues the run in `out_dir` exactly (a directory without a train state starts
     fresh). `init_from` starts from another drafter (drafter.transfer rules; `remap=False` is the
     seeds' naive path), with `l2sp` pulling transferred weights toward their initial values and
     `transfer_lr_scale` scaling their learning rate. `vocab` (d2t/t2d) defaults to
-    data.vocab.build_vocab(data_dir, cfg.draft_vocab_size).
+    the top cfg.draft_vocab_size tokens of the train split.
     """
     d = distributed.setup(cfg.device)
     try:
         with torch_threads(cfg.threads):
-            run = _Run(cfg, d, Path(target_dir), Path(data_dir), Path(out_dir), resume, init_from, remap, l2sp,
-                       transfer_lr_scale, vocab)
+            if online is None:
+                source = Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world)
+            else:
+                source = Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
+                                d.device)
+            run = _Run(cfg, d, source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab)
             return run.fit()
     finally:
         distributed.teardown(d)
@@ -147,10 +141,8 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
 class _Run:
     """One training run: every input checked in __init__ (nothing written yet), then fit()."""
 
-    def __init__(self, cfg: TrainConfig, d: distributed.Dist, target_dir: Path, data_dir: Path, out_dir: Path,
+    def __init__(self, cfg: TrainConfig, d: distributed.Dist, source: Captured | Online, out_dir: Path,
                  resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab):
-        from drafter_lab.targets.hf import load_target_head
-
         self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
         if cfg.ttt_steps < 1:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
@@ -162,15 +154,9 @@ class _Run:
                 raise LabError("tensorboard = true needs the tensorboard package (pip install tensorboard)") from None
 
         # ---- every input, before anything is written ------------------------------------------
-        target = load_target_head(target_dir)  # embedding + lm_head: the layers never run here
-        fs = FeatureSet(data_dir)
-        fs.check_target(target.fingerprint, target_dir)
-        _check_width(fs, target, data_dir)
-        train_refs, val_refs = fs.require("train"), fs.require("val")  # located, not read
-        if cfg.scan_features:
-            _scan(fs, d)
-        vocab, d2t, t2d = _load_vocab(vocab, data_dir, cfg.draft_vocab_size, target.vocab_size)
-        dcfg = _drafter_config(cfg, target, len(d2t), fs.manifest.aux_layer_ids)
+        target = source.target
+        vocab, d2t, t2d = _load_vocab(vocab, source, cfg.draft_vocab_size, target.vocab_size)
+        dcfg = _drafter_config(cfg, target, len(d2t), source.aux_layer_ids)
         self.saved = None
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
@@ -187,10 +173,10 @@ class _Run:
         self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
                         if n in transferred} if l2sp > 0 else {}
         lm_head = target.lm_head_weight().detach().float().to(d.device)  # one copy for top-1 and teacher
-        self.train_ex = Examples(train_refs, lm_head, cfg.max_length, d.device)
-        self.val_ex = Examples(val_refs, lm_head, cfg.max_length, d.device)
+        self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.read)
+                                      for s in ("train", "val"))
         if not self.train_ex or not self.val_ex:
-            raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", data_dir)
+            raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", source.where)
 
         # ---- model, optimizer, schedule -------------------------------------------------------
         dev = d.device
@@ -218,8 +204,7 @@ class _Run:
             "config": labconfig.to_dict(cfg),
             "drafter": dataclasses.asdict(dcfg),
             "target": target.describe(),
-            "features": {"dir": str(data_dir), "manifest_sha256": atomic.sha256_file(fs.dir / "manifest.json"),
-                         "train_sequences": len(self.train_ex), "val_sequences": len(self.val_ex)},
+            "features": {**source.describe(), "train_sequences": len(self.train_ex), "val_sequences": len(self.val_ex)},
             "init_from": None if init_from is None else {
                 "source": str(init_from), "remap": remap, "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale},
             "world_size": d.world,

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from drafter_lab.data.shards import Manifest
 from drafter_lab.train import state
 
 ARGS = ["--draft-vocab-size", "128", "--epochs", "2", "--batch-size", "4", "--ttt-steps", "3", "--lr", "3e-3",
@@ -23,7 +24,9 @@ def env():
 
 
 def cli(target, data, out, *extra, launcher=(sys.executable, "-m", "drafter_lab")):
-    cmd = [*launcher, "train", "--target", str(target), "--data", str(data), "--out", str(out), *ARGS, *extra]
+    """`data` is a feature directory, or ("--conversations", file) for an online run."""
+    data = ("--data", str(data)) if not isinstance(data, tuple) else data
+    cmd = [*launcher, "train", "--target", str(target), *data, "--out", str(out), *ARGS, *extra]
     return subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -38,7 +41,12 @@ def rows(out_dir):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(peaked_llama, features, tmp_path):
+@pytest.mark.parametrize("online", [False, True], ids=["captured", "online"])
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(peaked_llama, features, tmp_path, online):
+    if online:  # the target computes the states in the run; same sequences and split as `features`
+        source = Manifest.load(features).source
+        features = ("--conversations", source["conversations"], "--val-fraction", str(source["val_fraction"]),
+                    "--max-length", str(source["max_length"]))
     full = cli(peaked_llama, features, tmp_path / "full", "--checkpoint-every", "2")
     killed = cli(peaked_llama, features, tmp_path / "killed", "--checkpoint-every", "2")
     path = state.state_path(tmp_path / "killed")

@@ -1,0 +1,78 @@
+"""Online training: the target computes each batch's states inside `train`. Its sequences, split,
+vocab and states are the captured ones, and a run trains like one on `data prepare`'s shards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from drafter_lab.cli import main
+from drafter_lab.data.capture import CaptureConfig
+from drafter_lab.data.shards import FeatureSet, Manifest
+from drafter_lab.data.vocab import count_train_tokens
+from drafter_lab.drafter.checkpoint import load_drafter
+from drafter_lab.errors import LabError
+from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.loop import train
+from drafter_lab.train.sources import Online
+
+# As the `features` fixture was captured.
+CAPTURE = CaptureConfig(max_length=96, val_fraction=0.25)
+CFG = TrainConfig(draft_vocab_size=128, max_steps=6, batch_size=8, ttt_steps=3, lr=3e-3, warmup_steps=3,
+                  log_every=1, eval_every=3, eval_batch_size=8, threads=1, max_length=96)
+
+
+def conversations_of(features):
+    return Manifest.load(features).source["conversations"]
+
+
+def test_online_states_are_the_captured_ones(peaked_llama, features):
+    online = Online(peaked_llama, conversations_of(features), CAPTURE, torch.device("cpu"))
+    fs = FeatureSet(features)
+    assert online.aux_layer_ids == fs.manifest.aux_layer_ids
+    assert torch.equal(online.token_counts(), count_train_tokens(features))
+    for split in ("train", "val"):
+        assert [p.seq_id for p in online.items[split]] == [r.seq_id for r in fs.require(split)]
+    prompts, refs = online.items["train"][18:24], fs.require("train")[18:24]
+    assert len({len(p) for p in prompts}) > 1  # one right-padded forward, as capture batches
+    for got, want in zip(online.read(prompts), fs.read(refs), strict=True):
+        assert got.seq_id == want.seq_id and torch.equal(got.input_ids, want.input_ids)
+        assert torch.equal(got.loss_mask, want.loss_mask)
+        torch.testing.assert_close(got.aux_hidden, want.aux_hidden, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.final_hidden, want.final_hidden, rtol=1e-5, atol=1e-5)
+
+
+def test_online_run_trains_as_on_captured_features(peaked_llama, features, tmp_path):
+    offline = train(CFG, peaked_llama, features, tmp_path / "offline")
+    convs = conversations_of(features)
+    args = ["train", "--target", str(peaked_llama), "--conversations", convs, "--val-fraction", "0.25",
+            "--draft-vocab-size", "128", "--max-steps", "6", "--batch-size", "8", "--ttt-steps", "3", "--lr", "3e-3",
+            "--warmup-steps", "3", "--log-every", "1", "--eval-every", "3", "--eval-batch-size", "8",
+            "--threads", "1", "--max-length", "96"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    rows = [[{k: v for k, v in json.loads(line).items() if k != "elapsed_s"}
+             for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("a", "b")]
+    assert rows[0] == rows[1]  # deterministic, though the target runs in the loader's thread
+    online = rows[0][-1]
+    assert online["step"] == offline["step"] == 6
+    # The states differ from the shards' only in low bits (capture padded other batches).
+    for k in ("loss_0", "loss_2", "cond_acc_0", "acc_2", "simulated_accept_len"):
+        assert online[k] == pytest.approx(offline[k], rel=1e-4, abs=1e-4), k
+    assert torch.equal(load_drafter(tmp_path / "a").d2t, load_drafter(tmp_path / "offline").d2t)
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["features"]["online"] == convs and run["features"]["aux_layer_ids"] == [2, 4, 5]
+
+
+def test_online_bad_input(peaked_llama, features, tmp_path, capsys):
+    convs = conversations_of(features)
+    with pytest.raises(LabError, match="online training does not regenerate"):
+        train(CFG, peaked_llama, convs, tmp_path / "x", online=CaptureConfig(regenerate=True))
+    with pytest.raises(LabError, match=r"aux layer id\(s\) \[9\] out of range"):
+        train(CFG, peaked_llama, convs, tmp_path / "x", online=CaptureConfig(aux_layer_ids=[2, 4, 9]))
+    assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "x"),
+                 "--target-dtype", "bfloat16"]) == 2
+    assert "apply to --conversations (online) runs only" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -136,6 +136,15 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
     )
 
 
+def _at_home(drafter, source_target_dir, val: list[Sequence], cfg: ProbeConfig, device) -> tuple[dict, list[float]]:
+    """The drafter on its own (source) target, over the new target's tokens, and the aux CKA
+    between the two targets. The whole source model is loaded here and released on return."""
+    source = load_target(source_target_dir, device=device, tokenizer=False)
+    src = _source_features(source, val, list(drafter.config.aux_layer_ids))
+    home = evaluate(drafter, source.lm_head_weight(), src, cfg.ttt_steps, cfg.batch_size)
+    return home, aux_cka(src, val, 3, cfg.cka_tokens)
+
+
 def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: ProbeConfig | None = None,
           thresholds: ProbeThresholds | None = None, device="cpu", pilot_recipe: TrainConfig | None = None,
           pilot_dir=None, transfer_lr_scale: float = 1.0) -> dict:
@@ -156,15 +165,12 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
 
     home, ckas = None, None
     if source_target_dir is not None:
-        source = load_target(source_target_dir, device=device, tokenizer=False)
-        src = _source_features(source, val, list(drafter.config.aux_layer_ids))
-        home = evaluate(drafter, source.lm_head_weight(), src, cfg.ttt_steps, cfg.batch_size)
-        ckas = aux_cka(src, val, 3, cfg.cka_tokens)
+        home, ckas = _at_home(drafter, source_target_dir, val, cfg, device)
 
     pilot = None
     if cfg.pilot_steps > 0:
         recipe = pilot_config(pilot_recipe or TrainConfig(), cfg.pilot_steps, drafter.config)
-        pilot = run_pilot(drafter_dir, target_dir, data_dir, recipe, pilot_dir, transfer_lr_scale)
+        pilot = run_pilot(drafter_dir, target_dir, data_dir, recipe, pilot_dir, transfer_lr_scale, target)
 
     verdict, reason = decide(
         zero["simulated_accept_len"], home["simulated_accept_len"] if home else None, ckas, th, pilot

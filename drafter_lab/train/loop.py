@@ -112,11 +112,13 @@ def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
 
 def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = False, init_from=None,
           remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None,
-          online: CaptureConfig | None = None) -> dict:
+          online: CaptureConfig | None = None, target=None) -> dict:
     """Train a drafter on `data_dir` features of `target_dir`; returns the final validation metrics.
 
     With `online` (capture settings; its max_length is cfg.max_length), `data_dir` is a
     conversations file instead, and the target computes each batch's states (train.sources.Online).
+    Otherwise `target` may be `target_dir`'s TargetHead, loaded already (the probe's), so that it is
+    not read and held twice.
 
     `resume` continues the run in `out_dir` exactly (a directory without a train state starts
     fresh). `init_from` starts from another drafter (drafter.transfer rules; `remap=False` is the
@@ -128,7 +130,7 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     try:
         with torch_threads(cfg.threads):
             if online is None:
-                source = Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world)
+                source = Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target)
             else:
                 source = Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
                                 d.device)

@@ -37,9 +37,10 @@ from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, l
 class Captured:
     """Features captured from the target beforehand, located now and read per batch."""
 
-    def __init__(self, target_dir: Path, data_dir: Path, scan: bool, rank: int = 0, world: int = 1):
+    def __init__(self, target_dir: Path, data_dir: Path, scan: bool, rank: int = 0, world: int = 1, target=None):
         self.where = data_dir
-        self.target = load_target_head(target_dir)  # embedding + lm_head: the layers never run here
+        # Embedding + lm_head (the layers never run here), unless the caller has them loaded already.
+        self.target = target or load_target_head(target_dir)
         fs = self.features = FeatureSet(data_dir)
         fs.check_target(self.target.fingerprint, target_dir)
         if fs.hidden_size != self.target.hidden_size:

@@ -11,6 +11,8 @@ import pytest
 
 from drafter_lab.experiments.pilot import closing, lead_text
 from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, decide, probe
+from drafter_lab.targets.hf import load_target_head
+from drafter_lab.train import sources
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.state import read_metrics
@@ -53,10 +55,13 @@ def test_lead_text_and_closing():
     assert closing(p) and not closing(_pilot(0.0, 0.1, 0.08, 0.06)) and not closing(_pilot(0.0, 0.2, 0.0, -0.05))
 
 
-def test_pilot_trains_both_arms_with_one_recipe(source, random_llama, tmp_path):
+def test_pilot_trains_both_arms_with_one_recipe(source, random_llama, tmp_path, monkeypatch):
     src, feats = source
     cfg = ProbeConfig(max_sequences=8, cka_tokens=256, ttt_steps=2, pilot_steps=8)
+    heads = []  # the target head that train() loads itself; the probe hands its own to the pilot
+    monkeypatch.setattr(sources, "load_target_head", lambda *a, **k: heads.append(a) or load_target_head(*a, **k))
     out = probe(src, random_llama, feats, random_llama, cfg=cfg, pilot_recipe=RECIPE, pilot_dir=tmp_path)
+    assert heads == []
     pilot = out["pilot"]
     assert [r["step"] for r in pilot["curve"]] == [0, 2, 4, 6, 8]
     runs = {arm: json.loads((tmp_path / arm / "run.json").read_text()) for arm in ("scratch", "transfer")}

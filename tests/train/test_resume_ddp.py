@@ -36,6 +36,15 @@ def finish(proc) -> str:
     return out
 
 
+def data_args(features, online: bool):
+    """The captured features, or for an online run their conversations with the same split and length."""
+    if not online:
+        return features
+    source = Manifest.load(features).source
+    return ("--conversations", source["conversations"], "--val-fraction", str(source["val_fraction"]),
+            "--max-length", str(source["max_length"]))
+
+
 def rows(out_dir):
     return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in state.read_metrics(out_dir)]
 
@@ -43,10 +52,7 @@ def rows(out_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("online", [False, True], ids=["captured", "online"])
 def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(peaked_llama, features, tmp_path, online):
-    if online:  # the target computes the states in the run; same sequences and split as `features`
-        source = Manifest.load(features).source
-        features = ("--conversations", source["conversations"], "--val-fraction", str(source["val_fraction"]),
-                    "--max-length", str(source["max_length"]))
+    features = data_args(features, online)
     full = cli(peaked_llama, features, tmp_path / "full", "--checkpoint-every", "2")
     killed = cli(peaked_llama, features, tmp_path / "killed", "--checkpoint-every", "2")
     path = state.state_path(tmp_path / "killed")
@@ -69,7 +75,9 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(peaked_llama, featur
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_match_one(peaked_llama, features, tmp_path):
+@pytest.mark.parametrize("online", [False, True], ids=["captured", "online"])
+def test_torchrun_two_processes_match_one(peaked_llama, features, tmp_path, online):
+    features = data_args(features, online)  # online: each rank's target computes its rows of a batch
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "-m", "drafter_lab")
     ddp = cli(peaked_llama, features, tmp_path / "ddp", launcher=launcher)

@@ -1,11 +1,13 @@
-"""CLI: `data prepare` (features from conversations), `data import-specforge` (features SpecForge
-captured) and `vocab build` / `vocab compare`."""
+"""CLI: `data prepare` (features from conversations), `data regenerate` (the target's own answers,
+locally or through a server), `data import-specforge` (features SpecForge captured) and
+`vocab build` / `vocab compare`."""
 
 from __future__ import annotations
 
 import argparse
 
 from drafter_lab.config import field_docs
+from drafter_lab.errors import LabError
 
 
 def aux_ids_arg(text: str) -> list[int]:
@@ -39,6 +41,23 @@ def register(subparsers) -> None:
     p.add_argument("--strict", action="store_true", help=docs["strict"])
     p.add_argument("--device", default=d.device, help=docs["device"])
     p.set_defaults(func=_prepare)
+    r = data_sub.add_parser("regenerate", help="have the target rewrite the assistant turns: locally, or "
+                                                "through an OpenAI-compatible server (SGLang, vLLM)")
+    r.add_argument("--conversations", required=True, help="SpecForge/ShareGPT jsonl")
+    r.add_argument("--out", required=True, help="regenerated jsonl (a killed --server run resumes from <out>.partial)")
+    who = r.add_mutually_exclusive_group(required=True)
+    who.add_argument("--target", help="local HF causal-LM directory, run here with transformers")
+    who.add_argument("--server", metavar="URL", help="base URL of a server with /v1/chat/completions")
+    r.add_argument("--model", default="default", help="with --server: the model name to request")
+    r.add_argument("--concurrency", type=int, default=8, help="with --server: conversations in flight")
+    r.add_argument("--retries", type=int, default=3, help="with --server: retries of a request that failed to "
+                                                           "connect or got a 5xx answer (1, 2, 4, ... s apart)")
+    r.add_argument("--temperature", type=float, default=d.temperature, help=docs["temperature"])
+    r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
+    r.add_argument("--batch-size", type=int, default=d.regen_batch_size, help="with --target: " + docs["regen_batch_size"])
+    r.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
+    r.add_argument("--device", default=d.device, help="with --target: " + docs["device"])
+    r.set_defaults(func=_regenerate)
     i = data_sub.add_parser("import-specforge", help="SpecForge offline hidden states (*.ckpt) -> feature shards")
     i.add_argument("--hidden-states", required=True, help="directory SpecForge's prepare_hidden_states wrote")
     i.add_argument("--target", required=True, help="the target they were captured from (only config, "
@@ -92,6 +111,35 @@ def _prepare(args) -> int:
         if rank:
             return 0
     _print_manifest(manifest, args.out)
+    return 0
+
+
+def _regenerate(args) -> int:
+    from pathlib import Path
+
+    from drafter_lab.data.conversations import read_conversations, write_conversations
+    from drafter_lab.progress import log
+
+    source, out = Path(args.conversations), Path(args.out)
+    convs, skipped = read_conversations(source)
+    if not convs:
+        raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
+    if args.server is not None:
+        from drafter_lab.data.regenerate_server import ServerConfig, regenerate_via_server
+
+        cfg = ServerConfig(url=args.server, model=args.model, temperature=args.temperature,
+                           max_new_tokens=args.max_new_tokens, seed=args.seed, concurrency=args.concurrency,
+                           retries=args.retries)
+        regenerate_via_server(convs, source, out, cfg)
+    else:
+        from drafter_lab.data.regenerate import regenerate
+        from drafter_lab.targets.hf import load_target
+
+        target = load_target(args.target, device=args.device)
+        write_conversations(out, regenerate(target, convs, temperature=args.temperature,
+                                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                            seed=args.seed))
+    log(f"regenerated {len(convs)} conversations -> {out}" + (f" (skipped: {skipped})" if skipped else ""))
     return 0
 
 

@@ -28,7 +28,23 @@ def stop_token_ids(target) -> list[int]:
     return ids
 
 
-def _generate_batch(target, prompts: list[str], gen_config) -> list[str]:
+def generation_config(target, temperature: float, max_new_tokens: int):
+    """HF generation settings: greedy at temperature 0, else plain sampling; stops at any end token."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_k=None,
+        top_p=None,
+        eos_token_id=stop_token_ids(target),
+        pad_token_id=target.tokenizer.pad_token_id,
+    )
+
+
+def generate_texts(target, prompts: list[str], gen_config) -> list[str]:
+    """One left-padded `generate` over rendered prompts; each answer's text up to its end token."""
     tok = target.tokenizer
     side = tok.padding_side
     tok.padding_side = "left"  # generated tokens must follow each prompt directly
@@ -62,18 +78,7 @@ def regenerate(
 
     `show_progress=False` keeps tensor-parallel ranks other than 0 quiet.
     """
-    from transformers import GenerationConfig
-
-    stops = stop_token_ids(target)
-    gen_config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None,
-        top_k=None,
-        top_p=None,
-        eos_token_id=stops,
-        pad_token_id=target.tokenizer.pad_token_id,
-    )
+    gen_config = generation_config(target, temperature, max_new_tokens)
     convs = [Conversation(id=c.id, messages=copy.deepcopy(c.messages)) for c in conversations]
     turns = [c.assistant_turns() for c in convs]
     rounds = max((len(t) for t in turns), default=0)
@@ -87,7 +92,7 @@ def regenerate(
                 order = sorted(range(len(jobs)), key=lambda j: len(prompts[j]))
                 for b in range(0, len(order), batch_size):
                     chunk = order[b : b + batch_size]
-                    texts = _generate_batch(target, [prompts[j] for j in chunk], gen_config)
+                    texts = generate_texts(target, [prompts[j] for j in chunk], gen_config)
                     for j, text in zip(chunk, texts):
                         conv, i = jobs[j]
                         conv.messages[i]["content"] = text

@@ -86,7 +86,7 @@ class Online:
     def __init__(self, target_dir: Path, conversations: Path, capture: CaptureConfig, device: torch.device):
         check_config(capture)
         if capture.regenerate:
-            raise LabError("online training does not regenerate: run `data prepare --regenerate` for that")
+            raise LabError("online training does not regenerate: run `data regenerate` first, then train on its output")
         self.where, self.capture = conversations, capture
         self.dtype = DTYPES[capture.dtype]
         self.target = load_target(target_dir, device=device, dtype=self.dtype)

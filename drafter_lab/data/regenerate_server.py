@@ -1,0 +1,151 @@
+"""Regeneration through an OpenAI-compatible chat server: SGLang's `launch_server`, `vllm serve`,
+or anything that answers `POST /v1/chat/completions`.
+
+For a target that needs a serving stack (tensor parallelism, a real batch scheduler), the server
+writes the answers and this module only sends requests, as SpecForge's regeneration does. Turn k of
+a conversation is asked with the conversation as already regenerated up to it, as in
+`regenerate.regenerate`. Conversations run `concurrency` at a time; each one, once all its turns
+are back, is appended to `<out>.partial` (whose first line records the settings), so a killed run
+resumes where it stopped. The finished file is written atomically in input order, and the partial
+file is removed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from drafter_lab import atomic
+from drafter_lab.data.conversations import Conversation, write_conversations
+from drafter_lab.errors import LabError
+from drafter_lab.progress import maybe_progress
+
+
+@dataclass
+class ServerConfig:
+    """How to ask the server, and what to ask it for."""
+
+    url: str
+    """Base URL of the server, e.g. http://127.0.0.1:30000 (the /v1/chat/completions path is added)."""
+    model: str = "default"
+    """Model name sent with each request (SGLang accepts "default"; vLLM wants the served name)."""
+    temperature: float = 0.0
+    """Sampling temperature (0 = greedy)."""
+    max_new_tokens: int = 128
+    """Longest regenerated assistant turn, in tokens."""
+    seed: int = 0
+    """Sent with each request, for servers that seed sampling per request."""
+    concurrency: int = 8
+    """Conversations in flight at once."""
+    timeout_s: float = 600.0
+    """Seconds one request may take."""
+    retries: int = 3
+    """Retries of a request that failed to connect or got a 5xx answer, 1, 2, 4, ... s apart."""
+
+
+def _endpoint(cfg: ServerConfig) -> str:
+    return cfg.url.rstrip("/") + "/v1/chat/completions"
+
+
+def ask(cfg: ServerConfig, messages: list[dict]) -> str:
+    """The server's answer to `messages`; a failure that retries do not cure is a LabError naming the URL."""
+    body = json.dumps({"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
+                       "temperature": cfg.temperature, "seed": cfg.seed}).encode()
+    request = urllib.request.Request(_endpoint(cfg), data=body, headers={"Content-Type": "application/json"})
+    for attempt in range(cfg.retries + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=cfg.timeout_s) as r:
+                answer = json.loads(r.read())
+            break
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace").strip().replace("\n", " ")[:200]
+            if e.code < 500 or attempt == cfg.retries:
+                raise LabError(f"server answered HTTP {e.code}: {detail}", _endpoint(cfg)) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            if attempt == cfg.retries:
+                reason = getattr(e, "reason", e)
+                raise LabError(f"cannot reach the server ({reason}) after {cfg.retries + 1} tries", _endpoint(cfg)) from None
+        except json.JSONDecodeError:
+            raise LabError("server answer is not JSON", _endpoint(cfg)) from None
+        time.sleep(2**attempt)
+    try:
+        return answer["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise LabError(f"server answer has no choices[0].message.content: {str(answer)[:200]}", _endpoint(cfg)) from None
+
+
+def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
+    out = Conversation(id=conv.id, messages=copy.deepcopy(conv.messages))
+    for i in out.assistant_turns():
+        out.messages[i]["content"] = ask(cfg, out.messages[:i])
+    return out
+
+
+def _settings(cfg: ServerConfig, source: Path) -> dict:
+    keep = {k: v for k, v in asdict(cfg).items() if k not in ("url", "concurrency", "timeout_s", "retries")}
+    return {"settings": {**keep, "conversations_sha256": atomic.sha256_file(source)}}
+
+
+def _resume(partial: Path, settings: dict) -> dict[str, Conversation]:
+    """The conversations a killed run finished. The partial file is cut back to its whole lines (a
+    kill can leave half of one: that conversation runs again) or started with the settings line;
+    one made with other settings is refused."""
+    blob = partial.read_bytes() if partial.exists() else b""
+    lines = blob.split(b"\n")[:-1]  # whole lines only
+    if not lines:
+        partial.write_text(json.dumps(settings) + "\n")
+        return {}
+    try:
+        same = json.loads(lines[0]) == settings
+    except json.JSONDecodeError:
+        same = False
+    if not same:
+        raise LabError("partial regeneration made with other settings (or another conversations file); "
+                       "delete it or use another --out", partial)
+    done = {}
+    for line in lines[1:]:
+        row = json.loads(line)
+        done[row["id"]] = Conversation(id=row["id"], messages=row["conversations"])
+    os.truncate(partial, sum(len(line) + 1 for line in lines))
+    return done
+
+
+def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,
+                          show_progress: bool = True) -> list[Conversation]:
+    """Regenerate every assistant turn of `conversations` (read from `source`) through the server at
+    `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order."""
+    if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
+        raise LabError("need concurrency >= 1, max_new_tokens >= 1 and temperature >= 0")
+    partial = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = _resume(partial, _settings(cfg, source))
+    todo = [c for c in conversations if c.id not in done]
+    with open(partial, "a", encoding="utf-8") as f, ThreadPoolExecutor(cfg.concurrency) as pool:
+        futures = [pool.submit(_regenerate_one, cfg, c) for c in todo]
+        with maybe_progress("regenerate", len(conversations), show_progress) as advance:
+            advance(len(done))
+            try:
+                for future in as_completed(futures):
+                    conv = future.result()
+                    f.write(json.dumps({"id": conv.id, "conversations": conv.messages}, ensure_ascii=False) + "\n")
+                    f.flush()
+                    done[conv.id] = conv
+                    advance(1)
+            except BaseException:
+                for other in futures:
+                    other.cancel()
+                if not done:  # nothing to resume from: leave nothing behind
+                    partial.unlink()
+                raise
+        os.fsync(f.fileno())
+    result = [done[c.id] for c in conversations]
+    write_conversations(out, result)
+    partial.unlink()
+    return result

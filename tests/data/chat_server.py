@@ -1,0 +1,52 @@
+"""An OpenAI-compatible chat server over a local HF model, for the regeneration tests: a real HTTP
+server in its own process, answering /v1/chat/completions as SGLang does (through the lab's own
+chat template rendering and `generate`, one request at a time). Each request's messages are
+appended to LOG_FILE; the bound port is written to PORT_FILE once the server listens.
+
+    python chat_server.py MODEL_DIR PORT_FILE LOG_FILE
+"""
+
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import torch
+
+from drafter_lab.data.chat import render
+from drafter_lab.data.regenerate import generate_texts, generation_config
+from drafter_lab.targets.hf import load_target
+
+torch.set_num_threads(1)
+target = load_target(sys.argv[1])
+port_file, log_file = Path(sys.argv[2]), Path(sys.argv[3])
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        if self.path != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open(log_file, "a") as f:
+            f.write(json.dumps(req) + "\n")
+        prompt = render(target.tokenizer, req["messages"], add_generation_prompt=True)
+        text = generate_texts(target, [prompt], generation_config(target, req["temperature"], req["max_tokens"]))[0]
+        body = json.dumps({"object": "chat.completion",
+                           "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer.request_queue_size = 64  # the client keeps several conversations in flight
+server = HTTPServer(("127.0.0.1", 0), Handler)
+tmp = port_file.with_suffix(".tmp")
+tmp.write_text(str(server.server_address[1]))
+tmp.rename(port_file)
+server.serve_forever()

@@ -1,0 +1,88 @@
+"""`data regenerate --server`: a real OpenAI-compatible server process gives the same conversations
+as regenerating locally, a killed run resumes without asking again, and failures are one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from data_helpers import make_conversations, run_cli, write_jsonl
+
+from drafter_lab.data.conversations import read_conversations
+from drafter_lab.data.regenerate_server import ServerConfig, _settings
+
+SERVER = Path(__file__).with_name("chat_server.py")
+GEN = ("--max-new-tokens", "6", "--seed", "0")
+
+
+@pytest.fixture
+def server(random_llama, tmp_path):
+    """(base URL, file of the requests it got)."""
+    port_file, log = tmp_path / "port", tmp_path / "requests.jsonl"
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(random_llama), str(port_file), str(log)])
+    deadline = time.time() + 120
+    while not port_file.exists():
+        assert proc.poll() is None and time.time() < deadline, "the chat server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port_file.read_text()}", log
+    proc.kill()
+    proc.wait()
+
+
+def requests(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_server_regeneration_equals_local_and_resumes(random_llama, server, tmp_path):
+    url, log = server
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(6))
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "local.jsonl",
+                   "--target", random_llama, "--batch-size", "1", *GEN) == 0
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "served.jsonl",
+                   "--server", url, "--concurrency", "3", *GEN) == 0
+    local = (tmp_path / "local.jsonl").read_text()
+    assert (tmp_path / "served.jsonl").read_text() == local  # same answers, same order, same bytes
+    assert not (tmp_path / "served.jsonl.partial").exists()
+    sent = requests(log)
+    assert len(sent) == 12 and all(r["max_tokens"] == 6 and r["temperature"] == 0.0 for r in sent)
+    # Turn 2 is asked with turn 1 as regenerated, not as written.
+    regenerated = {c.id: c for c in read_conversations(tmp_path / "local.jsonl")[0]}
+    second = [r["messages"] for r in sent if sum(m["role"] == "assistant" for m in r["messages"]) == 1]
+    for messages in second:
+        (conv,) = [c for c in regenerated.values() if c.messages[: len(messages)][:-1] == messages[:-1]]
+        assert messages[-1]["content"] == conv.messages[len(messages) - 1]["content"]
+
+    # A run killed after 2 conversations, mid-way through writing a third line.
+    done = [json.loads(line) for line in local.splitlines()][:2]
+    cfg = ServerConfig(url=url, max_new_tokens=6, seed=0)
+    lines = [json.dumps(_settings(cfg, convs)), *(json.dumps(row) for row in done)]
+    (tmp_path / "resumed.jsonl.partial").write_text("\n".join(lines) + '\n{"id": "chat-4", "conv')
+    log.unlink()
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "resumed.jsonl",
+                   "--server", url, *GEN) == 0
+    assert (tmp_path / "resumed.jsonl").read_text() == local
+    assert len(requests(log)) == 8  # the 4 conversations left, 2 turns each
+
+
+def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):
+    url, _ = server
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(2))
+    out = tmp_path / "out.jsonl"
+    closed = "http://127.0.0.1:9"  # the discard port: nothing listens
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", closed,
+                   "--retries", "0", *GEN) == 2
+    err = capsys.readouterr().err
+    assert f"{closed}/v1/chat/completions: cannot reach the server" in err and not out.exists()
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url + "/nope",
+                   "--retries", "0", *GEN) == 2
+    assert "server answered HTTP 404" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl.partial").exists()  # nothing was done: nothing to resume
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 0
+    partial = tmp_path / "out.jsonl.partial"  # left by a run with other settings (more tokens)
+    partial.write_text(json.dumps(_settings(ServerConfig(url=url), convs)) + "\n")
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 2
+    assert "partial regeneration made with other settings" in capsys.readouterr().err

@@ -127,24 +127,25 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _resume(partial, _settings(cfg, source))
     todo = [c for c in conversations if c.id not in done]
-    with open(partial, "a", encoding="utf-8") as f, ThreadPoolExecutor(cfg.concurrency) as pool:
-        futures = [pool.submit(_regenerate_one, cfg, c) for c in todo]
-        with maybe_progress("regenerate", len(conversations), show_progress) as advance:
+    pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-regenerate")
+    try:
+        with open(partial, "a", encoding="utf-8") as f, \
+                maybe_progress("regenerate", len(conversations), show_progress) as advance:
             advance(len(done))
-            try:
-                for future in as_completed(futures):
-                    conv = future.result()
-                    f.write(json.dumps({"id": conv.id, "conversations": conv.messages}, ensure_ascii=False) + "\n")
-                    f.flush()
-                    done[conv.id] = conv
-                    advance(1)
-            except BaseException:
-                for other in futures:
-                    other.cancel()
-                if not done:  # nothing to resume from: leave nothing behind
-                    partial.unlink()
-                raise
-        os.fsync(f.fileno())
+            for future in as_completed([pool.submit(_regenerate_one, cfg, c) for c in todo]):
+                conv = future.result()
+                f.write(json.dumps({"id": conv.id, "conversations": conv.messages}, ensure_ascii=False) + "\n")
+                f.flush()
+                done[conv.id] = conv
+                advance(1)
+            os.fsync(f.fileno())
+    except BaseException:
+        if not done:  # nothing to resume from: leave nothing behind
+            partial.unlink()
+        raise
+    finally:
+        # On a failure or Ctrl-C the queued conversations are dropped; requests in flight end on their own.
+        pool.shutdown(wait=False, cancel_futures=True)
     result = [done[c.id] for c in conversations]
     write_conversations(out, result)
     partial.unlink()

@@ -160,9 +160,13 @@ class _Run:
         vocab, d2t, t2d = _load_vocab(vocab, source, cfg.draft_vocab_size, target.vocab_size)
         dcfg = _drafter_config(cfg, target, len(d2t), source.aux_layer_ids)
         self.saved = None
+        self.data = source.identity()
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)
+            if self.saved.get("data", self.data) != self.data:  # states saved before it was kept lack it
+                raise LabError(f"--resume with other training data ({self.saved['data']} there, {self.data} now): "
+                               "the run would not be the same", out_dir)
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / state.METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)
 
@@ -206,7 +210,7 @@ class _Run:
             "config": labconfig.to_dict(cfg),
             "drafter": dataclasses.asdict(dcfg),
             "target": target.describe(),
-            "features": {**source.describe(), "train_sequences": len(self.train_ex), "val_sequences": len(self.val_ex)},
+            "features": {**source.describe(), **self.data, "train_sequences": len(self.train_ex), "val_sequences": len(self.val_ex)},
             "init_from": None if init_from is None else {
                 "source": str(init_from), "remap": remap, "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale},
             "world_size": d.world,
@@ -256,6 +260,7 @@ class _Run:
         save_drafter(self.drafter, self.out_dir)
         state.save(self.out_dir, {
             "config": labconfig.to_dict(self.cfg),
+            "data": self.data,
             "model": {k: v for k, v in self.drafter.state_dict().items()
                       if k != "embed_tokens.weight" or self.own_embed},
             "optimizer": self.optim.state_dict(),

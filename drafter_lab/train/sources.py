@@ -64,8 +64,13 @@ class Captured:
     def token_counts(self) -> torch.Tensor:
         return count_train_tokens(self.where)
 
+    def identity(self) -> dict:
+        """What the run's data is, without where it lies: a resume must see the same."""
+        return {"manifest_sha256": atomic.sha256_file(self.features.dir / "manifest.json")}
+
     def describe(self) -> dict:
-        return {"dir": str(self.where), "manifest_sha256": atomic.sha256_file(self.features.dir / "manifest.json")}
+        """Where the data lies (for run.json, beside its identity)."""
+        return {"dir": str(self.where)}
 
 
 @dataclass(frozen=True)
@@ -122,8 +127,12 @@ class Online:
                            self.where)
         return counts
 
-    def describe(self) -> dict:
+    def identity(self) -> dict:
+        """What the run's data is, without where it lies: a resume must see the same."""
         c = self.capture
-        return {"online": str(self.where), "sha256": atomic.sha256_file(self.where), "max_length": c.max_length,
-                "dtype": c.dtype, "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction,
-                "skipped": self.skipped}
+        return {"sha256": atomic.sha256_file(self.where), "max_length": c.max_length, "dtype": c.dtype,
+                "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction}
+
+    def describe(self) -> dict:
+        """Where the data lies and what was skipped (for run.json, beside its identity)."""
+        return {"online": str(self.where), "skipped": self.skipped}

@@ -149,12 +149,19 @@ def test_bad_input_exits_2_and_writes_nothing(trained, peaked_llama, features, t
     assert "fc.weight" in run(peaked_llama, features, "--init-from", str(narrow))
 
 
-def test_refuses_to_overwrite_or_resume_differently(trained, peaked_llama, features):
+def test_refuses_to_overwrite_or_resume_differently(trained, peaked_llama, features, tmp_path):
     out, _ = trained
     with pytest.raises(LabError, match="already holds a training run"):
         train(CFG, peaked_llama, features, out)
     with pytest.raises(LabError, match="lr"):
         train(TrainConfig(**{**CFG.__dict__, "lr": 1e-3}), peaked_llama, features, out, resume=True)
+    other = tmp_path / "features"  # the same shards under a manifest that says something else
+    shutil.copytree(features, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["skipped"] = {"no_assistant_turn": 99}
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(LabError, match="--resume with other training data"):
+        train(CFG, peaked_llama, other, out, resume=True)
 
 
 def test_resuming_a_finished_run_returns_its_result_and_writes_nothing(trained, peaked_llama, features):

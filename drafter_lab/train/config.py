@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPEED_FIELDS = ("threads", "scan_features")
+SPEED_FIELDS = ("threads", "scan_features", "prefetch")
 """TrainConfig fields that change how fast a run goes or when bad input is caught, never its
 results: a resume may change them, and cache keys leave them out."""
 
@@ -42,6 +42,9 @@ class TrainConfig:
     refused before anything is written. False for feature sets too large to read twice: each batch
     is still checked as it is read, and a bad one stops the run with one line naming its shard
     (the last checkpoint stays, and --resume continues from it)."""
+    prefetch: bool = True
+    """Load the next batch (read from disk, or computed by the target in an online run) in a
+    background thread while the current step computes. False loads each batch when it is needed."""
     epochs: int = 3
     """Passes over the training split (max_steps may stop earlier)."""
     max_steps: int = 0

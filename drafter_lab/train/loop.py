@@ -327,7 +327,8 @@ class _Run:
                 while self.cursor < len(batches) and self.step < self.total:
                     i = self.cursor
                     last = i + 1 == len(batches) or self.step + 1 == self.total
-                    nxt = None if last else ((self.epoch, i + 1), batches[i + 1])  # loaded during this step
+                    ahead = c.prefetch and not last
+                    nxt = ((self.epoch, i + 1), batches[i + 1]) if ahead else None  # loaded during this step
                     self.train_step(batches[i], prefetch.get((self.epoch, i), batches[i], nxt))
                     if self.step % c.log_every == 0 or self.step == self.total:
                         m = summarize(d.sum(self.log_counts))

@@ -19,6 +19,7 @@ from drafter_lab.targets.hf import load_target_head
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.data import Examples, Prefetcher
 from drafter_lab.train.loop import train
+from drafter_lab.train.state import read_metrics
 
 
 def test_examples_read_from_shards_equal_the_shards(peaked_llama, features):
@@ -53,6 +54,22 @@ def test_training_reads_only_its_batches(peaked_llama, features, tmp_path, monke
     n_train, n_val = len(fs.index("train")), len(fs.index("val"))
     assert n_train > 16
     assert len(reads) == 2 * 4 + n_val  # two batches of 4, then one validation pass
+
+
+def test_prefetch_changes_when_batches_load_not_what_they_are(peaked_llama, features, tmp_path, monkeypatch):
+    ahead = []  # per batch handed to a step: was the next one already asked for?
+    real = Prefetcher.get
+    monkeypatch.setattr(Prefetcher, "get", lambda self, key, rows, after=None: ahead.append(after is not None)
+                        or real(self, key, rows, after))
+    rows = {}
+    for prefetch in (True, False):
+        cfg = TrainConfig(draft_vocab_size=128, batch_size=4, max_steps=6, ttt_steps=2, eval_every=3, threads=1,
+                          prefetch=prefetch)
+        ahead.clear()
+        train(cfg, peaked_llama, features, tmp_path / str(prefetch))
+        assert ahead == ([True] * 5 + [False] if prefetch else [False] * 6)
+        rows[prefetch] = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in read_metrics(tmp_path / str(prefetch))]
+    assert rows[True] == rows[False]
 
 
 def test_bad_shard_found_mid_run_without_the_scan(peaked_llama, features, tmp_path, capsys):

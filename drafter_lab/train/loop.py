@@ -129,12 +129,13 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     d = distributed.setup(cfg.device)
     try:
         with torch_threads(cfg.threads):
-            if online is None:
-                source = Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target)
-            else:
-                source = Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
-                                d.device)
-            run = _Run(cfg, d, source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab)
+            def open_source() -> Captured | Online:
+                if online is None:
+                    return Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target)
+                return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
+                              d.device)
+
+            run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab)
             return run.fit()
     finally:
         distributed.teardown(d)
@@ -143,7 +144,7 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
 class _Run:
     """One training run: every input checked in __init__ (nothing written yet), then fit()."""
 
-    def __init__(self, cfg: TrainConfig, d: distributed.Dist, source: Captured | Online, out_dir: Path,
+    def __init__(self, cfg: TrainConfig, d: distributed.Dist, open_source, out_dir: Path,
                  resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab):
         self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
         if cfg.ttt_steps < 1:
@@ -156,6 +157,7 @@ class _Run:
                 raise LabError("tensorboard = true needs the tensorboard package (pip install tensorboard)") from None
 
         # ---- every input, before anything is written ------------------------------------------
+        source = open_source()  # after the checks above: an online run loads the whole target
         target = source.target
         vocab, d2t, t2d = _load_vocab(vocab, source, cfg.draft_vocab_size, target.vocab_size)
         dcfg = _drafter_config(cfg, target, len(d2t), source.aux_layer_ids)

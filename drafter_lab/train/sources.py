@@ -109,19 +109,15 @@ class Online:
     def read(self, prompts: list[Prompt]) -> list[Sequence]:
         """The prompts' states, from one target forward over all of them (capture's batching)."""
         out: list[Sequence | None] = [None] * len(prompts)
-
-        def put(j: int, seq: Sequence) -> None:
-            out[j] = seq
-
         items = [(p.seq_id, p.input_ids, p.loss_mask) for p in prompts]
         capture_states(self.target, items, self.aux_layer_ids, self.dtype, max(len(items), 1),
-                       lambda *_, **__: None, put)
+                       lambda *_, **__: None, out.__setitem__)
         return out
 
     def token_counts(self) -> torch.Tensor:
-        counts = torch.zeros(self.target.vocab_size, dtype=torch.int64)
-        for p in self.items["train"]:
-            counts += torch.bincount(p.input_ids[p.loss_mask], minlength=len(counts))
+        ids = [p.input_ids[p.loss_mask] for p in self.items["train"]]
+        counts = torch.bincount(torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long),
+                                minlength=self.target.vocab_size)
         if not counts.any():
             raise LabError("no train conversation has an assistant token: nothing to build a vocabulary from",
                            self.where)

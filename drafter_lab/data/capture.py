@@ -8,8 +8,8 @@ Determinism and resume: conversations keep file order, the train/val split is a 
 sequence id, shard k of a split always holds the same sequences, and batches inside a shard are
 formed the same way every run, so a rerun recomputes exactly the shards the manifest does not list
 and skips the rest. A manifest made from another target or other settings is refused. Regenerated
-conversations are cached beside the shards (`regenerated-<hash>.jsonl`), so a resumed run does not
-generate again. Memory holds one batch of hidden states: each sequence is written into its
+conversations are cached beside the shards (`regenerated-<hash>.jsonl`, journalled batch by batch
+while they are generated), so a resumed run does not generate again. Memory holds one batch of hidden states: each sequence is written into its
 shard (laid out from the planned lengths) as its batch finishes.
 
 Targets that do not fit one device: launch the same command under torchrun, e.g.
@@ -41,6 +41,7 @@ from drafter_lab.data.conversations import Conversation, read_conversations, wri
 from drafter_lab.data.regenerate import regenerate
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
 from drafter_lab.errors import LabError
+from drafter_lab.journal import Journal
 from drafter_lab.progress import log, maybe_progress
 from drafter_lab.targets.hf import (
     Target,
@@ -171,17 +172,20 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
     if cache.exists():
         log(f"regenerate: reusing {cache}")
         return read_conversations(cache, strict=True)[0]
-    convs = regenerate(
-        target,
-        convs,
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        batch_size=cfg.regen_batch_size,
-        seed=cfg.seed,
-        show_progress=main,
-    )
+    with Journal(cache.with_name(cache.name + ".partial"), settings, write=main) as journal:
+        convs = regenerate(
+            target,
+            convs,
+            temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.regen_batch_size,
+            seed=cfg.seed,
+            show_progress=main,
+            journal=journal,
+        )
     if main:
         write_conversations(cache, convs)
+        journal.discard()
     return convs
 
 

@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     r = data_sub.add_parser("regenerate", help="have the target rewrite the assistant turns: locally, or "
                                                 "through an OpenAI-compatible server (SGLang, vLLM)")
     r.add_argument("--conversations", required=True, help="SpecForge/ShareGPT jsonl")
-    r.add_argument("--out", required=True, help="regenerated jsonl (a killed --server run resumes from <out>.partial)")
+    r.add_argument("--out", required=True, help="regenerated jsonl (a killed run resumes from <out>.partial)")
     who = r.add_mutually_exclusive_group(required=True)
     who.add_argument("--target", help="local HF causal-LM directory, run here with transformers")
     who.add_argument("--server", metavar="URL", help="base URL of a server with /v1/chat/completions")
@@ -132,13 +132,17 @@ def _regenerate(args) -> int:
                            retries=args.retries)
         regenerate_via_server(convs, source, out, cfg)
     else:
-        from drafter_lab.data.regenerate import regenerate
+        from drafter_lab.data.regenerate import regenerate, regeneration_settings
+        from drafter_lab.journal import Journal
         from drafter_lab.targets.hf import load_target
 
         target = load_target(args.target, device=args.device)
-        write_conversations(out, regenerate(target, convs, temperature=args.temperature,
-                                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                            seed=args.seed))
+        gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                   seed=args.seed)
+        with Journal(out.with_name(out.name + ".partial"), regeneration_settings(target, source, **gen)) as journal:
+            result = regenerate(target, convs, journal=journal, **gen)
+        write_conversations(out, result)
+        journal.discard()
     log(f"regenerated {len(convs)} conversations -> {out}" + (f" (skipped: {skipped})" if skipped else ""))
     return 0
 

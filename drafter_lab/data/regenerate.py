@@ -4,17 +4,22 @@ A drafter learns to predict the target; training on the target's own answers (th
 data) matches what it will see when serving. Turn k of every conversation is generated in round
 k, from the conversation as already regenerated (so later turns follow the target's earlier
 answers, as in a real chat). Prompts are batched with left padding and decoded with HF `generate`
-(KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`.
+(KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. A journal
+(journal.py) records each batch as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+from pathlib import Path
 
 import torch
 
+from drafter_lab import atomic
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import Conversation
+from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
 
 
@@ -64,6 +69,22 @@ def generate_texts(target, prompts: list[str], gen_config) -> list[str]:
     return texts
 
 
+def _rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return {k: base64.b64encode(v.numpy().tobytes()).decode() for k, v in state.items()}
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    def tensor(k):
+        return torch.frombuffer(bytearray(base64.b64decode(state[k])), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor("cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(tensor("cuda"), device)
+
+
 def regenerate(
     target,
     conversations: list[Conversation],
@@ -73,17 +94,25 @@ def regenerate(
     batch_size: int = 16,
     seed: int = 0,
     show_progress: bool = True,
+    journal: Journal | None = None,
 ) -> list[Conversation]:
     """Copies of `conversations` whose assistant turns the target wrote (temperature 0 = greedy).
 
+    With a `journal`, each batch's answers are recorded as it finishes (with the RNG state after
+    it when sampling), and the batches an earlier run recorded are replayed instead of generated:
+    a killed run resumes and ends with the same conversations, bit for bit, as one that was not.
     `show_progress=False` keeps tensor-parallel ranks other than 0 quiet.
     """
     gen_config = generation_config(target, temperature, max_new_tokens)
     convs = [Conversation(id=c.id, messages=copy.deepcopy(c.messages)) for c in conversations]
     turns = [c.assistant_turns() for c in convs]
     rounds = max((len(t) for t in turns), default=0)
+    records = journal.records if journal is not None else []
+    recorded = {(r["round"], cid): text for r in records for cid, text in r["answers"].items()}
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
         torch.manual_seed(seed)
+        if records and temperature > 0:  # replayed batches draw nothing: continue from the last one's state
+            _set_rng_state(records[-1]["rng"], target.device)
         with maybe_progress("regenerate", sum(len(t) for t in turns), show_progress) as advance:
             for k in range(rounds):
                 jobs = [(c, t[k]) for c, t in zip(convs, turns) if len(t) > k]
@@ -92,9 +121,23 @@ def regenerate(
                 order = sorted(range(len(jobs)), key=lambda j: len(prompts[j]))
                 for b in range(0, len(order), batch_size):
                     chunk = order[b : b + batch_size]
-                    texts = generate_texts(target, [prompts[j] for j in chunk], gen_config)
+                    ids = [jobs[j][0].id for j in chunk]
+                    if all((k, cid) in recorded for cid in ids):
+                        texts = [recorded[k, cid] for cid in ids]
+                    else:
+                        texts = generate_texts(target, [prompts[j] for j in chunk], gen_config)
+                        if journal is not None:
+                            rng = {"rng": _rng_state(target.device)} if temperature > 0 else {}
+                            journal.append({"round": k, "answers": dict(zip(ids, texts)), **rng})
                     for j, text in zip(chunk, texts):
                         conv, i = jobs[j]
                         conv.messages[i]["content"] = text
                     advance(len(chunk), round=k + 1)
     return convs
+
+
+def regeneration_settings(target, source: Path, temperature: float, max_new_tokens: int, batch_size: int,
+                          seed: int) -> dict:
+    """Everything that decides a local regeneration's output: a journal made with other settings is refused."""
+    return {"target": target.describe(), "conversations_sha256": atomic.sha256_file(source),
+            "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed}

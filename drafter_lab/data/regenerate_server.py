@@ -5,8 +5,8 @@ For a target that needs a serving stack (tensor parallelism, a real batch schedu
 writes the answers and this module only sends requests, as SpecForge's regeneration does. Turn k of
 a conversation is asked with the conversation as already regenerated up to it, as in
 `regenerate.regenerate`. Conversations run `concurrency` at a time; each one, once all its turns
-are back, is appended to `<out>.partial` (whose first line records the settings), so a killed run
-resumes where it stopped. The finished file is written atomically in input order, and the partial
+are back, is appended to the journal `<out>.partial` (see journal.py), so a killed run resumes
+where it stopped. The finished file is written atomically in input order, and the partial
 file is removed.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +24,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.data.conversations import Conversation, write_conversations
 from drafter_lab.errors import LabError
+from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
 
 
@@ -90,31 +90,7 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
 
 def _settings(cfg: ServerConfig, source: Path) -> dict:
     keep = {k: v for k, v in asdict(cfg).items() if k not in ("url", "concurrency", "timeout_s", "retries")}
-    return {"settings": {**keep, "conversations_sha256": atomic.sha256_file(source)}}
-
-
-def _resume(partial: Path, settings: dict) -> dict[str, Conversation]:
-    """The conversations a killed run finished. The partial file is cut back to its whole lines (a
-    kill can leave half of one: that conversation runs again) or started with the settings line;
-    one made with other settings is refused."""
-    blob = partial.read_bytes() if partial.exists() else b""
-    lines = blob.split(b"\n")[:-1]  # whole lines only
-    if not lines:
-        partial.write_text(json.dumps(settings) + "\n")
-        return {}
-    try:
-        same = json.loads(lines[0]) == settings
-    except json.JSONDecodeError:
-        same = False
-    if not same:
-        raise LabError("partial regeneration made with other settings (or another conversations file); "
-                       "delete it or use another --out", partial)
-    done = {}
-    for line in lines[1:]:
-        row = json.loads(line)
-        done[row["id"]] = Conversation(id=row["id"], messages=row["conversations"])
-    os.truncate(partial, sum(len(line) + 1 for line in lines))
-    return done
+    return {**keep, "conversations_sha256": atomic.sha256_file(source)}
 
 
 def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,
@@ -123,30 +99,22 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order."""
     if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
         raise LabError("need concurrency >= 1, max_new_tokens >= 1 and temperature >= 0")
-    partial = out.with_name(out.name + ".partial")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = _resume(partial, _settings(cfg, source))
+    journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source))
+    done = {r["id"]: Conversation(id=r["id"], messages=r["conversations"]) for r in journal.records}
     todo = [c for c in conversations if c.id not in done]
     pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-regenerate")
     try:
-        with open(partial, "a", encoding="utf-8") as f, \
-                maybe_progress("regenerate", len(conversations), show_progress) as advance:
+        with journal, maybe_progress("regenerate", len(conversations), show_progress) as advance:
             advance(len(done))
             for future in as_completed([pool.submit(_regenerate_one, cfg, c) for c in todo]):
                 conv = future.result()
-                f.write(json.dumps({"id": conv.id, "conversations": conv.messages}, ensure_ascii=False) + "\n")
-                f.flush()
+                journal.append({"id": conv.id, "conversations": conv.messages})
                 done[conv.id] = conv
                 advance(1)
-            os.fsync(f.fileno())
-    except BaseException:
-        if not done:  # nothing to resume from: leave nothing behind
-            partial.unlink()
-        raise
     finally:
         # On a failure or Ctrl-C the queued conversations are dropped; requests in flight end on their own.
         pool.shutdown(wait=False, cancel_futures=True)
     result = [done[c.id] for c in conversations]
     write_conversations(out, result)
-    partial.unlink()
+    journal.discard()
     return result

@@ -1,10 +1,12 @@
-"""Regeneration: the assistant turns become the target's own (greedy) continuations."""
+"""Regeneration: the assistant turns become the target's own continuations, and a killed run resumes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 
+from drafter_lab.data import regenerate as regenerate_mod
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.regenerate import regenerate, stop_token_ids
@@ -72,3 +74,66 @@ def test_prepare_with_regenerate_captures_the_generations(random_llama, tmp_path
         answers = [m["content"] for m in regenerated[seq.seq_id].messages if m["role"] == "assistant"]
         masked = target.tokenizer.decode(seq.input_ids[seq.loss_mask])
         assert masked == "".join(a + "<|im_end|>" for a in answers)
+
+
+@pytest.fixture
+def interrupt_at(monkeypatch):
+    """`interrupt_at(n)`: the n-th `generate` call (from 1) raises KeyboardInterrupt, as a Ctrl-C or a
+    kill would stop the run there; returns the list of calls made so far."""
+
+    def arm(n: int | None) -> list:
+        calls, real = [], regenerate_mod.generate_texts
+
+        def generate_texts(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(regenerate_mod, "generate_texts", generate_texts)
+        return calls
+
+    return arm
+
+
+SAMPLED = ("--temperature", "1.0", "--max-new-tokens", NEW_TOKENS, "--seed", "3")
+
+
+def test_a_killed_regeneration_resumes_from_its_journal(random_llama, tmp_path, interrupt_at, capsys):
+    """6 conversations x 2 turns in batches of 2 is 6 batches. Stopped in the 4th (round 2, so turn 1
+    comes back from the journal), with half a line after the last record; resumed, it generates the
+    3 batches left and, sampling included, writes the uninterrupted run's bytes."""
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(6))
+    args = ("data", "regenerate", "--conversations", convs, "--target", random_llama, "--batch-size", "2", *SAMPLED)
+    assert run_cli(*args, "--out", tmp_path / "whole.jsonl") == 0
+    out, partial = tmp_path / "resumed.jsonl", tmp_path / "resumed.jsonl.partial"
+    interrupt_at(4)
+    assert run_cli(*args, "--out", out) == 130
+    assert not out.exists() and len(partial.read_text().splitlines()) == 1 + 3  # settings + 3 batches
+    with open(partial, "a") as f:
+        f.write('{"round": 1, "answ')
+    assert run_cli(*args[:-1], "4", "--out", out) == 2  # another seed: refused, naming the journal
+    assert f"{partial}: partial run made with other settings" in capsys.readouterr().err
+    calls = interrupt_at(None)
+    assert run_cli(*args, "--out", out) == 0
+    assert len(calls) == 3
+    assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+    assert not partial.exists()
+
+
+def test_prepare_resumes_an_interrupted_regeneration(random_llama, tmp_path, interrupt_at):
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(5))
+    out = tmp_path / "feat"
+    args = ("data", "prepare", "--target", random_llama, "--conversations", convs, "--out", out, "--regenerate",
+            "--regen-batch-size", "2", "--val-fraction", "0", *SAMPLED)
+    interrupt_at(3)  # two rounds of 5 turns, each in batches of 2+2+1: stopped after 2 of 6
+    assert run_cli(*args) == 130
+    (journal,) = out.glob("regenerated-*.jsonl.partial")
+    calls = interrupt_at(None)
+    assert run_cli(*args) == 0
+    assert len(calls) == 4 and not journal.exists()
+    target = load_target(random_llama)
+    expected = regenerate(target, read_conversations(convs)[0], temperature=1.0, max_new_tokens=NEW_TOKENS,
+                          batch_size=2, seed=3)
+    (cache,) = out.glob("regenerated-*.jsonl")
+    assert [c.messages for c in read_conversations(cache)[0]] == [c.messages for c in expected]

@@ -14,6 +14,7 @@ from data_helpers import make_conversations, run_cli, write_jsonl
 
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
+from drafter_lab.journal import Journal
 
 SERVER = Path(__file__).with_name("chat_server.py")
 GEN = ("--max-new-tokens", "6", "--seed", "0")
@@ -58,9 +59,12 @@ def test_server_regeneration_equals_local_and_resumes(random_llama, server, tmp_
 
     # A run killed after 2 conversations, mid-way through writing a third line.
     done = [json.loads(line) for line in local.splitlines()][:2]
-    cfg = ServerConfig(url=url, max_new_tokens=6, seed=0)
-    lines = [json.dumps(_settings(cfg, convs)), *(json.dumps(row) for row in done)]
-    (tmp_path / "resumed.jsonl.partial").write_text("\n".join(lines) + '\n{"id": "chat-4", "conv')
+    partial = tmp_path / "resumed.jsonl.partial"
+    with Journal(partial, _settings(ServerConfig(url=url, max_new_tokens=6, seed=0), convs)) as journal:
+        for row in done:
+            journal.append(row)
+    with open(partial, "a") as f:
+        f.write('{"id": "chat-4", "conv')
     log.unlink()
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "resumed.jsonl",
                    "--server", url, *GEN) == 0
@@ -83,6 +87,6 @@ def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):
     assert not (tmp_path / "out.jsonl.partial").exists()  # nothing was done: nothing to resume
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 0
     partial = tmp_path / "out.jsonl.partial"  # left by a run with other settings (more tokens)
-    partial.write_text(json.dumps(_settings(ServerConfig(url=url), convs)) + "\n")
+    partial.write_text(json.dumps({"settings": _settings(ServerConfig(url=url), convs)}) + "\n")
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 2
-    assert "partial regeneration made with other settings" in capsys.readouterr().err
+    assert f"{partial}: partial run made with other settings" in capsys.readouterr().err

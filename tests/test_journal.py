@@ -1,0 +1,38 @@
+"""The journal keeps whole records only, refuses other settings, and exists only once it holds work."""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter_lab.errors import LabError
+from drafter_lab.journal import Journal
+
+
+def test_records_survive_and_a_half_line_is_cut_at_the_next_append(tmp_path):
+    path = tmp_path / "run.partial"
+    with Journal(path, {"seed": 1}) as journal:
+        assert journal.records == [] and not path.exists()  # nothing finished: no file
+        journal.append({"n": 1})
+        journal.append({"n": 2, "text": "ü"})
+    with open(path, "a") as f:
+        f.write('{"n": 3, "te')  # a kill mid-line
+    reader = Journal(path, {"seed": 1}, write=False)
+    assert reader.records == [{"n": 1}, {"n": 2, "text": "ü"}]
+    reader.append({"n": 9})  # a read-only journal never touches the file
+    assert path.read_text().endswith('{"n": 3, "te')
+    with Journal(path, {"seed": 1}) as journal:
+        journal.append({"n": 3})
+    assert Journal(path, {"seed": 1}).records == [{"n": 1}, {"n": 2, "text": "ü"}, {"n": 3}]
+    journal.discard()
+    assert not path.exists()
+
+
+def test_other_settings_and_a_broken_line_are_refused_naming_the_file(tmp_path):
+    path = tmp_path / "run.partial"
+    with Journal(path, {"seed": 1}) as journal:
+        journal.append({"n": 1})
+    with pytest.raises(LabError, match=f"^{path}: partial run made with other settings"):
+        Journal(path, {"seed": 2})
+    path.write_text(path.read_text() + "not json\n" + '{"n": 2}\n')
+    with pytest.raises(LabError, match=f"^{path}: line 3 is not JSON"):
+        Journal(path, {"seed": 1})

@@ -46,13 +46,16 @@ def register(sub) -> None:
         help="verify-step cost model: spec tok/s, break-even accept length, all-reduce what-ifs",
         description="spec tok/s = A / (steps x draft step + verify + overhead), verify = layers x compute + "
         "all-reduces x latency. Unset fields keep the preset's values. Prints the break-even served accept length and what-if tables over "
-        "all-reduce latency and accept length.",
+        "all-reduce latency and accept length; with a chain eval's accept histogram (or --accept-by-steps), "
+        "tok/s per draft depth and the best one.",
     )
     from drafter_lab.spec.costmodel import PRESETS, CostModelConfig
 
     c.add_argument("--preset", default="seeds-kimi-k2.5-8x-pcie", choices=sorted(PRESETS))
-    c.add_argument("--inputs", default=None,
-                   help="measured inputs JSON (allreduce_us, draft_step_us, verify_ms, decode_ms, accept_length)")
+    c.add_argument("--inputs", action="append", default=[],
+                   help="measured inputs JSON: a benchmark's (allreduce_us, draft_step_us, verify_ms, decode_ms, "
+                        "accept_length) or an `eval --json` (served accept length, and from a chain eval the "
+                        "draft-steps table); repeat to combine several")
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     labconfig.add_cli_args(c, CostModelConfig)
     c.set_defaults(func=run_costmodel)
@@ -133,11 +136,12 @@ def run_costmodel(args) -> int:
 
     cfg = labconfig.apply_cli_args(PRESETS[args.preset], args)
     measured = None
-    if args.inputs:
-        cfg, measured = apply_inputs(cfg, args.inputs)
+    for path in args.inputs:
+        cfg, latency = apply_inputs(cfg, path)
+        measured = latency if latency is not None else measured
     r = report(cfg, measured)
     r["preset"] = args.preset
-    print(format_report(r, args.preset + (f" + {args.inputs}" if args.inputs else "")))
+    print(format_report(r, " + ".join([args.preset, *args.inputs])))
     if args.json:
         atomic.write_json(args.json, r)
     return 0

@@ -31,6 +31,13 @@ of these keys (others are ignored, so a benchmark can write its full results bes
     "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
     "decode_ms":     number, replaces decode_ms
     "accept_length": number or list of numbers (served), added to the table's columns
+
+`drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
+and a chain eval's (topk 1) accept histogram at S steps gives the served accept length at every
+depth s <= S: a verify step that emitted n tokens at S (n - 1 drafts accepted) emits
+min(n - 1, s) + 1 at s, since a chain's first s drafts do not depend on how many follow. From
+these the draft-steps table finds the depth that maximises tok/s: more steps raise the accept
+length, but each costs a draft step and one more verify token on the wire.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ class CostModelConfig:
     """Served accept lengths (bonus included) for the what-if tables."""
     whatif_allreduce_us: list[float] = field(default_factory=lambda: [200.0, 40.0, 25.0, 15.0, 8.0])
     """All-reduce latencies (us) for the what-if tables."""
+    accept_by_steps: list[float] = field(default_factory=list)
+    """Served accept length with 1, 2, ... draft steps (chain drafting); given, the draft-steps table
+    picks the depth that maximises tok/s. `--inputs` derives it from an eval's accept histogram."""
 
 
 PRESETS = {
@@ -136,6 +146,10 @@ class CostModel:
         """Served accept length at which speculation matches plain decoding."""
         return self.cycle_ms(allreduce_us) / self.decode_ms(allreduce_us)
 
+    def at_steps(self, steps: int) -> CostModel:
+        """The same deployment drafting a chain of `steps` tokens (verify = steps + 1 tokens)."""
+        return CostModel(dataclasses.replace(self.cfg, steps=steps, verify_tokens=steps + 1))
+
 
 def interpolate_latency(table: dict[int, float], size: int) -> float:
     """Latency at `size` bytes from a {bytes: us} table, linear in log(size), clamped at the ends."""
@@ -156,11 +170,34 @@ def _number(value, key: str, path) -> float:
     return float(value)
 
 
-def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, float | None]:
-    """Fold a measured-inputs JSON into `cfg`; returns (config, measured all-reduce us or None)."""
+Latency = float | dict[int, float]
+"""One all-reduce latency in us, or a measured {message bytes: us} table."""
+
+
+def latency_at(latency: Latency, message_bytes: int) -> float:
+    return interpolate_latency(latency, message_bytes) if isinstance(latency, dict) else latency
+
+
+def accept_by_steps(histogram, path) -> list[float]:
+    """Served accept length at depths 1..S from a chain eval's accept histogram at S steps
+    ({served length n: verify steps}, n = 1..S+1; see the module docstring)."""
+    try:
+        counts = {int(n): int(c) for n, c in histogram.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise LabError("accept_histogram must map served accept lengths to counts", path) from None
+    total = sum(counts.values())
+    if total <= 0 or min(counts) < 1 or min(counts.values()) < 0:
+        raise LabError("accept_histogram holds no verify steps", path)
+    return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
+
+
+def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency | None]:
+    """Fold a measured-inputs JSON (a benchmark's or an eval's) into `cfg`; returns (config, measured
+    all-reduce latency or None)."""
     path = Path(path)
     data = atomic.read_json(path, "cost model inputs file not found")
-    known = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "accept_length")
+    known = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "accept_length", "served_accept_len",
+             "accept_histogram")
     if not isinstance(data, dict) or not any(k in data for k in known):
         raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(known)}", path)
     over: dict = {}
@@ -168,10 +205,20 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, float | N
         over["draft_step_us"] = _number(data["draft_step_us"], "draft_step_us", path)
     if "decode_ms" in data:
         over["decode_ms"] = _number(data["decode_ms"], "decode_ms", path)
+    extra = []
     if "accept_length" in data:
         extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]
         extra = [_number(a, "accept_length", path) for a in extra]
+    if "served_accept_len" in data:
+        extra.append(round(_number(data["served_accept_len"], "served_accept_len", path), 2))
+    if extra:
         over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
+    if "accept_histogram" in data:
+        topk = (data.get("config") or {}).get("topk", 1)
+        if topk != 1:
+            raise LabError(f"accept_histogram comes from tree drafting (topk {topk}); the draft-steps table "
+                           "needs a chain eval (--topk 1)", path)
+        over["accept_by_steps"] = accept_by_steps(data["accept_histogram"], path)
     cfg = dataclasses.replace(cfg, **over)
     if "verify_ms" in data:
         verify_us = _number(data["verify_ms"], "verify_ms", path) * 1000
@@ -189,22 +236,41 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, float | N
         ar = data["allreduce_us"]
         if isinstance(ar, dict):
             try:
-                table = {int(k): _number(v, f"allreduce_us[{k}]", path) for k, v in ar.items()}
+                measured = {int(k): _number(v, f"allreduce_us[{k}]", path) for k, v in ar.items()}
             except ValueError:
                 raise LabError("allreduce_us table keys must be message sizes in bytes", path) from None
-            if not table:
+            if not measured:
                 raise LabError("allreduce_us table is empty", path)
-            measured = interpolate_latency(table, CostModel(cfg).message_bytes)
         else:
             measured = _number(ar, "allreduce_us", path)
     return cfg, measured
 
 
-def report(cfg: CostModelConfig, measured_allreduce_us: float | None = None) -> dict:
+def steps_table(cfg: CostModelConfig, latency: Latency | None = None) -> list[dict]:
+    """One row per draft depth s of `cfg.accept_by_steps`: the cycle at s steps and its tok/s, with
+    the verify all-reduce at `latency` (None: the config's own) for an s + 1 token message."""
+    base = CostModel(cfg)
+    rows = []
+    for s, accept in enumerate(cfg.accept_by_steps, start=1):
+        m = base.at_steps(s)
+        x = cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
+        tok_s = m.spec_tok_s(accept, x)
+        rows.append({"steps": s, "accept": accept, "allreduce_us": x, "verify_ms": m.verify_ms(x),
+                     "cycle_ms": m.cycle_ms(x), "spec_tok_s": tok_s, "speedup": tok_s / m.baseline_tok_s(x)})
+    return rows
+
+
+def _best(rows: list[dict]) -> dict | None:
+    return max(rows, key=lambda r: r["spec_tok_s"]) if rows else None
+
+
+def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
     m = CostModel(cfg)
+    measured_us = None if measured is None else latency_at(measured, m.message_bytes)
     rows = [(f"{x:g} us", x) for x in cfg.whatif_allreduce_us]
-    if measured_allreduce_us is not None:
-        rows.append((f"measured {measured_allreduce_us:.3g} us", measured_allreduce_us))
+    if measured is not None:
+        rows.append((f"measured {measured_us:.3g} us", measured))
+    steps = steps_table(cfg)
     return {
         "config": dataclasses.asdict(cfg),
         "n_allreduce": m.n_allreduce,
@@ -217,20 +283,26 @@ def report(cfg: CostModelConfig, measured_allreduce_us: float | None = None) -> 
         "baseline_tok_s": m.baseline_tok_s(),
         "break_even_accept_len": m.break_even(),
         "spec_tok_s": {f"{a:g}": m.spec_tok_s(a) for a in cfg.accept_lengths},
-        "measured_allreduce_us": measured_allreduce_us,
+        "measured_allreduce_us": measured_us,
         "message_bytes": m.message_bytes,
-        "whatif": [
-            {
-                "allreduce": label,
-                "allreduce_us": x,
-                "verify_ms": m.verify_ms(x),
-                "baseline_tok_s": m.baseline_tok_s(x),
-                "break_even_accept_len": m.break_even(x),
-                "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, x) for a in cfg.accept_lengths},
-                "speedup": {f"{a:g}": m.spec_tok_s(a, x) / m.baseline_tok_s(x) for a in cfg.accept_lengths},
-            }
-            for label, x in rows
-        ],
+        "steps_table": steps,
+        "best_steps": _best(steps),
+        "whatif": [_whatif(cfg, m, label, x) for label, x in rows],
+    }
+
+
+def _whatif(cfg: CostModelConfig, m: CostModel, label: str, latency: Latency) -> dict:
+    x = latency_at(latency, m.message_bytes)
+    base = m.baseline_tok_s(x)
+    return {
+        "allreduce": label,
+        "allreduce_us": x,
+        "verify_ms": m.verify_ms(x),
+        "baseline_tok_s": base,
+        "break_even_accept_len": m.break_even(x),
+        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, x) for a in cfg.accept_lengths},
+        "speedup": {f"{a:g}": m.spec_tok_s(a, x) / base for a in cfg.accept_lengths},
+        "best_steps": _best(steps_table(cfg, latency)),
     }
 
 
@@ -252,14 +324,32 @@ def format_report(r: dict, name: str) -> str:
         f"what-if: spec tok/s (speedup vs plain decoding with the same all-reduce); "
         f"verify message {r['message_bytes'] / 1024:.0f} KiB",
     ]
+    steps = bool(r["steps_table"])
     head = f"{'all-reduce':>18} {'verify ms':>9} {'base tok/s':>10} {'break-even':>10} | " + " ".join(
         f"{'A=' + a:>15}" for a in accepts
-    )
+    ) + (f" | {'best steps':>19}" if steps else "")
     lines += [head, "-" * len(head)]
     for row in r["whatif"]:
         cells = " ".join(f"{row['spec_tok_s'][a]:>7.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
+        best = row["best_steps"]
         lines.append(
             f"{row['allreduce']:>18} {row['verify_ms']:>9.2f} {row['baseline_tok_s']:>10.1f} "
             f"{row['break_even_accept_len']:>10.2f} | {cells}"
+            + (f" | {best['steps']:>2}: {best['spec_tok_s']:>6.1f} ({best['speedup']:.2f}x)" if steps else "")
         )
+    if steps:
+        best = r["best_steps"]
+        lines += [
+            "",
+            f"draft steps (chain; served accept at each depth, accept_by_steps; verify = steps + 1 tokens, "
+            f"{c['verify_allreduce_us']:.3g} us per all-reduce):",
+            f"{'steps':>5} {'accept':>6} {'verify ms':>9} {'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
+        ]
+        lines += [f"{row['steps']:>5} {row['accept']:>6.2f} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
+                  f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["steps_table"]]
+        lines.append(f"best: {best['steps']} steps, {best['spec_tok_s']:.1f} tok/s; in SGLang "
+                     f"--speculative-num-steps {best['steps']} --speculative-eagle-topk 1 "
+                     f"--speculative-num-draft-tokens {best['steps'] + 1}"
+                     + ("" if best["speedup"] >= 1 else
+                        f"; still slower than plain decoding ({r['baseline_tok_s']:.1f} tok/s) at every depth"))
     return "\n".join(lines)

@@ -8,7 +8,15 @@ import pytest
 
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
-from drafter_lab.spec.costmodel import PRESETS, CostModel, apply_inputs, interpolate_latency, report
+from drafter_lab.spec.costmodel import (
+    PRESETS,
+    CostModel,
+    apply_inputs,
+    interpolate_latency,
+    latency_at,
+    report,
+    steps_table,
+)
 
 SEEDS = "seeds-kimi-k2.5-8x-pcie"
 
@@ -43,7 +51,8 @@ def test_measured_inputs(tmp_path):
     cfg, measured = apply_inputs(PRESETS[SEEDS], f)
     assert cfg.draft_step_us == 100.0
     assert 2.2 in cfg.accept_lengths
-    assert 16.5 < measured < 25.9  # a 56 KiB verify message lies between the 32 and 64 KiB points
+    # a 56 KiB verify message lies between the 32 and 64 KiB points
+    assert 16.5 < latency_at(measured, CostModel(cfg).message_bytes) < 25.9
     r = report(cfg, measured)
     assert r["whatif"][-1]["allreduce"].startswith("measured")
     assert interpolate_latency({8: 1.0, 32: 3.0}, 16) == pytest.approx(2.0)
@@ -62,6 +71,9 @@ def test_verify_ms_input_sets_compute(tmp_path):
     ('{"draft_step_us": -3}', "positive number"),
     ('{"verify_ms": 1.0}', "shorter than"),
     ('{"allreduce_us": {"big": 3}}', "message sizes"),
+    ('{"accept_histogram": {"1": 3}, "config": {"topk": 4}}', "needs a chain eval"),
+    ('{"accept_histogram": {"1": 0, "2": 0}}', "no verify steps"),
+    ('{"accept_histogram": [1, 2]}', "must map"),
 ])
 def test_bad_inputs(tmp_path, content, match):
     f = tmp_path / "bad.json"
@@ -82,3 +94,27 @@ def test_cli(tmp_path, capsys):
     assert data["break_even_accept_len"] > 2
     assert main(["costmodel", "--inputs", str(tmp_path / "missing.json")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_draft_steps_from_an_eval_histogram(tmp_path):
+    """At 2 steps, 2 verify steps emitted 1 token, 1 emitted 2 and 1 emitted 3: one step deep, the last
+    would have emitted 2. Each step deeper costs a draft step and one more verify token on the wire."""
+    f = tmp_path / "eval.json"
+    f.write_text(json.dumps({"served_accept_len": 1.75, "accept_histogram": {"1": 2, "2": 1, "3": 1},
+                             "config": {"steps": 2, "topk": 1}}))
+    cfg, _ = apply_inputs(PRESETS[SEEDS], f)
+    assert cfg.accept_by_steps == [1.5, 1.75] and 1.75 in cfg.accept_lengths
+    rows = steps_table(cfg)
+    m = CostModel(PRESETS[SEEDS])
+    for row, (steps, accept) in zip(rows, [(1, 1.5), (2, 1.75)]):
+        cycle = m.verify_ms() + steps * cfg.draft_step_us / 1000 + cfg.cycle_overhead_ms
+        assert row["cycle_ms"] == pytest.approx(cycle)
+        assert row["spec_tok_s"] == pytest.approx(1000 * accept / cycle)
+    # With a measured table, each depth's all-reduce is looked up at its own message size.
+    table = {8192: 9.0, 131072: 17.0}
+    sized = steps_table(cfg, table)
+    assert [r["allreduce_us"] for r in sized] == [latency_at(table, t * 7168 * 2) for t in (2, 3)]
+    assert sized[0]["allreduce_us"] < sized[1]["allreduce_us"]
+    r = report(cfg, table)
+    assert r["best_steps"] == max(rows, key=lambda row: row["spec_tok_s"])
+    assert r["whatif"][-1]["best_steps"] == max(sized, key=lambda row: row["spec_tok_s"])

@@ -76,6 +76,13 @@ def test_cli_eval(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     assert "served accept length" in text and "tok/s" in text and "lossless check: identical" in text
     data = json.loads(out.read_text())
     assert data["served_accept_len"] > 1.5 and data["prompts"] == 6
+    # The eval feeds the cost model: its histogram gives the accept length at depths 1..4.
+    model = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(out), "--json", str(model)]) == 0
+    assert "best:" in capsys.readouterr().out
+    accepts = [row["accept"] for row in json.loads(model.read_text())["steps_table"]]
+    assert len(accepts) == 4 and accepts == sorted(accepts) and 1 <= accepts[0]
+    assert accepts[-1] == pytest.approx(data["served_accept_len"])
 
 
 def _cli_error(capsys, argv) -> str:

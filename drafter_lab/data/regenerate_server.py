@@ -13,10 +13,6 @@ file is removed.
 from __future__ import annotations
 
 import copy
-import json
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +20,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.data.conversations import Conversation, write_conversations
 from drafter_lab.errors import LabError
+from drafter_lab.httpjson import request_json
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
 
@@ -56,25 +53,9 @@ def _endpoint(cfg: ServerConfig) -> str:
 
 def ask(cfg: ServerConfig, messages: list[dict]) -> str:
     """The server's answer to `messages`; a failure that retries do not cure is a LabError naming the URL."""
-    body = json.dumps({"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
-                       "temperature": cfg.temperature, "seed": cfg.seed}).encode()
-    request = urllib.request.Request(_endpoint(cfg), data=body, headers={"Content-Type": "application/json"})
-    for attempt in range(cfg.retries + 1):
-        try:
-            with urllib.request.urlopen(request, timeout=cfg.timeout_s) as r:
-                answer = json.loads(r.read())
-            break
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace").strip().replace("\n", " ")[:200]
-            if e.code < 500 or attempt == cfg.retries:
-                raise LabError(f"server answered HTTP {e.code}: {detail}", _endpoint(cfg)) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            if attempt == cfg.retries:
-                reason = getattr(e, "reason", e)
-                raise LabError(f"cannot reach the server ({reason}) after {cfg.retries + 1} tries", _endpoint(cfg)) from None
-        except json.JSONDecodeError:
-            raise LabError("server answer is not JSON", _endpoint(cfg)) from None
-        time.sleep(2**attempt)
+    answer = request_json(_endpoint(cfg), {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
+                                           "temperature": cfg.temperature, "seed": cfg.seed},
+                          timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
         return answer["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):

@@ -9,6 +9,11 @@ from drafter_lab.errors import LabError
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+# Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
+LOCAL_ONLY = {"steps": 4, "topk": 1, "draft_tokens": None, "batch": 1, "seed": 0, "device": "auto",
+              "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False}
+
+
 def register(sub) -> None:
     e = sub.add_parser(
         "eval",
@@ -16,25 +21,34 @@ def register(sub) -> None:
         description="Decode each conversation's first prompt with the target alone and with the drafter "
         "(same prompts, same max_new_tokens, same run); report the served accept length (tokens per "
         "verify step, bonus included), its histogram, both tok/s and their ratio. Greedy outputs must be "
-        "identical: any difference is an error naming the prompt and position.",
+        "identical: any difference is an error naming the prompt and position. With --server instead of "
+        "--drafter, a running SGLang server decodes (with its own speculative settings), and "
+        "--baseline-server (the target served without speculation) gives the other tok/s.",
     )
-    e.add_argument("--drafter", required=True, help="drafter checkpoint directory")
-    e.add_argument("--target", required=True, help="target model directory (any local HF causal LM)")
+    who = e.add_mutually_exclusive_group(required=True)
+    who.add_argument("--drafter", help="drafter checkpoint directory (decoded here, by the lab's engine)")
+    who.add_argument("--server", metavar="URL", help="base URL of an SGLang server with speculative decoding")
+    e.add_argument("--target", required=True, help="target model directory (any local HF causal LM; with "
+                                                    "--server only its tokenizer and chat template are read)")
     e.add_argument("--prompts", required=True, help="ShareGPT/SpecForge jsonl conversations")
-    e.add_argument("--steps", type=int, default=4, help="draft depth S (drafter steps per cycle)")
-    e.add_argument("--topk", type=int, default=1, help="children per expanded node: 1 = chain, > 1 = tree")
-    e.add_argument("--draft-tokens", type=int, default=None,
+    e.add_argument("--baseline-server", metavar="URL", default=None,
+                   help="with --server: the same target served without speculation")
+    e.add_argument("--concurrency", type=int, default=1, help="with --server: requests in flight")
+    e.add_argument("--steps", type=int, default=LOCAL_ONLY["steps"], help="draft depth S (drafter steps per cycle)")
+    e.add_argument("--topk", type=int, default=LOCAL_ONLY["topk"],
+                   help="children per expanded node: 1 = chain, > 1 = tree")
+    e.add_argument("--draft-tokens", type=int, default=LOCAL_ONLY["draft_tokens"],
                    help="tree: draft tokens verified per cycle (default steps * topk)")
-    e.add_argument("--batch", type=int, default=1, help="prompts decoded together")
+    e.add_argument("--batch", type=int, default=LOCAL_ONLY["batch"], help="prompts decoded together")
     e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
-    e.add_argument("--seed", type=int, default=0, help="sampling seed")
-    e.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
-    e.add_argument("--dtype", default="float32", choices=DTYPES, help="target and drafter dtype")
-    e.add_argument("--threads", type=int, default=0,
+    e.add_argument("--seed", type=int, default=LOCAL_ONLY["seed"], help="sampling seed")
+    e.add_argument("--device", default=LOCAL_ONLY["device"], help="auto (cuda when available), cpu or cuda")
+    e.add_argument("--dtype", default=LOCAL_ONLY["dtype"], choices=DTYPES, help="target and drafter dtype")
+    e.add_argument("--threads", type=int, default=LOCAL_ONLY["threads"],
                    help="CPU threads for torch (0 = torch's default); tiny models time best and steadiest with 1")
-    e.add_argument("--fused", default="auto", choices=("auto", "on", "off"),
+    e.add_argument("--fused", default=LOCAL_ONLY["fused"], choices=("auto", "on", "off"),
                    help="draft step: fused op (on), PyTorch reference (off), or fused when built on CUDA (auto)")
     e.add_argument("--allow-other-target", action="store_true",
                    help="decode with a drafter recorded as trained on another target (zero-shot transfer)")
@@ -89,6 +103,10 @@ def run_eval(args) -> int:
         convs = convs[: args.max_prompts]
     if not convs:
         raise LabError("no conversations to decode", args.prompts)
+    if args.server is not None:
+        return _run_served_eval(args, convs)
+    if args.baseline_server is not None or args.concurrency != 1:
+        raise LabError("--baseline-server and --concurrency apply to a served eval (--server)")
     if args.threads < 0:
         raise LabError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
@@ -109,10 +127,52 @@ def run_eval(args) -> int:
     return 0
 
 
+def _run_served_eval(args, convs) -> int:
+    from drafter_lab.spec.served import ServedConfig, served_evaluate
+    from drafter_lab.targets.hf import load_tokenizer
+
+    given = [f"--{k.replace('_', '-')}" for k, v in LOCAL_ONLY.items() if getattr(args, k) != v]
+    if given:
+        raise LabError(f"{', '.join(given)} apply to the lab's own decoding; a server drafts with its own "
+                       "settings (--speculative-num-steps and the like)")
+    cfg = ServedConfig(url=args.server, baseline_url=args.baseline_server, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, concurrency=args.concurrency)
+    result = served_evaluate(load_tokenizer(args.target), convs, cfg, where=args.prompts)
+    result["prompts_file"] = str(args.prompts)
+    print(format_served(result))
+    if args.json:
+        atomic.write_json(args.json, result)
+    return 0
+
+
+def _histogram_lines(hist: dict) -> list[str]:
+    total = max(sum(hist.values()), 1)
+    return ["histogram (served accept length: share of verify steps):"] + [
+        f"  {k:>2}: {n / total:6.1%} {'#' * round(40 * n / total)}" for k, n in hist.items()]
+
+
+def format_served(r: dict) -> str:
+    c = r["config"]
+    settings = ", ".join(f"{k.removeprefix('speculative_')} {v}" for k, v in r["server_settings"].items())
+    lines = [
+        f"server {r['server']} ({settings or 'no speculative settings reported'}): {r['prompts']} prompts x "
+        f"{c['max_new_tokens']} new tokens, temperature {c['temperature']:g}, {c['concurrency']} in flight",
+        f"served accept length: {r['served_accept_len']:.3f} tokens per verify step (bonus included), "
+        f"{r['verify_steps']} verify steps",
+    ]
+    if r["accept_histogram"] is not None:
+        lines += _histogram_lines(r["accept_histogram"])
+    if "baseline_tok_s" in r:
+        lines += [f"tok/s: speculative {r['spec_tok_s']:.1f}, baseline server {r['baseline_tok_s']:.1f}, "
+                  f"ratio {r['speedup']:.2f}x",
+                  f"greedy outputs against the baseline server: {r['lossless_check']}"]
+    else:
+        lines.append(f"tok/s: speculative {r['spec_tok_s']:.1f} (no --baseline-server to compare with)")
+    return "\n".join(lines)
+
+
 def format_eval(r: dict) -> str:
     c = r["config"]
-    hist = r["accept_histogram"]
-    total = max(sum(hist.values()), 1)
     lines = [
         f"{c['drafting']} drafting: steps {c['steps']}, topk {c['topk']}, draft tokens {c['draft_tokens']}, "
         f"batch {c['batch']}, {r['prompts']} prompts x {c['max_new_tokens']} new tokens, "
@@ -120,9 +180,8 @@ def format_eval(r: dict) -> str:
         + (", fused draft step" if c["fused_draft_step"] else ""),
         f"served accept length: {r['served_accept_len']:.3f} tokens per verify step (bonus included), "
         f"{r['verify_steps']} verify steps",
-        "histogram (served accept length: share of verify steps):",
+        *_histogram_lines(r["accept_histogram"]),
     ]
-    lines += [f"  {k:>2}: {n / total:6.1%} {'#' * round(40 * n / total)}" for k, n in hist.items()]
     lines += [
         f"tok/s: speculative {r['spec_tok_s']:.1f}, target only {r['baseline_tok_s']:.1f}, "
         f"ratio {r['speedup']:.2f}x",

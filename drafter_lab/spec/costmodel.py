@@ -213,11 +213,12 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
         extra.append(round(_number(data["served_accept_len"], "served_accept_len", path), 2))
     if extra:
         over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
-    if "accept_histogram" in data:
+    if data.get("accept_histogram") is not None:
         topk = (data.get("config") or {}).get("topk", 1)
         if topk != 1:
-            raise LabError(f"accept_histogram comes from tree drafting (topk {topk}); the draft-steps table "
-                           "needs a chain eval (--topk 1)", path)
+            what = "drafting of unknown topk" if topk is None else f"tree drafting (topk {topk})"
+            raise LabError(f"accept_histogram comes from {what}; the draft-steps table needs chain drafting "
+                           "(topk 1)", path)
         over["accept_by_steps"] = accept_by_steps(data["accept_histogram"], path)
     cfg = dataclasses.replace(cfg, **over)
     if "verify_ms" in data:

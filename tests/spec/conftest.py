@@ -9,12 +9,14 @@ mapping is exercised too.
 from __future__ import annotations
 
 import contextlib
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from drafter_lab.data.conversations import Conversation
+from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
@@ -130,3 +132,15 @@ def trained_drafter(target, prompts):
     used = torch.tensor(sorted(seen + fill))
     with one_thread():
         return train_on(target, make_drafter(target, used, seed=2), seqs)
+
+
+@pytest.fixture(scope="session")
+def drafter_dir(tmp_path_factory, trained_drafter):
+    return save_drafter(trained_drafter, tmp_path_factory.mktemp("drafter") / "ckpt")
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory, conversations):
+    f = tmp_path_factory.mktemp("prompts") / "eval.jsonl"
+    f.write_text("".join(json.dumps({"id": c.id, "conversations": c.messages}) + "\n" for c in conversations))
+    return f

@@ -71,7 +71,8 @@ def test_verify_ms_input_sets_compute(tmp_path):
     ('{"draft_step_us": -3}', "positive number"),
     ('{"verify_ms": 1.0}', "shorter than"),
     ('{"allreduce_us": {"big": 3}}', "message sizes"),
-    ('{"accept_histogram": {"1": 3}, "config": {"topk": 4}}', "needs a chain eval"),
+    ('{"accept_histogram": {"1": 3}, "config": {"topk": 4}}', "tree drafting .topk 4.; the draft-steps table needs chain"),
+    ('{"accept_histogram": {"1": 3}, "config": {"topk": null}}', "unknown topk"),
     ('{"accept_histogram": {"1": 0, "2": 0}}', "no verify steps"),
     ('{"accept_histogram": [1, 2]}', "must map"),
 ])

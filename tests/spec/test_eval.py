@@ -18,18 +18,6 @@ from drafter_lab.spec.eval import evaluate
 from drafter_lab.targets.hf import default_aux_layer_ids
 
 
-@pytest.fixture(scope="module")
-def drafter_dir(tmp_path_factory, trained_drafter):
-    return save_drafter(trained_drafter, tmp_path_factory.mktemp("drafter") / "ckpt")
-
-
-@pytest.fixture(scope="module")
-def prompts_file(tmp_path_factory, conversations):
-    f = tmp_path_factory.mktemp("prompts") / "eval.jsonl"
-    f.write_text("".join(json.dumps({"id": c.id, "conversations": c.messages}) + "\n" for c in conversations))
-    return f
-
-
 def test_evaluate_numbers(target, trained_drafter, conversations):
     r = evaluate(target, trained_drafter, conversations[:4], steps=4, topk=1, batch=2, max_new_tokens=24)
     assert r["served_accept_len"] > 2.0

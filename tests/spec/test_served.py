@@ -1,0 +1,85 @@
+"""`drafter-lab eval --server`: a real server process that answers SGLang's API gives the same served
+accept length and histogram as the lab's own eval, feeds the cost model, and bad use is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from drafter_lab.cli import main
+from drafter_lab.spec.served import acceptance
+
+SERVER = Path(__file__).with_name("sglang_server.py")
+STEPS = 4
+
+
+def _start(random_llama, drafter, port_file: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SERVER), str(random_llama), str(drafter), str(STEPS), str(port_file)])
+
+
+@pytest.fixture(scope="module")
+def servers(random_llama, drafter_dir, tmp_path_factory):
+    """(speculative server URL, baseline server URL)."""
+    tmp = tmp_path_factory.mktemp("servers")
+    procs = [_start(random_llama, drafter_dir, tmp / "spec"), _start(random_llama, "-", tmp / "base")]
+    deadline = time.time() + 120
+    try:
+        for proc, name in zip(procs, ("spec", "base")):
+            while not (tmp / name).exists():
+                assert proc.poll() is None and time.time() < deadline, "a test server did not start"
+                time.sleep(0.05)
+        yield tuple(f"http://127.0.0.1:{(tmp / name).read_text()}" for name in ("spec", "base"))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file, servers, tmp_path, capsys):
+    spec, base = servers
+    common = ["--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "16"]
+    assert main(["eval", "--drafter", str(drafter_dir), "--steps", str(STEPS), *common,
+                 "--json", str(tmp_path / "local.json")]) == 0
+    assert main(["eval", "--server", spec, "--baseline-server", base, "--concurrency", "2", *common,
+                 "--json", str(tmp_path / "served.json")]) == 0
+    text = capsys.readouterr().out
+    assert f"server {spec} (algorithm EAGLE3, num_steps {STEPS}" in text and "baseline server" in text
+    local, served = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("local", "served"))
+    assert served["served_accept_len"] == pytest.approx(local["served_accept_len"], rel=1e-12)
+    assert served["accept_histogram"] == local["accept_histogram"]
+    assert served["verify_steps"] == local["verify_steps"]
+    assert served["spec_tokens"] == local["spec_tokens"] == served["baseline_tokens"]
+    assert served["lossless_check"] == "identical" and served["speedup"] > 0
+    assert served["config"]["drafting"] == "chain" and served["config"]["steps"] == STEPS
+    # Its histogram gives the cost model's draft-steps table, as a local chain eval's does.
+    assert main(["costmodel", "--inputs", str(tmp_path / "served.json"), "--json", str(tmp_path / "cm.json")]) == 0
+    rows = json.loads((tmp_path / "cm.json").read_text())["steps_table"]
+    assert [r["steps"] for r in rows] == list(range(1, STEPS + 1))
+    assert rows[-1]["accept"] == pytest.approx(local["served_accept_len"])
+
+
+def test_served_eval_bad_use_is_one_line(random_llama, drafter_dir, prompts_file, servers, capsys):
+    spec, base = servers
+    common = ["--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "4"]
+
+    def error(argv) -> str:
+        assert main(argv) == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert "reports no speculative decoding" in error(["eval", "--server", base, *common])
+    assert "--steps, --batch apply to the lab's own decoding" in error(
+        ["eval", "--server", spec, "--steps", "3", "--batch", "2", *common])
+    assert "apply to a served eval" in error(["eval", "--drafter", str(drafter_dir), "--baseline-server", base, *common])
+
+
+def test_accept_length_without_a_histogram_leaves_out_the_prefill_token():
+    metas = [{"completion_tokens": 9, "spec_verify_ct": 4}, {"completion_tokens": 5, "spec_verify_ct": 2}]
+    assert acceptance(metas, "url") == (2.0, 6, None)  # (8 + 4) tokens from 6 verify steps
+    hist = [{"completion_tokens": 4, "spec_verify_ct": 2, "spec_accept_histogram": [1, 0, 1]},
+            {"completion_tokens": 3, "spec_verify_ct": 1, "spec_accept_histogram": [0, 1]}]
+    assert acceptance(hist, "url") == (2.0, 3, {"1": 1, "2": 1, "3": 1})

@@ -22,17 +22,22 @@ def register(sub) -> None:
         "(same prompts, same max_new_tokens, same run); report the served accept length (tokens per "
         "verify step, bonus included), its histogram, both tok/s and their ratio. Greedy outputs must be "
         "identical: any difference is an error naming the prompt and position. With --server instead of "
-        "--drafter, a running SGLang server decodes (with its own speculative settings), and "
+        "--drafter, a running SGLang or vLLM server decodes (with its own speculative settings), and "
         "--baseline-server (the target served without speculation) gives the other tok/s.",
     )
     who = e.add_mutually_exclusive_group(required=True)
     who.add_argument("--drafter", help="drafter checkpoint directory (decoded here, by the lab's engine)")
-    who.add_argument("--server", metavar="URL", help="base URL of an SGLang server with speculative decoding")
+    who.add_argument("--server", metavar="URL", help="base URL of an SGLang or vLLM server with speculative decoding")
     e.add_argument("--target", required=True, help="target model directory (any local HF causal LM; with "
                                                     "--server only its tokenizer and chat template are read)")
     e.add_argument("--prompts", required=True, help="ShareGPT/SpecForge jsonl conversations")
     e.add_argument("--baseline-server", metavar="URL", default=None,
                    help="with --server: the same target served without speculation")
+    e.add_argument("--engine", default="sglang", choices=("sglang", "vllm"),
+                   help="with --server: the serving engine (SGLang: per-request meta_info; vLLM: /metrics counters, "
+                        "so nothing else may use the server meanwhile)")
+    e.add_argument("--model", default=None, help="with --server --engine vllm: the served model name "
+                                                 "(default: the first one /v1/models lists)")
     e.add_argument("--concurrency", type=int, default=1, help="with --server: requests in flight")
     e.add_argument("--steps", type=int, default=LOCAL_ONLY["steps"], help="draft depth S (drafter steps per cycle)")
     e.add_argument("--topk", type=int, default=LOCAL_ONLY["topk"],
@@ -105,8 +110,8 @@ def run_eval(args) -> int:
         raise LabError("no conversations to decode", args.prompts)
     if args.server is not None:
         return _run_served_eval(args, convs)
-    if args.baseline_server is not None or args.concurrency != 1:
-        raise LabError("--baseline-server and --concurrency apply to a served eval (--server)")
+    if args.baseline_server is not None or args.concurrency != 1 or args.engine != "sglang" or args.model:
+        raise LabError("--baseline-server, --engine, --model and --concurrency apply to a served eval (--server)")
     if args.threads < 0:
         raise LabError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
@@ -135,8 +140,9 @@ def _run_served_eval(args, convs) -> int:
     if given:
         raise LabError(f"{', '.join(given)} apply to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")
-    cfg = ServedConfig(url=args.server, baseline_url=args.baseline_server, max_new_tokens=args.max_new_tokens,
-                       temperature=args.temperature, concurrency=args.concurrency)
+    cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,
+                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                       concurrency=args.concurrency)
     result = served_evaluate(load_tokenizer(args.target), convs, cfg, where=args.prompts)
     result["prompts_file"] = str(args.prompts)
     print(format_served(result))
@@ -155,7 +161,7 @@ def format_served(r: dict) -> str:
     c = r["config"]
     settings = ", ".join(f"{k.removeprefix('speculative_')} {v}" for k, v in r["server_settings"].items())
     lines = [
-        f"server {r['server']} ({settings or 'no speculative settings reported'}): {r['prompts']} prompts x "
+        f"{r['engine']} server {r['server']} ({settings or 'no speculative settings reported'}): {r['prompts']} prompts x "
         f"{c['max_new_tokens']} new tokens, temperature {c['temperature']:g}, {c['concurrency']} in flight",
         f"served accept length: {r['served_accept_len']:.3f} tokens per verify step (bonus included), "
         f"{r['verify_steps']} verify steps",

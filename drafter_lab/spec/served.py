@@ -1,31 +1,39 @@
-"""`drafter-lab eval --server`: served accept length and tok/s from a running SGLang server.
+"""`drafter-lab eval --server`: served accept length and tok/s from a running SGLang or vLLM server.
 
-The lab's own `eval` decodes with its engine; this one asks the engine people serve with. SGLang's
-native `/generate` reports, per request, in `meta_info`: the tokens it emitted
-(`completion_tokens`), its verify steps (`spec_verify_ct`) and, in recent versions, the verify
-steps that accepted 0, 1, 2, ... drafts (`spec_accept_histogram`). The served accept length is
-the lab's (tokens emitted per verify step, bonus included): from the histogram when the server
-sends it, else (completion_tokens - 1) / spec_verify_ct per request summed, since each request's
-first token comes from prefill, not from a verify step.
+The lab's own `eval` decodes with its engine; this one asks the engine people serve with. Prompts
+are rendered here with the target's chat template and sent as token ids, so the server decodes
+exactly the tokens the lab's eval would. The served accept length is the lab's (tokens emitted
+per verify step, bonus included):
 
-Prompts are rendered here with the target's chat template and sent as token ids, so the server
-decodes exactly the tokens the lab's eval would. `/get_server_info` records the server's
-speculative settings (and tells the cost model whether the histogram comes from a chain). With a
-baseline server (the same target served without speculation) the same prompts run there too, so
-both tok/s come from the same run, and greedy outputs are compared; a serving engine's batching
-need not be bitwise deterministic, so a difference is reported, not raised.
+- SGLang: native `/generate` reports per request, in `meta_info`, `completion_tokens`,
+  `spec_verify_ct` and, in recent versions, `spec_accept_histogram` (verify steps that accepted
+  0, 1, 2, ... drafts). The accept length comes from the histogram where it is sent, else from
+  (completion_tokens - 1) / spec_verify_ct summed over requests (each request's first token comes
+  from prefill, not from a verify step). `/get_server_info` records the speculative settings.
+- vLLM: `/v1/completions` decodes; `/metrics` counts drafts, accepted tokens and accepted tokens
+  per draft position. The difference of the counters before and after the prompts gives
+  1 + accepted / drafts, and, since a chain accepts a prefix, the histogram: drafts that accepted
+  exactly j = accepted at position j-1 minus accepted at position j. The counters are the whole
+  server's, so nothing else may use it while the eval runs.
+
+With a baseline server (the same target served without speculation) the same prompts run there
+too, so both tok/s come from the same run, and greedy outputs are compared; a serving engine's
+batching need not be bitwise deterministic, so a difference is reported, not raised.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import request_json
+from drafter_lab.httpjson import request_json, request_text
 from drafter_lab.progress import progress
 from drafter_lab.spec.eval import WARMUP_TOKENS, first_difference, render_prompts
+
+ENGINES = ("sglang", "vllm")
 
 
 @dataclass
@@ -33,9 +41,14 @@ class ServedConfig:
     """Which servers to ask, and how."""
 
     url: str
-    """Base URL of an SGLang server with speculative decoding (`--speculative-algorithm EAGLE3`)."""
+    """Base URL of a server with speculative decoding (SGLang `--speculative-algorithm EAGLE3`, vLLM
+    `--speculative-config`)."""
+    engine: str = "sglang"
+    """The serving engine behind the URLs: sglang or vllm."""
     baseline_url: str | None = None
     """Base URL of the same target served without speculation: tok/s and greedy outputs are compared."""
+    model: str | None = None
+    """vLLM: the served model name (default: the first one /v1/models lists)."""
     max_new_tokens: int = 64
     """Tokens generated per prompt."""
     temperature: float = 0.0
@@ -48,33 +61,129 @@ class ServedConfig:
     """Retries of a request that failed to connect or got a 5xx answer."""
 
 
-def server_settings(url: str, cfg: ServedConfig) -> dict:
-    """The server's `speculative_*` settings from /get_server_info ({} where it has none)."""
-    try:
-        info = request_json(url.rstrip("/") + "/get_server_info", timeout_s=cfg.timeout_s, retries=0)
-    except LabError:  # older servers, or another engine: the numbers stand without it
-        return {}
-    return {k: v for k, v in info.items() if k.startswith("speculative_")} if isinstance(info, dict) else {}
+@dataclass
+class Answer:
+    output: list | str
+    """Generated token ids (SGLang) or text (vLLM)."""
+    tokens: int
+    """Tokens generated."""
+    meta: dict
+    """SGLang's meta_info ({} for vLLM)."""
 
 
-def _decode(url: str, prompts: list[list[int]], cfg: ServedConfig, label: str) -> tuple[list[dict], float]:
-    """Every prompt's answer from `url` and the wall seconds they took, after one warm-up request."""
-    endpoint = url.rstrip("/") + "/generate"
+class SGLang:
+    """SGLang's native API; acceptance is counted per request."""
 
-    def ask(ids: list[int], max_new_tokens: int) -> dict:
+    def __init__(self, url: str, cfg: ServedConfig):
+        self.url, self.cfg = url.rstrip("/"), cfg
+
+    def settings(self) -> dict:
+        try:
+            info = request_json(self.url + "/get_server_info", timeout_s=self.cfg.timeout_s, retries=0)
+        except LabError:  # an older server: the numbers stand without it
+            return {}
+        return {k: v for k, v in info.items() if k.startswith("speculative_")} if isinstance(info, dict) else {}
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> Answer:
+        endpoint = self.url + "/generate"
         answer = request_json(endpoint, {"input_ids": ids, "sampling_params": {
-            "temperature": cfg.temperature, "max_new_tokens": max_new_tokens}},
-            timeout_s=cfg.timeout_s, retries=cfg.retries)
+            "temperature": self.cfg.temperature, "max_new_tokens": max_new_tokens}},
+            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries)
         if not isinstance(answer, dict) or not isinstance(answer.get("meta_info"), dict):
             raise LabError(f"answer has no meta_info: {str(answer)[:200]}", endpoint)
-        return answer
+        meta = answer["meta_info"]
+        return Answer(answer.get("output_ids", answer.get("text")), int(meta["completion_tokens"]), meta)
 
-    ask(prompts[0], min(WARMUP_TOKENS, cfg.max_new_tokens))
-    answers: list[dict] = []
+    def start_counting(self) -> None:
+        pass
+
+    def acceptance(self, answers: list[Answer]) -> tuple[float, int, dict | None]:
+        return acceptance([a.meta for a in answers], self.url + "/generate")
+
+
+_SAMPLE = re.compile(r'^([A-Za-z_:][\w:]*)(?:\{([^}]*)\})?\s+(\S+)')
+_POSITION = re.compile(r'position="(\d+)"')
+_DRAFTS, _ACCEPTED, _PER_POS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total",
+                                "vllm:spec_decode_num_accepted_tokens_per_pos_total")
+
+
+def vllm_counters(text: str) -> dict:
+    """{"drafts", "accepted", "per_pos": {position: accepted}} summed over label sets."""
+    out = {"drafts": 0.0, "accepted": 0.0, "per_pos": {}}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        if name == _DRAFTS:
+            out["drafts"] += value
+        elif name == _ACCEPTED:
+            out["accepted"] += value
+        elif name == _PER_POS and (pos := _POSITION.search(labels)):
+            out["per_pos"][int(pos.group(1))] = out["per_pos"].get(int(pos.group(1)), 0.0) + value
+    return out
+
+
+class VLLM:
+    """vLLM's OpenAI-compatible API; acceptance from the /metrics counters."""
+
+    def __init__(self, url: str, cfg: ServedConfig):
+        self.url, self.cfg = url.rstrip("/"), cfg
+        self.model = cfg.model
+        self.before: dict | None = None
+
+    def _model(self) -> str:
+        if self.model is None:
+            models = request_json(self.url + "/v1/models", timeout_s=self.cfg.timeout_s, retries=self.cfg.retries)
+            try:
+                self.model = models["data"][0]["id"]
+            except (KeyError, IndexError, TypeError):
+                raise LabError("lists no model; pass --model", self.url + "/v1/models") from None
+        return self.model
+
+    def settings(self) -> dict:
+        return {"model": self._model()}
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> Answer:
+        endpoint = self.url + "/v1/completions"
+        answer = request_json(endpoint, {"model": self._model(), "prompt": ids, "max_tokens": max_new_tokens,
+                                         "temperature": self.cfg.temperature},
+                              timeout_s=self.cfg.timeout_s, retries=self.cfg.retries)
+        try:
+            return Answer(answer["choices"][0]["text"], int(answer["usage"]["completion_tokens"]), {})
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise LabError(f"answer has no choices[0].text and usage.completion_tokens: {str(answer)[:200]}",
+                           endpoint) from None
+
+    def _counters(self) -> dict:
+        return vllm_counters(request_text(self.url + "/metrics", timeout_s=self.cfg.timeout_s,
+                                          retries=self.cfg.retries))
+
+    def start_counting(self) -> None:
+        self.before = self._counters()
+
+    def acceptance(self, answers: list[Answer]) -> tuple[float, int, dict | None]:
+        after, before = self._counters(), self.before
+        drafts = round(after["drafts"] - before["drafts"])
+        if drafts <= 0:
+            raise LabError("the server counted no speculative drafts (no vllm:spec_decode_num_drafts_total "
+                           "growth); launch it with --speculative-config", self.url + "/metrics")
+        accepted = after["accepted"] - before["accepted"]
+        per_pos = [round(after["per_pos"][j] - before["per_pos"].get(j, 0.0)) for j in sorted(after["per_pos"])]
+        reached = [drafts, *per_pos, 0]  # drafts that accepted at least j drafts, j = 0, 1, ...
+        hist = {str(j + 1): reached[j] - reached[j + 1] for j in range(len(per_pos) + 1)} if per_pos else None
+        return 1 + accepted / drafts, drafts, hist
+
+
+def _decode(server, prompts: list[list[int]], cfg: ServedConfig, label: str) -> tuple[list[Answer], float]:
+    """Every prompt's answer and the wall seconds they took, after one warm-up request."""
+    server.generate(prompts[0], min(WARMUP_TOKENS, cfg.max_new_tokens))
+    server.start_counting()
+    answers: list[Answer] = []
     with progress(f"eval --server ({label})", total=len(prompts)) as advance, \
             ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-eval") as pool:
         start = time.perf_counter()
-        for answer in pool.map(lambda ids: ask(ids, cfg.max_new_tokens), prompts):
+        for answer in pool.map(lambda ids: server.generate(ids, cfg.max_new_tokens), prompts):
             answers.append(answer)
             advance(1)
         seconds = time.perf_counter() - start
@@ -82,7 +191,8 @@ def _decode(url: str, prompts: list[list[int]], cfg: ServedConfig, label: str) -
 
 
 def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | None]:
-    """(served accept length, verify steps, histogram {served length: verify steps} or None)."""
+    """From SGLang meta_infos: (served accept length, verify steps, histogram {served length: verify
+    steps} or None)."""
     if not all("spec_verify_ct" in m for m in metas):
         raise LabError("the server reports no speculative decoding (meta_info has no spec_verify_ct); launch "
                        "it with --speculative-algorithm EAGLE3 and a draft model", endpoint)
@@ -99,22 +209,27 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
     return tokens / verify, verify, None
 
 
-def _outputs(answers: list[dict]) -> list:
-    return [a.get("output_ids", a.get("text")) for a in answers]
-
-
 def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> dict:
     """Decode every conversation's prompt on the server (and the baseline server); returns the numbers."""
+    if cfg.engine not in ENGINES:
+        raise LabError(f"unknown engine {cfg.engine!r}: use {' or '.join(ENGINES)}")
     if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
         raise LabError("need concurrency >= 1, max_new_tokens >= 1 and temperature >= 0")
+    engine = {"sglang": SGLang, "vllm": VLLM}[cfg.engine]
     prompts = render_prompts(tokenizer, conversations, where)
-    settings = server_settings(cfg.url, cfg)
-    answers, seconds = _decode(cfg.url, prompts, cfg, "speculative")
-    accept, verify_steps, hist = acceptance([a["meta_info"] for a in answers], cfg.url.rstrip("/") + "/generate")
-    steps, topk = settings.get("speculative_num_steps"), settings.get("speculative_eagle_topk")
+    server = engine(cfg.url, cfg)
+    settings = server.settings()
+    answers, seconds = _decode(server, prompts, cfg, "speculative")
+    accept, verify_steps, hist = server.acceptance(answers)
+    if cfg.engine == "sglang":
+        steps, topk = settings.get("speculative_num_steps"), settings.get("speculative_eagle_topk")
+        draft_tokens = settings.get("speculative_num_draft_tokens")
+    else:  # vLLM drafts a chain of as many tokens as it has positions
+        steps = None if hist is None else len(hist) - 1
+        topk, draft_tokens = 1, steps
     if hist is not None and steps is not None:  # every depth the server could reach, zeros included
         hist = {str(n): hist.get(str(n), 0) for n in range(1, max(int(steps) + 2, len(hist) + 1))}
-    tokens = sum(int(a["meta_info"]["completion_tokens"]) for a in answers)
+    tokens = sum(a.tokens for a in answers)
     result = {
         "served_accept_len": accept,
         "accept_length_kind": "served: tokens emitted per verify step, bonus included",
@@ -124,22 +239,23 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
         "spec_seconds": seconds,
         "spec_tokens": tokens,
         "prompts": len(prompts),
+        "engine": cfg.engine,
         "server": cfg.url,
         "server_settings": settings,
         "config": {
-            "steps": steps, "topk": topk, "draft_tokens": settings.get("speculative_num_draft_tokens"),
-            "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-            "concurrency": cfg.concurrency,
+            "steps": steps, "topk": topk, "draft_tokens": draft_tokens, "max_new_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature, "concurrency": cfg.concurrency,
             "drafting": None if topk is None else ("chain" if topk == 1 else "tree"),
         },
     }
     if cfg.baseline_url is not None:
-        base, base_seconds = _decode(cfg.baseline_url, prompts, cfg, "baseline")
-        base_tokens = sum(int(a["meta_info"]["completion_tokens"]) for a in base)
+        base, base_seconds = _decode(engine(cfg.baseline_url, cfg), prompts, cfg, "baseline")
+        base_tokens = sum(a.tokens for a in base)
         result.update(baseline_server=cfg.baseline_url, baseline_tok_s=base_tokens / base_seconds,
                       baseline_seconds=base_seconds, baseline_tokens=base_tokens,
                       speedup=result["spec_tok_s"] / (base_tokens / base_seconds))
-        result["lossless_check"] = _compare(_outputs(base), _outputs(answers), conversations, cfg.temperature)
+        result["lossless_check"] = _compare([a.output for a in base], [a.output for a in answers], conversations,
+                                            cfg.temperature)
     return result
 
 

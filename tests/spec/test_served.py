@@ -1,5 +1,5 @@
-"""`drafter-lab eval --server`: a real server process that answers SGLang's API gives the same served
-accept length and histogram as the lab's own eval, feeds the cost model, and bad use is one line."""
+"""`drafter-lab eval --server`: a real server process that answers SGLang's or vLLM's API gives the same
+served accept length and histogram as the lab's own eval, feeds the cost model, and bad use is one line."""
 
 from __future__ import annotations
 
@@ -12,28 +12,30 @@ from pathlib import Path
 import pytest
 
 from drafter_lab.cli import main
-from drafter_lab.spec.served import acceptance
+from drafter_lab.spec.served import acceptance, vllm_counters
 
-SERVER = Path(__file__).with_name("sglang_server.py")
+SERVER = Path(__file__).with_name("spec_server.py")
 STEPS = 4
 
 
-def _start(random_llama, drafter, port_file: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SERVER), str(random_llama), str(drafter), str(STEPS), str(port_file)])
+def _start(engine: str, random_llama, drafter, port_file: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SERVER), engine, str(random_llama), str(drafter), str(STEPS),
+                             str(port_file)])
 
 
-@pytest.fixture(scope="module")
-def servers(random_llama, drafter_dir, tmp_path_factory):
-    """(speculative server URL, baseline server URL)."""
+@pytest.fixture(scope="module", params=["sglang", "vllm"])
+def servers(request, random_llama, drafter_dir, tmp_path_factory):
+    """(engine, speculative server URL, baseline server URL)."""
     tmp = tmp_path_factory.mktemp("servers")
-    procs = [_start(random_llama, drafter_dir, tmp / "spec"), _start(random_llama, "-", tmp / "base")]
+    engine = request.param
+    procs = [_start(engine, random_llama, drafter_dir, tmp / "spec"), _start(engine, random_llama, "-", tmp / "base")]
     deadline = time.time() + 120
     try:
         for proc, name in zip(procs, ("spec", "base")):
             while not (tmp / name).exists():
                 assert proc.poll() is None and time.time() < deadline, "a test server did not start"
                 time.sleep(0.05)
-        yield tuple(f"http://127.0.0.1:{(tmp / name).read_text()}" for name in ("spec", "base"))
+        yield engine, *(f"http://127.0.0.1:{(tmp / name).read_text()}" for name in ("spec", "base"))
     finally:
         for proc in procs:
             proc.kill()
@@ -41,14 +43,15 @@ def servers(random_llama, drafter_dir, tmp_path_factory):
 
 
 def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file, servers, tmp_path, capsys):
-    spec, base = servers
+    engine, spec, base = servers
     common = ["--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "16"]
     assert main(["eval", "--drafter", str(drafter_dir), "--steps", str(STEPS), *common,
                  "--json", str(tmp_path / "local.json")]) == 0
-    assert main(["eval", "--server", spec, "--baseline-server", base, "--concurrency", "2", *common,
-                 "--json", str(tmp_path / "served.json")]) == 0
+    assert main(["eval", "--server", spec, "--engine", engine, "--baseline-server", base, "--concurrency", "2",
+                 *common, "--json", str(tmp_path / "served.json")]) == 0
     text = capsys.readouterr().out
-    assert f"server {spec} (algorithm EAGLE3, num_steps {STEPS}" in text and "baseline server" in text
+    settings = f"(algorithm EAGLE3, num_steps {STEPS}" if engine == "sglang" else "(model tiny)"
+    assert f"{engine} server {spec} {settings}" in text and "baseline server" in text
     local, served = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("local", "served"))
     assert served["served_accept_len"] == pytest.approx(local["served_accept_len"], rel=1e-12)
     assert served["accept_histogram"] == local["accept_histogram"]
@@ -64,17 +67,20 @@ def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file
 
 
 def test_served_eval_bad_use_is_one_line(random_llama, drafter_dir, prompts_file, servers, capsys):
-    spec, base = servers
-    common = ["--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "4"]
+    engine, spec, base = servers
+    common = ["--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "4",
+              "--engine", engine]
 
     def error(argv) -> str:
         assert main(argv) == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
 
-    assert "reports no speculative decoding" in error(["eval", "--server", base, *common])
+    no_spec = "reports no speculative decoding" if engine == "sglang" else "counted no speculative drafts"
+    assert no_spec in error(["eval", "--server", base, *common])
     assert "--steps, --batch apply to the lab's own decoding" in error(
         ["eval", "--server", spec, "--steps", "3", "--batch", "2", *common])
-    assert "apply to a served eval" in error(["eval", "--drafter", str(drafter_dir), "--baseline-server", base, *common])
+    assert "apply to a served eval" in error(["eval", "--drafter", str(drafter_dir), "--baseline-server", base,
+                                              *common[:-2]])
 
 
 def test_accept_length_without_a_histogram_leaves_out_the_prefill_token():
@@ -83,3 +89,18 @@ def test_accept_length_without_a_histogram_leaves_out_the_prefill_token():
     hist = [{"completion_tokens": 4, "spec_verify_ct": 2, "spec_accept_histogram": [1, 0, 1]},
             {"completion_tokens": 3, "spec_verify_ct": 1, "spec_accept_histogram": [0, 1]}]
     assert acceptance(hist, "url") == (2.0, 3, {"1": 1, "2": 1, "3": 1})
+
+
+def test_vllm_counters_sum_label_sets_and_ignore_the_rest():
+    text = "\n".join([
+        "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.",
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0',
+        'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 5.0',
+        'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9',
+        "vllm:spec_decode_num_accepted_tokens_total 12.0",
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 7.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",position="0"} 1.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 4.0',
+        'vllm:num_requests_running{engine="0"} 3.0',
+    ])
+    assert vllm_counters(text) == {"drafts": 15.0, "accepted": 12.0, "per_pos": {0: 8.0, 1: 4.0}}

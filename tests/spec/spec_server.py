@@ -1,0 +1,112 @@
+"""A server that answers SGLang's or vLLM's API over the lab's own engine, for the served-eval tests:
+a real HTTP server in its own process, decoding each request with `SpecEngine` (one at a time).
+
+- sglang: `POST /generate` ({"input_ids", "sampling_params"}) answers `output_ids` and SGLang's
+  `meta_info` (completion_tokens; with a drafter, spec_verify_ct and spec_accept_histogram, the
+  verify steps that accepted 0, 1, 2, ... drafts); `GET /get_server_info` the speculative settings.
+- vllm: `POST /v1/completions` (token-id prompt) answers text and usage; `GET /v1/models` the model;
+  `GET /metrics` Prometheus counters of drafts, accepted tokens and accepted tokens per position.
+
+Without a drafter ("-") it is the baseline server. The bound port is written to PORT_FILE once it
+listens.
+
+    python spec_server.py sglang|vllm MODEL_DIR DRAFTER_DIR|- STEPS PORT_FILE
+"""
+
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import torch
+
+from drafter_lab.spec.engine import SpecConfig, SpecEngine
+from drafter_lab.spec.pairing import load_for_target
+from drafter_lab.targets.hf import load_target
+
+torch.set_num_threads(1)
+engine = sys.argv[1]
+target = load_target(sys.argv[2])
+drafter = None if sys.argv[3] == "-" else load_for_target(sys.argv[3], target)
+steps, port_file = int(sys.argv[4]), Path(sys.argv[5])
+counters = {"drafts": 0, "accepted": 0, "per_pos": [0] * steps}
+
+
+def decode(ids: list[int], temperature: float, max_new_tokens: int):
+    cfg = SpecConfig(steps=steps, topk=1, temperature=temperature, max_new_tokens=max_new_tokens)
+    return SpecEngine(target, drafter, cfg).generate([ids], speculative=drafter is not None,
+                                                     generator=torch.Generator().manual_seed(0))
+
+
+def sglang_generate(req: dict) -> dict:
+    params = req["sampling_params"]
+    g = decode(req["input_ids"], params["temperature"], params["max_new_tokens"])
+    meta = {"completion_tokens": len(g.tokens[0])}
+    if drafter is not None:
+        meta["spec_verify_ct"] = len(g.accept_lengths)
+        meta["spec_accept_histogram"] = [g.accept_lengths.count(n + 1) for n in range(max(g.accept_lengths, default=0))]
+    return {"output_ids": g.tokens[0], "meta_info": meta}
+
+
+def vllm_completions(req: dict) -> dict:
+    g = decode(req["prompt"], req["temperature"], req["max_tokens"])
+    for n in g.accept_lengths:  # n - 1 drafts accepted, a prefix of the chain
+        counters["drafts"] += 1
+        counters["accepted"] += n - 1
+        for j in range(n - 1):
+            counters["per_pos"][j] += 1
+    text = target.tokenizer.decode(g.tokens[0], skip_special_tokens=True)
+    return {"object": "text_completion", "model": req["model"], "choices": [{"index": 0, "text": text}],
+            "usage": {"completion_tokens": len(g.tokens[0])}}
+
+
+def metrics() -> str:
+    labels = 'engine="0",model_name="tiny"'
+    lines = ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} 0.0"]
+    if drafter is not None:
+        lines += ["# TYPE vllm:spec_decode_num_drafts counter",
+                  f"vllm:spec_decode_num_drafts_total{{{labels}}} {float(counters['drafts'])}",
+                  f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {float(counters['accepted'])}"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{j}"}} {float(c)}'
+                  for j, c in enumerate(counters["per_pos"])]
+    return "\n".join(lines) + "\n"
+
+
+GET = {"sglang": {"/get_server_info": lambda: {} if drafter is None else {
+           "speculative_algorithm": "EAGLE3", "speculative_num_steps": steps, "speculative_eagle_topk": 1,
+           "speculative_num_draft_tokens": steps + 1}},
+       "vllm": {"/v1/models": lambda: {"data": [{"id": "tiny"}]}, "/metrics": metrics}}[engine]
+POST = {"sglang": {"/generate": sglang_generate}, "vllm": {"/v1/completions": vllm_completions}}[engine]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _answer(self, obj) -> None:
+        body = obj.encode() if isinstance(obj, str) else json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain" if isinstance(obj, str) else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path not in GET:
+            self.send_error(404)
+            return
+        self._answer(GET[self.path]())
+
+    def do_POST(self):
+        if self.path not in POST:
+            self.send_error(404)
+            return
+        self._answer(POST[self.path](json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer.request_queue_size = 64
+server = HTTPServer(("127.0.0.1", 0), Handler)
+tmp = port_file.with_suffix(".tmp")
+tmp.write_text(str(server.server_address[1]))
+tmp.rename(port_file)
+server.serve_forever()

@@ -350,7 +350,8 @@ def format_report(r: dict, name: str) -> str:
                   f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["steps_table"]]
         lines.append(f"best: {best['steps']} steps, {best['spec_tok_s']:.1f} tok/s; in SGLang "
                      f"--speculative-num-steps {best['steps']} --speculative-eagle-topk 1 "
-                     f"--speculative-num-draft-tokens {best['steps'] + 1}"
+                     f"--speculative-num-draft-tokens {best['steps'] + 1}, in vLLM "
+                     f"num_speculative_tokens {best['steps']}"
                      + ("" if best["speedup"] >= 1 else
                         f"; still slower than plain decoding ({r['baseline_tok_s']:.1f} tok/s) at every depth"))
     return "\n".join(lines)

@@ -3,11 +3,13 @@ verdict next to the measured outcome, and the drift sweep."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from drafter_lab.config import to_dict
 from drafter_lab.experiments.config import ExperimentConfig
 from drafter_lab.experiments.pilot import lead_closing, lead_text
+from drafter_lab.spec.costmodel import PRESETS, CostModel, accept_by_steps, best_row, steps_table
 
 REUSE_MARGIN = 0.95
 """Measured "reuse": the untouched source drafter keeps >= 95 % of scratch's simulated accept length."""
@@ -15,6 +17,10 @@ GAIN_MARGIN = 0.01
 """Measured "transfer pays": (b) beats (a) by more than 1 point of val cond_acc_0 at equal steps."""
 PLATEAU_POINTS = 0.01
 """An arm has plateaued when its val cond_acc_0 rose by less than 1 point over its last half."""
+SPEED_PRESET = "seeds-kimi-k2.5-8x-pcie"
+"""The deployment the speed section prices each arm's acceptance on."""
+FAST_ALLREDUCE_US = 15.0
+"""The speed section's fast all-reduce: DESIGN section 5's realistic 8-GPU P2P range is 10-25 us."""
 
 
 def _val(arm) -> list[dict]:
@@ -116,6 +122,35 @@ def _arm_table(level: dict, k: int) -> list[str]:
     return lines
 
 
+def _speed_section(level: dict, cfg: ExperimentConfig) -> list[str]:
+    """Each drafter's served accept histogram priced by the cost model at its best chain depth."""
+    drafters = [(arm.label, arm.served) for arm in level["arms"]]
+    drafters.append(("source drafter, zero-shot", level.get("source_served_zero_shot")))
+    drafters = [(label, served) for label, served in drafters if served and served.get("accept_histogram")]
+    if not drafters:
+        return []
+    preset = PRESETS[SPEED_PRESET]
+    lines = [
+        "### What the served accept lengths buy on the seeds' box (cost model)",
+        "",
+        f"A chain's served accept histogram at {cfg.served_steps} steps gives its accept length at every depth up "
+        f"to {cfg.served_steps}; the cost model (`{SPEED_PRESET}`: plain decoding "
+        f"{CostModel(preset).baseline_tok_s():.0f} tok/s, verify all-reduces {preset.verify_allreduce_us:g} us) "
+        f"picks the depth with the most tok/s, with those all-reduces and with {FAST_ALLREDUCE_US:g} us ones. "
+        "These are the tiny drafters' acceptance on the big box's timings: a what-if, not a measurement.",
+        "",
+        f"| drafter | served accept | {preset.verify_allreduce_us:g} us all-reduces: depth, tok/s (vs plain) "
+        f"| {FAST_ALLREDUCE_US:g} us: depth, tok/s (vs plain) |",
+        "|---|---|---|---|",
+    ]
+    for label, served in drafters:
+        priced = dataclasses.replace(preset, accept_by_steps=accept_by_steps(served["accept_histogram"], None))
+        cells = [best_row(steps_table(priced, latency)) for latency in (None, FAST_ALLREDUCE_US)]
+        lines.append(f"| {label} | {served['served_accept_len']:.2f} | "
+                     + " | ".join(f"{b['steps']}: {b['spec_tok_s']:.0f} ({b['speedup']:.2f}x)" for b in cells) + " |")
+    return lines
+
+
 def _probe_section(level: dict) -> list[str]:
     p = level["probe"]
     z = p["zero_shot"]
@@ -206,6 +241,8 @@ def render(cfg: ExperimentConfig, levels: list[dict], sweep: list[dict] | None, 
                       f"per-layer CKA {', '.join(f'{c:.3f}' for c in drift.get('cka', []))}", ""]
         lines += ["### Arms (final validation)", ""] + _arm_table(lv, k) + [""]
         lines += ["### Decisions, taken from the numbers", ""] + [f"- {d}" for d in decisions(lv, cfg)] + [""]
+        speed = _speed_section(lv, cfg)
+        lines += speed + ([""] if speed else [])
         lines += ["### Phase-0 probe", ""] + _probe_section(lv) + [""]
         prefix = "" if len(levels) == 1 else f"drift-{lv['drift_knob']:g}/"
         lines += [f"![learning curves]({prefix}curves.png)", "", f"![cond_acc_k]({prefix}cond_acc_k.png)", ""]

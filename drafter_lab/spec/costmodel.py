@@ -261,7 +261,8 @@ def steps_table(cfg: CostModelConfig, latency: Latency | None = None) -> list[di
     return rows
 
 
-def _best(rows: list[dict]) -> dict | None:
+def best_row(rows: list[dict]) -> dict | None:
+    """The steps-table row with the most tok/s (None for an empty table)."""
     return max(rows, key=lambda r: r["spec_tok_s"]) if rows else None
 
 
@@ -287,7 +288,7 @@ def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
         "measured_allreduce_us": measured_us,
         "message_bytes": m.message_bytes,
         "steps_table": steps,
-        "best_steps": _best(steps),
+        "best_steps": best_row(steps),
         "whatif": [_whatif(cfg, m, label, x) for label, x in rows],
     }
 
@@ -303,7 +304,7 @@ def _whatif(cfg: CostModelConfig, m: CostModel, label: str, latency: Latency) ->
         "break_even_accept_len": m.break_even(x),
         "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, x) for a in cfg.accept_lengths},
         "speedup": {f"{a:g}": m.spec_tok_s(a, x) / base for a in cfg.accept_lengths},
-        "best_steps": _best(steps_table(cfg, latency)),
+        "best_steps": best_row(steps_table(cfg, latency)),
     }
 
 

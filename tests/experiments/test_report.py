@@ -119,3 +119,17 @@ def test_lead_trend_closing_and_holding():
         r["cond_acc_0"] = v
     assert report._lead_trend(a, b).endswith("+40.0 / +16.0 / +8.0 points; the gap is closing: a longer budget "
                                              "may erase it.")
+
+
+def test_speed_section_prices_each_served_histogram_at_its_best_depth():
+    """A drafter that always accepts every draft is worth most at full depth; one that never accepts
+    gains nothing from depth, so its best is one step, and on the seeds' box it loses to plain decoding."""
+    level = _level(0.7, 0.6, 0.5)
+    level["arms"][0].served = {"served_accept_len": 5.0, "accept_histogram": {"1": 0, "2": 0, "3": 0, "4": 0, "5": 9}}
+    level["arms"][1].served = {"served_accept_len": 1.0, "accept_histogram": {"1": 9, "2": 0, "3": 0, "4": 0, "5": 0}}
+    lines = report._speed_section(level, get_config("tiny-cpu"))
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| (")}
+    assert set(rows) == {"| (a)", "| (b)"}
+    assert "| 5.00 | 4: " in rows["| (a)"] and "| 1.00 | 1: " in rows["| (b)"]
+    assert "(0." in rows["| (b)"].split(" | ")[2]  # slower than plain decoding with the seeds' all-reduces
+    assert report._speed_section(_level(0.7, 0.6, 0.5), get_config("tiny-cpu")) == []

@@ -68,6 +68,7 @@ def run_pilot(drafter_dir, target_dir, data_dir, cfg: TrainConfig, out_dir=None,
         "batch_size": cfg.batch_size,
         "curve": curve,
         "gain": last["transfer_cond_acc_0"] - last["scratch_cond_acc_0"],
+        "transfer_lr_scale": transfer_lr_scale,
         "seconds": round(time.time() - t0, 1),
     }
 

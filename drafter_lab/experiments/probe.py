@@ -121,6 +121,11 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
         lead = f"pilot of {pilot['steps']} steps per arm: transfer - scratch = {lead_text(pilot)}"
         if pilot["gain"] >= th.pilot_min_gain:
             tail = "; the lead is closing, so a much longer budget may erase it" if closing(pilot) else ""
+            scale = pilot.get("transfer_lr_scale", 1.0)
+            if scale < 1:
+                tail += (f"; the transferred weights train at {scale:g}x the rate, and in this lab's runs at 0.1x "
+                         "pilot leads of +18 and +27 points ended 2-3 points behind scratch after 2000 steps "
+                         "(the seeds' negative transfer): for a long run, fine-tune at the full rate")
             return VERDICTS[1], f"{lead} (>= {100 * th.pilot_min_gain:g} at the end){tail}"
         return VERDICTS[2], f"{lead} (< {100 * th.pilot_min_gain:g} at the end): the old weights buy nothing"
     if ckas is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPEED_FIELDS = ("threads", "scan_features", "prefetch")
+SPEED_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_mb")
 """TrainConfig fields that change how fast a run goes or when bad input is caught, never its
 results: a resume may change them, and cache keys leave them out."""
 
@@ -45,6 +45,9 @@ class TrainConfig:
     prefetch: bool = True
     """Load the next batch (read from disk, or computed by the target in an online run) in a
     background thread while the current step computes. False loads each batch when it is needed."""
+    online_val_cache_mb: float = 1024.0
+    """Online runs: keep the validation set's target states in memory after the first validation
+    when they fit in this many MB (0: recompute them at every validation). A larger set is recomputed."""
     epochs: int = 3
     """Passes over the training split (max_steps may stop earlier)."""
     max_steps: int = 0

@@ -133,7 +133,7 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
                 if online is None:
                     return Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target)
                 return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
-                              d.device)
+                              d.device, cfg.online_val_cache_mb)
 
             run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab)
             return run.fit()

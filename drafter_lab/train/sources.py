@@ -88,7 +88,8 @@ class Prompt:
 class Online:
     """Conversations run through the whole target, a batch at a time, as training reads them."""
 
-    def __init__(self, target_dir: Path, conversations: Path, capture: CaptureConfig, device: torch.device):
+    def __init__(self, target_dir: Path, conversations: Path, capture: CaptureConfig, device: torch.device,
+                 val_cache_mb: float = 0.0):
         check_config(capture)
         if capture.regenerate:
             raise LabError("online training does not regenerate: run `data regenerate` first, then train on its output")
@@ -105,13 +106,23 @@ class Online:
                            conversations)
         self.items = {s: [Prompt(*it) for it in items if split_of(it[0], capture.val_fraction) == s] for s in SPLITS}
         self.skipped = skipped
+        # Validation reads the same batches every time: their states, once computed, can be kept.
+        val_bytes = sum(map(len, self.items["val"])) * 4 * self.target.hidden_size * self.dtype.itemsize
+        self.kept: dict[str, Sequence] | None = {} if 0 < val_bytes <= val_cache_mb * 2**20 else None
+        self._val_ids = {p.seq_id for p in self.items["val"]}
 
     def read(self, prompts: list[Prompt]) -> list[Sequence]:
-        """The prompts' states, from one target forward over all of them (capture's batching)."""
+        """The prompts' states, from one target forward over all of them (capture's batching), or
+        from memory for a validation batch computed before."""
+        kept = self.kept
+        if kept is not None and prompts and all(p.seq_id in kept for p in prompts):
+            return [kept[p.seq_id] for p in prompts]
         out: list[Sequence | None] = [None] * len(prompts)
         items = [(p.seq_id, p.input_ids, p.loss_mask) for p in prompts]
         capture_states(self.target, items, self.aux_layer_ids, self.dtype, max(len(items), 1),
                        lambda *_, **__: None, out.__setitem__)
+        if kept is not None:
+            kept.update((seq.seq_id, seq) for seq in out if seq.seq_id in self._val_ids)
         return out
 
     def token_counts(self) -> torch.Tensor:

@@ -3,6 +3,7 @@ vocab and states are the captured ones, and a run trains like one on `data prepa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -64,6 +65,30 @@ def test_online_run_trains_as_on_captured_features(peaked_llama, features, tmp_p
     assert torch.equal(load_drafter(tmp_path / "a").d2t, load_drafter(tmp_path / "offline").d2t)
     run = json.loads((tmp_path / "a" / "run.json").read_text())
     assert run["features"]["online"] == convs and run["features"]["aux_layer_ids"] == [2, 4, 5]
+
+
+def test_validation_states_are_kept_and_change_nothing(peaked_llama, features, tmp_path, monkeypatch):
+    """Validated at steps 0, 3 and 6 (and at the epoch's end): kept, the val set runs through the
+    target once, not at every validation, and every metric is identical to a run that recomputes it."""
+    from drafter_lab.train import sources
+
+    forwards = []
+    real = sources.capture_states
+    monkeypatch.setattr(sources, "capture_states", lambda target, items, *a: (forwards.append(
+        [it[0] for it in items]), real(target, items, *a))[1])
+    convs, cfg = conversations_of(features), dataclasses.replace(CFG, eval_at_start=True)
+    val_ids = {p.seq_id for p in Online(peaked_llama, convs, CAPTURE, torch.device("cpu")).items["val"]}
+    metrics = {}
+    for mb in (0, 64):
+        forwards.clear()
+        train(dataclasses.replace(cfg, online_val_cache_mb=mb), peaked_llama, convs, tmp_path / str(mb),
+              online=CAPTURE)
+        metrics[mb] = [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"}
+                       for line in (tmp_path / str(mb) / "metrics.jsonl").read_text().splitlines()]
+        validations = sum(row["split"] == "val" for row in metrics[mb])
+        val_reads = sum(len(ids) for ids in forwards if set(ids) <= val_ids)
+        assert validations >= 3 and val_reads == len(val_ids) * (validations if mb == 0 else 1), mb
+    assert metrics[0] == metrics[64]
 
 
 def test_online_bad_input(peaked_llama, features, tmp_path, capsys):

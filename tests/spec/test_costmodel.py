@@ -71,8 +71,6 @@ def test_verify_ms_input_sets_compute(tmp_path):
     ('{"draft_step_us": -3}', "positive number"),
     ('{"verify_ms": 1.0}', "shorter than"),
     ('{"allreduce_us": {"big": 3}}', "message sizes"),
-    ('{"accept_histogram": {"1": 3}, "config": {"topk": 4}}', "tree drafting .topk 4.; the draft-steps table needs chain"),
-    ('{"accept_histogram": {"1": 3}, "config": {"topk": null}}', "unknown topk"),
     ('{"accept_histogram": {"1": 0, "2": 0}}', "no verify steps"),
     ('{"accept_histogram": [1, 2]}', "must map"),
 ])
@@ -119,3 +117,15 @@ def test_draft_steps_from_an_eval_histogram(tmp_path):
     r = report(cfg, table)
     assert r["best_steps"] == max(rows, key=lambda row: row["spec_tok_s"])
     assert r["whatif"][-1]["best_steps"] == max(sized, key=lambda row: row["spec_tok_s"])
+
+
+
+@pytest.mark.parametrize("topk, what", [(4, "tree drafting (topk 4)"), (None, "drafting of unknown topk")])
+def test_a_tree_evals_histogram_gives_no_draft_steps_table(tmp_path, capsys, topk, what):
+    f = tmp_path / "eval.json"
+    f.write_text(json.dumps({"served_accept_len": 2.5, "accept_histogram": {"1": 1, "2": 1, "3": 2},
+                             "config": {"steps": 2, "topk": topk}}))
+    cfg, _ = apply_inputs(PRESETS[SEEDS], f)
+    assert cfg.accept_by_steps == [] and 2.5 in cfg.accept_lengths and steps_table(cfg) == []
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert f"its accept histogram comes from {what}; the draft-steps table needs a chain" in err

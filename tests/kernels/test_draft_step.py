@@ -235,7 +235,7 @@ def test_cpu_op_matches_reference(dtype_name, fc, seed, require_draft_step_op):
 
 
 def test_cpu_op_edges(require_draft_step_op):
-    """Context 0 everywhere, top-1, MQA (8 query heads on 1 kv head), head_dim 128, int32 indices."""
+    """Context 0 everywhere, top-1, MQA (8 query heads on 1 kv head), head_dim 128, int32 indices; odd widths."""
     require_draft_step_op("cpu")
     shape = Shape(batch=3, hidden=256, heads=8, kv_heads=1, head_dim=128, inter=512, vocab=1024,
                   target_hidden=128, context=0, topk=1, fc=True)
@@ -243,6 +243,11 @@ def test_cpu_op_edges(require_draft_step_op):
     shape = Shape(batch=1, hidden=192, heads=3, kv_heads=3, head_dim=64, inter=448, vocab=1001,
                   target_hidden=192, context=37, topk=8, fc=False)
     check_step(shape, torch.float32, "cpu", 6)
+    # Batch 1 with reduction lengths that leave the 32-wide and 8-wide loops a tail (fc 252, qkv 200, down 300).
+    shape = Shape(batch=1, hidden=100, heads=2, kv_heads=1, head_dim=64, inter=300, vocab=1000,
+                  target_hidden=84, context=5, topk=4, fc=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        check_step(shape, dtype, "cpu", 7)
 
 
 def test_cpu_op_rejects_bad_input(require_draft_step_op):

@@ -36,7 +36,7 @@ inline v8f load8(const float* p) {
 }
 
 // sum_k x[k] * w[k]. One row alone (batch 1, attention scores): four independent accumulators keep
-// the FMAs' latency hidden, so the loop runs at load speed instead of doing dot4's four rows' work.
+// the FMAs' latency hidden, so the loop runs at load speed instead of doing four rows' work.
 DRAFTER_LAB_CLONES float dot1(const float* x, const float* w, int64_t n) {
   v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t k = 0;
@@ -54,35 +54,43 @@ DRAFTER_LAB_CLONES float dot1(const float* x, const float* w, int64_t n) {
   return sum;
 }
 
-// y[b] = sum_k x[b * ldx + k] * w[k] for b < nb <= 4 (rows past nb re-read row 0 and are dropped).
-DRAFTER_LAB_CLONES void dot4(const float* x, int64_t ldx, int nb, const float* w, int64_t n, float* y) {
-  const float* x0 = x;
-  const float* x1 = x + (nb > 1 ? ldx : 0);
-  const float* x2 = x + (nb > 2 ? 2 * ldx : 0);
-  const float* x3 = x + (nb > 3 ? 3 * ldx : 0);
-  v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
+// y0[b] = x[b] . w0 and y1[b] = x[b] . w1 for b < nb <= 4 (rows past nb re-read row 0 and are
+// dropped): two weight rows share every load of x, 0.75 loads per FMA instead of 1.25.
+DRAFTER_LAB_CLONES void dot4x2(const float* x, int64_t ldx, int nb, const float* w0, const float* w1, int64_t n,
+                               float* y0, float* y1) {
+  const float* xr[4] = {x, x + (nb > 1 ? ldx : 0), x + (nb > 2 ? 2 * ldx : 0), x + (nb > 3 ? 3 * ldx : 0)};
+  const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
+  v8f a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
-    const v8f wv = load8(w + k);
-    a0 += load8(x0 + k) * wv;
-    a1 += load8(x1 + k) * wv;
-    a2 += load8(x2 + k) * wv;
-    a3 += load8(x3 + k) * wv;
+    const v8f u0 = load8(w0 + k), u1 = load8(w1 + k);
+    v8f xv = load8(x0 + k);
+    a00 += xv * u0;
+    a01 += xv * u1;
+    xv = load8(x1 + k);
+    a10 += xv * u0;
+    a11 += xv * u1;
+    xv = load8(x2 + k);
+    a20 += xv * u0;
+    a21 += xv * u1;
+    xv = load8(x3 + k);
+    a30 += xv * u0;
+    a31 += xv * u1;
   }
-  float s[4] = {};
-  for (int j = 0; j < 8; ++j) {
-    s[0] += a0[j];
-    s[1] += a1[j];
-    s[2] += a2[j];
-    s[3] += a3[j];
+  const v8f acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+  for (int b = 0; b < nb; ++b) {
+    float s0 = 0, s1 = 0;
+    for (int j = 0; j < 8; ++j) {
+      s0 += acc[b][0][j];
+      s1 += acc[b][1][j];
+    }
+    for (int64_t t = k; t < n; ++t) {
+      s0 += xr[b][t] * w0[t];
+      s1 += xr[b][t] * w1[t];
+    }
+    y0[b] = s0;
+    y1[b] = s1;
   }
-  for (; k < n; ++k) {
-    s[0] += x0[k] * w[k];
-    s[1] += x1[k] * w[k];
-    s[2] += x2[k] * w[k];
-    s[3] += x3[k] * w[k];
-  }
-  for (int b = 0; b < nb; ++b) y[b] = s[b];
 }
 
 DRAFTER_LAB_CLONES void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
@@ -114,24 +122,33 @@ inline float rnd(float x) {
 // y[b, n] = rnd(sum_k x[b, k] * W[n, k]), fp32 accumulation; x is [B, K] fp32, W is [N, K] T.
 template <typename T>
 void linear(const std::vector<float>& x, int64_t B, const T* W, int64_t N, int64_t K, float* y) {
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(K, 1));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    std::vector<float> row(std::is_same_v<T, float> ? 0 : K);
-    float out[4];
-    for (int64_t n = n0; n < n1; ++n) {
-      const float* w = reinterpret_cast<const float*>(W + n * K);
+  const int64_t grain = std::max<int64_t>(2, (1 << 16) / std::max<int64_t>(K, 1));
+  at::parallel_for(0, (N + 1) / 2, grain / 2, [&](int64_t p0, int64_t p1) {
+    std::vector<float> rows(std::is_same_v<T, float> ? 0 : 2 * K);
+    float out0[4], out1[4];
+    // Weight rows go in pairs (a last odd row pairs with itself and its second result is dropped).
+    for (int64_t n = 2 * p0; n < std::min(2 * p1, N); n += 2) {
+      const int64_t m = std::min(n + 1, N - 1);
+      const float* w0 = reinterpret_cast<const float*>(W + n * K);
+      const float* w1 = reinterpret_cast<const float*>(W + m * K);
       if constexpr (!std::is_same_v<T, float>) {
-        widen(W + n * K, K, row.data());
-        w = row.data();
+        widen(W + n * K, K, rows.data());
+        widen(W + m * K, K, rows.data() + K);
+        w0 = rows.data();
+        w1 = rows.data() + K;
       }
       for (int64_t b = 0; b < B; b += 4) {
         const int nb = static_cast<int>(std::min<int64_t>(4, B - b));
         if (nb == 1) {
-          out[0] = dot1(x.data() + b * K, w, K);
+          out0[0] = dot1(x.data() + b * K, w0, K);
+          out1[0] = dot1(x.data() + b * K, w1, K);
         } else {
-          dot4(x.data() + b * K, K, nb, w, K, out);
+          dot4x2(x.data() + b * K, K, nb, w0, w1, K, out0, out1);
         }
-        for (int i = 0; i < nb; ++i) y[(b + i) * N + n] = rnd<T>(out[i]);
+        for (int i = 0; i < nb; ++i) {
+          y[(b + i) * N + n] = rnd<T>(out0[i]);
+          if (m != n) y[(b + i) * N + m] = rnd<T>(out1[i]);
+        }
       }
     }
   });

@@ -96,7 +96,10 @@ def rank_correct(comm, rank: int, world: int, seed: int, store: str) -> dict:
                 plain = (plain_rf * torch.rsqrt(plain_rf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype) * weight
                 err_fused = (out.double() - ref32).abs().max().item()
                 err_plain = (plain.double() - ref32).abs().max().item()
-                assert err_fused <= err_plain + 1e-6, f"fused error {err_fused} > plain {err_plain} ({dtype})"
+                # The fused kernel sums the squares in another order than torch: a few fp32 ulps of the
+                # output apart (in fp32, plain *is* the reference, so its error is 0).
+                slack = 8 * torch.finfo(torch.float32).eps * ref32.abs().max().item()
+                assert err_fused <= err_plain + slack, f"fused error {err_fused} > plain {err_plain} ({dtype})"
                 x, r = parts[rank].clone(), residual.clone()
                 comm.allreduce_residual_rmsnorm(x, r, weight, 1e-6, out=x, residual_out=r)
                 assert torch.equal(r, ref_res) and torch.equal(x, out), f"fused in place {dtype}"

@@ -1,0 +1,72 @@
+"""The serving-engine client retries what a busy or starting server answers (5xx, refused
+connections) and nothing else, and says what went wrong in one line naming the URL."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from drafter_lab import httpjson
+from drafter_lab.errors import LabError
+
+
+@pytest.fixture
+def server(monkeypatch):
+    """(base URL, script): each request pops the next (status, body) of `script`; retries do not sleep."""
+    monkeypatch.setattr(httpjson.time, "sleep", lambda s: None)
+    script: list[tuple[int, bytes]] = []
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self):
+            seen.append(self.command)
+            status, body = script.pop(0)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._reply()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._reply()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", script, seen
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_5xx_is_retried_until_an_answer(server):
+    url, script, seen = server
+    script += [(503, b"busy"), (500, b"oops"), (200, json.dumps({"ok": 1}).encode())]
+    assert httpjson.request_json(url + "/x", {"a": 1}, retries=3) == {"ok": 1}
+    assert seen == ["POST"] * 3
+    script += [(200, b"vllm:spec_decode_num_drafts_total 3.0\n")]
+    assert httpjson.request_text(url + "/metrics").startswith("vllm:")
+
+
+def test_what_retries_do_not_cure_is_one_line(server):
+    url, script, seen = server
+    script += [(404, b"no such\nroute")]
+    with pytest.raises(LabError, match=rf"^{url}/x: server answered HTTP 404: no such route$"):
+        httpjson.request_json(url + "/x", retries=3)
+    assert len(seen) == 1  # a 4xx is not retried
+    script += [(502, b"down")] * 2
+    with pytest.raises(LabError, match="HTTP 502: down"):
+        httpjson.request_json(url + "/x", retries=1)
+    script += [(200, b"<html>")]
+    with pytest.raises(LabError, match=rf"^{url}/x: server answer is not JSON$"):
+        httpjson.request_json(url + "/x")
+    closed = "http://127.0.0.1:9/x"  # the discard port: nothing listens
+    with pytest.raises(LabError, match=rf"^{closed}: cannot reach the server .* after 3 tries$"):
+        httpjson.request_json(closed, retries=2)

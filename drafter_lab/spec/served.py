@@ -175,10 +175,13 @@ class VLLM:
         return 1 + accepted / drafts, drafts, hist
 
 
-def _decode(server, prompts: list[list[int]], cfg: ServedConfig, label: str) -> tuple[list[Answer], float]:
-    """Every prompt's answer and the wall seconds they took, after one warm-up request."""
+def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bool) -> tuple[list[Answer], float]:
+    """Every prompt's answer and the wall seconds they took, after one warm-up request; only the
+    speculative server's acceptance counters are read."""
     server.generate(prompts[0], min(WARMUP_TOKENS, cfg.max_new_tokens))
-    server.start_counting()
+    if speculative:
+        server.start_counting()
+    label = "speculative" if speculative else "baseline"
     answers: list[Answer] = []
     with progress(f"eval --server ({label})", total=len(prompts)) as advance, \
             ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-eval") as pool:
@@ -219,7 +222,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
     prompts = render_prompts(tokenizer, conversations, where)
     server = engine(cfg.url, cfg)
     settings = server.settings()
-    answers, seconds = _decode(server, prompts, cfg, "speculative")
+    answers, seconds = _decode(server, prompts, cfg, speculative=True)
     accept, verify_steps, hist = server.acceptance(answers)
     if cfg.engine == "sglang":
         steps, topk = settings.get("speculative_num_steps"), settings.get("speculative_eagle_topk")
@@ -249,7 +252,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
         },
     }
     if cfg.baseline_url is not None:
-        base, base_seconds = _decode(engine(cfg.baseline_url, cfg), prompts, cfg, "baseline")
+        base, base_seconds = _decode(engine(cfg.baseline_url, cfg), prompts, cfg, speculative=False)
         base_tokens = sum(a.tokens for a in base)
         result.update(baseline_server=cfg.baseline_url, baseline_tok_s=base_tokens / base_seconds,
                       baseline_seconds=base_seconds, baseline_tokens=base_tokens,

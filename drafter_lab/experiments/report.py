@@ -10,6 +10,7 @@ from drafter_lab.config import to_dict
 from drafter_lab.experiments.config import ExperimentConfig
 from drafter_lab.experiments.pilot import lead_closing, lead_text
 from drafter_lab.spec.costmodel import PRESETS, CostModel, accept_by_steps, best_row, steps_table
+from drafter_lab.train.watch import WatchConfig, replay
 
 REUSE_MARGIN = 0.95
 """Measured "reuse": the untouched source drafter keeps >= 95 % of scratch's simulated accept length."""
@@ -84,6 +85,7 @@ def decisions(level: dict, cfg: ExperimentConfig) -> list[str]:
     trend = _lead_trend(arms["a"], arms["b"])
     if trend:
         out.append(trend)
+    out.append(_watch_line(arms["a"], arms["b"]))
     if "d" in arms:
         dd = 100 * (arms["d"].final["cond_acc_0"] - fb)
         out.append(f"L2-SP (d) vs plain transfer (b): {dd:+.1f} points of cond_acc_0.")
@@ -106,6 +108,18 @@ def _lead_trend(a, b) -> str | None:
         tail = "the gap holds"
     return (f"(b) - (a) at steps {' / '.join(map(str, picks))}: "
             f"{' / '.join(f'{x:+.1f}' for x in leads)} points; {tail}.")
+
+
+def _watch_line(a, b) -> str:
+    """What the watch (`train --stop-if-behind`, default settings) would have done to (b) with (a) as
+    its baseline: the arms train to equal budgets, so this is a replay of (b)'s validations."""
+    steps = max((r["step"] for r in _val(b)), default=0)
+    v = replay(b.history, a.history, WatchConfig(), steps)
+    if v is None:
+        return "The watch (`train --stop-if-behind` (a), default settings) would not have stopped (b)."
+    at = v.rows[-1]["step"]
+    return (f"The watch (`train --stop-if-behind` (a), default settings) would have stopped (b) at step {at} of "
+            f"{steps} ({100 * (1 - at / steps):.0f} % of its steps unspent): {v.reason}.")
 
 
 def _arm_table(level: dict, k: int) -> list[str]:

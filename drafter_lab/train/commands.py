@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture import DTYPES, CaptureConfig
 from drafter_lab.data.commands import aux_ids_arg
 from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.watch import STOP_EXIT, WatchConfig
 
 
 def register(sub) -> None:
@@ -34,14 +37,29 @@ def register(sub) -> None:
                    help="with --init-from: add LAMBDA * sum ||w - w_init||^2 over transferred weights")
     p.add_argument("--transfer-lr-scale", type=float, default=1.0, metavar="X",
                    help="with --init-from: learning-rate multiplier for transferred weights")
+    p.add_argument("--stop-if-behind", metavar="BASELINE_RUN",
+                   help="the watch: stop (checkpointed, exit status 3) once this run trails the baseline run "
+                        "(e.g. a from-scratch one, finished or training) at equal steps and is not catching up")
     labconfig.add_cli_args(p, TrainConfig)
+    labconfig.add_cli_args(p, WatchConfig)
     p.set_defaults(func=run)
+    register_watch(sub)
+
+
+def register_watch(sub) -> None:
+    w = sub.add_parser("watch", help="compare a training run with a baseline run at equal steps: keep training or stop")
+    w.add_argument("run", help="the run directory watched (its metrics.jsonl may still be growing)")
+    w.add_argument("--baseline", required=True, help="the run directory it is compared with")
+    w.add_argument("--follow", type=float, default=0.0, metavar="SECONDS",
+                   help="check again every SECONDS until the verdict is stop or the run has finished")
+    w.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    labconfig.add_cli_args(w, WatchConfig)
+    w.set_defaults(func=watch)
 
 
 def load_config(path) -> TrainConfig:
     """TrainConfig from TOML: fields at top level, or under a [train] table."""
     import tomllib
-    from pathlib import Path
 
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -52,7 +70,7 @@ def load_config(path) -> TrainConfig:
 
 
 def run(args) -> int:
-    from drafter_lab.train.loop import train
+    from drafter_lab.train.loop import stopped_at, train
 
     cfg = load_config(args.config) if args.config else TrainConfig()
     cfg = labconfig.apply_cli_args(cfg, args)
@@ -61,9 +79,50 @@ def run(args) -> int:
         online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids, val_fraction=args.val_fraction)
     elif (args.target_dtype, args.aux_layer_ids, args.val_fraction) != (CaptureConfig.dtype, None, CaptureConfig.val_fraction):
         raise LabError("--target-dtype, --aux-layer-ids and --val-fraction apply to --conversations (online) runs only")
+    watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
+    if args.stop_if_behind is None and watch_cfg != WatchConfig():
+        raise LabError("--watch-* settings apply with --stop-if-behind only")
     result = train(
         cfg, args.target, args.data or args.conversations, args.out, resume=args.resume, init_from=args.init_from,
         remap=not args.no_remap, l2sp=args.l2sp, transfer_lr_scale=args.transfer_lr_scale, online=online,
+        stop_if_behind=args.stop_if_behind, watch=watch_cfg,
     )
     print(json.dumps(result))
-    return 0
+    return STOP_EXIT if args.stop_if_behind and stopped_at(Path(args.out)) == result["step"] else 0
+
+
+def watch(args) -> int:
+    from drafter_lab.train.watch import judge, read_run
+
+    cfg = labconfig.apply_cli_args(WatchConfig(), args)
+    shown = 0
+    while True:
+        rows, total = read_run(args.run)
+        verdict = judge(rows, read_run(args.baseline)[0], cfg, total, args.run, args.baseline)
+        finished = total is not None and any(r.get("split") == "val" and r["step"] >= total for r in rows)
+        if not args.follow or verdict.stop or finished:
+            break
+        if len(verdict.rows) > shown:
+            shown = len(verdict.rows)
+            print(f"step {verdict.rows[-1]['step']}: keep training ({verdict.reason})", flush=True)
+        time.sleep(args.follow)
+    if args.json:
+        print(json.dumps({"run": args.run, "baseline": args.baseline, "total_steps": total, **verdict.to_json()}))
+    else:
+        _print_verdict(verdict, cfg.watch_metric)
+    return STOP_EXIT if verdict.stop else 0
+
+
+def _print_verdict(verdict, metric: str, last: int = 10) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"val {metric}, run against baseline at equal steps (last {last} matched)")
+    for col in ("step", "run", "baseline", "gap"):
+        table.add_column(col, justify="right")
+    for r in verdict.rows[-last:]:
+        table.add_row(str(r["step"]), f"{r['run']:.4f}", f"{r['baseline']:.4f}", f"{r['gap']:+.4f}")
+    con = Console()
+    if verdict.rows:
+        con.print(table)
+    con.print(("[bold red]stop[/]: " if verdict.stop else "[bold green]keep training[/]: ") + verdict.reason)

@@ -1,14 +1,16 @@
 """`train` and `evaluate`: the EAGLE-3 TTT training run (DESIGN section 3).
 
 A run's output directory is an SGLang-loadable drafter (config.json + model.safetensors) with
-train_state/, metrics.jsonl, run.json and, for a transfer, transfer.json beside it. Every input is
-checked before anything is written, so bad input leaves no partial directory behind.
+train_state/, metrics.jsonl, run.json and, for a transfer, transfer.json beside it (and watch.json
+when the watch stopped it). Every input is checked before anything is written, so bad input leaves
+no partial directory behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -32,6 +34,10 @@ from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
+from drafter_lab.train.watch import WatchConfig, judge, read_run
+
+WATCH_FILE = "watch.json"
+"""Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
 
 # Fields that may change between a run and its --resume without changing its results.
 RESUMABLE_CHANGES = ("device", "tensorboard", *SPEED_FIELDS)
@@ -112,7 +118,8 @@ def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
 
 def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = False, init_from=None,
           remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None,
-          online: CaptureConfig | None = None, target=None) -> dict:
+          online: CaptureConfig | None = None, target=None, stop_if_behind=None,
+          watch: WatchConfig | None = None) -> dict:
     """Train a drafter on `data_dir` features of `target_dir`; returns the final validation metrics.
 
     With `online` (capture settings; its max_length is cfg.max_length), `data_dir` is a
@@ -125,6 +132,10 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     seeds' naive path), with `l2sp` pulling transferred weights toward their initial values and
     `transfer_lr_scale` scaling their learning rate. `vocab` (d2t/t2d) defaults to
     the top cfg.draft_vocab_size tokens of the train split.
+
+    `stop_if_behind` (a baseline run directory, which may still be training) turns on the watch
+    (train.watch, settings `watch`): after each validation the run stops, checkpointed, when it has
+    fallen behind the baseline at equal steps and is not catching up.
     """
     d = distributed.setup(cfg.device)
     try:
@@ -135,7 +146,8 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
                 return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
                               d.device, cfg.online_val_cache_mb)
 
-            run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab)
+            run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab,
+                       stop_if_behind, watch or WatchConfig())
             return run.fit()
     finally:
         distributed.teardown(d)
@@ -145,8 +157,17 @@ class _Run:
     """One training run: every input checked in __init__ (nothing written yet), then fit()."""
 
     def __init__(self, cfg: TrainConfig, d: distributed.Dist, open_source, out_dir: Path,
-                 resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab):
+                 resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab,
+                 stop_if_behind, watch: WatchConfig):
         self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
+        self.watch = None
+        if stop_if_behind is not None:
+            baseline = Path(stop_if_behind)
+            if baseline.resolve() == out_dir.resolve():
+                raise LabError("--stop-if-behind names the run itself; give the baseline run's directory", out_dir)
+            judge([], read_run(baseline)[0], watch, None, base_where=baseline)  # a baseline that cannot be read fails now
+            self.watch = (baseline, watch)
+        self.stop_reason: str | None = None
         if cfg.ttt_steps < 1:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
         writer_cls = None
@@ -215,6 +236,7 @@ class _Run:
             "features": {**source.describe(), **self.data, "train_sequences": len(self.train_ex), "val_sequences": len(self.val_ex)},
             "init_from": None if init_from is None else {
                 "source": str(init_from), "remap": remap, "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale},
+            "total_steps": total,
             "world_size": d.world,
             "own_embedding": self.own_embed,
         }
@@ -254,7 +276,25 @@ class _Run:
         m["weighted_loss"] = weighted_loss(m, self.cfg.ttt_steps, self.cfg.loss_decay)
         self.record("val", m)
         self.last_val = {"step": self.step, "epoch": self.epoch, **m}
+        if self.watch and self.step < self.total:
+            self.check_watch()
         return self.last_val
+
+    def check_watch(self) -> None:
+        """Rank 0 judges (it holds metrics.jsonl, and the baseline may still be growing); every rank
+        learns the answer, so all stop at the same step."""
+        baseline, wcfg = self.watch
+        stop = torch.zeros((), device=self.d.device)
+        if self.d.main:
+            verdict = judge(state.read_metrics(self.out_dir), read_run(baseline)[0], wcfg, self.total, self.out_dir, baseline)
+            if verdict.stop:
+                self.stop_reason = verdict.reason
+                atomic.write_json(self.out_dir / WATCH_FILE, {
+                    "step": self.step, "total_steps": self.total, "baseline": str(baseline),
+                    "config": dataclasses.asdict(wcfg), **verdict.to_json()})
+                stop += 1
+        if self.d.sum(stop).item() > 0 and self.stop_reason is None:
+            self.stop_reason = "stopped by the watch on rank 0"
 
     def checkpoint(self) -> None:
         if not self.d.main:
@@ -311,6 +351,11 @@ class _Run:
             if d.main:
                 log(f"already finished ({self.step} steps): {self.out_dir}")
             return self.last_val
+        if self.watch and self.last_val is not None and stopped_at(self.out_dir) == self.step:
+            if d.main:
+                log(f"stopped by the watch at step {self.step} ({self.out_dir / WATCH_FILE}); resume without "
+                    "--stop-if-behind to train on")
+            return self.last_val
         if d.main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.report is not None:
@@ -324,9 +369,9 @@ class _Run:
         prefetch = Prefetcher(self.load_batch)
         with progress("train", self.total) as advance, contextlib.closing(prefetch):
             advance(self.step)
-            while self.step < self.total:
+            while self.step < self.total and self.stop_reason is None:
                 batches = plan_epoch(self.lengths, c.batch_size, c.batch_tokens, c.seed, self.epoch)
-                while self.cursor < len(batches) and self.step < self.total:
+                while self.cursor < len(batches) and self.step < self.total and self.stop_reason is None:
                     i = self.cursor
                     last = i + 1 == len(batches) or self.step + 1 == self.total
                     ahead = c.prefetch and not last
@@ -355,11 +400,19 @@ class _Run:
         if self.tb:
             self.tb.close()
         v = self.last_val
+        if d.main and self.stop_reason is not None:
+            log(f"[bold]the watch stopped the run[/] at step {self.step} of {self.total}: {self.stop_reason}")
         if d.main:
             log(f"trained {self.step} steps in {time.time() - self.t0:.0f}s: val cond_acc_0={v['cond_acc_0']:.3f}"
                 + (f" cond_acc_1={v['cond_acc_1']:.3f}" if c.ttt_steps > 1 else "")
                 + f" simulated_accept_len={v['simulated_accept_len']:.3f} -> {self.out_dir}")
         return v
+
+
+def stopped_at(out_dir: Path) -> int | None:
+    """The step at which the watch stopped the run in `out_dir`, if it did."""
+    path = out_dir / WATCH_FILE
+    return json.loads(path.read_text())["step"] if path.exists() else None
 
 
 def _new_drafter(cfg: TrainConfig, dcfg: DrafterConfig, target, d2t, t2d) -> Eagle3Drafter:

@@ -61,10 +61,13 @@ class MetricsLog:
 
 
 def read_metrics(path) -> list[dict]:
+    """The records of a metrics.jsonl (or of the one in a run directory). A last line without its
+    newline is a record still being written by a run in flight, and is left out."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().split("\n")[:-1]  # the piece after the last newline is unfinished
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def rng_state() -> dict:

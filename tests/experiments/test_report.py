@@ -33,6 +33,9 @@ def test_negative_transfer_is_called_out_with_its_plateau():
     assert f"ln {cfg.draft_vocab_size} = {math.log(cfg.draft_vocab_size):.2f}" in lines[0]
     assert "(b) trails (a) by 36.4 points" in lines[1] and "plateau since step 20" in lines[1]
     assert "stop the transfer" in lines[1]
+    # (b) trails by 12 / 22 / 31.7 points at steps 20 / 30 / 40, and the gap widens
+    assert lines[3].startswith("The watch (`train --stop-if-behind` (a), default settings) would have stopped (b) "
+                               "at step 40 of 40 (0 % of its steps unspent): cond_acc_0 -31.7 points")
 
 
 def test_measured_outcome_categories():
@@ -79,8 +82,11 @@ def test_remap_verdict_follows_distance_to_random():
 def test_decisions_without_arm_c():
     level = _level(0.6, 0.7, 0.5)
     level["arms"] = level["arms"][:2]
+    for r, v in zip(report._val(level["arms"][1]), (0.4, 0.6, 0.7, 0.8)):  # (b) ahead all along
+        r["cond_acc_0"] = v
     lines = report.decisions(level, get_config("drift-sweep"))
     assert "(b) leads (a) by 10.0 points" in lines[0] and lines[1].startswith("(b) - (a) at steps")
+    assert lines[2] == "The watch (`train --stop-if-behind` (a), default settings) would not have stopped (b)."
     assert not any("(c)" in line for line in lines)
 
 

@@ -1,0 +1,152 @@
+"""The watch: a run compared with a baseline at equal steps, by rule (synthetic curves), and applied
+by `train --stop-if-behind` and `drafter-lab watch` to real runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from drafter_lab.cli import main
+from drafter_lab.errors import LabError
+from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.loop import WATCH_FILE, train
+from drafter_lab.train.state import read_metrics
+from drafter_lab.train.watch import STOP_EXIT, WatchConfig, judge, replay, value_at
+
+
+def curve(points: dict[int, float], metric: str = "cond_acc_0") -> list[dict]:
+    return [{"event": "val", "split": "val", "step": s, metric: v} for s, v in points.items()]
+
+
+BASE = curve({0: 0.0, 100: 0.50, 200: 0.60, 300: 0.66, 400: 0.70, 500: 0.72, 600: 0.73})
+W = WatchConfig()
+
+
+def test_a_run_behind_and_flat_is_stopped():
+    run = curve({0: 0.0, 100: 0.55, 200: 0.58, 300: 0.60, 400: 0.61, 500: 0.61})
+    v = judge(run, BASE, W, total_steps=2000)
+    assert v.stop
+    assert [r["step"] for r in v.rows] == [100, 200, 300, 400, 500]
+    assert v.rows[-1]["gap"] == pytest.approx(-0.11)
+    assert "behind by -6.0 points / -9.0 points / -11.0 points at steps 300 / 400 / 500, not closing" in v.reason
+
+
+def test_a_lead_or_one_validation_within_the_margin_keeps_it_training():
+    assert not judge(curve({100: 0.60, 200: 0.70, 300: 0.70}), BASE, W, 2000).stop  # ahead
+    v = judge(curve({100: 0.40, 200: 0.595, 300: 0.60}), BASE, W, 2000)  # step 200 within 1 point
+    assert not v.stop and "not behind at each" in v.reason
+
+
+def test_a_closing_gap_keeps_it_training_unless_parity_falls_after_the_run():
+    run = curve({200: 0.50, 300: 0.60, 400: 0.68})  # gaps -10 / -6 / -2 points: parity near step 450
+    v = judge(run, BASE, W, total_steps=2000)
+    assert not v.stop and "closing" in v.reason
+    assert v.parity_step == pytest.approx(450, abs=1)
+    late = judge(run, BASE, W, total_steps=420)  # the run ends before it would catch up
+    assert late.stop and "closing too slowly (parity near step 450, after the run's 420)" in late.reason
+
+
+def test_too_early_and_unmatched_steps():
+    assert "too early: 2 of 3" in judge(curve({0: 0.0, 100: 0.1, 200: 0.1}), BASE, W, 2000).reason
+    # The baseline has not reached steps 700+ yet (it may still be training): they wait.
+    run = curve({400: 0.5, 500: 0.5, 700: 0.5, 800: 0.5})
+    assert [r["step"] for r in judge(run, BASE, W, 2000).rows] == [400, 500]
+
+
+def test_baseline_between_its_validations_is_linear():
+    base = [(0, 0.0), (100, 0.5), (300, 0.7)]
+    assert value_at(base, 200) == pytest.approx(0.6)
+    assert value_at(base, 300) == 0.7
+    assert value_at(base, 301) is None
+    run = curve({150: 0.2, 250: 0.2, 300: 0.2})  # baseline 0.55 / 0.65 / 0.70 there
+    assert [r["baseline"] for r in judge(run, BASE[:4], W, 2000).rows] == pytest.approx([0.55, 0.63, 0.66])
+
+
+def test_losses_count_lower_as_better():
+    cfg = dataclasses.replace(W, watch_metric="loss_0", watch_margin=0.05)
+    base = curve({100: 3.0, 200: 2.5, 300: 2.2, 400: 2.0}, "loss_0")
+    assert judge(curve({200: 2.9, 300: 2.9, 400: 2.9}, "loss_0"), base, cfg, 1000).stop
+    assert not judge(curve({200: 2.4, 300: 2.1, 400: 1.9}, "loss_0"), base, cfg, 1000).stop
+
+
+def test_replay_finds_the_first_stop():
+    run = curve({0: 0.0, 100: 0.55, 200: 0.58, 300: 0.60, 400: 0.61, 500: 0.61, 600: 0.62})
+    v = replay(run, BASE, W, 2000)
+    assert v is not None and v.rows[-1]["step"] == 400  # 200, 300, 400 are the first three behind
+    assert replay(BASE, BASE, W, 2000) is None
+
+
+def test_an_unknown_metric_names_the_file():
+    with pytest.raises(LabError, match=r"base\.jsonl: no validation metric 'cond_acc_9'"):
+        judge(curve({100: 0.1}, "cond_acc_9"), BASE, dataclasses.replace(W, watch_metric="cond_acc_9"), 2000,
+              "run.jsonl", "base.jsonl")
+
+
+def test_a_half_written_last_line_is_left_out(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "los')
+    assert read_metrics(path) == [{"step": 1}]
+
+
+# ---- real runs ------------------------------------------------------------------------------------
+
+CFG = TrainConfig(draft_vocab_size=128, epochs=100, max_steps=24, batch_size=8, ttt_steps=2, lr=3e-3,
+                  warmup_steps=2, log_every=4, eval_every=4, eval_batch_size=8, threads=1)
+
+
+@pytest.fixture(scope="module")
+def baseline(peaked_llama, features, tmp_path_factory):
+    out = tmp_path_factory.mktemp("watch") / "scratch"
+    train(CFG, peaked_llama, features, out)
+    return out
+
+
+def _val_steps(run) -> list[int]:
+    return [r["step"] for r in read_metrics(run) if r["split"] == "val"]
+
+
+def test_train_stops_a_run_that_falls_behind_and_resumes_only_without_the_watch(baseline, peaked_llama, features,
+                                                                                  tmp_path, capsys):
+    out = tmp_path / "frozen"
+    args = ["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(out),
+            "--draft-vocab-size", "128", "--epochs", "100", "--max-steps", "24", "--batch-size", "8",
+            "--ttt-steps", "2", "--lr", "1e-7", "--warmup-steps", "2", "--log-every", "4", "--eval-every", "4",
+            "--eval-batch-size", "8", "--threads", "1", "--stop-if-behind", str(baseline)]
+    assert main(args) == STOP_EXIT  # at a learning rate of 1e-7 it cannot follow the baseline
+    record = json.loads((out / WATCH_FILE).read_text())
+    assert record["stop"] and record["step"] == 12 and record["total_steps"] == 24  # validations 4, 8, 12 behind
+    assert _val_steps(out) == [4, 8, 12]
+    assert [r["step"] for r in record["rows"]] == [4, 8, 12]
+    capsys.readouterr()
+
+    assert main(args + ["--resume"]) == STOP_EXIT  # the same watch: nothing more is trained
+    assert _val_steps(out) == [4, 8, 12]
+    assert main(args[:-2] + ["--resume"]) == 0  # without it the run trains on to its end
+    assert _val_steps(out) == [4, 8, 12, 16, 20, 24]
+
+    capsys.readouterr()
+    assert main(["watch", str(out), "--baseline", str(baseline), "--json"]) == STOP_EXIT
+    assert json.loads(capsys.readouterr().out)["rows"][-1]["step"] == 24
+
+
+def test_an_equal_run_is_not_stopped(baseline, peaked_llama, features, tmp_path, capsys):
+    out = tmp_path / "same"
+    train(CFG, peaked_llama, features, out, stop_if_behind=baseline)
+    assert _val_steps(out) == _val_steps(baseline) and not (out / WATCH_FILE).exists()
+    assert main(["watch", str(out), "--baseline", str(baseline), "--follow", "0.01"]) == 0  # finished: no wait
+    assert "keep training" in capsys.readouterr().out
+
+
+def test_bad_watch_input_is_one_line(baseline, peaked_llama, features, tmp_path, capsys):
+    with pytest.raises(LabError, match="not a training run directory"):
+        train(CFG, peaked_llama, features, tmp_path / "x", stop_if_behind=tmp_path / "nothing")
+    with pytest.raises(LabError, match="names the run itself"):
+        train(CFG, peaked_llama, features, baseline, resume=True, stop_if_behind=baseline)
+    assert not (tmp_path / "x").exists()
+    assert main(["watch", str(baseline), "--baseline", str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+    assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "y"),
+                 "--watch-margin", "0.05"]) == 2
+    assert "apply with --stop-if-behind only" in capsys.readouterr().err

@@ -18,7 +18,7 @@ def aux_ids_arg(text: str) -> list[int]:
 
 
 def register(subparsers) -> None:
-    from drafter_lab.data.capture import DTYPES, CaptureConfig
+    from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
 
     docs, d = field_docs(CaptureConfig), CaptureConfig()
     data = subparsers.add_parser("data", help="turn conversations into target features")
@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
     p.add_argument("--max-length", type=int, default=d.max_length, help=docs["max_length"])
     p.add_argument("--aux-layer-ids", type=aux_ids_arg, default=None, metavar="I,J,K", help=docs["aux_layer_ids"])
-    p.add_argument("--dtype", default=d.dtype, choices=list(DTYPES), help=docs["dtype"])
+    p.add_argument("--dtype", default=d.dtype, choices=DTYPE_NAMES, help=docs["dtype"])
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=docs["batch_size"])
     p.add_argument("--shard-size", type=int, default=d.shard_size, help=docs["shard_size"])
     p.add_argument("--val-fraction", type=float, default=d.val_fraction, help=docs["val_fraction"])

@@ -14,7 +14,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab.drafter import formats
-from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.config import FORMATS, DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 
@@ -180,8 +180,8 @@ def save_drafter(
 
 def export(src, fmt: str, out, dtype: torch.dtype | None = None) -> Path:
     """Re-write a drafter in another layout; the output directory appears whole or not at all."""
-    if fmt not in formats.FORMATS:
-        raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(formats.FORMATS)}")
+    if fmt not in FORMATS:
+        raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise LabError("output directory exists and is not empty: choose a new one", out)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from drafter_lab.drafter import formats
+from drafter_lab.drafter.config import FORMATS
 
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="write a drafter in the SGLang or speculators layout")
     p.add_argument("--drafter", required=True, help="drafter directory (any supported layout)")
-    p.add_argument("--format", required=True, choices=formats.FORMATS)
+    p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", required=True, help="output directory (written whole or not at all)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="weight dtype of the export (default: the source's)")

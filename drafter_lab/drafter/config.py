@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+SGLANG = "sglang"
+SPECULATORS = "speculators"
+FORMATS = (SGLANG, SPECULATORS)
+"""Checkpoint layouts read and written (drafter.formats)."""
+
 
 @dataclass
 class DrafterConfig:

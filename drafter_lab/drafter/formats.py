@@ -20,12 +20,8 @@ import json
 
 import torch
 
-from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.config import FORMATS, SGLANG, SPECULATORS, DrafterConfig
 from drafter_lab.errors import LabError
-
-SGLANG = "sglang"
-SPECULATORS = "speculators"
-FORMATS = (SGLANG, SPECULATORS)
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"

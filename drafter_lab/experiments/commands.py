@@ -20,7 +20,8 @@ def _probe(args) -> int:
     from rich.table import Table
 
     from drafter_lab import atomic
-    from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, probe
+    from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
+    from drafter_lab.experiments.probe import probe
     from drafter_lab.train.commands import load_config
     from drafter_lab.train.config import TrainConfig
 
@@ -71,8 +72,7 @@ def _experiment(args) -> int:
 
 
 def register(sub) -> None:
-    from drafter_lab.experiments.config import ExperimentConfig
-    from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds
+    from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig, ProbeThresholds
 
     p = sub.add_parser("probe", help="tell in minutes whether an existing drafter will pay on a new target")
     p.add_argument("--drafter", required=True, help="drafter checkpoint (any format we import)")

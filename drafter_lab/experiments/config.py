@@ -66,6 +66,51 @@ class ExperimentConfig:
     faster with 1 than with 2: OpenMP threads spin-wait whenever another process holds a core."""
 
 
+@dataclass
+class ProbeThresholds:
+    """Where the probe draws its lines, set from the drift sweep (README, "The transfer study"):
+    `drafter-lab experiment --config drift-sweep`, tiny-cpu pair, knobs 0 / 0.5 / 1, 200 steps per arm."""
+
+    reuse_fraction: float = 0.8
+    """Reuse when zero-shot simulated accept length >= this fraction of home accept length.
+    Sweep: zero-shot / home = 1.00 at knob 0 (measured: reuse, the source beats 200 steps of scratch
+    2.61 vs 2.11), then 0.61 at knob 0.5 and 0.63 at knob 1 (measured: not reuse, zero-shot 1.14 and
+    1.46 vs scratch 1.83 and 1.97). Nothing falls between 0.63 and 1.0; 0.8 sits mid-gap."""
+    transfer_min_cka: float = 0.8
+    """Without a pilot: transfer (with remap) only when every aux layer's CKA (source vs new
+    target) is >= this. Sweep: transfer paid at every level measured: min aux CKA 0.875 at knob 0.5
+    (+6.7 points of cond_acc_0 over scratch), 0.854 at knob 1 (+7.4) and 0.801 at knob 4 (+4.3
+    after 200 steps, +1.6 after 600). It also paid below the line, where this rule says scratch:
+    knob 4 on plain (not regenerated) data, CKA 0.764 (+12.1), and a successor trained from a fresh
+    init, CKA 0.735 (+6.1). CKA is blind to what the transfer carries, hence the pilot."""
+    pilot_min_gain: float = 0.01
+    """With a pilot: transfer when, at the pilot's last step, its val cond_acc_0 leads scratch's by at
+    least this (1 point, the study's own "transfer pays" margin); otherwise the transfer buys nothing
+    measurable and scratch, with no dependency on the old drafter, is the simpler choice. A verdict
+    for budgets near the pilot's: leads shrink with budget (knob 4: +24.1 points at 48 steps, +4.3
+    at 200, +1.6 at 600, -0.5 at 2000, where scratch had caught up), and with transferred weights at
+    0.1x the rate they turn negative (-2.6 at knob 4, -1.9 at knob 1, over steps 1000-2000) where
+    the pilot led by +18.4 and +27.0."""
+
+
+@dataclass
+class ProbeConfig:
+    """How much held-out data the probe reads."""
+
+    max_sequences: int = 64
+    """Held-out sequences evaluated (val split of the new target's features)."""
+    cka_tokens: int = 4096
+    """Tokens sampled for the aux-layer CKA."""
+    ttt_steps: int = 5
+    """Draft steps K evaluated offline."""
+    batch_size: int = 8
+    """Sequences per evaluation batch."""
+    pilot_steps: int = 48
+    """Optimizer steps of each pilot arm (scratch, transfer with remap) on the new target's train
+    split (48: about a minute on one core for the tiny pair); 0 skips the pilot and the transfer
+    verdict falls back to aux CKA."""
+
+
 PRESETS: dict[str, ExperimentConfig] = {
     "tiny-cpu": ExperimentConfig(name="tiny-cpu"),
     "drift-sweep": ExperimentConfig(

@@ -18,7 +18,7 @@ from pathlib import Path
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
-from drafter_lab.train.state import read_metrics
+from drafter_lab.train.metrics_log import read_metrics
 
 ARMS = {"scratch": False, "transfer": True}
 """Pilot arm -> whether it starts from the source drafter (with the row-by-row lm_head remap)."""

@@ -28,9 +28,9 @@ from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.shards import Manifest
 from drafter_lab.errors import LabError
 from drafter_lab.experiments import plots, report
-from drafter_lab.experiments.config import ExperimentConfig
+from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig
 from drafter_lab.experiments.manifest import build_manifest, write_manifest
-from drafter_lab.experiments.probe import VERDICTS, ProbeConfig, probe
+from drafter_lab.experiments.probe import VERDICTS, probe
 from drafter_lab.progress import log
 from drafter_lab.targets.build import build_pair
 from drafter_lab.threads import torch_threads

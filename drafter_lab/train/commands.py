@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture import DTYPES, CaptureConfig
+from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
 from drafter_lab.data.commands import aux_ids_arg
 from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
@@ -21,7 +21,7 @@ def register(sub) -> None:
     data.add_argument("--data", help="feature directory captured from that target (`data prepare`)")
     data.add_argument("--conversations", metavar="FILE",
                       help="train online: ShareGPT/SpecForge jsonl whose states the whole target computes per batch")
-    p.add_argument("--target-dtype", choices=DTYPES, default=CaptureConfig.dtype,
+    p.add_argument("--target-dtype", choices=DTYPE_NAMES, default=CaptureConfig.dtype,
                    help="with --conversations: dtype the target runs in")
     p.add_argument("--aux-layer-ids", type=aux_ids_arg, metavar="I,J,K",
                    help="with --conversations: three HF hidden_states indices (default 2,L//2,L-3)")
@@ -92,13 +92,15 @@ def run(args) -> int:
 
 
 def watch(args) -> int:
-    from drafter_lab.train.watch import judge, read_run
+    from drafter_lab.train.watch import judge, read_run, unequal_batches
 
     cfg = labconfig.apply_cli_args(WatchConfig(), args)
     shown = 0
     while True:
-        rows, total = read_run(args.run)
-        verdict = judge(rows, read_run(args.baseline)[0], cfg, total, args.run, args.baseline)
+        rows, info = read_run(args.run)
+        base_rows, base_info = read_run(args.baseline)
+        total = info.get("total_steps")
+        verdict = judge(rows, base_rows, cfg, total, args.run, args.baseline)
         finished = total is not None and any(r.get("split") == "val" and r["step"] >= total for r in rows)
         if not args.follow or verdict.stop or finished:
             break
@@ -106,14 +108,16 @@ def watch(args) -> int:
             shown = len(verdict.rows)
             print(f"step {verdict.rows[-1]['step']}: keep training ({verdict.reason})", flush=True)
         time.sleep(args.follow)
+    note = unequal_batches(info, base_info)
     if args.json:
-        print(json.dumps({"run": args.run, "baseline": args.baseline, "total_steps": total, **verdict.to_json()}))
+        print(json.dumps({"run": args.run, "baseline": args.baseline, "total_steps": total, "note": note,
+                          **verdict.to_json()}))
     else:
-        _print_verdict(verdict, cfg.watch_metric)
+        _print_verdict(verdict, cfg.watch_metric, note)
     return STOP_EXIT if verdict.stop else 0
 
 
-def _print_verdict(verdict, metric: str, last: int = 10) -> None:
+def _print_verdict(verdict, metric: str, note: str | None, last: int = 10) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -125,4 +129,6 @@ def _print_verdict(verdict, metric: str, last: int = 10) -> None:
     con = Console()
     if verdict.rows:
         con.print(table)
+    if note:
+        con.print(f"[yellow]note:[/] {note}")
     con.print(("[bold red]stop[/]: " if verdict.stop else "[bold green]keep training[/]: ") + verdict.reason)

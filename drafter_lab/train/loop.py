@@ -18,7 +18,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture import CaptureConfig
+from drafter_lab.data.capture_config import CaptureConfig
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -31,10 +31,11 @@ from drafter_lab.train import distributed, state
 from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
 from drafter_lab.train.data import Batch, Examples, Prefetcher, collate, plan_epoch, shard_batch
 from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
+from drafter_lab.train.metrics_log import METRICS, MetricsLog, read_metrics
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
-from drafter_lab.train.watch import WatchConfig, judge, read_run
+from drafter_lab.train.watch import WatchConfig, judge, read_run, unequal_batches
 
 WATCH_FILE = "watch.json"
 """Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
@@ -160,13 +161,15 @@ class _Run:
                  resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab,
                  stop_if_behind, watch: WatchConfig):
         self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
-        self.watch = None
+        self.watch, self.watch_note = None, None
         if stop_if_behind is not None:
             baseline = Path(stop_if_behind)
             if baseline.resolve() == out_dir.resolve():
                 raise LabError("--stop-if-behind names the run itself; give the baseline run's directory", out_dir)
-            judge([], read_run(baseline)[0], watch, None, base_where=baseline)  # a baseline that cannot be read fails now
+            base_rows, base_info = read_run(baseline)
+            judge([], base_rows, watch, None, base_where=baseline)  # a baseline that cannot be read fails now
             self.watch = (baseline, watch)
+            self.watch_note = unequal_batches({"config": labconfig.to_dict(cfg)}, base_info)
         self.stop_reason: str | None = None
         if cfg.ttt_steps < 1:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
@@ -190,7 +193,7 @@ class _Run:
             if self.saved.get("data", self.data) != self.data:  # states saved before it was kept lack it
                 raise LabError(f"--resume with other training data ({self.saved['data']} there, {self.data} now): "
                                "the run would not be the same", out_dir)
-        elif not resume and (state.state_path(out_dir).exists() or (out_dir / state.METRICS).exists()):
+        elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)
 
         self.drafter = drafter = _new_drafter(cfg, dcfg, target, d2t, t2d)
@@ -224,7 +227,7 @@ class _Run:
         self.total = total = _total_steps(cfg, self.lengths)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: lr_factor(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
-        self.metrics = state.MetricsLog(out_dir / state.METRICS, enabled=d.main)
+        self.metrics = MetricsLog(out_dir / METRICS, enabled=d.main)
         self.autocast = _autocast(dev, cfg.bf16)
         self.step = self.epoch = self.cursor = 0
         self.log_counts = torch.zeros(cfg.ttt_steps, N_COLS, dtype=torch.float64, device=dev)
@@ -286,7 +289,8 @@ class _Run:
         baseline, wcfg = self.watch
         stop = torch.zeros((), device=self.d.device)
         if self.d.main:
-            verdict = judge(state.read_metrics(self.out_dir), read_run(baseline)[0], wcfg, self.total, self.out_dir, baseline)
+            verdict = judge(read_metrics(self.out_dir), read_run(baseline)[0], wcfg, self.total, self.out_dir,
+                            baseline)
             if verdict.stop:
                 self.stop_reason = verdict.reason
                 atomic.write_json(self.out_dir / WATCH_FILE, {
@@ -363,6 +367,8 @@ class _Run:
                 atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
             atomic.write_json(self.out_dir / "run.json", self.info)
         self.tb = self.writer_cls(str(self.out_dir / "tensorboard")) if self.writer_cls else None
+        if self.watch and self.watch_note and d.main:
+            log(f"[yellow]watch:[/] {self.watch_note}")
         self.drafter.train()
         if c.eval_at_start and self.step == 0:
             self.validate()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drafter_lab.errors import LabError
-from drafter_lab.train.state import METRICS, read_metrics
+from drafter_lab.train.metrics_log import METRICS, read_metrics
 
 STOP_EXIT = 3
 """`drafter-lab watch` exit status when the verdict is "stop" (0: keep training)."""
@@ -148,9 +148,9 @@ def replay(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total_
     return None
 
 
-def read_run(run_dir) -> tuple[list[dict], int | None]:
+def read_run(run_dir) -> tuple[list[dict], dict]:
     """A run directory's metrics (a half-written last line is skipped: the run may be training) and its
-    planned steps from run.json (None for runs made before it was recorded)."""
+    run.json (empty for a run that has not written it yet)."""
     run_dir = Path(run_dir)
     path = run_dir / METRICS
     if not path.exists():
@@ -160,5 +160,11 @@ def read_run(run_dir) -> tuple[list[dict], int | None]:
     except json.JSONDecodeError as e:
         raise LabError(f"not a metrics log ({e})", path) from None
     info = run_dir / "run.json"
-    total = json.loads(info.read_text()).get("total_steps") if info.exists() else None
-    return rows, total
+    return rows, json.loads(info.read_text()) if info.exists() else {}
+
+
+def unequal_batches(run_info: dict, base_info: dict) -> str | None:
+    """Equal steps mean equal data only when both runs draw batches alike: a note when they do not."""
+    a, b = run_info.get("config", {}), base_info.get("config", {})
+    diff = [f"{k} {a.get(k)} vs {b.get(k)}" for k in ("batch_size", "batch_tokens") if a.get(k) != b.get(k)]
+    return f"the runs' batches differ ({', '.join(diff)}): equal steps are not equal data" if diff else None

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from drafter_lab.cli import main
 from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import export, load_drafter, read_checkpoint, save_drafter
+from drafter_lab.drafter.config import FORMATS
 from drafter_lab.errors import LabError
 
 from .test_model import random_drafter, small_config
@@ -30,7 +31,7 @@ def assert_same_state(a, b):
         assert torch.equal(sa[k], sb[k]), k
 
 
-@pytest.mark.parametrize("fmt", formats.FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_export_then_import_is_identical(tmp_path, drafter, fmt):
     save_drafter(drafter, tmp_path / "ours")
     export(tmp_path / "ours", fmt, tmp_path / fmt)

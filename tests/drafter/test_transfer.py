@@ -12,6 +12,7 @@ from rich.console import Console
 from drafter_lab.data.vocab import DraftVocab
 from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import export, save_drafter
+from drafter_lab.drafter.config import FORMATS
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import init_from
 from drafter_lab.errors import LabError
@@ -51,7 +52,7 @@ def target_head(width=48) -> SimpleNamespace:
     return SimpleNamespace(lm_head_weight=lambda: head)
 
 
-@pytest.mark.parametrize("fmt", formats.FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_remap_counts_and_rows(tmp_path, fmt):
     src, path = source(tmp_path, fmt)
     new_vocab = vocab(USED_NEW)

@@ -15,7 +15,7 @@ from drafter_lab.targets.hf import load_target_head
 from drafter_lab.train import sources
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
-from drafter_lab.train.state import read_metrics
+from drafter_lab.train.metrics_log import read_metrics
 
 RECIPE = TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
                      log_every=2, threads=1)

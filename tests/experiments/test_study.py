@@ -11,7 +11,7 @@ from drafter_lab.experiments import report, study
 from drafter_lab.experiments.config import get_config
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
-from drafter_lab.train.state import read_metrics
+from drafter_lab.train.metrics_log import read_metrics
 
 CFG = TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
                   log_every=2, eval_every=2, eval_at_start=True, threads=1)

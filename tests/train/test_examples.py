@@ -19,7 +19,7 @@ from drafter_lab.targets.hf import load_target_head
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.data import Examples, Prefetcher
 from drafter_lab.train.loop import train
-from drafter_lab.train.state import read_metrics
+from drafter_lab.train.metrics_log import read_metrics
 
 
 def test_examples_read_from_shards_equal_the_shards(peaked_llama, features):

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from drafter_lab.data.shards import Manifest
 from drafter_lab.train import state
+from drafter_lab.train.metrics_log import read_metrics
 
 ARGS = ["--draft-vocab-size", "128", "--epochs", "2", "--batch-size", "4", "--ttt-steps", "3", "--lr", "3e-3",
         "--warmup-steps", "3", "--eval-every", "4", "--log-every", "1", "--threads", "1"]
@@ -46,7 +47,7 @@ def data_args(features, online: bool):
 
 
 def rows(out_dir):
-    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in state.read_metrics(out_dir)]
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in read_metrics(out_dir)]
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from drafter_lab.targets.hf import load_target
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.metrics import evaluate
-from drafter_lab.train.state import read_metrics
+from drafter_lab.train.metrics_log import read_metrics
 
 CFG = TrainConfig(draft_vocab_size=128, epochs=2, batch_size=8, ttt_steps=3, lr=3e-3, warmup_steps=3,
                   log_every=1, eval_every=3, eval_batch_size=8, threads=1)

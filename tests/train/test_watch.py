@@ -12,8 +12,8 @@ from drafter_lab.cli import main
 from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import WATCH_FILE, train
-from drafter_lab.train.state import read_metrics
-from drafter_lab.train.watch import STOP_EXIT, WatchConfig, judge, replay, value_at
+from drafter_lab.train.metrics_log import read_metrics
+from drafter_lab.train.watch import STOP_EXIT, WatchConfig, judge, replay, unequal_batches, value_at
 
 
 def curve(points: dict[int, float], metric: str = "cond_acc_0") -> list[dict]:
@@ -84,6 +84,12 @@ def test_an_unknown_metric_names_the_file():
               "run.jsonl", "base.jsonl")
 
 
+def test_runs_with_other_batches_are_flagged():
+    a, b = {"config": {"batch_size": 8, "batch_tokens": 0}}, {"config": {"batch_size": 16, "batch_tokens": 0}}
+    assert unequal_batches(a, a) is None
+    assert unequal_batches(a, b) == "the runs' batches differ (batch_size 8 vs 16): equal steps are not equal data"
+
+
 def test_a_half_written_last_line_is_left_out(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "los')
@@ -128,7 +134,8 @@ def test_train_stops_a_run_that_falls_behind_and_resumes_only_without_the_watch(
 
     capsys.readouterr()
     assert main(["watch", str(out), "--baseline", str(baseline), "--json"]) == STOP_EXIT
-    assert json.loads(capsys.readouterr().out)["rows"][-1]["step"] == 24
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["rows"][-1]["step"] == 24 and verdict["note"] is None
 
 
 def test_an_equal_run_is_not_stopped(baseline, peaked_llama, features, tmp_path, capsys):

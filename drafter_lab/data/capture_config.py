@@ -1,0 +1,41 @@
+"""How `data prepare` turns conversations into feature shards. Kept apart from capture.py so that the
+command-line parsers read these defaults without importing torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+"""The dtypes a target may run in (capture.DTYPES maps them to torch's)."""
+
+
+@dataclass
+class CaptureConfig:
+    """How `data prepare` turns conversations into feature shards."""
+
+    aux_layer_ids: list[int] | None = None
+    """Three HF hidden_states indices to capture (0 = embeddings); default [2, L//2, L-3]."""
+    max_length: int = 512
+    """Tokens per sequence after the chat template; longer conversations are cut."""
+    dtype: str = "float32"
+    """Dtype the target runs in and the hidden states are stored in: float32, bfloat16, float16."""
+    batch_size: int = 8
+    """Sequences per target forward pass."""
+    shard_size: int = 256
+    """Sequences per shard file (the unit of resume)."""
+    val_fraction: float = 0.1
+    """Fraction of sequences held out for validation, chosen by a hash of the sequence id."""
+    regenerate: bool = False
+    """Replace assistant turns with the target's own generations before capture."""
+    temperature: float = 0.0
+    """Sampling temperature for regeneration (0 = greedy)."""
+    max_new_tokens: int = 128
+    """Longest regenerated assistant turn, in tokens."""
+    regen_batch_size: int = 16
+    """Prompts per generate call during regeneration."""
+    seed: int = 0
+    """Seed for sampled regeneration."""
+    strict: bool = False
+    """Treat a conversation without an assistant turn as an error instead of skipping it."""
+    device: str = "cpu"
+    """Device for the target (ignored under torchrun, where each rank takes its own)."""

@@ -1,0 +1,54 @@
+"""metrics.jsonl: a run's train and validation records, one JSON object per line.
+
+Free of torch, so that reading a run (the watch, the CLI's parsers) stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+METRICS = "metrics.jsonl"
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line, each appended with a single O_APPEND write."""
+
+    def __init__(self, path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        line = (json.dumps(record, allow_nan=True) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def sync_size(self) -> int:
+        """fsync and return the current length (recorded in the train state)."""
+        if not self.enabled or not self.path.exists():
+            return 0
+        with open(self.path, "rb+") as f:
+            os.fsync(f.fileno())
+            return os.fstat(f.fileno()).st_size
+
+    def truncate(self, size: int) -> None:
+        """Drop lines written after the checkpoint that recorded `size` (a file already that size is
+        left untouched)."""
+        if self.enabled and self.path.exists() and self.path.stat().st_size != size:
+            os.truncate(self.path, size)
+
+
+def read_metrics(path) -> list[dict]:
+    """The records of a metrics.jsonl (or of the one in a run directory). A last line without its
+    newline is a record still being written by a run in flight, and is left out."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS
+    lines = path.read_text().split("\n")[:-1]  # the piece after the last newline is unfinished
+    return [json.loads(line) for line in lines if line.strip()]

@@ -18,9 +18,10 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def learning_curves(arms: list, path: Path, random_loss: float) -> None:
+def learning_curves(arms: list, path: Path, random_loss: float, watch_stop: int | None = None) -> None:
     """cond_acc_0 and loss_0 against step, validation points, one line per arm; `random_loss`
-    (ln of the draft vocab size) marks where an uninformed drafter starts."""
+    (ln of the draft vocab size) marks where an uninformed drafter starts, and `watch_stop` the step
+    at which the watch would have stopped arm (b)."""
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
     for arm in arms:
         rows = [r for r in arm.history if r.get("split") == "val"]
@@ -32,6 +33,9 @@ def learning_curves(arms: list, path: Path, random_loss: float) -> None:
     ax_loss.set(xlabel="optimizer step", ylabel="val loss_0 (soft CE vs the target)", title="step-0 loss (val)")
     for ax in (ax_acc, ax_loss):
         ax.grid(alpha=0.3)
+        if watch_stop is not None:
+            ax.axvline(watch_stop, color="tab:red", ls=":", lw=1.2,
+                       label=f"the watch would stop (b) here (step {watch_stop})")
     ax_acc.legend(fontsize=8)
     ax_loss.legend(fontsize=8)
     _save(fig, path)

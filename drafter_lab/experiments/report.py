@@ -110,16 +110,21 @@ def _lead_trend(a, b) -> str | None:
             f"{' / '.join(f'{x:+.1f}' for x in leads)} points; {tail}.")
 
 
-def _watch_line(a, b) -> str:
+def watch_stop(a, b) -> tuple[int | None, int, str]:
     """What the watch (`train --stop-if-behind`, default settings) would have done to (b) with (a) as
-    its baseline: the arms train to equal budgets, so this is a replay of (b)'s validations."""
+    its baseline: the arms train to equal budgets, so this replays (b)'s validations. Returns the
+    step it would have stopped (b) at (None: never), (b)'s steps, and the watch's reason."""
     steps = max((r["step"] for r in _val(b)), default=0)
     v = replay(b.history, a.history, WatchConfig(), steps)
-    if v is None:
+    return (None, steps, "") if v is None else (v.rows[-1]["step"], steps, v.reason)
+
+
+def _watch_line(a, b) -> str:
+    at, steps, reason = watch_stop(a, b)
+    if at is None:
         return "The watch (`train --stop-if-behind` (a), default settings) would not have stopped (b)."
-    at = v.rows[-1]["step"]
     return (f"The watch (`train --stop-if-behind` (a), default settings) would have stopped (b) at step {at} of "
-            f"{steps} ({100 * (1 - at / steps):.0f} % of its steps unspent): {v.reason}.")
+            f"{steps} ({100 * (1 - at / steps):.0f} % of its steps unspent): {reason}.")
 
 
 def _arm_table(level: dict, k: int) -> list[str]:

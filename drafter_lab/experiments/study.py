@@ -178,7 +178,9 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
         timings[f"arm_{arm.key}_s"] = time.time() - t
     source_served = _served(cfg, source_dir, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
 
-    plots.learning_curves(arms, level_dir / "curves.png", math.log(cfg.draft_vocab_size))
+    by_key = {a.key: a for a in arms}
+    plots.learning_curves(arms, level_dir / "curves.png", math.log(cfg.draft_vocab_size),
+                          report.watch_stop(by_key["a"], by_key["b"])[0])
     plots.cond_acc_bars(arms, level_dir / "cond_acc_k.png", cfg.ttt_steps)
     return {
         "drift_knob": drift,

@@ -16,7 +16,7 @@ def _arm(key, start):
 
 def test_study_plots_are_pngs(tmp_path):
     arms = [_arm("a", 0.0), _arm("b", 0.5), _arm("c", 0.1)]
-    plots.learning_curves(arms, tmp_path / "curves.png", math.log(512))
+    plots.learning_curves(arms, tmp_path / "curves.png", math.log(512), watch_stop=100)
     plots.cond_acc_bars(arms, tmp_path / "bars.png", 5)
     pts = [{"drift": d, "gain": g, "drift_knob": k, "verdict": "transfer with remap", "verdict_matches": m}
            for d, g, k, m in ((0.0, 0.2, 0.0, True), (0.07, 0.1, 0.5, True), (0.12, 0.07, 1.0, False))]

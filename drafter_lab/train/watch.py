@@ -94,8 +94,11 @@ def matched(run: list[tuple[int, float]], base: list[tuple[int, float]], metric:
     return rows
 
 
-def _gap_text(gap: float, metric: str) -> str:
-    return f"{100 * gap:+.1f} points" if "acc" in metric else f"{gap:+.3g}"
+def _gap_text(gaps: list[float], metric: str) -> str:
+    """Signed gaps as the metric reads: points of an accuracy, else plain values."""
+    if "acc" in metric:
+        return " / ".join(f"{100 * g:+.1f}" for g in gaps) + " points"
+    return " / ".join(f"{g:+.3g}" for g in gaps)
 
 
 def _parity(rows: list[dict]) -> float | None:
@@ -124,18 +127,17 @@ def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total_s
                               "baseline", rows)
     window = rows[-cfg.watch_window:]
     last = window[-1]
-    head = f"{m} {_gap_text(last['gap'], m)} against the baseline at step {last['step']}"
+    head = f"{m} {_gap_text([last['gap']], m)} against the baseline at step {last['step']}"
     if any(r["gap"] >= -cfg.watch_margin for r in window):
         return Verdict(False, f"{head}: not behind at each of the last {cfg.watch_window} validations", rows)
     parity = _parity(window) if len(window) > 1 else None
-    gaps = " / ".join(_gap_text(r["gap"], m) for r in window)
-    steps = " / ".join(str(r["step"]) for r in window)
+    behind = (f"behind at steps {' / '.join(str(r['step']) for r in window)} "
+              f"({_gap_text([r['gap'] for r in window], m)})")
     if parity is not None and (total_steps is None or parity <= total_steps):
-        return Verdict(False, f"{head}, behind by {gaps} at steps {steps} but closing: parity near step "
-                              f"{parity:.0f}", rows, parity)
+        return Verdict(False, f"{head}: {behind} but closing, parity near step {parity:.0f}", rows, parity)
     closing = ("not closing" if parity is None
                else f"closing too slowly (parity near step {parity:.0f}, after the run's {total_steps})")
-    return Verdict(True, f"{head}: behind by {gaps} at steps {steps}, {closing}", rows, parity)
+    return Verdict(True, f"{head}: {behind}, {closing}", rows, parity)
 
 
 def replay(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total_steps: int | None) -> Verdict | None:

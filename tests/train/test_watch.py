@@ -30,7 +30,8 @@ def test_a_run_behind_and_flat_is_stopped():
     assert v.stop
     assert [r["step"] for r in v.rows] == [100, 200, 300, 400, 500]
     assert v.rows[-1]["gap"] == pytest.approx(-0.11)
-    assert "behind by -6.0 points / -9.0 points / -11.0 points at steps 300 / 400 / 500, not closing" in v.reason
+    assert v.reason == ("cond_acc_0 -11.0 points against the baseline at step 500: behind at steps 300 / 400 / 500 "
+                        "(-6.0 / -9.0 / -11.0 points), not closing")
 
 
 def test_a_lead_or_one_validation_within_the_margin_keeps_it_training():

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display on CI machines or in containers
-import matplotlib.pyplot as plt  # noqa: E402
-
-from drafter_lab import atomic  # noqa: E402
-
-
-def _save(fig, path: Path) -> None:
-    with atomic.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+from drafter_lab.plotting import plt, save_png
 
 
 def learning_curves(arms: list, path: Path, random_loss: float, watch_stop: int | None = None) -> None:
@@ -38,7 +27,7 @@ def learning_curves(arms: list, path: Path, random_loss: float, watch_stop: int 
                        label=f"the watch would stop (b) here (step {watch_stop})")
     ax_acc.legend(fontsize=8)
     ax_loss.legend(fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def cond_acc_bars(arms: list, path: Path, ttt_steps: int) -> None:
@@ -52,7 +41,7 @@ def cond_acc_bars(arms: list, path: Path, ttt_steps: int) -> None:
     ax.set(ylabel="val cond_acc_k", ylim=(0, 1), title="conditional accuracy per draft step (final, val)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def drift_sweep(points: list[dict], path: Path) -> None:
@@ -73,4 +62,4 @@ def drift_sweep(points: list[dict], path: Path) -> None:
     ax.set(xlabel="measured drift: 1 - mean aux-layer CKA (base vs tuned)",
            ylabel="transfer gain, points of val cond_acc_0", title="When does transferring a drafter pay?")
     ax.grid(alpha=0.3)
-    _save(fig, path)
+    save_png(fig, path)

@@ -76,6 +76,8 @@ def register(sub) -> None:
                         "accept_length) or an `eval --json` (served accept length, and from a chain eval the "
                         "draft-steps table); repeat to combine several")
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
+    c.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw tok/s against accept length (and draft depth) per all-reduce latency")
     labconfig.add_cli_args(c, CostModelConfig)
     c.set_defaults(func=run_costmodel)
 
@@ -209,4 +211,8 @@ def run_costmodel(args) -> int:
     print(format_report(r, " + ".join([args.preset, *args.inputs])))
     if args.json:
         atomic.write_json(args.json, r)
+    if args.plot:
+        from drafter_lab.spec.costplot import plot
+
+        plot(cfg, args.plot, measured)
     return 0

@@ -267,12 +267,18 @@ def best_row(rows: list[dict]) -> dict | None:
     return max(rows, key=lambda r: r["spec_tok_s"]) if rows else None
 
 
+def whatif_latencies(cfg: CostModelConfig, measured: Latency | None = None) -> list[tuple[str, Latency]]:
+    """(label, all-reduce latency) of the what-if rows: the config's list, then the measured one."""
+    rows: list[tuple[str, Latency]] = [(f"{x:g} us", x) for x in cfg.whatif_allreduce_us]
+    if measured is not None:
+        rows.append((f"measured {latency_at(measured, CostModel(cfg).message_bytes):.3g} us", measured))
+    return rows
+
+
 def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
     m = CostModel(cfg)
     measured_us = None if measured is None else latency_at(measured, m.message_bytes)
-    rows = [(f"{x:g} us", x) for x in cfg.whatif_allreduce_us]
-    if measured is not None:
-        rows.append((f"measured {measured_us:.3g} us", measured))
+    rows = whatif_latencies(cfg, measured)
     steps = steps_table(cfg)
     return {
         "config": dataclasses.asdict(cfg),

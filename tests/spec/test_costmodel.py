@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -129,3 +130,24 @@ def test_a_tree_evals_histogram_gives_no_draft_steps_table(tmp_path, capsys, top
     assert cfg.accept_by_steps == [] and 2.5 in cfg.accept_lengths and steps_table(cfg) == []
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert f"its accept histogram comes from {what}; the draft-steps table needs a chain" in err
+
+
+def test_plot_draws_the_models_numbers(tmp_path):
+    from PIL import Image
+
+    from drafter_lab.spec.costplot import series
+
+    cfg = dataclasses.replace(PRESETS[SEEDS], accept_by_steps=[1.8, 2.4, 2.9])
+    lines = series(cfg, measured={8192: 10.0, 65536: 14.0})
+    assert [s["label"] for s in lines] == ["205 us (this deployment)", "200 us", "40 us", "25 us", "15 us", "8 us",
+                                           "measured 13.7 us"]  # 57,344-byte messages, log-interpolated
+    m = CostModel(cfg)
+    for s in lines:
+        x = s["allreduce_us"]
+        assert s["accept"][0] == 1.0 and s["accept"][-1] == pytest.approx(4.0 + 1.0)  # up to the largest asked + 1
+        assert s["spec_tok_s"][10] == pytest.approx(m.spec_tok_s(s["accept"][10], x))
+        assert s["break_even"] == pytest.approx(m.break_even(x)) and s["baseline_tok_s"] == m.baseline_tok_s(x)
+        assert [r["steps"] for r in s["steps"]] == [1, 2, 3]
+    assert main(["costmodel", "--accept-by-steps", "1.8,2.4,2.9", "--plot", str(tmp_path / "cm.png")]) == 0
+    with Image.open(tmp_path / "cm.png") as im:
+        assert im.format == "PNG" and im.size[0] > 1000  # two panels

@@ -44,6 +44,24 @@ def cond_acc_bars(arms: list, path: Path, ttt_steps: int) -> None:
     save_png(fig, path)
 
 
+def speed_by_depth(drafters: list[dict], baselines: dict[float, float], path: Path) -> None:
+    """report.speed_tables' drafters: tok/s against draft depth, one panel per all-reduce latency,
+    plain decoding at that latency dashed, each drafter's best depth starred."""
+    fig, axes = plt.subplots(1, len(baselines), figsize=(5.5 * len(baselines), 4), squeeze=False)
+    for ax, (latency, plain) in zip(axes[0], baselines.items()):
+        for i, d in enumerate(drafters):
+            rows = d["tables"][latency]
+            ax.plot([r["steps"] for r in rows], [r["spec_tok_s"] for r in rows], marker="o", ms=3, color=f"C{i}",
+                    label=f"{d['label']} (served accept {d['served_accept_len']:.2f})")
+            best = max(rows, key=lambda r: r["spec_tok_s"])
+            ax.plot([best["steps"]], [best["spec_tok_s"]], "*", color=f"C{i}", ms=11)
+        ax.axhline(plain, color="grey", ls="--", lw=1, label=f"plain decoding {plain:.0f} tok/s")
+        ax.set(xlabel="draft steps (chain)", ylabel="tok/s (cost model)", title=f"{latency:g} us all-reduces")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_png(fig, path)
+
+
 def drift_sweep(points: list[dict], path: Path) -> None:
     """Transfer gain ((b) - (a) at equal budget) against measured drift (1 - mean aux CKA)."""
     fig, ax = plt.subplots(figsize=(6, 4))

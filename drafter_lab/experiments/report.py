@@ -141,11 +141,26 @@ def _arm_table(level: dict, k: int) -> list[str]:
     return lines
 
 
-def _speed_section(level: dict, cfg: ExperimentConfig) -> list[str]:
-    """Each drafter's served accept histogram priced by the cost model at its best chain depth."""
+def speed_tables(level: dict) -> list[dict]:
+    """Each drafter with a served accept histogram, priced on SPEED_PRESET: its label, served accept
+    length and draft-steps table (cost model) with the preset's all-reduces and with
+    FAST_ALLREDUCE_US ones, keyed by that latency."""
     drafters = [(arm.label, arm.served) for arm in level["arms"]]
     drafters.append(("source drafter, zero-shot", level.get("source_served_zero_shot")))
-    drafters = [(label, served) for label, served in drafters if served and served.get("accept_histogram")]
+    preset = PRESETS[SPEED_PRESET]
+    out = []
+    for label, served in drafters:
+        if not (served and served.get("accept_histogram")):
+            continue
+        priced = dataclasses.replace(preset, accept_by_steps=accept_by_steps(served["accept_histogram"], None))
+        out.append({"label": label, "served_accept_len": served["served_accept_len"],
+                    "tables": {x: steps_table(priced, x) for x in (preset.verify_allreduce_us, FAST_ALLREDUCE_US)}})
+    return out
+
+
+def _speed_section(level: dict, cfg: ExperimentConfig, plot: str | None) -> list[str]:
+    """Each drafter's served accept histogram priced by the cost model at its best chain depth."""
+    drafters = speed_tables(level)
     if not drafters:
         return []
     preset = PRESETS[SPEED_PRESET]
@@ -162,12 +177,11 @@ def _speed_section(level: dict, cfg: ExperimentConfig) -> list[str]:
         f"| {FAST_ALLREDUCE_US:g} us: depth, tok/s (vs plain) |",
         "|---|---|---|---|",
     ]
-    for label, served in drafters:
-        priced = dataclasses.replace(preset, accept_by_steps=accept_by_steps(served["accept_histogram"], None))
-        cells = [best_row(steps_table(priced, latency)) for latency in (None, FAST_ALLREDUCE_US)]
-        lines.append(f"| {label} | {served['served_accept_len']:.2f} | "
+    for d in drafters:
+        cells = [best_row(rows) for rows in d["tables"].values()]
+        lines.append(f"| {d['label']} | {d['served_accept_len']:.2f} | "
                      + " | ".join(f"{b['steps']}: {b['spec_tok_s']:.0f} ({b['speedup']:.2f}x)" for b in cells) + " |")
-    return lines
+    return lines + (["", f"![tok/s by draft depth]({plot})"] if plot else [])
 
 
 def _probe_section(level: dict) -> list[str]:
@@ -260,10 +274,10 @@ def render(cfg: ExperimentConfig, levels: list[dict], sweep: list[dict] | None, 
                       f"per-layer CKA {', '.join(f'{c:.3f}' for c in drift.get('cka', []))}", ""]
         lines += ["### Arms (final validation)", ""] + _arm_table(lv, k) + [""]
         lines += ["### Decisions, taken from the numbers", ""] + [f"- {d}" for d in decisions(lv, cfg)] + [""]
-        speed = _speed_section(lv, cfg)
+        prefix = "" if len(levels) == 1 else f"drift-{lv['drift_knob']:g}/"
+        speed = _speed_section(lv, cfg, f"{prefix}speed.png")
         lines += speed + ([""] if speed else [])
         lines += ["### Phase-0 probe", ""] + _probe_section(lv) + [""]
-        prefix = "" if len(levels) == 1 else f"drift-{lv['drift_knob']:g}/"
         lines += [f"![learning curves]({prefix}curves.png)", "", f"![cond_acc_k]({prefix}cond_acc_k.png)", ""]
         lines += ["Stage times: " + ", ".join(f"{n} {v:.0f}s" for n, v in lv["timings"].items()), ""]
     if sweep:

@@ -32,6 +32,7 @@ from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig
 from drafter_lab.experiments.manifest import build_manifest, write_manifest
 from drafter_lab.experiments.probe import VERDICTS, probe
 from drafter_lab.progress import log
+from drafter_lab.spec.costmodel import PRESETS, CostModel
 from drafter_lab.targets.build import build_pair
 from drafter_lab.threads import torch_threads
 from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
@@ -182,6 +183,10 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     plots.learning_curves(arms, level_dir / "curves.png", math.log(cfg.draft_vocab_size),
                           report.watch_stop(by_key["a"], by_key["b"])[0])
     plots.cond_acc_bars(arms, level_dir / "cond_acc_k.png", cfg.ttt_steps)
+    speed = report.speed_tables({"arms": arms, "source_served_zero_shot": source_served})
+    if speed:
+        model = CostModel(PRESETS[report.SPEED_PRESET])
+        plots.speed_by_depth(speed, {x: model.baseline_tok_s(x) for x in speed[0]["tables"]}, level_dir / "speed.png")
     return {
         "drift_knob": drift,
         "pair": pair,

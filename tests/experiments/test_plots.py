@@ -21,7 +21,10 @@ def test_study_plots_are_pngs(tmp_path):
     pts = [{"drift": d, "gain": g, "drift_knob": k, "verdict": "transfer with remap", "verdict_matches": m}
            for d, g, k, m in ((0.0, 0.2, 0.0, True), (0.07, 0.1, 0.5, True), (0.12, 0.07, 1.0, False))]
     plots.drift_sweep(pts, tmp_path / "sweep.png")
-    for name in ("curves.png", "bars.png", "sweep.png"):
+    rows = [{"steps": s, "spec_tok_s": 50.0 + 10 * s} for s in (1, 2, 3)]
+    plots.speed_by_depth([{"label": "(a)", "served_accept_len": 2.5, "tables": {205.0: rows, 15.0: rows}}],
+                         {205.0: 82.0, 15.0: 146.0}, tmp_path / "speed.png")
+    for name in ("curves.png", "bars.png", "sweep.png", "speed.png"):
         with Image.open(tmp_path / name) as im:
             assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 200
     assert not list(tmp_path.glob("*.tmp*"))

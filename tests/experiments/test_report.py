@@ -133,9 +133,10 @@ def test_speed_section_prices_each_served_histogram_at_its_best_depth():
     level = _level(0.7, 0.6, 0.5)
     level["arms"][0].served = {"served_accept_len": 5.0, "accept_histogram": {"1": 0, "2": 0, "3": 0, "4": 0, "5": 9}}
     level["arms"][1].served = {"served_accept_len": 1.0, "accept_histogram": {"1": 9, "2": 0, "3": 0, "4": 0, "5": 0}}
-    lines = report._speed_section(level, get_config("tiny-cpu"))
+    lines = report._speed_section(level, get_config("tiny-cpu"), "speed.png")
+    assert lines[-1] == "![tok/s by draft depth](speed.png)"
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| (")}
     assert set(rows) == {"| (a)", "| (b)"}
     assert "| 5.00 | 4: " in rows["| (a)"] and "| 1.00 | 1: " in rows["| (b)"]
     assert "(0." in rows["| (b)"].split(" | ")[2]  # slower than plain decoding with the seeds' all-reduces
-    assert report._speed_section(_level(0.7, 0.6, 0.5), get_config("tiny-cpu")) == []
+    assert report._speed_section(_level(0.7, 0.6, 0.5), get_config("tiny-cpu"), "speed.png") == []

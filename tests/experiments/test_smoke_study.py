@@ -22,6 +22,7 @@ def test_smoke_study_writes_everything_then_reuses_its_cache(tmp_path):
     report = (run / "report.md").read_text()
     assert "(c) starts at loss_0" in report and f"ln {cfg.draft_vocab_size} = {math.log(cfg.draft_vocab_size):.2f}" in report
     assert "**Probe verdict:" in report and "**Measured outcome:" in report
+    assert "The watch (`train --stop-if-behind` (a), default settings) would" in report
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["config"]["name"] == "smoke" and manifest["seeds"] == {"seed": cfg.seed}
     data = manifest["data"]["drift-1"]

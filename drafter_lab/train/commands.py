@@ -29,6 +29,9 @@ def register(sub) -> None:
                    help="with --conversations: fraction held out for validation (capture's hash split)")
     p.add_argument("--out", required=True, help="output drafter directory (SGLang layout + train_state/)")
     p.add_argument("--config", help="TOML file with TrainConfig fields (top level or a [train] table)")
+    p.add_argument("--draft-config", metavar="CONFIG.json",
+                   help="a SpecForge/SGLang (LlamaForCausalLMEagle3) or speculators draft-model config: sets the "
+                        "drafter's shape and draft vocab size (over --config, under the field flags)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped (starts fresh if it has no train state)")
     p.add_argument("--init-from", metavar="DRAFTER", help="initialise from another drafter (any supported layout)")
     p.add_argument("--no-remap", action="store_true",
@@ -73,6 +76,8 @@ def run(args) -> int:
     from drafter_lab.train.loop import stopped_at, train
 
     cfg = load_config(args.config) if args.config else TrainConfig()
+    if args.draft_config:
+        cfg = with_draft_config(cfg, args.draft_config, Path(args.target))
     cfg = labconfig.apply_cli_args(cfg, args)
     online = None
     if args.conversations is not None:
@@ -89,6 +94,25 @@ def run(args) -> int:
     )
     print(json.dumps(result))
     return STOP_EXIT if args.stop_if_behind and stopped_at(Path(args.out)) == result["step"] else 0
+
+
+def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
+    """`cfg` with the drafter shape and draft vocab size of a draft-model config.json (SpecForge's
+    `--draft-model-config`, an SGLang or speculators checkpoint's config). RoPE and norm settings
+    always come from the target, so a config made for another target is refused, not half used."""
+    from drafter_lab import atomic
+    from drafter_lab.drafter.formats import parse_config
+
+    d, _ = parse_config(atomic.read_json(path, "draft model config not found"), path)
+    target = atomic.read_json(target_dir / "config.json", "not a model directory: config.json is missing")
+    theta = target.get("rope_theta") or (target.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    for what, mine, theirs in (("vocab_size", d.target_vocab_size, target.get("vocab_size")),
+                               ("rope_theta", d.rope_theta, float(theta))):
+        if mine != theirs:
+            raise LabError(f"made for another target: {what} {mine}, the target {target_dir} has {theirs}", path)
+    return labconfig.replace(cfg, drafter_hidden_size=d.hidden_size, drafter_intermediate_size=d.intermediate_size,
+                             drafter_heads=d.num_attention_heads, drafter_kv_heads=d.num_key_value_heads,
+                             draft_vocab_size=d.draft_vocab_size)
 
 
 def watch(args) -> int:

@@ -82,6 +82,8 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
                 tail += (f"; the transferred weights train at {scale:g}x the rate, and in this lab's runs at 0.1x "
                          "pilot leads of +18 and +27 points ended 2-3 points behind scratch after 2000 steps "
                          "(the seeds' negative transfer): for a long run, fine-tune at the full rate")
+            if tail:
+                tail += " (`train --stop-if-behind SCRATCH_RUN` stops it if it falls behind)"
             return VERDICTS[1], f"{lead} (>= {100 * th.pilot_min_gain:g} at the end){tail}"
         return VERDICTS[2], f"{lead} (< {100 * th.pilot_min_gain:g} at the end): the old weights buy nothing"
     if ckas is None:

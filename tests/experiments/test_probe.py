@@ -45,12 +45,14 @@ def test_pilot_decides_transfer_against_scratch_before_cka():
     verdict, reason = decide(1.0, 2.0, [0.99, 0.99, 0.99], th, _pilot(0.0, 0.20, 0.05, 0.005))
     assert verdict == "train from scratch" and "(< 1 at the end)" in reason  # CKA 0.99 does not overrule it
     verdict, reason = decide(1.0, 2.0, None, th, _pilot(0.0, 0.30, 0.10, 0.05))
-    assert verdict == "transfer with remap" and reason.endswith("a much longer budget may erase it")
+    assert verdict == "transfer with remap" and reason.endswith(
+        "a much longer budget may erase it (`train --stop-if-behind SCRATCH_RUN` stops it if it falls behind)")
     assert decide(1.9, 2.0, None, th, _pilot(0.0, -0.1, -0.1, -0.1))[0] == "reuse as is"  # reuse is checked first
     # A transfer fine-tuned at a reduced rate: the verdict stands, with the lab's long-run caution.
     slow = {**_pilot(0.0, 0.2, 0.2, 0.2), "transfer_lr_scale": 0.1}
     verdict, reason = decide(1.0, 2.0, None, th, slow)
-    assert verdict == "transfer with remap" and reason.endswith("for a long run, fine-tune at the full rate")
+    assert verdict == "transfer with remap" and reason.endswith(
+        "for a long run, fine-tune at the full rate (`train --stop-if-behind SCRATCH_RUN` stops it if it falls behind)")
     assert "at 0.1x the rate" in reason and "rate" not in decide(1.0, 2.0, None, th, _pilot(0.0, 0.2, 0.2, 0.2))[1]
 
 

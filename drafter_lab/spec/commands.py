@@ -30,7 +30,9 @@ def register(sub) -> None:
     who.add_argument("--server", metavar="URL", help="base URL of an SGLang or vLLM server with speculative decoding")
     e.add_argument("--target", required=True, help="target model directory (any local HF causal LM; with "
                                                     "--server only its tokenizer and chat template are read)")
-    e.add_argument("--prompts", required=True, help="ShareGPT/SpecForge jsonl conversations")
+    e.add_argument("--prompts", required=True, action="append",
+                   help="ShareGPT/SpecForge jsonl conversations; repeat for several prompt sets (chat, code, "
+                        "math, ...): each is decoded and reported apart, then pooled")
     e.add_argument("--baseline-server", metavar="URL", default=None,
                    help="with --server: the same target served without speculation")
     e.add_argument("--engine", default="sglang", choices=("sglang", "vllm"),
@@ -94,24 +96,56 @@ def _device(name: str):
     return name
 
 
-def run_eval(args) -> int:
-    import torch
+def _prompt_sets(args) -> dict[str, tuple[str, list]]:
+    """Each --prompts file's conversations (cut to --max-prompts), named by the file's stem."""
+    from pathlib import Path
 
     from drafter_lab.data.conversations import read_conversations
     from drafter_lab.progress import log
+
+    sets = {}
+    for path in args.prompts:
+        convs, skipped = read_conversations(path)
+        if skipped:
+            log(f"{path}: skipped {skipped}")
+        convs = convs[: args.max_prompts] if args.max_prompts is not None else convs
+        if not convs:
+            raise LabError("no conversations to decode", path)
+        name = Path(path).stem
+        sets[name if name not in sets else str(path)] = (path, convs)
+    return sets
+
+
+def _finish(results: dict[str, dict], args, fmt) -> int:
+    """Print (each set, then the pool) and write the JSON."""
+    from drafter_lab.spec.eval import pool
+
+    result = next(iter(results.values())) if len(results) == 1 else pool(results)
+    result["prompts_file"] = args.prompts[0] if len(args.prompts) == 1 else list(args.prompts)
+    if len(results) > 1:
+        print("\n".join(_set_line(name, r) for name, r in results.items()) + "\npooled over the sets:")
+    print(fmt(result))
+    if args.json:
+        atomic.write_json(args.json, result)
+    return 0
+
+
+def _set_line(name: str, r: dict) -> str:
+    ratio = f", {r['speedup']:.2f}x" if "speedup" in r else ""
+    return (f"set {name}: {r['prompts']} prompts, served accept {r['served_accept_len']:.3f} over "
+            f"{r['verify_steps']} verify steps, spec {r['spec_tok_s']:.1f} tok/s{ratio}")
+
+
+def run_eval(args) -> int:
+    import torch
+
     from drafter_lab.spec.eval import evaluate
     from drafter_lab.spec.pairing import load_for_target
     from drafter_lab.targets.hf import load_target
 
-    convs, skipped = read_conversations(args.prompts)
-    if skipped:
-        log(f"prompts: skipped {skipped}")
-    if args.max_prompts is not None:
-        convs = convs[: args.max_prompts]
-    if not convs:
-        raise LabError("no conversations to decode", args.prompts)
+    sets = _prompt_sets(args)
     if args.server is not None:
-        return _run_served_eval(args, convs)
+        return _run_served_eval(args, sets)
     if args.baseline_server is not None or args.concurrency != 1 or args.engine != "sglang" or args.model:
         raise LabError("--baseline-server, --engine, --model and --concurrency apply to a served eval (--server)")
     if args.threads < 0:
@@ -121,36 +155,34 @@ def run_eval(args) -> int:
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, device=_device(args.device), dtype=dtype)
     drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
-    result = evaluate(
-        target, drafter, convs, steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens,
-        batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-        use_fused={"auto": None, "on": True, "off": False}[args.fused], where=args.prompts,
-    )
-    result["drafter"] = str(args.drafter)
-    result["prompts_file"] = str(args.prompts)
-    print(format_eval(result))
-    if args.json:
-        atomic.write_json(args.json, result)
-    return 0
+    results = {}
+    for name, (path, convs) in sets.items():
+        results[name] = evaluate(
+            target, drafter, convs, steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens,
+            batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+            use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
+        )
+        results[name].update(drafter=str(args.drafter), prompts_file=str(path))
+    return _finish(results, args, format_eval)
 
 
-def _run_served_eval(args, convs) -> int:
+def _run_served_eval(args, sets) -> int:
     from drafter_lab.spec.served import ServedConfig, served_evaluate
     from drafter_lab.targets.hf import load_tokenizer
 
-    given = [f"--{k.replace('_', '-')}" for k, v in LOCAL_ONLY.items() if getattr(args, k) != v]
+    given = [f"--{k.replace('_', '-')}" for k, default in LOCAL_ONLY.items() if getattr(args, k) != default]
     if given:
         raise LabError(f"{', '.join(given)} apply to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")
     cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,
                        max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        concurrency=args.concurrency)
-    result = served_evaluate(load_tokenizer(args.target), convs, cfg, where=args.prompts)
-    result["prompts_file"] = str(args.prompts)
-    print(format_served(result))
-    if args.json:
-        atomic.write_json(args.json, result)
-    return 0
+    tokenizer = load_tokenizer(args.target)
+    results = {}
+    for name, (path, convs) in sets.items():
+        results[name] = served_evaluate(tokenizer, convs, cfg, where=path)
+        results[name]["prompts_file"] = str(path)
+    return _finish(results, args, format_served)
 
 
 def _histogram_lines(hist: dict) -> list[str]:

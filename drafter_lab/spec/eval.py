@@ -143,3 +143,35 @@ def evaluate(
         "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
         "torch": torch.__version__,
     }
+
+
+def pool(sets: dict[str, dict]) -> dict:
+    """One result over prompt sets evaluated apart (`eval --prompts A --prompts B`): the served accept
+    length over all their verify steps (total tokens emitted / total verify steps), histograms
+    summed, tok/s as all tokens over all seconds; each set's own result stays under "sets"."""
+    rs = list(sets.values())
+    out = dict(rs[0])  # the settings, which every set shares
+    verify = sum(r["verify_steps"] for r in rs)
+    out["served_accept_len"] = sum(r["served_accept_len"] * r["verify_steps"] for r in rs) / verify
+    out["verify_steps"] = verify
+    hists = [r["accept_histogram"] for r in rs]
+    if any(h is None for h in hists):
+        out["accept_histogram"] = None
+    else:
+        keys = sorted({k for h in hists for k in h}, key=int)
+        out["accept_histogram"] = {k: sum(h.get(k, 0) for h in hists) for k in keys}
+    for key in ("prompts", "verify_passes"):
+        if key in out:
+            out[key] = sum(r[key] for r in rs)
+    for side in ("spec", "baseline"):
+        if f"{side}_tokens" in out:
+            tokens, seconds = (sum(r[f"{side}_{k}"] for r in rs) for k in ("tokens", "seconds"))
+            out.update({f"{side}_tokens": tokens, f"{side}_seconds": seconds, f"{side}_tok_s": tokens / seconds})
+    if "baseline_tok_s" in out:
+        out["speedup"] = out["spec_tok_s"] / out["baseline_tok_s"]
+    if "lossless_check" in out:
+        checks = {name: r["lossless_check"] for name, r in sets.items()}
+        same = len(set(checks.values())) == 1
+        out["lossless_check"] = out["lossless_check"] if same else "; ".join(f"{n}: {c}" for n, c in checks.items())
+    out["sets"] = sets
+    return out

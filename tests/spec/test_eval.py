@@ -73,6 +73,30 @@ def test_cli_eval(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     assert accepts[-1] == pytest.approx(data["served_accept_len"])
 
 
+def test_cli_eval_reports_each_prompt_set_then_pools_them(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
+    lines = prompts_file.read_text().splitlines(keepends=True)
+    code, more = tmp_path / "code.jsonl", tmp_path / "more.jsonl"
+    code.write_text("".join(lines[:3]))
+    more.write_text("".join(lines[3:]))
+    argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--steps", "4", "--batch", "3",
+            "--max-new-tokens", "16"]
+    assert main(argv + ["--prompts", str(code), "--prompts", str(more), "--json", str(tmp_path / "sets.json")]) == 0
+    text = capsys.readouterr().out
+    assert "set code: 3 prompts" in text and "set more: 3 prompts" in text and "pooled over the sets:" in text
+    pooled = json.loads((tmp_path / "sets.json").read_text())
+    sets = pooled["sets"]
+    assert list(sets) == ["code", "more"] and pooled["prompts_file"] == [str(code), str(more)]
+    assert pooled["accept_histogram"] == {k: sets["code"]["accept_histogram"][k] + sets["more"]["accept_histogram"][k]
+                                          for k in pooled["accept_histogram"]}
+    assert pooled["spec_tokens"] == pooled["baseline_tokens"] == 6 * 16
+    # Batches of 3 never mix the two halves, so one eval of all six prompts decodes exactly the same.
+    assert main(argv + ["--prompts", str(prompts_file), "--json", str(tmp_path / "all.json")]) == 0
+    whole = json.loads((tmp_path / "all.json").read_text())
+    assert pooled["accept_histogram"] == whole["accept_histogram"]
+    assert pooled["served_accept_len"] == pytest.approx(whole["served_accept_len"])
+    assert pooled["verify_steps"] == whole["verify_steps"] and pooled["lossless_check"] == "identical"
+
+
 def _cli_error(capsys, argv) -> str:
     assert main(argv) == 2
     lines = [x for x in capsys.readouterr().err.strip().splitlines() if x.strip()]

@@ -104,3 +104,22 @@ def test_vllm_counters_sum_label_sets_and_ignore_the_rest():
         'vllm:num_requests_running{engine="0"} 3.0',
     ])
     assert vllm_counters(text) == {"drafts": 15.0, "accepted": 12.0, "per_pos": {0: 8.0, 1: 4.0}}
+
+
+def test_served_eval_of_two_prompt_sets_pools_them(random_llama, prompts_file, servers, tmp_path, capsys):
+    engine, spec, _ = servers
+    lines = prompts_file.read_text().splitlines(keepends=True)
+    halves = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    halves[0].write_text("".join(lines[:3]))
+    halves[1].write_text("".join(lines[3:]))
+    argv = ["eval", "--server", spec, "--engine", engine, "--target", str(random_llama), "--max-new-tokens", "16"]
+    assert main([*argv, "--prompts", str(halves[0]), "--prompts", str(halves[1]),
+                 "--json", str(tmp_path / "sets.json")]) == 0
+    assert main([*argv, "--prompts", str(prompts_file), "--json", str(tmp_path / "all.json")]) == 0
+    assert "set a: 3 prompts" in capsys.readouterr().out
+    pooled, whole = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sets", "all"))
+    assert sorted(pooled["sets"]) == ["a", "b"] and pooled["prompts"] == 6
+    # One request per prompt: the halves' verify steps and histograms add up to the whole file's.
+    assert pooled["verify_steps"] == whole["verify_steps"] and pooled["spec_tokens"] == whole["spec_tokens"]
+    assert pooled["accept_histogram"] == whole["accept_histogram"]
+    assert pooled["served_accept_len"] == pytest.approx(whole["served_accept_len"], rel=1e-12)

@@ -42,7 +42,11 @@ class WatchConfig:
     accuracy, the study's "transfer pays" margin; the tiny pair's 28 held-out sequences put about a
     point of noise on each validation)."""
     watch_window: int = 3
-    """Consecutive matched validations that must all be behind before the watch says stop."""
+    """Consecutive matched validations that must all be behind before the watch says stop. With these
+    defaults, on the `seeds-finetune` study (README, "Stopping such a run early"), the transfer at 0.1x
+    the rate stopped at step 333 of 2000 and every one of its 62 later validations was behind; the
+    one at the full rate, a tie with scratch, was never stopped (two validations over a point behind,
+    not three in a row)."""
 
 
 @dataclass

@@ -106,11 +106,14 @@ def _reproduce(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from drafter_lab.experiments.reproduce import reproduce
+    from drafter_lab.experiments.reproduce import machine_note, reproduce
 
     cache = _cache_root(args)
     new_dir, diffs = reproduce(args.run_dir, Path(args.runs), cache, args.rel_tol)
     con = Console()
+    note = machine_note(*(json.loads((Path(d) / "manifest.json").read_text()) for d in (args.run_dir, new_dir)))
+    if note:
+        con.print(f"[yellow]note:[/] {note}")
     if not diffs:
         con.print(f"[bold green]identical[/]: every metric of {args.run_dir} reproduced in {new_dir}")
         return 0

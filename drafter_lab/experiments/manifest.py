@@ -51,6 +51,21 @@ def container_state() -> dict | None:
     return {"image": image, "digest": digest, "markers": markers}
 
 
+def cpu_state() -> dict:
+    """The CPU, and the instruction set torch's CPU kernels dispatch to: vectorised reductions round
+    differently on another ISA, so a run there may differ in its digits where a rerun on the same
+    machine (host or image) is bit for bit the same."""
+    import torch
+
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or None, "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def package_versions() -> dict:
     out = {}
     for name in PACKAGES:
@@ -68,6 +83,7 @@ def build_manifest(*, command: list[str], config: dict, seeds: dict, data: dict)
         "container": container_state(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "cpu": cpu_state(),
         "packages": package_versions(),
         "config": config,
         "seeds": seeds,

@@ -57,6 +57,7 @@ def speed_by_depth(drafters: list[dict], baselines: dict[float, float], path: Pa
             ax.plot([best["steps"]], [best["spec_tok_s"]], "*", color=f"C{i}", ms=11)
         ax.axhline(plain, color="grey", ls="--", lw=1, label=f"plain decoding {plain:.0f} tok/s")
         ax.set(xlabel="draft steps (chain)", ylabel="tok/s (cost model)", title=f"{latency:g} us all-reduces")
+        ax.set_xticks(sorted({r["steps"] for d in drafters for r in d["tables"][latency]}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     save_png(fig, path)

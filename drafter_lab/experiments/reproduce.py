@@ -103,6 +103,19 @@ def flat_data(manifest: dict) -> dict[str, object]:
     return out
 
 
+def machine_note(original: dict, again: dict) -> str | None:
+    """One line when two manifests name different CPUs or torch CPU instruction sets (digits may then
+    differ for that reason alone); None when they agree or the original predates the record."""
+    a, b = original.get("cpu"), again.get("cpu")
+    if not a or not b or a == b:
+        return None
+
+    def name(c):
+        return f"{c.get('torch_capability')} ({c.get('model')})"
+    return (f"the original ran on {name(a)}, this run on {name(b)}: torch's CPU kernels round differently "
+            "across instruction sets, so metrics may differ for that reason alone (compare with --rel-tol)")
+
+
 def _fresh_dir(runs_root: Path, name: str) -> Path:
     """A directory no earlier reproduction used: the study resumes arms it finds, which would make a
     second reproduction compare a run with its own checkpoints."""

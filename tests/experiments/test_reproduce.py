@@ -8,7 +8,7 @@ import torch
 
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ExperimentConfig
-from drafter_lab.experiments.reproduce import compare, flat_metrics, reproduce
+from drafter_lab.experiments.reproduce import compare, flat_metrics, machine_note, reproduce
 from drafter_lab.experiments.study import run_study
 
 # The micro target pair and a few steps of everything: the whole pipeline, in seconds.
@@ -36,6 +36,9 @@ def test_reproduce_from_an_empty_cache_is_identical_and_names_what_differs(tmp_p
     new_dir, diffs = reproduce(run_dir, runs, tmp_path / "fresh-cache")
     assert diffs == []
     assert new_dir == runs / "orig-repro" and (new_dir / "manifest.json").exists()
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in (run_dir, new_dir)]
+    assert manifests[0]["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert machine_note(*manifests) is None  # same machine
     # Everything was built again in the empty cache, under the same content keys.
     assert sorted(p.name for p in (tmp_path / "fresh-cache" / "features").iterdir()) == \
         sorted(p.name for p in (tmp_path / "cache" / "features").iterdir())
@@ -81,3 +84,10 @@ def test_runs_recorded_before_the_pilot_reproduce_without_one(tmp_path):
     assert recorded_config({"config": {"name": "smoke", "probe_pilot_steps": 8}}, tmp_path).probe_pilot_steps == 8
     with pytest.raises(LabError, match="no config to re-run"):
         recorded_config({}, tmp_path)
+
+
+def test_machine_note_names_both_cpus():
+    here = {"cpu": {"model": "AMD EPYC", "torch_capability": "AVX512"}}
+    there = {"cpu": {"model": "Intel Xeon", "torch_capability": "AVX2"}}
+    assert machine_note(there, here).startswith("the original ran on AVX2 (Intel Xeon), this run on AVX512 (AMD EPYC)")
+    assert machine_note(here, dict(here)) is None and machine_note({}, here) is None  # older manifests: no record

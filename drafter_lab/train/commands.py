@@ -145,7 +145,8 @@ def _print_verdict(verdict, metric: str, note: str | None, last: int = 10) -> No
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"val {metric}, run against baseline at equal steps (last {last} matched)")
+    table = Table(title=f"val {metric}, run against baseline at equal steps (last {last} matched; gap > 0: the "
+                        "run is ahead)")
     for col in ("step", "run", "baseline", "gap"):
         table.add_column(col, justify="right")
     for r in verdict.rows[-last:]:

@@ -72,7 +72,7 @@ def val_curve(rows: list[dict], metric: str, where) -> list[tuple[int, float]]:
     """(step, value) of the validation rows, by step; one line naming `where` when the metric is absent."""
     val = [r for r in rows if r.get("split") == "val"]
     if val and not any(metric in r for r in val):
-        have = ", ".join(k for k in val[0] if isinstance(val[0][k], float))
+        have = ", ".join(k for k in val[0] if isinstance(val[0][k], float) and k not in ("lr", "elapsed_s"))
         raise LabError(f"no validation metric {metric!r} (it has: {have})", where)
     out = {r["step"]: float(r[metric]) for r in val if metric in r and math.isfinite(r[metric])}
     return sorted(out.items())

@@ -40,7 +40,8 @@ class WatchConfig:
     watch_margin: float = 0.01
     """The run is behind at a step when it trails the baseline by more than this (0.01 = 1 point of
     accuracy, the study's "transfer pays" margin; the tiny pair's 28 held-out sequences put about a
-    point of noise on each validation)."""
+    point of noise on each validation). In the metric's own units: with simulated_accept_len or a
+    loss, set one that fits it (e.g. 0.05 tokens)."""
     watch_window: int = 3
     """Consecutive matched validations that must all be behind before the watch says stop. With these
     defaults, on the `seeds-finetune` study (README, "Stopping such a run early"), the transfer at 0.1x

@@ -120,9 +120,9 @@ def _finish(results: dict[str, dict], args, fmt) -> int:
     """Print (each set, then the pool) and write the JSON."""
     from drafter_lab.spec.eval import pool
 
-    result = next(iter(results.values())) if len(results) == 1 else pool(results)
-    result["prompts_file"] = args.prompts[0] if len(args.prompts) == 1 else list(args.prompts)
+    result = next(iter(results.values()))
     if len(results) > 1:
+        result = {**pool(results), "prompts_file": [r["prompts_file"] for r in results.values()]}
         print("\n".join(_set_line(name, r) for name, r in results.items()) + "\npooled over the sets:")
     print(fmt(result))
     if args.json:
@@ -170,7 +170,7 @@ def _run_served_eval(args, sets) -> int:
     from drafter_lab.spec.served import ServedConfig, served_evaluate
     from drafter_lab.targets.hf import load_tokenizer
 
-    given = [f"--{k.replace('_', '-')}" for k, default in LOCAL_ONLY.items() if getattr(args, k) != default]
+    given = [f"--{k.replace('_', '-')}" for k, v in LOCAL_ONLY.items() if getattr(args, k) != v]
     if given:
         raise LabError(f"{', '.join(given)} apply to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")

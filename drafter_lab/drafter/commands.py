@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.drafter.config import FORMATS
 
 
@@ -10,7 +11,7 @@ def register(sub) -> None:
     p.add_argument("--drafter", required=True, help="drafter directory (any supported layout)")
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", required=True, help="output directory (written whole or not at all)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+    p.add_argument("--dtype", choices=DTYPE_NAMES,
                    help="weight dtype of the export (default: the source's)")
     p.set_defaults(func=run)
 

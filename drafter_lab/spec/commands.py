@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
+from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.errors import LabError
-
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
@@ -52,7 +51,7 @@ def register(sub) -> None:
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
     e.add_argument("--seed", type=int, default=LOCAL_ONLY["seed"], help="sampling seed")
     e.add_argument("--device", default=LOCAL_ONLY["device"], help="auto (cuda when available), cpu or cuda")
-    e.add_argument("--dtype", default=LOCAL_ONLY["dtype"], choices=DTYPES, help="target and drafter dtype")
+    e.add_argument("--dtype", default=LOCAL_ONLY["dtype"], choices=DTYPE_NAMES, help="target and drafter dtype")
     e.add_argument("--threads", type=int, default=LOCAL_ONLY["threads"],
                    help="CPU threads for torch (0 = torch's default); tiny models time best and steadiest with 1")
     e.add_argument("--fused", default=LOCAL_ONLY["fused"], choices=("auto", "on", "off"),

@@ -7,7 +7,6 @@ from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.errors import LabError
 
-
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
 LOCAL_ONLY = {"steps": 4, "topk": 1, "draft_tokens": None, "batch": 1, "seed": 0, "device": "auto",
               "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False}

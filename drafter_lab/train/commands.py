@@ -116,11 +116,18 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
 
 
 def watch(args) -> int:
+    from drafter_lab.train.metrics_log import METRICS
     from drafter_lab.train.watch import judge, read_run, unequal_batches
 
     cfg = labconfig.apply_cli_args(WatchConfig(), args)
-    shown = 0
+    shown, waiting = 0, False
     while True:
+        if args.follow and not (Path(args.run) / METRICS).exists():  # the run is still starting up
+            if not waiting:
+                print(f"waiting for {Path(args.run) / METRICS}", flush=True)
+                waiting = True
+            time.sleep(args.follow)
+            continue
         rows, info = read_run(args.run)
         base_rows, base_info = read_run(args.baseline)
         total = info.get("total_steps")

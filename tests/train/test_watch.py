@@ -158,3 +158,22 @@ def test_bad_watch_input_is_one_line(baseline, peaked_llama, features, tmp_path,
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "y"),
                  "--watch-margin", "0.05"]) == 2
     assert "apply with --stop-if-behind only" in capsys.readouterr().err
+
+
+def test_follow_waits_for_the_run_to_start_then_stops_it(tmp_path, capsys):
+    import threading
+
+    def write(run_dir, points):
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
+
+    write(tmp_path / "base", {100: 0.5, 200: 0.6, 300: 0.66})
+    (tmp_path / "run").mkdir()  # started, nothing logged yet
+    later = threading.Timer(0.3, write, (tmp_path / "run", {100: 0.3, 200: 0.3, 300: 0.3}))
+    later.start()
+    try:
+        assert main(["watch", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"), "--follow", "0.05"]) == STOP_EXIT
+    finally:
+        later.cancel()
+    out = capsys.readouterr().out
+    assert out.count("waiting for") == 1 and "stop" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -117,7 +118,7 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
 
 def watch(args) -> int:
     from drafter_lab.train.metrics_log import METRICS
-    from drafter_lab.train.watch import judge, read_run, unequal_batches
+    from drafter_lab.train.watch import AXES, judge, read_run, unequal_batches
 
     cfg = labconfig.apply_cli_args(WatchConfig(), args)
     shown, waiting = 0, False
@@ -130,34 +131,37 @@ def watch(args) -> int:
             continue
         rows, info = read_run(args.run)
         base_rows, base_info = read_run(args.baseline)
-        total = info.get("total_steps")
+        total = info.get(AXES.get(cfg.watch_axis, "total_steps"))
         verdict = judge(rows, base_rows, cfg, total, args.run, args.baseline)
-        finished = total is not None and any(r.get("split") == "val" and r["step"] >= total for r in rows)
+        finished = any(r.get("split") == "val" and r["step"] >= info.get("total_steps", math.inf) for r in rows)
         if not args.follow or verdict.stop or finished:
             break
         if len(verdict.rows) > shown:
             shown = len(verdict.rows)
             print(f"step {verdict.rows[-1]['step']}: keep training ({verdict.reason})", flush=True)
         time.sleep(args.follow)
-    note = unequal_batches(info, base_info)
+    note = unequal_batches(info, base_info) if cfg.watch_axis == "step" else None
     if args.json:
-        print(json.dumps({"run": args.run, "baseline": args.baseline, "total_steps": total, "note": note,
+        print(json.dumps({"run": args.run, "baseline": args.baseline, "axis": cfg.watch_axis, "total": total,
+                          "note": note,
                           **verdict.to_json()}))
     else:
-        _print_verdict(verdict, cfg.watch_metric, note)
+        _print_verdict(verdict, cfg, note)
     return STOP_EXIT if verdict.stop else 0
 
 
-def _print_verdict(verdict, metric: str, note: str | None, last: int = 10) -> None:
+def _print_verdict(verdict, cfg: WatchConfig, note: str | None, last: int = 10) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"val {metric}, run against baseline at equal steps (last {last} matched; gap > 0: the "
-                        "run is ahead)")
-    for col in ("step", "run", "baseline", "gap"):
+    tokens = cfg.watch_axis != "step"
+    table = Table(title=f"val {cfg.watch_metric}, run against baseline at equal {cfg.watch_axis.replace('_', ' ')} "
+                        f"(last {last} matched; gap > 0: the run is ahead)")
+    for col in ("step", *(["training tokens"] if tokens else []), "run", "baseline", "gap"):
         table.add_column(col, justify="right")
     for r in verdict.rows[-last:]:
-        table.add_row(str(r["step"]), f"{r['run']:.4f}", f"{r['baseline']:.4f}", f"{r['gap']:+.4f}")
+        table.add_row(str(r["step"]), *([f"{r['at']:,}"] if tokens else []), f"{r['run']:.4f}",
+                      f"{r['baseline']:.4f}", f"{r['gap']:+.4f}")
     con = Console()
     if verdict.rows:
         con.print(table)

@@ -105,9 +105,26 @@ def _param_groups(drafter: Eagle3Drafter, transferred: set[str], cfg: TrainConfi
     return out
 
 
-def _total_steps(cfg: TrainConfig, lengths: list[int]) -> int:
-    total = sum(len(plan_epoch(lengths, cfg.batch_size, cfg.batch_tokens, cfg.seed, e)) for e in range(cfg.epochs))
-    return min(total, cfg.max_steps) if cfg.max_steps > 0 else total
+def _planned(cfg: TrainConfig, lengths: list[int]) -> tuple[int, int]:
+    """The run's optimizer steps and the training tokens they read (sequence lengths as trained)."""
+    steps = tokens = 0
+    for e in range(cfg.epochs):
+        for batch in plan_epoch(lengths, cfg.batch_size, cfg.batch_tokens, cfg.seed, e):
+            if cfg.max_steps > 0 and steps == cfg.max_steps:
+                return steps, tokens
+            steps += 1
+            tokens += sum(lengths[i] for i in batch)
+    return steps, tokens
+
+
+def _tokens_before(cfg: TrainConfig, lengths: list[int], epoch: int, cursor: int) -> int:
+    """Training tokens read before batch `cursor` of `epoch`: the plan is a pure function, so a
+    resumed run recounts them instead of keeping them in its state."""
+    done = 0
+    for e in range(epoch + 1):
+        batches = plan_epoch(lengths, cfg.batch_size, cfg.batch_tokens, cfg.seed, e)
+        done += sum(lengths[i] for batch in (batches if e < epoch else batches[:cursor]) for i in batch)
+    return done
 
 
 def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
@@ -169,7 +186,8 @@ class _Run:
             base_rows, base_info = read_run(baseline)
             judge([], base_rows, watch, None, base_where=baseline)  # a baseline that cannot be read fails now
             self.watch = (baseline, watch)
-            self.watch_note = unequal_batches({"config": labconfig.to_dict(cfg)}, base_info)
+            if watch.watch_axis == "step":
+                self.watch_note = unequal_batches({"config": labconfig.to_dict(cfg)}, base_info)
         self.stop_reason: str | None = None
         if cfg.ttt_steps < 1:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
@@ -224,12 +242,13 @@ class _Run:
         self.optim = torch.optim.AdamW(_param_groups(drafter, transferred, cfg, transfer_lr_scale), lr=cfg.lr,
                                        betas=(0.9, cfg.adam_beta2))
         self.lengths = self.train_ex.lengths
-        self.total = total = _total_steps(cfg, self.lengths)
+        total, self.total_tokens = _planned(cfg, self.lengths)
+        self.total = total
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: lr_factor(s, cfg.warmup_steps, total, cfg.min_lr_ratio))
         self.metrics = MetricsLog(out_dir / METRICS, enabled=d.main)
         self.autocast = _autocast(dev, cfg.bf16)
-        self.step = self.epoch = self.cursor = 0
+        self.step = self.epoch = self.cursor = self.tokens = 0
         self.log_counts = torch.zeros(cfg.ttt_steps, N_COLS, dtype=torch.float64, device=dev)
         self.last_val: dict | None = None
         self.info = {
@@ -240,6 +259,7 @@ class _Run:
             "init_from": None if init_from is None else {
                 "source": str(init_from), "remap": remap, "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale},
             "total_steps": total,
+            "total_tokens": self.total_tokens,
             "world_size": d.world,
             "own_embedding": self.own_embed,
         }
@@ -256,6 +276,7 @@ class _Run:
         self.optim.load_state_dict(s["optimizer"])
         self.sched.load_state_dict(s["scheduler"])
         self.step, self.epoch, self.cursor = s["step"], s["epoch"], s["cursor"]
+        self.tokens = _tokens_before(self.cfg, self.lengths, self.epoch, self.cursor)
         self.log_counts = s["log_counts"].to(self.d.device)
         self.last_val = s.get("last_val")
         self.metrics.truncate(s["metrics_bytes"])
@@ -265,7 +286,7 @@ class _Run:
         c = self.cfg
         lr = c.lr * lr_factor(max(self.step - 1, 0), c.warmup_steps, self.total, c.min_lr_ratio)  # of the last step
         row = {"event": event, "split": "val" if event == "val" else "train", "step": self.step,
-               "epoch": self.epoch, "lr": lr, "elapsed_s": round(time.time() - self.t0, 3), **values}
+               "epoch": self.epoch, "train_tokens": self.tokens, "lr": lr, "elapsed_s": round(time.time() - self.t0, 3), **values}
         self.metrics.write(row)
         if self.tb:
             for k, v in values.items():
@@ -289,8 +310,8 @@ class _Run:
         baseline, wcfg = self.watch
         stop = torch.zeros((), device=self.d.device)
         if self.d.main:
-            verdict = judge(read_metrics(self.out_dir), read_run(baseline)[0], wcfg, self.total, self.out_dir,
-                            baseline)
+            total = self.total if wcfg.watch_axis == "step" else self.total_tokens
+            verdict = judge(read_metrics(self.out_dir), read_run(baseline)[0], wcfg, total, self.out_dir, baseline)
             if verdict.stop:
                 self.stop_reason = verdict.reason
                 atomic.write_json(self.out_dir / WATCH_FILE, {
@@ -345,6 +366,7 @@ class _Run:
         self.sched.step()
         self.step += 1
         self.cursor += 1
+        self.tokens += sum(self.lengths[i] for i in rows)
         self.log_counts += counts * weight
 
     def fit(self) -> dict:

@@ -8,7 +8,8 @@ makes it while the run trains, by rule:
 
 - each validation of the run after step 0 is matched with the baseline's value at the same step
   (linear between the baseline's validations; steps the baseline has not reached yet are skipped,
-  so the baseline may still be training);
+  so the baseline may still be training), or at the same count of training tokens read when the
+  two runs' batches differ (`watch_axis = "train_tokens"`);
 - the run is *behind* at a step when it trails the baseline there by more than `watch_margin`;
 - it is told to stop when its last `watch_window` matched validations are all behind and the gap,
   fitted as a line over them, does not close before the run's last step.
@@ -42,6 +43,9 @@ class WatchConfig:
     accuracy, the study's "transfer pays" margin; the tiny pair's 28 held-out sequences put about a
     point of noise on each validation). In the metric's own units: with simulated_accept_len or a
     loss, set one that fits it (e.g. 0.05 tokens)."""
+    watch_axis: str = "step"
+    """What equal progress means: "step" (optimizer steps, for runs that draw the same batches) or
+    "train_tokens" (training tokens read, for runs whose batch size or batch_tokens differ)."""
     watch_window: int = 3
     """Consecutive matched validations that must all be behind before the watch says stop. With these
     defaults, on the `seeds-finetune` study (README, "Stopping such a run early"), the transfer at 0.1x
@@ -57,45 +61,54 @@ class Verdict:
     stop: bool
     reason: str
     rows: list[dict] = field(default_factory=list)
-    """Matched validations: step, run, baseline, gap (run - baseline, signed so that > 0 is better)."""
-    parity_step: float | None = None
-    """Where the fitted gap over the window reaches zero (None: it is not closing)."""
+    """Matched validations: the run's step, `at` (its position on the watch's axis), run, baseline,
+    gap (run - baseline, signed so that > 0 is better)."""
+    parity: float | None = None
+    """Where on the axis the fitted gap over the window reaches zero (None: it is not closing)."""
 
     def to_json(self) -> dict:
-        return {"stop": self.stop, "reason": self.reason, "parity_step": self.parity_step, "rows": self.rows}
+        return {"stop": self.stop, "reason": self.reason, "parity": self.parity, "rows": self.rows}
+
+
+AXES = {"step": "total_steps", "train_tokens": "total_tokens"}
+"""Watch axis -> the run.json key holding the run's planned length on it."""
 
 
 def lower_is_better(metric: str) -> bool:
     return "loss" in metric
 
 
-def val_curve(rows: list[dict], metric: str, where) -> list[tuple[int, float]]:
-    """(step, value) of the validation rows, by step; one line naming `where` when the metric is absent."""
+def val_curve(rows: list[dict], metric: str, where, axis: str = "step") -> list[tuple[int, float, int]]:
+    """(position on `axis`, value, step) of the validation rows, in axis order; one line naming
+    `where` when the metric or the axis is absent."""
     val = [r for r in rows if r.get("split") == "val"]
     if val and not any(metric in r for r in val):
         have = ", ".join(k for k in val[0] if isinstance(val[0][k], float) and k not in ("lr", "elapsed_s"))
         raise LabError(f"no validation metric {metric!r} (it has: {have})", where)
-    out = {r["step"]: float(r[metric]) for r in val if metric in r and math.isfinite(r[metric])}
-    return sorted(out.items())
+    if not all(axis in r for r in val):
+        raise LabError(f"its validations do not record {axis!r} (logged before it was kept): use the step axis",
+                       where)
+    out = {r[axis]: (float(r[metric]), r["step"]) for r in val if metric in r and math.isfinite(r[metric])}
+    return [(x, v, step) for x, (v, step) in sorted(out.items())]
 
 
-def value_at(curve: list[tuple[int, float]], step: int) -> float | None:
-    """The curve at `step`, linear between its points; None outside them."""
-    for (s0, v0), (s1, v1) in zip(curve, curve[1:]):
-        if s0 <= step <= s1:
-            return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
-    if curve and curve[-1][0] == step:
+def value_at(curve: list[tuple], x: float) -> float | None:
+    """The curve (points (x, value, ...)) at `x`, linear between its points; None outside them."""
+    for (x0, v0, *_), (x1, v1, *_) in zip(curve, curve[1:]):
+        if x0 <= x <= x1:
+            return v0 + (v1 - v0) * (x - x0) / (x1 - x0)
+    if curve and curve[-1][0] == x:
         return curve[-1][1]
     return None
 
 
-def matched(run: list[tuple[int, float]], base: list[tuple[int, float]], metric: str) -> list[dict]:
+def matched(run: list[tuple], base: list[tuple], metric: str) -> list[dict]:
     sign = -1.0 if lower_is_better(metric) else 1.0
     rows = []
-    for step, value in run:
-        ref = value_at(base, step)
-        if step > 0 and ref is not None:
-            rows.append({"step": step, "run": value, "baseline": ref, "gap": sign * (value - ref)})
+    for x, value, step in run:
+        ref = value_at(base, x)
+        if x > 0 and ref is not None:
+            rows.append({"step": step, "at": x, "run": value, "baseline": ref, "gap": sign * (value - ref)})
     return rows
 
 
@@ -107,9 +120,9 @@ def _gap_text(gaps: list[float], metric: str) -> str:
 
 
 def _parity(rows: list[dict]) -> float | None:
-    """Step where the least-squares line through (step, gap) reaches 0, if it rises toward it."""
+    """Where on the axis the least-squares line through (at, gap) reaches 0, if it rises toward it."""
     n = len(rows)
-    xs, ys = [r["step"] for r in rows], [r["gap"] for r in rows]
+    xs, ys = [r["at"] for r in rows], [r["gap"] for r in rows]
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
@@ -118,38 +131,47 @@ def _parity(rows: list[dict]) -> float | None:
     return mx - my / slope
 
 
-def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total_steps: int | None,
+def _at_text(values: list[float], axis: str) -> str:
+    if axis == "step":
+        return f"step{'s' if len(values) > 1 else ''} " + " / ".join(str(v) for v in values)
+    return " / ".join(f"{v:,.0f}" for v in values) + " training tokens"
+
+
+def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: float | None,
           run_where=None, base_where=None) -> Verdict:
     """The verdict on `run_rows` (a metrics.jsonl, possibly still growing) against `base_rows`.
-    `total_steps`: the run's planned length (None: unknown, so only a gap that is not closing at
-    all counts). The `*_where` name the files in errors."""
+    `total`: the run's planned length on the watch's axis (None: unknown, so only a gap that is not
+    closing at all counts). The `*_where` name the files in errors."""
     if cfg.watch_window < 1:
         raise LabError(f"watch_window must be >= 1, got {cfg.watch_window}")
-    m = cfg.watch_metric
-    rows = matched(val_curve(run_rows, m, run_where), val_curve(base_rows, m, base_where), m)
+    if cfg.watch_axis not in AXES:
+        raise LabError(f"watch_axis must be one of {', '.join(AXES)}, got {cfg.watch_axis!r}")
+    m, axis = cfg.watch_metric, cfg.watch_axis
+    rows = matched(val_curve(run_rows, m, run_where, axis), val_curve(base_rows, m, base_where, axis), m)
     if len(rows) < cfg.watch_window:
         return Verdict(False, f"too early: {len(rows)} of {cfg.watch_window} validations matched with the "
                               "baseline", rows)
     window = rows[-cfg.watch_window:]
     last = window[-1]
-    head = f"{m} {_gap_text([last['gap']], m)} against the baseline at step {last['step']}"
+    head = f"{m} {_gap_text([last['gap']], m)} against the baseline at {_at_text([last['at']], axis)}"
     if any(r["gap"] >= -cfg.watch_margin for r in window):
         return Verdict(False, f"{head}: not behind at each of the last {cfg.watch_window} validations", rows)
     parity = _parity(window) if len(window) > 1 else None
-    behind = (f"behind at steps {' / '.join(str(r['step']) for r in window)} "
-              f"({_gap_text([r['gap'] for r in window], m)})")
-    if parity is not None and (total_steps is None or parity <= total_steps):
-        return Verdict(False, f"{head}: {behind} but closing, parity near step {parity:.0f}", rows, parity)
+    behind = f"behind at {_at_text([r['at'] for r in window], axis)} ({_gap_text([r['gap'] for r in window], m)})"
+    if parity is not None and (total is None or parity <= total):
+        return Verdict(False, f"{head}: {behind} but closing, parity near {_at_text([round(parity)], axis)}",
+                       rows, parity)
     closing = ("not closing" if parity is None
-               else f"closing too slowly (parity near step {parity:.0f}, after the run's {total_steps})")
+               else f"closing too slowly (parity near {_at_text([round(parity)], axis)}, after the run's "
+                    f"{total:,.0f})")
     return Verdict(True, f"{head}: {behind}, {closing}", rows, parity)
 
 
-def replay(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total_steps: int | None) -> Verdict | None:
+def replay(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: float | None) -> Verdict | None:
     """The first verdict "stop" the watch would have given along a finished run, or None."""
     val = [r for r in run_rows if r.get("split") == "val"]
     for i in range(1, len(val) + 1):
-        v = judge(val[:i], base_rows, cfg, total_steps)
+        v = judge(val[:i], base_rows, cfg, total)
         if v.stop:
             return v
     return None

@@ -43,8 +43,12 @@ def test_run_dir_is_a_drafter_with_its_history(trained, peaked_llama, features):
     steps_per_epoch = -(-len(FeatureSet(features).require("train")) // CFG.batch_size)
     assert [r["step"] for r in val] == sorted({*range(3, 2 * steps_per_epoch, 3), steps_per_epoch, 2 * steps_per_epoch})
     for r in rows:
-        assert {"event", "step", "epoch", "split", "lr", "loss_0", "acc_2", "cond_acc_2", "simulated_accept_len"} <= set(r)
-    assert final == {k: v for k, v in val[-1].items() if k not in ("event", "split", "lr", "elapsed_s")}
+        assert {"event", "step", "epoch", "split", "lr", "train_tokens", "loss_0", "acc_2", "cond_acc_2",
+                "simulated_accept_len"} <= set(r)
+    assert final == {k: v for k, v in val[-1].items() if k not in ("event", "split", "lr", "elapsed_s", "train_tokens")}
+    # Every epoch reads every train sequence once, at its trained length.
+    refs = FeatureSet(features).require("train")
+    assert val[-1]["train_tokens"] == CFG.epochs * sum(min(len(r), CFG.max_length) for r in refs if len(r) >= 3)
 
     target = load_target(peaked_llama, tokenizer=False)
     drafter = load_drafter(out)

@@ -26,7 +26,7 @@ W = WatchConfig()
 
 def test_a_run_behind_and_flat_is_stopped():
     run = curve({0: 0.0, 100: 0.55, 200: 0.58, 300: 0.60, 400: 0.61, 500: 0.61})
-    v = judge(run, BASE, W, total_steps=2000)
+    v = judge(run, BASE, W, total=2000)
     assert v.stop
     assert [r["step"] for r in v.rows] == [100, 200, 300, 400, 500]
     assert v.rows[-1]["gap"] == pytest.approx(-0.11)
@@ -42,10 +42,10 @@ def test_a_lead_or_one_validation_within_the_margin_keeps_it_training():
 
 def test_a_closing_gap_keeps_it_training_unless_parity_falls_after_the_run():
     run = curve({200: 0.50, 300: 0.60, 400: 0.68})  # gaps -10 / -6 / -2 points: parity near step 450
-    v = judge(run, BASE, W, total_steps=2000)
+    v = judge(run, BASE, W, total=2000)
     assert not v.stop and "closing" in v.reason
-    assert v.parity_step == pytest.approx(450, abs=1)
-    late = judge(run, BASE, W, total_steps=420)  # the run ends before it would catch up
+    assert v.parity == pytest.approx(450, abs=1)
+    late = judge(run, BASE, W, total=420)  # the run ends before it would catch up
     assert late.stop and "closing too slowly (parity near step 450, after the run's 420)" in late.reason
 
 
@@ -83,6 +83,21 @@ def test_an_unknown_metric_names_the_file():
     with pytest.raises(LabError, match=r"base\.jsonl: no validation metric 'cond_acc_9'"):
         judge(curve({100: 0.1}, "cond_acc_9"), BASE, dataclasses.replace(W, watch_metric="cond_acc_9"), 2000,
               "run.jsonl", "base.jsonl")
+
+
+def test_the_token_axis_matches_runs_whose_batches_differ():
+    cfg = dataclasses.replace(W, watch_axis="train_tokens")
+    base = [{**r, "train_tokens": 200 * r["step"]} for r in BASE]  # batches of 200 tokens
+    run = [{**r, "train_tokens": 100 * r["step"]} for r in curve({200: 0.50, 400: 0.55, 600: 0.58, 800: 0.60})]
+    v = judge(run, base, cfg, total=100 * 2000)
+    # Run step 600 read 60,000 tokens: baseline step 300 (0.66); by steps it would be 0.73.
+    assert [(r["step"], r["at"]) for r in v.rows] == [(200, 20000), (400, 40000), (600, 60000), (800, 80000)]
+    assert [r["baseline"] for r in v.rows] == pytest.approx([0.50, 0.60, 0.66, 0.70])
+    assert v.stop and "behind at 40,000 / 60,000 / 80,000 training tokens" in v.reason
+    with pytest.raises(LabError, match="do not record 'train_tokens'"):
+        judge(curve({100: 0.5}), base, cfg, None, "old.jsonl")
+    with pytest.raises(LabError, match="watch_axis must be one of step, train_tokens"):
+        judge(run, base, dataclasses.replace(W, watch_axis="epoch"), None)
 
 
 def test_runs_with_other_batches_are_flagged():
@@ -145,6 +160,28 @@ def test_an_equal_run_is_not_stopped(baseline, peaked_llama, features, tmp_path,
     assert _val_steps(out) == _val_steps(baseline) and not (out / WATCH_FILE).exists()
     assert main(["watch", str(out), "--baseline", str(baseline), "--follow", "0.01"]) == 0  # finished: no wait
     assert "keep training" in capsys.readouterr().out
+
+
+def test_runs_log_training_tokens_and_the_watch_can_align_by_them(baseline, peaked_llama, features, tmp_path,
+                                                                   capsys):
+    out = tmp_path / "half-batch"
+    train(dataclasses.replace(CFG, batch_size=4, max_steps=48, eval_every=8), peaked_llama, features, out)
+    rows = read_metrics(out)
+    assert [r["train_tokens"] for r in rows] == sorted(r["train_tokens"] for r in rows)  # never decreasing
+    assert json.loads((out / "run.json").read_text())["total_tokens"] == rows[-1]["train_tokens"]
+    assert main(["watch", str(out), "--baseline", str(baseline), "--json"]) in (0, STOP_EXIT)
+    by_step = json.loads(capsys.readouterr().out)
+    assert by_step["note"] == "the runs' batches differ (batch_size 4 vs 8): equal steps are not equal data"
+    assert main(["watch", str(out), "--baseline", str(baseline), "--watch-axis", "train_tokens", "--json"]) in (0, 3)
+    by_tokens = json.loads(capsys.readouterr().out)
+    assert by_tokens["note"] is None and by_tokens["total"] == rows[-1]["train_tokens"]
+    # By steps, only the run's first 24 of 48 have a baseline value; by tokens, every validation the
+    # baseline's tokens cover does, each matched where the baseline had read as many tokens.
+    reach = max(r["train_tokens"] for r in read_metrics(baseline) if r["split"] == "val")
+    val = [r for r in rows if r["split"] == "val" and r["step"] > 0]
+    assert [r["step"] for r in by_step["rows"]] == [r["step"] for r in val if r["step"] <= CFG.max_steps]
+    assert [r["at"] for r in by_tokens["rows"]] == [r["train_tokens"] for r in val if r["train_tokens"] <= reach]
+    assert len(by_tokens["rows"]) > len(by_step["rows"])
 
 
 def test_bad_watch_input_is_one_line(baseline, peaked_llama, features, tmp_path, capsys):

@@ -196,4 +196,4 @@ def unequal_batches(run_info: dict, base_info: dict) -> str | None:
     """Equal steps mean equal data only when both runs draw batches alike: a note when they do not."""
     a, b = run_info.get("config", {}), base_info.get("config", {})
     diff = [f"{k} {a.get(k)} vs {b.get(k)}" for k in ("batch_size", "batch_tokens") if a.get(k) != b.get(k)]
-    return f"the runs' batches differ ({', '.join(diff)}): equal steps are not equal data" if diff else None
+    return f"the runs' batches differ ({', '.join(diff)}): equal steps are not equal data; --watch-axis train_tokens compares equal data" if diff else None

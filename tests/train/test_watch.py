@@ -103,7 +103,8 @@ def test_the_token_axis_matches_runs_whose_batches_differ():
 def test_runs_with_other_batches_are_flagged():
     a, b = {"config": {"batch_size": 8, "batch_tokens": 0}}, {"config": {"batch_size": 16, "batch_tokens": 0}}
     assert unequal_batches(a, a) is None
-    assert unequal_batches(a, b) == "the runs' batches differ (batch_size 8 vs 16): equal steps are not equal data"
+    assert unequal_batches(a, b) == ("the runs' batches differ (batch_size 8 vs 16): equal steps are not equal data; "
+                                     "--watch-axis train_tokens compares equal data")
 
 
 def test_a_half_written_last_line_is_left_out(tmp_path):
@@ -171,7 +172,7 @@ def test_runs_log_training_tokens_and_the_watch_can_align_by_them(baseline, peak
     assert json.loads((out / "run.json").read_text())["total_tokens"] == rows[-1]["train_tokens"]
     assert main(["watch", str(out), "--baseline", str(baseline), "--json"]) in (0, STOP_EXIT)
     by_step = json.loads(capsys.readouterr().out)
-    assert by_step["note"] == "the runs' batches differ (batch_size 4 vs 8): equal steps are not equal data"
+    assert by_step["note"].startswith("the runs' batches differ (batch_size 4 vs 8): equal steps are not equal data")
     assert main(["watch", str(out), "--baseline", str(baseline), "--watch-axis", "train_tokens", "--json"]) in (0, 3)
     by_tokens = json.loads(capsys.readouterr().out)
     assert by_tokens["note"] is None and by_tokens["total"] == rows[-1]["train_tokens"]

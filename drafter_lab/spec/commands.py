@@ -6,10 +6,14 @@ from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.errors import LabError
+from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
 LOCAL_ONLY = {"steps": 4, "topk": 1, "draft_tokens": None, "batch": 1, "seed": 0, "device": "auto",
-              "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False}
+              "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
+              "ngram_min": None, "ngram_max": None}
+# Flags of an EAGLE-3 drafter's decoding: n-gram drafting (--ngram) refuses them.
+DRAFTER_ONLY = ("fused", "allow_other_target")
 
 
 def register(sub) -> None:
@@ -21,11 +25,15 @@ def register(sub) -> None:
         "verify step, bonus included), its histogram, both tok/s and their ratio. Greedy outputs must be "
         "identical: any difference is an error naming the prompt and position. With --server instead of "
         "--drafter, a running SGLang or vLLM server decodes (with its own speculative settings), and "
-        "--baseline-server (the target served without speculation) gives the other tok/s.",
+        "--baseline-server (the target served without speculation) gives the other tok/s. With --ngram, "
+        "drafts come from n-gram lookup in each prompt and its output (vLLM's `ngram` method): the "
+        "drafter-free baseline.",
     )
     who = e.add_mutually_exclusive_group(required=True)
     who.add_argument("--drafter", help="drafter checkpoint directory (decoded here, by the lab's engine)")
     who.add_argument("--server", metavar="URL", help="base URL of an SGLang or vLLM server with speculative decoding")
+    who.add_argument("--ngram", action="store_true",
+                     help="no drafter: draft chains by n-gram lookup in each row's own tokens (prompt lookup)")
     e.add_argument("--target", required=True, help="target model directory (any local HF causal LM; with "
                                                     "--server only its tokenizer and chat template are read)")
     e.add_argument("--prompts", required=True, action="append",
@@ -55,6 +63,10 @@ def register(sub) -> None:
                    help="CPU threads for torch (0 = torch's default); tiny models time best and steadiest with 1")
     e.add_argument("--fused", default=LOCAL_ONLY["fused"], choices=("auto", "on", "off"),
                    help="draft step: fused op (on), PyTorch reference (off), or fused when built on CUDA (auto)")
+    e.add_argument("--ngram-min", type=int, default=LOCAL_ONLY["ngram_min"],
+                   help=f"with --ngram: shortest suffix that may match (default {NgramConfig.min_n})")
+    e.add_argument("--ngram-max", type=int, default=LOCAL_ONLY["ngram_max"],
+                   help=f"with --ngram: longest suffix, tried first (default {NgramConfig.max_n})")
     e.add_argument("--allow-other-target", action="store_true",
                    help="decode with a drafter recorded as trained on another target (zero-shot transfer)")
     e.add_argument("--json", default=None, help="write every number to this JSON file")
@@ -151,8 +163,13 @@ def run_eval(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    if args.ngram:
+        drafter = _ngram_drafter(args)  # its flags are checked before the target loads
+    elif (args.ngram_min, args.ngram_max) != (None, None):
+        raise LabError("--ngram-min and --ngram-max apply to n-gram drafting (--ngram)")
     target = load_target(args.target, device=_device(args.device), dtype=dtype)
-    drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
+    if not args.ngram:
+        drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
     results = {}
     for name, (path, convs) in sets.items():
         results[name] = evaluate(
@@ -160,8 +177,18 @@ def run_eval(args) -> int:
             batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
             use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
         )
-        results[name].update(drafter=str(args.drafter), prompts_file=str(path))
+        results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
     return _finish(results, args, format_eval)
+
+
+def _ngram_drafter(args):
+    from drafter_lab.spec.ngram import NgramDrafter
+
+    given = [f"--{k.replace('_', '-')}" for k in DRAFTER_ONLY if getattr(args, k) != LOCAL_ONLY[k]]
+    if given:
+        raise LabError(f"{', '.join(given)} apply to an EAGLE-3 drafter, not to n-gram drafting (--ngram)")
+    sizes = {k: v for k, v in (("min_n", args.ngram_min), ("max_n", args.ngram_max)) if v is not None}
+    return NgramDrafter(NgramConfig(**sizes))
 
 
 def _run_served_eval(args, sets) -> int:
@@ -214,7 +241,7 @@ def format_eval(r: dict) -> str:
     lines = [
         f"{c['drafting']} drafting: steps {c['steps']}, topk {c['topk']}, draft tokens {c['draft_tokens']}, "
         f"batch {c['batch']}, {r['prompts']} prompts x {c['max_new_tokens']} new tokens, "
-        f"temperature {c['temperature']:g}, {r['device']} {r['dtype']}"
+        f"temperature {c['temperature']:g}, {r['device']} {r['dtype']}, {c['drafter']}"
         + (", fused draft step" if c["fused_draft_step"] else ""),
         f"served accept length: {r['served_accept_len']:.3f} tokens per verify step (bonus included), "
         f"{r['verify_steps']} verify steps",

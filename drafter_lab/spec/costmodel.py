@@ -5,14 +5,16 @@ One speculative cycle drafts `steps` tokens, verifies them in one target pass an
 
     verify_ms  = num_layers x verify_layer_compute_us + n_allreduce x allreduce_us
     cycle_ms   = steps x draft_step_us + verify_ms + cycle_overhead_ms
-    spec tok/s = 1000 x A / cycle_ms
+    spec tok/s = 1000 x A / ((1 - z) x cycle_ms + z x decode_ms)
     baseline   = 1000 / decode_ms,   decode_ms = decode compute + n_allreduce x decode_allreduce_us
-    break-even A = cycle_ms / decode_ms
+    break-even A = ((1 - z) x cycle_ms + z x decode_ms) / decode_ms
 
 with n_allreduce = num_layers x allreduces_per_layer (tensor parallel: one after attention, one
-after the MLP). In the what-if tables an all-reduce latency x replaces the verify's, and the
-decode's too where x is faster than decode_allreduce_us (a better all-reduce would serve plain
-decoding as well), so the ratio compares like with like.
+after the MLP), and z = no_draft_share, the share of cycles with nothing to draft (n-gram lookup
+without a match), which run as plain decode steps (0 for a drafter). A counts those cycles' one
+token too. In the what-if tables an all-reduce latency x replaces the verify's, and the decode's
+too where x is faster than decode_allreduce_us (a better all-reduce would serve plain decoding as
+well), so the ratio compares like with like.
 
 The preset `seeds-kimi-k2.5-8x-pcie` is the seeds' deployment (Kimi-K2.5, 61 layers, 8 PCIe
 GPUs, tensor parallel): 82 tok/s without speculation, verify ~30 ms of which ~25 ms is 122
@@ -30,6 +32,7 @@ of these keys (others are ignored, so a benchmark can write its full results bes
     "draft_step_us": number, replaces draft_step_us
     "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
     "decode_ms":     number, replaces decode_ms
+    "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
     "accept_length": number or list of numbers (served), added to the table's columns
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
@@ -86,6 +89,9 @@ class CostModelConfig:
     """Served accept lengths (bonus included) for the what-if tables."""
     whatif_allreduce_us: list[float] = field(default_factory=lambda: [200.0, 40.0, 25.0, 15.0, 8.0])
     """All-reduce latencies (us) for the what-if tables."""
+    no_draft_share: float = 0.0
+    """Share of cycles that draft nothing (n-gram lookup finding no match): they run as a plain
+    decode step, not a verify. `--inputs` takes it from an n-gram eval."""
     accept_by_steps: list[float] = field(default_factory=list)
     """Served accept length with 1, 2, ... draft steps (chain drafting); given, the draft-steps table
     picks the depth that maximises tok/s. `--inputs` derives it from an eval's accept histogram."""
@@ -99,6 +105,8 @@ PRESETS = {
 class CostModel:
     def __init__(self, cfg: CostModelConfig):
         self.cfg = cfg
+        if not 0 <= cfg.no_draft_share < 1:
+            raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
         if self.decode_compute_ms <= 0:
             raise LabError(
                 f"the decode step's {self.n_allreduce} all-reduces of {cfg.decode_allreduce_us:g} us "
@@ -137,15 +145,20 @@ class CostModel:
     def cycle_ms(self, allreduce_us: float | None = None) -> float:
         return self.draft_ms + self.verify_ms(allreduce_us) + self.cfg.cycle_overhead_ms
 
+    def mean_cycle_ms(self, allreduce_us: float | None = None) -> float:
+        """Drafting cycles and the no_draft_share of plain decode steps, averaged."""
+        z = self.cfg.no_draft_share
+        return (1 - z) * self.cycle_ms(allreduce_us) + z * self.decode_ms(allreduce_us)
+
     def spec_tok_s(self, accept: float, allreduce_us: float | None = None) -> float:
-        return 1000 * accept / self.cycle_ms(allreduce_us)
+        return 1000 * accept / self.mean_cycle_ms(allreduce_us)
 
     def baseline_tok_s(self, allreduce_us: float | None = None) -> float:
         return 1000 / self.decode_ms(allreduce_us)
 
     def break_even(self, allreduce_us: float | None = None) -> float:
         """Served accept length at which speculation matches plain decoding."""
-        return self.cycle_ms(allreduce_us) / self.decode_ms(allreduce_us)
+        return self.mean_cycle_ms(allreduce_us) / self.decode_ms(allreduce_us)
 
     def at_steps(self, steps: int) -> CostModel:
         """The same deployment drafting a chain of `steps` tokens (verify = steps + 1 tokens)."""
@@ -197,8 +210,8 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
     all-reduce latency or None)."""
     path = Path(path)
     data = atomic.read_json(path, "cost model inputs file not found")
-    known = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "accept_length", "served_accept_len",
-             "accept_histogram")
+    known = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "no_draft_share", "accept_length",
+             "served_accept_len", "accept_histogram")
     if not isinstance(data, dict) or not any(k in data for k in known):
         raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(known)}", path)
     over: dict = {}
@@ -206,6 +219,8 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
         over["draft_step_us"] = _number(data["draft_step_us"], "draft_step_us", path)
     if "decode_ms" in data:
         over["decode_ms"] = _number(data["decode_ms"], "decode_ms", path)
+    if "no_draft_share" in data:
+        over["no_draft_share"] = _number(data["no_draft_share"], "no_draft_share", path)
     extra = []
     if "accept_length" in data:
         extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]
@@ -323,7 +338,9 @@ def format_report(r: dict, name: str) -> str:
         f"  verify   = {c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute + "
         f"{r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
         f"  draft    = {c['steps']} steps x {c['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
-        f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms",
+        f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
+        + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
+           if c["no_draft_share"] else ""),
         f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s "
         f"(its all-reduces: {c['decode_allreduce_us']:.3g} us each)",
         "  spec tok/s by served accept length (bonus included): "

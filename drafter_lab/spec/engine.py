@@ -5,6 +5,8 @@ mask -> walk the tree (greedy or lossless sampling) -> commit the accepted path 
 (rolling back the rest) -> the drafter extends over the accepted positions, whose last step is the
 next cycle's draft step 0. `generate(..., speculative=False)` is plain target decoding through the
 same runner (a tree of just the root), the baseline that speculation is checked and timed against.
+An `NgramDrafter` in place of the drafter drafts chains from each row's own tokens instead (no
+drafter model, no target hidden states).
 
 Sampling (temperature > 0) is lossless in both drafting modes: a chain draws each draft token
 from the drafter's renormalised top-`sample_topk` distribution q and verifies it by speculative
@@ -17,6 +19,7 @@ that is finished (max_new_tokens or eos) stays in the batch but commits nothing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +27,7 @@ import torch
 from drafter_lab.errors import LabError
 from drafter_lab.spec.accept import greedy_walk, sampled_walk
 from drafter_lab.spec.drafting import DrafterRunner
+from drafter_lab.spec.ngram import NgramDrafter
 from drafter_lab.spec.sampling import probs_from_logits, sample
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import DraftTree, chain
@@ -92,8 +96,12 @@ class Generation:
     """Emitted tokens per prompt (prompt excluded), at most max_new_tokens, ending at eos if any."""
     accept_lengths: list[int] = field(default_factory=list)
     """Served accept length of every (row, verify step) while the row was unfinished."""
+    draft_lengths: list[int] = field(default_factory=list)
+    """Draft tokens verified at each of those (row, verify step)s (0: nothing was drafted)."""
     verify_passes: int = 0
     """Batched target forward passes after prefill."""
+    draft_seconds: float = 0.0
+    """Wall time spent drafting, as the host sees it (queued device work is not waited for)."""
 
 
 def eos_ids(target) -> set[int]:
@@ -113,6 +121,11 @@ def _root_only(root: torch.Tensor) -> DraftTree:
 class SpecEngine:
     def __init__(self, target, drafter=None, cfg: SpecConfig | None = None):
         self.cfg = cfg or SpecConfig()
+        self.ngram = drafter if isinstance(drafter, NgramDrafter) else None
+        if self.ngram is not None:
+            if self.cfg.topk != 1:
+                raise LabError(f"n-gram drafting proposes one chain per row: topk must be 1, got {self.cfg.topk}")
+            drafter = None
         aux_ids = drafter.config.aux_layer_ids if drafter is not None else []
         self.target = TargetRunner(target.model, aux_ids, target.path)
         self.drafter = DrafterRunner(drafter, self.cfg.use_fused) if drafter is not None else None
@@ -137,8 +150,10 @@ class SpecEngine:
     def _step0_topk(self) -> int:
         return self.cfg.sample_topk if self.cfg.sampled_chain else self.cfg.topk
 
-    def _draft(self, root, step0, generator) -> DraftTree:
+    def _draft(self, root, step0, generator, prompts, out) -> DraftTree:
         c = self.cfg
+        if self.ngram is not None:
+            return self.ngram.draft(root, [p + o for p, o in zip(prompts, out)], c.steps, self.pad_id)
         if c.sampled_chain:
             return self.drafter.draft_chain_sampled(root, *step0, c.steps, c.temperature, generator, self.vocab)
         return self.drafter.draft_tree(root, *step0, c.steps, c.topk, c.tree_tokens)
@@ -156,7 +171,7 @@ class SpecEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, speculative: bool = True, generator=None) -> Generation:
         """Decode a batch of tokenized prompts; greedy output is identical with and without speculation."""
-        if speculative and self.drafter is None:
+        if speculative and self.drafter is None and self.ngram is None:
             raise LabError("speculative decoding needs a drafter")
         if any(len(p) == 0 for p in prompts):
             raise LabError("an empty prompt cannot be decoded")
@@ -169,12 +184,16 @@ class SpecEngine:
             ids[b, : len(p)] = torch.tensor(p, device=dev)
         rows = torch.arange(B, device=dev)
 
-        logits, aux = self.target.prefill(ids, lens, aux=speculative)
+        eagle = speculative and self.drafter is not None  # drafts from the target's hidden states
+        logits, aux = self.target.prefill(ids, lens, aux=eagle)
         root = self._choose(logits, generator)
         out = [[t] for t in root.tolist()]
         done = [self._done(o) for o in out]
         gen = Generation(tokens=out)
-        if speculative:
+        step0 = None  # the drafter's step 0 of the next cycle (EAGLE-3)
+        if speculative and self.ngram is not None:
+            self.ngram.reset(B)
+        if eagle:
             self.drafter.reset(B, int(lens.max()) + c.max_new_tokens + 2 * (c.steps + 1), dev)
             nxt = torch.roll(ids, -1, 1)
             nxt[rows, lens - 1] = root
@@ -182,8 +201,13 @@ class SpecEngine:
 
         while not all(done):
             live = torch.tensor([not d for d in done], device=dev)
-            tree = self._draft(root, step0, generator) if speculative else _root_only(root)
-            logits, aux = self.target.verify(tree.tokens, tree.depth, tree.ancestors(), aux=speculative)
+            if speculative:
+                t0 = time.perf_counter()
+                tree = self._draft(root, step0, generator, prompts, out)
+                gen.draft_seconds += time.perf_counter() - t0
+            else:
+                tree = _root_only(root)
+            logits, aux = self.target.verify(tree.tokens, tree.depth, tree.ancestors(), aux=eagle)
             path, counts, bonus = self._walk(tree, logits, generator)
             counts = torch.where(live, counts, torch.zeros_like(counts))
             self.target.commit(path, counts, tree.size)
@@ -192,13 +216,15 @@ class SpecEngine:
             toks = tree.tokens.gather(1, path.clamp_min(0))  # toks[:, 0] is the root, already emitted
             nxt = torch.roll(toks, -1, 1)
             nxt[rows, (counts - 1).clamp_min(0)] = bonus
+            drafted = tree.drafted().tolist()
             for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
                 if done[b]:
                     continue
                 gen.accept_lengths.append(n)
+                gen.draft_lengths.append(drafted[b])
                 out[b].extend(row[:n])
                 done[b] = self._done(out[b])
-            if speculative:
+            if eagle:
                 aux_path = aux.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, aux.shape[-1]))
                 step0 = self.drafter.extend(nxt, aux_path, counts, self._step0_topk())
             root = bonus

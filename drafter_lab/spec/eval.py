@@ -18,6 +18,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.progress import progress
 from drafter_lab.spec.accept import accept_summary
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
+from drafter_lab.spec.ngram import NgramDrafter
 from drafter_lab.spec.pairing import check_pair
 
 WARMUP_TOKENS = 8
@@ -67,12 +68,15 @@ def evaluate(
 ) -> dict:
     """Decode every conversation's prompt with and without the drafter; returns all the numbers.
 
-    Greedy (temperature 0) outputs must be identical; a difference raises LabError naming the
-    prompt and the first diverging generated position.
+    `drafter` is an EAGLE-3 drafter or an `NgramDrafter`. Greedy (temperature 0) outputs must be
+    identical; a difference raises LabError naming the prompt and the first diverging generated
+    position.
     """
     if batch < 1:
         raise LabError(f"batch must be >= 1, got {batch}")
-    check_pair(target, drafter, where)
+    ngram = isinstance(drafter, NgramDrafter)
+    if not ngram:
+        check_pair(target, drafter, where)
     cfg = SpecConfig(steps=steps, topk=topk, draft_tokens=draft_tokens, temperature=temperature,
                      use_fused=use_fused, max_new_tokens=max_new_tokens)
     prompts = render_prompts(target.tokenizer, conversations, where)
@@ -88,7 +92,8 @@ def evaluate(
     outputs = {False: [], True: []}
     seconds = {False: 0.0, True: 0.0}
     accept: list[int] = []
-    verify_passes = 0
+    drafted: list[int] = []
+    verify_passes, draft_seconds = 0, 0.0
     with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
         for chunk in batches:
             for speculative in (False, True):
@@ -100,7 +105,9 @@ def evaluate(
                 outputs[speculative].extend(g.tokens)
                 if speculative:
                     accept.extend(g.accept_lengths)
+                    drafted.extend(g.draft_lengths)
                     verify_passes += g.verify_passes
+                    draft_seconds += g.draft_seconds
                 advance(1, accept=sum(accept) / max(len(accept), 1))
 
     if temperature == 0:
@@ -118,6 +125,14 @@ def evaluate(
     spec_tps = tokens[True] / seconds[True]
     base_tps = tokens[False] / seconds[False]
     summary = accept_summary(accept, cfg.max_accept)
+    # An n-gram lookup is host work, the same on any deployment: its measured time per draft token
+    # is a cost-model input (`costmodel --inputs`), and so is the share of verify steps it had
+    # nothing to draft for (a server decodes those plainly). A drafter's time here says nothing
+    # about a GPU's.
+    host_draft = {
+        "draft_seconds": draft_seconds, "draft_step_us": draft_step_us(draft_seconds, verify_passes, steps),
+        "no_draft_share": drafted.count(0) / max(len(drafted), 1),
+    } if ngram else {}
     return {
         "served_accept_len": summary["served_accept_len"],
         "accept_length_kind": "served: tokens emitted per verify step, bonus token included",
@@ -137,12 +152,18 @@ def evaluate(
             "steps": steps, "topk": topk, "draft_tokens": cfg.tree_tokens, "batch": batch,
             "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
             "drafting": "chain" if topk == 1 else "tree", "fused_draft_step": engine.fused,
+            "drafter": drafter.cfg.describe() if ngram else "EAGLE-3",
         },
+        **host_draft,
         "target": target.describe(),
         "device": str(device),
         "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
         "torch": torch.__version__,
     }
+
+
+def draft_step_us(draft_seconds: float, verify_passes: int, steps: int) -> float:
+    return 1e6 * draft_seconds / max(verify_passes * steps, 1)
 
 
 def pool(sets: dict[str, dict]) -> dict:
@@ -160,9 +181,12 @@ def pool(sets: dict[str, dict]) -> dict:
     else:
         keys = sorted({k for h in hists for k in h}, key=int)
         out["accept_histogram"] = {k: sum(h.get(k, 0) for h in hists) for k in keys}
-    for key in ("prompts", "verify_passes"):
+    for key in ("prompts", "verify_passes", "draft_seconds"):
         if key in out:
             out[key] = sum(r[key] for r in rs)
+    if "draft_step_us" in out:
+        out["draft_step_us"] = draft_step_us(out["draft_seconds"], out["verify_passes"], out["config"]["steps"])
+        out["no_draft_share"] = sum(r["no_draft_share"] * r["verify_steps"] for r in rs) / verify
     for side in ("spec", "baseline"):
         if f"{side}_tokens" in out:
             tokens, seconds = (sum(r[f"{side}_{k}"] for r in rs) for k in ("tokens", "seconds"))

@@ -8,7 +8,9 @@ Every row of a batch drafts the same number of nodes, so trees are stored as den
     q       [B, N, V] or None: the proposal each node's token was drawn from (sampled chains);
                     None means the tokens were chosen deterministically (proposal = one-hot)
 
-A chain is the tree where node i's parent is i - 1.
+A chain is the tree where node i's parent is i - 1. A node that is its own parent is padding: it is
+verified with the rest (rows of a batch have the same node count) but is nobody's child, so no walk
+ever reaches it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ class DraftTree:
     @property
     def size(self) -> int:
         return self.tokens.shape[1]
+
+    def drafted(self) -> torch.Tensor:
+        """[B] draft tokens per row: nodes other than the root and padding."""
+        own = torch.arange(self.size, device=self.parents.device)
+        return (self.parents != own).sum(1) - 1
 
     def ancestors(self) -> torch.Tensor:
         """[B, N, N] bool: node j is node i or one of its ancestors (the tree attention mask)."""
@@ -57,6 +64,17 @@ def chain(root: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None = Non
         depth=idx.expand(B, S + 1).clone(),
         q=q,
     )
+
+
+def padded_chain(root: torch.Tensor, proposals: list[list[int]], pad_id: int) -> DraftTree:
+    """Chains of different lengths per row (root [B], proposals[b] its drafts), padded to the longest
+    with nodes that can never be accepted."""
+    B, S = root.shape[0], max((len(p) for p in proposals), default=0)
+    tree = chain(root, torch.full((B, S), pad_id, dtype=root.dtype, device=root.device))
+    for b, p in enumerate(proposals):
+        tree.tokens[b, 1: len(p) + 1] = torch.tensor(p, dtype=root.dtype)
+        tree.parents[b, len(p) + 1:] = torch.arange(len(p) + 1, S + 1)
+    return tree
 
 
 class Candidates:

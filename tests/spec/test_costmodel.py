@@ -45,6 +45,25 @@ def test_break_even_is_where_speculation_matches_decoding():
     assert m.baseline_tok_s(8.0) > m.baseline_tok_s()
 
 
+def test_cycles_without_drafts_run_as_plain_decode_steps(tmp_path):
+    """Half the cycles draft nothing (n-gram lookup without a match): N cycles emit A x N tokens in
+    N/2 verify cycles plus N/2 decode steps, and break-even is where that matches plain decoding."""
+    cfg = dataclasses.replace(PRESETS[SEEDS], no_draft_share=0.5)
+    m, always = CostModel(cfg), CostModel(PRESETS[SEEDS])
+    for x in (None, 15.0):
+        per_cycle = (always.cycle_ms(x) + always.decode_ms(x)) / 2
+        assert m.spec_tok_s(2.0, x) == pytest.approx(2000 / per_cycle)
+        assert m.spec_tok_s(m.break_even(x), x) == pytest.approx(m.baseline_tok_s(x))
+        assert 1 < m.break_even(x) < always.break_even(x)
+    path = tmp_path / "ngram.json"
+    path.write_text(json.dumps({"served_accept_len": 1.6, "no_draft_share": 0.25, "draft_step_us": 3.0}))
+    cfg, _ = apply_inputs(PRESETS[SEEDS], path)
+    assert (cfg.no_draft_share, cfg.draft_step_us) == (0.25, 3.0)
+    path.write_text(json.dumps({"no_draft_share": 1.0}))
+    with pytest.raises(LabError, match=r"no_draft_share must be in \[0, 1\), got 1.0"):
+        CostModel(apply_inputs(PRESETS[SEEDS], path)[0])
+
+
 def test_measured_inputs(tmp_path):
     f = tmp_path / "bench.json"
     f.write_text(json.dumps({"allreduce_us": {"8192": 9.2, "32768": 16.5, "65536": 25.9},

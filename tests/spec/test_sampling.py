@@ -9,6 +9,8 @@ import torch
 
 from drafter_lab.spec.accept import sampled_walk
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
+from drafter_lab.spec.ngram import NgramDrafter
+from drafter_lab.spec.ngram_config import NgramConfig
 from drafter_lab.spec.sampling import accept_probability, one_hot, residual
 from drafter_lab.spec.tree import DraftTree
 
@@ -129,12 +131,16 @@ def _exact_next(target, prefixes: torch.Tensor) -> torch.Tensor:
         return torch.softmax(target.model(prefixes).logits[:, -1].double(), -1)
 
 
-@pytest.mark.parametrize("mode", [dict(steps=2, topk=1), dict(steps=2, topk=3, draft_tokens=4)], ids=["chain", "tree"])
-def test_engine_sampling_matches_target_distribution(tmp_path, mode):
+@pytest.mark.parametrize("kind, mode", [("eagle", dict(steps=2, topk=1)), ("eagle", dict(steps=2, topk=3, draft_tokens=4)),
+                                        ("ngram", dict(steps=2, topk=1))], ids=["chain", "tree", "ngram"])
+def test_engine_sampling_matches_target_distribution(tmp_path, kind, mode):
     target = _tiny_target(tmp_path)
-    drafter = make_drafter(target, seed=5)
-    with torch.no_grad():
-        drafter.lm_head.weight.mul_(40.0)
+    if kind == "ngram":  # deterministic proposals from the row's own tokens, in padded chains
+        drafter = NgramDrafter(NgramConfig(1, 2))
+    else:
+        drafter = make_drafter(target, seed=5)
+        with torch.no_grad():
+            drafter.lm_head.weight.mul_(40.0)
     V = target.vocab_size
     prompt = [3, 7, 1, 4]
     R = 6000

@@ -1,0 +1,139 @@
+"""N-gram drafting: the incremental index against the scanning definition, padded chains that are
+never accepted, lossless decoding, and `eval --ngram` feeding the cost model."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from drafter_lab.cli import main
+from drafter_lab.errors import LabError
+from drafter_lab.spec.accept import greedy_walk, sampled_walk
+from drafter_lab.spec.engine import SpecConfig, SpecEngine
+from drafter_lab.spec.eval import evaluate, pool
+from drafter_lab.spec.ngram import NgramDrafter, NgramIndex, propose_reference
+from drafter_lab.spec.ngram_config import NgramConfig
+from drafter_lab.spec.tree import padded_chain
+
+from .test_engine import hf_greedy
+
+
+@pytest.mark.parametrize("sizes", [(1, 1), (1, 3), (2, 4), (3, 3)])
+def test_index_matches_the_scanning_definition(sizes):
+    """Rows grown by random chunks over a small alphabet (many repeats), checked after every chunk."""
+    cfg = NgramConfig(*sizes)
+    rng = random.Random(hash(sizes))
+    proposed = 0
+    for _ in range(40):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 6))]
+        index = NgramIndex(cfg)
+        while len(tokens) < 80:
+            steps = rng.randrange(1, 6)
+            got = index.propose(tokens, steps)
+            assert got == propose_reference(tokens, steps, cfg), (tokens, steps)
+            proposed += bool(got)
+            tokens += [rng.randrange(4) for _ in range(rng.randrange(1, 5))]
+    assert proposed > 100
+
+
+def test_longest_then_most_recent_match():
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3]
+    # [1, 2, 3] occurred at 0 and at 4: the most recent one is continued
+    assert NgramIndex(NgramConfig(1, 3)).propose(tokens, 2) == [7, 1]
+    # the longest suffix wins: [8, 5] matches only as a 1-gram, [3, 8, 5] as a 3-gram
+    tokens = [8, 5, 6, 6, 3, 8, 5, 4, 0, 8, 5, 1, 3, 8, 5]
+    assert NgramIndex(NgramConfig(1, 3)).propose(tokens, 3) == [4, 0, 8]
+    assert NgramIndex(NgramConfig(1, 1)).propose(tokens, 3) == [1, 3, 8]
+    # a continuation stops at the row's end; no earlier occurrence, or a suffix under min_n: nothing
+    assert NgramIndex(NgramConfig(1, 2)).propose([5, 6, 5], 4) == [6, 5]
+    assert NgramIndex(NgramConfig(2, 4)).propose([5, 6, 5], 4) == []
+    assert NgramIndex(NgramConfig(1, 4)).propose([1, 2, 3], 4) == []
+    with pytest.raises(LabError, match="min_n <= max_n"):
+        NgramConfig(3, 2)
+
+
+def test_padding_nodes_are_verified_but_never_accepted():
+    root = torch.tensor([10, 11, 12])
+    tree = padded_chain(root, [[4, 5], [], [6]], pad_id=0)
+    assert tree.tokens.tolist() == [[10, 4, 5], [11, 0, 0], [12, 6, 0]]
+    anc = tree.ancestors()
+    assert anc[1, 1].tolist() == [False, True, False] and anc[2, 2].tolist() == [False, False, True]
+    # The target wants every draft, then the pad token: rows 1 and 2 must not accept their padding.
+    want = torch.tensor([[4, 5, 7], [0, 0, 0], [6, 0, 0]])
+    logits = torch.nn.functional.one_hot(want, 16).float()
+    path, counts, bonus = greedy_walk(tree, logits)
+    assert counts.tolist() == [3, 1, 2] and bonus.tolist() == [7, 0, 0]
+    path_s, counts_s, bonus_s = sampled_walk(tree, logits, torch.Generator().manual_seed(0))
+    assert counts_s.tolist() == [3, 1, 2] and bonus_s.tolist() == [7, 0, 0] and torch.equal(path_s, path)
+    assert padded_chain(root, [[], [], []], pad_id=0).size == 1
+
+
+def test_ngram_decoding_is_lossless(target, prompts):
+    engine = SpecEngine(target, NgramDrafter(NgramConfig(1, 3)), SpecConfig(steps=4, max_new_tokens=40,
+                                                                           stop_at_eos=False))
+    spec = engine.generate(prompts[:1])
+    assert spec.tokens[0] == hf_greedy(target, prompts[0], 40)
+    base = engine.generate(prompts, speculative=False)
+    spec = engine.generate(prompts)  # rows propose different lengths: padded chains
+    assert spec.tokens == base.tokens
+    assert max(spec.accept_lengths) > 1 and min(spec.accept_lengths) == 1
+    assert spec.verify_passes < base.verify_passes and spec.draft_seconds > 0
+    # a step with nothing drafted emits one token; none emits more than it drafted, plus the bonus
+    pairs = list(zip(spec.accept_lengths, spec.draft_lengths))
+    assert len(pairs) == len(spec.draft_lengths) and all(a <= d + 1 for a, d in pairs)
+    assert 0 < sum(d == 0 for _, d in pairs) < len(pairs)
+
+
+def test_ngram_refuses_a_tree(target):
+    with pytest.raises(LabError, match="topk must be 1"):
+        SpecEngine(target, NgramDrafter(), SpecConfig(steps=3, topk=2))
+
+
+def test_evaluate_ngram(target, conversations):
+    r = evaluate(target, NgramDrafter(NgramConfig(1, 3)), conversations, steps=3, batch=2, max_new_tokens=32)
+    assert r["lossless_check"] == "identical" and r["config"]["drafter"] == "n-gram lookup (1..3)"
+    assert r["served_accept_len"] > 1 and sorted(r["accept_histogram"]) == ["1", "2", "3", "4"]
+    assert r["draft_step_us"] == pytest.approx(1e6 * r["draft_seconds"] / (3 * r["verify_passes"]))
+    assert 0 < r["no_draft_share"] < 1
+
+
+def test_cli_eval_ngram_feeds_the_cost_model(random_llama, prompts_file, tmp_path, capsys):
+    out = tmp_path / "ngram.json"
+    assert main(["eval", "--ngram", "--ngram-min", "1", "--target", str(random_llama), "--prompts", str(prompts_file),
+                 "--steps", "3", "--max-new-tokens", "24", "--json", str(out)]) == 0
+    assert "n-gram lookup (1..4)" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["drafter"] == "ngram" and data["lossless_check"] == "identical"
+    model = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(out), "--json", str(model)]) == 0
+    r = json.loads(model.read_text())
+    # n-gram drafting's measured host time and no-match share replace the preset's drafter
+    assert r["config"]["draft_step_us"] == pytest.approx(data["draft_step_us"])
+    assert r["config"]["no_draft_share"] == pytest.approx(data["no_draft_share"]) and data["no_draft_share"] > 0
+    assert r["steps_table"][-1]["accept"] == pytest.approx(data["served_accept_len"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ngram", "--fused", "on"], "--fused apply to an EAGLE-3 drafter"),
+    (["--ngram", "--ngram-min", "3", "--ngram-max", "2"], "min_n <= max_n"),
+    (["--drafter", "d", "--ngram-min", "3"], "--ngram-min and --ngram-max apply to n-gram drafting"),
+    (["--server", "http://127.0.0.1:9", "--ngram-max", "3"], "--ngram-max apply to the lab's own decoding"),
+])
+def test_cli_ngram_bad_flags(random_llama, prompts_file, capsys, argv, message):
+    rc = main(["eval", *argv, "--target", str(random_llama), "--prompts", str(prompts_file)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_pooled_ngram_sets_keep_host_time_and_no_match_share(target, conversations):
+    sets = {name: evaluate(target, NgramDrafter(NgramConfig(1, 3)), convs, steps=3, max_new_tokens=24)
+            for name, convs in (("a", conversations[:3]), ("b", conversations[3:]))}
+    p = pool(sets)
+    a, b = sets["a"], sets["b"]
+    assert p["no_draft_share"] == pytest.approx(
+        (a["no_draft_share"] * a["verify_steps"] + b["no_draft_share"] * b["verify_steps"]) / p["verify_steps"])
+    assert p["draft_step_us"] == pytest.approx(
+        1e6 * (a["draft_seconds"] + b["draft_seconds"]) / (3 * (a["verify_passes"] + b["verify_passes"])))

@@ -141,18 +141,32 @@ def _arm_table(level: dict, k: int) -> list[str]:
     return lines
 
 
+def _ngram_line(level: dict) -> list[str]:
+    served = level.get("ngram_served")
+    if not served:
+        return []
+    best = max(a.served["served_accept_len"] for a in level["arms"] if a.served)
+    return [f"The bar without any drafter: {served['config']['drafter']} on the same prompts serves "
+            f"{served['served_accept_len']:.2f} tokens per verify step; the best arm serves {best:.2f} "
+            f"({best / served['served_accept_len']:.2f}x).", ""]
+
+
 def speed_tables(level: dict) -> list[dict]:
     """Each drafter with a served accept histogram, priced on SPEED_PRESET: its label, served accept
     length and draft-steps table (cost model) with the preset's all-reduces and with
     FAST_ALLREDUCE_US ones, keyed by that latency."""
     drafters = [(arm.label, arm.served) for arm in level["arms"]]
     drafters.append(("source drafter, zero-shot", level.get("source_served_zero_shot")))
+    drafters.append(("n-gram lookup, no drafter", level.get("ngram_served")))
     preset = PRESETS[SPEED_PRESET]
     out = []
     for label, served in drafters:
         if not (served and served.get("accept_histogram")):
             continue
-        priced = dataclasses.replace(preset, accept_by_steps=accept_by_steps(served["accept_histogram"], None))
+        # n-gram lookup is host work, measured by the eval with its no-match share: they replace the
+        # preset's drafter forward and its "always drafts"
+        host = {k: served[k] for k in ("draft_step_us", "no_draft_share") if k in served}
+        priced = dataclasses.replace(preset, accept_by_steps=accept_by_steps(served["accept_histogram"], None), **host)
         out.append({"label": label, "served_accept_len": served["served_accept_len"],
                     "tables": {x: steps_table(priced, x) for x in (preset.verify_allreduce_us, FAST_ALLREDUCE_US)}})
     return out
@@ -272,7 +286,8 @@ def render(cfg: ExperimentConfig, levels: list[dict], sweep: list[dict] | None, 
         if drift:
             lines += [f"Target drift (tuned vs base): KL {drift.get('kl', float('nan')):.4f}; "
                       f"per-layer CKA {', '.join(f'{c:.3f}' for c in drift.get('cka', []))}", ""]
-        lines += ["### Arms (final validation)", ""] + _arm_table(lv, k) + [""]
+        lines += ["### Arms (final validation)", ""] + _arm_table(lv, k) + [""] + _ngram_line(lv)
+
         lines += ["### Decisions, taken from the numbers", ""] + [f"- {d}" for d in decisions(lv, cfg)] + [""]
         prefix = "" if len(levels) == 1 else f"drift-{lv['drift_knob']:g}/"
         speed = _speed_section(lv, cfg, f"{prefix}speed.png")

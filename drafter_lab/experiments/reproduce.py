@@ -62,6 +62,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
             _numbers(f"{prefix} / arm {arm['key']}", arm["final"], out)
             _served(f"{prefix} / arm {arm['key']} / served", arm.get("served"), out)
         _served(f"{prefix} / source drafter zero-shot / served", lv.get("source_served_zero_shot"), out)
+        _served(f"{prefix} / n-gram lookup / served", lv.get("ngram_served"), out)
         probe = lv["probe"]
         _numbers(f"{prefix} / probe zero-shot", probe["zero_shot"], out)
         _numbers(f"{prefix} / probe home", probe.get("home"), out)
@@ -126,11 +127,13 @@ def _fresh_dir(runs_root: Path, name: str) -> Path:
 
 
 def recorded_config(manifest: dict, run_dir: Path) -> ExperimentConfig:
-    """The study config a manifest recorded. Runs made before the probe had a pilot ran none, so a
-    missing `probe_pilot_steps` is 0, not today's default."""
+    """The study config a manifest recorded. Runs made before the probe had a pilot ran none, and
+    runs made before the n-gram baseline decoded none, so a missing `probe_pilot_steps` is 0 and a
+    missing `ngram_baseline` false, not today's defaults."""
     if not isinstance(manifest.get("config"), dict):
         raise LabError("manifest.json has no config to re-run", run_dir)
-    return from_dict(ExperimentConfig, {"probe_pilot_steps": 0, **manifest["config"]}, str(run_dir / "manifest.json"))
+    before = {"probe_pilot_steps": 0, "ngram_baseline": False}
+    return from_dict(ExperimentConfig, {**before, **manifest["config"]}, str(run_dir / "manifest.json"))
 
 
 def reproduce(run_dir, runs_root: Path, cache: Path, rel_tol: float = 0.0) -> tuple[Path, list]:

@@ -108,16 +108,18 @@ def _read_history(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _served(cfg: ExperimentConfig, drafter_dir: Path, target_dir: Path, prompts: Path) -> dict | None:
+def _served(cfg: ExperimentConfig, drafter_dir: Path | None, target_dir: Path, prompts: Path) -> dict | None:
+    """The served evaluation of a drafter checkpoint, or of n-gram lookup when `drafter_dir` is None."""
     if not cfg.served_eval:
         return None
     from drafter_lab.data.conversations import read_conversations
     from drafter_lab.drafter.checkpoint import load_drafter
     from drafter_lab.spec.eval import evaluate as served_eval
+    from drafter_lab.spec.ngram import NgramDrafter
     from drafter_lab.targets.hf import load_target
 
     target = load_target(target_dir)
-    drafter = load_drafter(drafter_dir, target=target)
+    drafter = NgramDrafter() if drafter_dir is None else load_drafter(drafter_dir, target=target)
     convs, _ = read_conversations(prompts)
     return served_eval(
         target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,
@@ -178,12 +180,13 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
         arm.served = _served(cfg, out, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
         timings[f"arm_{arm.key}_s"] = time.time() - t
     source_served = _served(cfg, source_dir, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
+    ngram_served = _served(cfg, None, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl") if cfg.ngram_baseline else None
 
     by_key = {a.key: a for a in arms}
     plots.learning_curves(arms, level_dir / "curves.png", math.log(cfg.draft_vocab_size),
                           report.watch_stop(by_key["a"], by_key["b"])[0])
     plots.cond_acc_bars(arms, level_dir / "cond_acc_k.png", cfg.ttt_steps)
-    speed = report.speed_tables({"arms": arms, "source_served_zero_shot": source_served})
+    speed = report.speed_tables({"arms": arms, "source_served_zero_shot": source_served, "ngram_served": ngram_served})
     if speed:
         model = CostModel(PRESETS[report.SPEED_PRESET])
         plots.speed_by_depth(speed, {x: model.baseline_tok_s(x) for x in speed[0]["tables"]}, level_dir / "speed.png")
@@ -198,6 +201,7 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
         },
         "source_drafter": str(source_dir),
         "source_served_zero_shot": source_served,
+        "ngram_served": ngram_served,
         "probe": probe_result,
         "arms": arms,
         "timings": timings,

@@ -140,3 +140,23 @@ def test_speed_section_prices_each_served_histogram_at_its_best_depth():
     assert "| 5.00 | 4: " in rows["| (a)"] and "| 1.00 | 1: " in rows["| (b)"]
     assert "(0." in rows["| (b)"].split(" | ")[2]  # slower than plain decoding with the seeds' all-reduces
     assert report._speed_section(_level(0.7, 0.6, 0.5), get_config("tiny-cpu"), "speed.png") == []
+
+
+def test_ngram_baseline_is_priced_with_its_own_draft_time():
+    """The same histogram from n-gram lookup (host work, 2 us a token) and from a drafter (the preset's
+    220 us forward): the n-gram row keeps the depth's accept length and pays less per cycle."""
+    level = _level(0.7, 0.6, 0.5)
+    hist = {"1": 3, "2": 3, "3": 3, "4": 0, "5": 9}
+    level["arms"][0].served = {"served_accept_len": 3.33, "accept_histogram": hist}
+    level["ngram_served"] = {"served_accept_len": 3.33, "accept_histogram": hist, "draft_step_us": 2.0,
+                             "config": {"drafter": "n-gram lookup (2..4)"}}
+    tables = {d["label"]: d["tables"] for d in report.speed_tables(level)}
+    assert set(tables) == {"(a)", "n-gram lookup, no drafter"}
+    for x, rows in tables["(a)"].items():
+        for drafter_row, ngram_row in zip(rows, tables["n-gram lookup, no drafter"][x]):
+            assert ngram_row["accept"] == drafter_row["accept"]
+            assert ngram_row["spec_tok_s"] > drafter_row["spec_tok_s"]
+    line = report._ngram_line(level)[0]
+    assert "n-gram lookup (2..4) on the same prompts serves 3.33 tokens per verify step" in line
+    assert line.endswith("the best arm serves 3.33 (1.00x).")
+    assert report._ngram_line(_level(0.7, 0.6, 0.5)) == []

@@ -76,12 +76,13 @@ def test_compare_tolerance_types_and_missing_keys():
     assert {k for k, _, _ in compare(a, b, rel_tol=1e-6)} == {"verdict", "only_a"}
 
 
-def test_runs_recorded_before_the_pilot_reproduce_without_one(tmp_path):
+def test_runs_recorded_before_the_pilot_and_the_ngram_baseline_reproduce_without_them(tmp_path):
     from drafter_lab.experiments.reproduce import recorded_config
 
     old = recorded_config({"config": {"name": "smoke", "target_preset": "micro"}}, tmp_path)
-    assert old.probe_pilot_steps == 0 and old.target_preset == "micro"
-    assert recorded_config({"config": {"name": "smoke", "probe_pilot_steps": 8}}, tmp_path).probe_pilot_steps == 8
+    assert old.probe_pilot_steps == 0 and not old.ngram_baseline and old.target_preset == "micro"
+    new = recorded_config({"config": {"name": "smoke", "probe_pilot_steps": 8, "ngram_baseline": True}}, tmp_path)
+    assert new.probe_pilot_steps == 8 and new.ngram_baseline
     with pytest.raises(LabError, match="no config to re-run"):
         recorded_config({}, tmp_path)
 

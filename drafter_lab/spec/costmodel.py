@@ -220,7 +220,10 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
     if "decode_ms" in data:
         over["decode_ms"] = _number(data["decode_ms"], "decode_ms", path)
     if "no_draft_share" in data:
-        over["no_draft_share"] = _number(data["no_draft_share"], "no_draft_share", path)
+        z = data["no_draft_share"]
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < 1:
+            raise LabError(f"no_draft_share must be a number in [0, 1), got {z!r}", path)
+        over["no_draft_share"] = float(z)
     extra = []
     if "accept_length" in data:
         extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]

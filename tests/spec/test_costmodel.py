@@ -59,9 +59,13 @@ def test_cycles_without_drafts_run_as_plain_decode_steps(tmp_path):
     path.write_text(json.dumps({"served_accept_len": 1.6, "no_draft_share": 0.25, "draft_step_us": 3.0}))
     cfg, _ = apply_inputs(PRESETS[SEEDS], path)
     assert (cfg.no_draft_share, cfg.draft_step_us) == (0.25, 3.0)
+    path.write_text(json.dumps({"no_draft_share": 0}))  # a lookup that always matched
+    assert apply_inputs(PRESETS[SEEDS], path)[0].no_draft_share == 0
     path.write_text(json.dumps({"no_draft_share": 1.0}))
-    with pytest.raises(LabError, match=r"no_draft_share must be in \[0, 1\), got 1.0"):
-        CostModel(apply_inputs(PRESETS[SEEDS], path)[0])
+    with pytest.raises(LabError, match=r"no_draft_share must be a number in \[0, 1\), got 1.0"):
+        apply_inputs(PRESETS[SEEDS], path)
+    with pytest.raises(LabError, match=r"no_draft_share must be in \[0, 1\), got -0.5"):
+        CostModel(dataclasses.replace(PRESETS[SEEDS], no_draft_share=-0.5))
 
 
 def test_measured_inputs(tmp_path):

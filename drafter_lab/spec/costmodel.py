@@ -36,6 +36,7 @@ of these keys (others are ignored, so a benchmark can write its full results bes
     "accept_length": number or list of numbers (served), added to the table's columns
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
+and its draft steps and draft tokens set `steps` and `verify_tokens` (the last eval's, given several),
 and a chain eval's (topk 1) accept histogram at S steps gives the served accept length at every
 depth s <= S: a verify step that emitted n tokens at S (n - 1 drafts accepted) emits
 min(n - 1, s) + 1 at s, since a chain's first s drafts do not depend on how many follow. From
@@ -232,6 +233,11 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
         extra.append(round(_number(data["served_accept_len"], "served_accept_len", path), 2))
     if extra:
         over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
+    conf = data.get("config") or {}
+    if "served_accept_len" in data and isinstance(conf.get("steps"), int):
+        # the measured accept length is priced at the settings it was measured with
+        over["steps"] = conf["steps"]
+        over["verify_tokens"] = int(conf.get("draft_tokens") or conf["steps"]) + 1
     if data.get("accept_histogram") is not None:
         topk = (data.get("config") or {}).get("topk", 1)
         if topk == 1:

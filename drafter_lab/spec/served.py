@@ -226,7 +226,9 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
     accept, verify_steps, hist = server.acceptance(answers)
     if cfg.engine == "sglang":
         steps, topk = settings.get("speculative_num_steps"), settings.get("speculative_eagle_topk")
-        draft_tokens = settings.get("speculative_num_draft_tokens")
+        # SGLang counts the verified root among its draft tokens; the lab's draft_tokens do not
+        verified = settings.get("speculative_num_draft_tokens")
+        draft_tokens = None if verified is None else int(verified) - 1
     else:  # vLLM drafts a chain of as many tokens as it has positions
         steps = None if hist is None else len(hist) - 1
         topk, draft_tokens = 1, steps

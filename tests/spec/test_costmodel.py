@@ -127,6 +127,11 @@ def test_draft_steps_from_an_eval_histogram(tmp_path):
                              "config": {"steps": 2, "topk": 1}}))
     cfg, _ = apply_inputs(PRESETS[SEEDS], f)
     assert cfg.accept_by_steps == [1.5, 1.75] and 1.75 in cfg.accept_lengths
+    # the measured 1.75 is priced at the 2 steps and 3 verified tokens it was measured with
+    assert (cfg.steps, cfg.verify_tokens) == (2, 3)
+    f.write_text(json.dumps({"served_accept_len": 2.5, "config": {"steps": 4, "topk": 2, "draft_tokens": 8}}))
+    tree, _ = apply_inputs(PRESETS[SEEDS], f)
+    assert (tree.steps, tree.verify_tokens) == (4, 9)
     rows = steps_table(cfg)
     m = CostModel(PRESETS[SEEDS])
     for row, (steps, accept) in zip(rows, [(1, 1.5), (2, 1.75)]):

@@ -59,6 +59,7 @@ def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file
     assert served["spec_tokens"] == local["spec_tokens"] == served["baseline_tokens"]
     assert served["lossless_check"] == "identical" and served["speedup"] > 0
     assert served["config"]["drafting"] == "chain" and served["config"]["steps"] == STEPS
+    assert served["config"]["draft_tokens"] == local["config"]["draft_tokens"] == STEPS  # the root not counted
     # Its histogram gives the cost model's draft-steps table, as a local chain eval's does.
     assert main(["costmodel", "--inputs", str(tmp_path / "served.json"), "--json", str(tmp_path / "cm.json")]) == 0
     rows = json.loads((tmp_path / "cm.json").read_text())["steps_table"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import DTYPE_NAMES
@@ -9,11 +11,18 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
-LOCAL_ONLY = {"steps": 4, "topk": 1, "draft_tokens": None, "batch": 1, "seed": 0, "device": "auto",
+LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": 1, "seed": 0, "device": "auto",
               "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
               "ngram_min": None, "ngram_max": None}
 # Flags of an EAGLE-3 drafter's decoding: n-gram drafting (--ngram) refuses them.
 DRAFTER_ONLY = ("fused", "allow_other_target")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
 
 
 def register(sub) -> None:
@@ -27,7 +36,8 @@ def register(sub) -> None:
         "--drafter, a running SGLang or vLLM server decodes (with its own speculative settings), and "
         "--baseline-server (the target served without speculation) gives the other tok/s. With --ngram, "
         "drafts come from n-gram lookup in each prompt and its output (vLLM's `ngram` method): the "
-        "drafter-free baseline.",
+        "drafter-free baseline. Several values for --steps, --topk or --draft-tokens sweep the settings "
+        "(one decode each, a row each), as SGLang's bench_speculative does.",
     )
     who = e.add_mutually_exclusive_group(required=True)
     who.add_argument("--drafter", help="drafter checkpoint directory (decoded here, by the lab's engine)")
@@ -47,11 +57,12 @@ def register(sub) -> None:
     e.add_argument("--model", default=None, help="with --server --engine vllm: the served model name "
                                                  "(default: the first one /v1/models lists)")
     e.add_argument("--concurrency", type=int, default=1, help="with --server: requests in flight")
-    e.add_argument("--steps", type=int, default=LOCAL_ONLY["steps"], help="draft depth S (drafter steps per cycle)")
-    e.add_argument("--topk", type=int, default=LOCAL_ONLY["topk"],
-                   help="children per expanded node: 1 = chain, > 1 = tree")
-    e.add_argument("--draft-tokens", type=int, default=LOCAL_ONLY["draft_tokens"],
-                   help="tree: draft tokens verified per cycle (default steps * topk)")
+    e.add_argument("--steps", type=_int_list, default=LOCAL_ONLY["steps"],
+                   help="draft depth S (drafter steps per cycle); a list (2,4,6) sweeps")
+    e.add_argument("--topk", type=_int_list, default=LOCAL_ONLY["topk"],
+                   help="children per expanded node: 1 = chain, > 1 = tree; a list sweeps")
+    e.add_argument("--draft-tokens", type=_int_list, default=LOCAL_ONLY["draft_tokens"],
+                   help="tree: draft tokens verified per cycle (default steps * topk); a list sweeps")
     e.add_argument("--batch", type=int, default=LOCAL_ONLY["batch"], help="prompts decoded together")
     e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
@@ -86,7 +97,7 @@ def register(sub) -> None:
     c.add_argument("--inputs", action="append", default=[],
                    help="measured inputs JSON: a benchmark's (allreduce_us, draft_step_us, verify_ms, decode_ms, "
                         "accept_length) or an `eval --json` (served accept length, and from a chain eval the "
-                        "draft-steps table); repeat to combine several")
+                        "draft-steps table; from a sweep, a row per setting and the best); repeat to combine several")
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw tok/s against accept length (and draft depth) per all-reduce latency")
@@ -126,13 +137,19 @@ def _prompt_sets(args) -> dict[str, tuple[str, list]]:
     return sets
 
 
-def _finish(results: dict[str, dict], args, fmt) -> int:
-    """Print (each set, then the pool) and write the JSON."""
+def _pooled(results: dict[str, dict]) -> dict:
+    """The one result of a run over prompt sets: the set's own, or their pool."""
     from drafter_lab.spec.eval import pool
 
-    result = next(iter(results.values()))
+    if len(results) == 1:
+        return next(iter(results.values()))
+    return {**pool(results), "prompts_file": [r["prompts_file"] for r in results.values()]}
+
+
+def _finish(results: dict[str, dict], args, fmt) -> int:
+    """Print (each set, then the pool) and write the JSON."""
+    result = _pooled(results)
     if len(results) > 1:
-        result = {**pool(results), "prompts_file": [r["prompts_file"] for r in results.values()]}
         print("\n".join(_set_line(name, r) for name, r in results.items()) + "\npooled over the sets:")
     print(fmt(result))
     if args.json:
@@ -151,6 +168,7 @@ def run_eval(args) -> int:
 
     from drafter_lab.spec.eval import evaluate
     from drafter_lab.spec.pairing import load_for_target
+    from drafter_lab.spec.sweep import format_sweep, grid
     from drafter_lab.targets.hf import load_target
 
     sets = _prompt_sets(args)
@@ -170,15 +188,24 @@ def run_eval(args) -> int:
     target = load_target(args.target, device=_device(args.device), dtype=dtype)
     if not args.ngram:
         drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
-    results = {}
-    for name, (path, convs) in sets.items():
-        results[name] = evaluate(
-            target, drafter, convs, steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens,
-            batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-            use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
-        )
-        results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
-    return _finish(results, args, format_eval)
+    runs = []
+    for setting in grid(args.steps, args.topk, args.draft_tokens):
+        results = {}
+        for name, (path, convs) in sets.items():
+            results[name] = evaluate(
+                target, drafter, convs, **setting, batch=args.batch, max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature, seed=args.seed,
+                use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
+            )
+            results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
+        runs.append(results)
+    if len(runs) == 1:
+        return _finish(runs[0], args, format_eval)
+    pooled = [_pooled(results) for results in runs]
+    print(format_sweep(pooled))
+    if args.json:
+        atomic.write_json(args.json, {"sweep": pooled})
+    return 0
 
 
 def _ngram_drafter(args):
@@ -256,14 +283,20 @@ def format_eval(r: dict) -> str:
 
 
 def run_costmodel(args) -> int:
-    from drafter_lab.spec.costmodel import PRESETS, apply_inputs, format_report, report
+    from drafter_lab.spec.costmodel import PRESETS, fold, format_report, read_inputs, report, settings_table
 
     cfg = labconfig.apply_cli_args(PRESETS[args.preset], args)
     measured = None
+    sweeps = []
     for path in args.inputs:
-        cfg, latency = apply_inputs(cfg, path)
+        data = read_inputs(path)
+        if "sweep" in data:  # priced row by row below, on the config the other inputs make
+            sweeps.append((path, data["sweep"]))
+            continue
+        cfg, latency = fold(cfg, data, path)
         measured = latency if latency is not None else measured
     r = report(cfg, measured)
+    r["settings"] = [row for path, sweep in sweeps for row in settings_table(cfg, sweep, measured, path)]
     r["preset"] = args.preset
     print(format_report(r, " + ".join([args.preset, *args.inputs])))
     if args.json:

@@ -206,25 +206,55 @@ def accept_by_steps(histogram, path) -> list[float]:
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
 
 
-def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency | None]:
-    """Fold a measured-inputs JSON (a benchmark's or an eval's) into `cfg`; returns (config, measured
-    all-reduce latency or None)."""
+KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "no_draft_share", "accept_length",
+                "served_accept_len", "accept_histogram")
+
+
+def read_inputs(path) -> dict:
+    """A measured-inputs JSON: an object with any of KNOWN_INPUTS, or an eval sweep's {"sweep": [eval, ...]}."""
     path = Path(path)
     data = atomic.read_json(path, "cost model inputs file not found")
-    known = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "no_draft_share", "accept_length",
-             "served_accept_len", "accept_histogram")
-    if not isinstance(data, dict) or not any(k in data for k in known):
-        raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(known)}", path)
+    if isinstance(data, dict) and "sweep" in data:
+        rows = data["sweep"]
+        if not (isinstance(rows, list) and rows and all(isinstance(r, dict) and "served_accept_len" in r
+                                                        and isinstance((r.get("config") or {}).get("steps"), int)
+                                                        for r in rows)):
+            raise LabError("sweep must be a list of `eval --json` results (served_accept_len, config.steps)", path)
+        return data
+    if not isinstance(data, dict) or not any(k in data for k in KNOWN_INPUTS):
+        raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(KNOWN_INPUTS)}", path)
+    return data
+
+
+def _drafting(data: dict, path) -> dict:
+    """What an eval says about the drafting it measured: its steps and verified tokens (the settings
+    its accept length is priced at), and an n-gram lookup's host time and no-match share."""
     over: dict = {}
     if "draft_step_us" in data:
         over["draft_step_us"] = _number(data["draft_step_us"], "draft_step_us", path)
-    if "decode_ms" in data:
-        over["decode_ms"] = _number(data["decode_ms"], "decode_ms", path)
     if "no_draft_share" in data:
         z = data["no_draft_share"]
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < 1:
             raise LabError(f"no_draft_share must be a number in [0, 1), got {z!r}", path)
         over["no_draft_share"] = float(z)
+    conf = data.get("config") or {}
+    if "served_accept_len" in data and isinstance(conf.get("steps"), int):
+        over["steps"] = conf["steps"]
+        over["verify_tokens"] = int(conf.get("draft_tokens") or conf["steps"]) + 1
+    return over
+
+
+def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency | None]:
+    """Fold a measured-inputs file into `cfg` (see `fold`)."""
+    return fold(cfg, read_inputs(path), path)
+
+
+def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Latency | None]:
+    """Fold measured inputs (a benchmark's or an eval's) into `cfg`; returns (config, measured
+    all-reduce latency or None)."""
+    over = _drafting(data, path)
+    if "decode_ms" in data:
+        over["decode_ms"] = _number(data["decode_ms"], "decode_ms", path)
     extra = []
     if "accept_length" in data:
         extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]
@@ -233,11 +263,6 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
         extra.append(round(_number(data["served_accept_len"], "served_accept_len", path), 2))
     if extra:
         over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
-    conf = data.get("config") or {}
-    if "served_accept_len" in data and isinstance(conf.get("steps"), int):
-        # the measured accept length is priced at the settings it was measured with
-        over["steps"] = conf["steps"]
-        over["verify_tokens"] = int(conf.get("draft_tokens") or conf["steps"]) + 1
     if data.get("accept_histogram") is not None:
         topk = (data.get("config") or {}).get("topk", 1)
         if topk == 1:
@@ -270,6 +295,23 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
         else:
             measured = _number(ar, "allreduce_us", path)
     return cfg, measured
+
+
+def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | None = None, path=None) -> list[dict]:
+    """One row per swept eval (`eval --steps 2,4 --topk 1,2 ...`): its served accept length priced at
+    its own steps and verified tokens (the all-reduce at `latency`, None: the config's own, for that
+    many tokens' message)."""
+    rows = []
+    for e in sweep:
+        m = CostModel(dataclasses.replace(cfg, **_drafting(e, path)))
+        x = cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
+        accept = _number(e["served_accept_len"], "served_accept_len", path)
+        tok_s = m.spec_tok_s(accept, x)
+        c = e["config"]
+        rows.append({"steps": c["steps"], "topk": c.get("topk", 1), "draft_tokens": m.cfg.verify_tokens - 1,
+                     "accept": accept, "allreduce_us": x, "verify_ms": m.verify_ms(x), "cycle_ms": m.cycle_ms(x),
+                     "spec_tok_s": tok_s, "speedup": tok_s / m.baseline_tok_s(x)})
+    return rows
 
 
 def steps_table(cfg: CostModelConfig, latency: Latency | None = None) -> list[dict]:
@@ -382,10 +424,28 @@ def format_report(r: dict, name: str) -> str:
         ]
         lines += [f"{row['steps']:>5} {row['accept']:>6.2f} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
                   f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["steps_table"]]
-        lines.append(f"best: {best['steps']} steps, {best['spec_tok_s']:.1f} tok/s; in SGLang "
-                     f"--speculative-num-steps {best['steps']} --speculative-eagle-topk 1 "
-                     f"--speculative-num-draft-tokens {best['steps'] + 1}, in vLLM "
-                     f"num_speculative_tokens {best['steps']}"
+        lines.append(f"best: {best['steps']} steps, {best['spec_tok_s']:.1f} tok/s; {_serve_flags(best['steps'], 1, best['steps'])}"
                      + ("" if best["speedup"] >= 1 else
                         f"; still slower than plain decoding ({r['baseline_tok_s']:.1f} tok/s) at every depth"))
+    if r.get("settings"):
+        lines += [
+            "",
+            "settings (an eval sweep; each served accept length priced at its own steps and verified tokens):",
+            f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'accept':>6} {'verify ms':>9} {'cycle ms':>8} "
+            f"{'spec tok/s':>10} {'speedup':>7}",
+        ]
+        lines += [f"{row['steps']:>5} {row['topk']:>4} {row['draft_tokens']:>12} {row['accept']:>6.2f} "
+                  f"{row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} {row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x"
+                  for row in r["settings"]]
+        best = max(r["settings"], key=lambda row: row["spec_tok_s"])
+        lines.append(f"best: steps {best['steps']}, topk {best['topk']}, draft tokens {best['draft_tokens']}, "
+                     f"{best['spec_tok_s']:.1f} tok/s ({best['speedup']:.2f}x); "
+                     + _serve_flags(best["steps"], best["topk"], best["draft_tokens"]))
     return "\n".join(lines)
+
+
+def _serve_flags(steps: int, topk: int, draft_tokens: int) -> str:
+    """The settings as SGLang (which counts the verified root among its draft tokens) and vLLM take them."""
+    sglang = (f"in SGLang --speculative-num-steps {steps} --speculative-eagle-topk {topk} "
+              f"--speculative-num-draft-tokens {draft_tokens + 1}")
+    return sglang + (f", in vLLM num_speculative_tokens {steps}" if topk == 1 else "")

@@ -1,0 +1,52 @@
+"""`eval` over several speculative settings, as SGLang's bench_speculative sweeps them: which to serve?
+
+`eval --steps 2,4,6 --topk 1,2 --draft-tokens 8,12` decodes the prompts once per setting (each with
+its own target-only run, so every ratio compares like with like) and prints one row per setting.
+A chain (topk 1) verifies its S drafts, so the draft-token list applies to trees only; a tree
+setting that cannot select that many tokens is left out with a line that says so.
+`costmodel --inputs SWEEP.json` prices every row on a deployment and names the best one.
+"""
+
+from __future__ import annotations
+
+from drafter_lab.errors import LabError
+from drafter_lab.progress import log
+from drafter_lab.spec.engine import SpecConfig
+
+
+def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None) -> list[dict]:
+    """The (steps, topk, draft_tokens) settings to decode, in the order given, duplicates dropped."""
+    sweep = len(steps) * len(topks) * len(draft_tokens or [None]) > 1
+    out: list[dict] = []
+    for s in steps:
+        for k in topks:
+            for t in draft_tokens or [None]:
+                t = None if sweep and k == 1 else t
+                try:
+                    cfg = SpecConfig(steps=s, topk=k, draft_tokens=t)
+                except LabError as e:
+                    if not sweep:
+                        raise
+                    log(f"sweep: leaving out steps {s}, topk {k}, draft tokens {t}: {e}")
+                    continue
+                setting = {"steps": s, "topk": k, "draft_tokens": cfg.tree_tokens}
+                if setting not in out:
+                    out.append(setting)
+    if not out:
+        raise LabError("no setting of the sweep can be drafted")
+    return out
+
+
+def format_sweep(results: list[dict]) -> str:
+    """One row per setting: served accept length and the tok/s of that setting's own run."""
+    head = f"{'steps':>5} {'topk':>4} {'draft tokens':>12} | {'served accept':>13} {'spec tok/s':>10} " \
+           f"{'target tok/s':>12} {'ratio':>6}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        c = r["config"]
+        lines.append(f"{c['steps']:>5} {c['topk']:>4} {c['draft_tokens']:>12} | {r['served_accept_len']:>13.3f} "
+                     f"{r['spec_tok_s']:>10.1f} {r['baseline_tok_s']:>12.1f} {r['speedup']:>5.2f}x")
+    best = max(results, key=lambda r: r["speedup"])["config"]
+    lines.append(f"fastest here: steps {best['steps']}, topk {best['topk']}, draft tokens {best['draft_tokens']} "
+                 "(this machine's speed; `costmodel --inputs` prices the settings on a deployment)")
+    return "\n".join(lines)

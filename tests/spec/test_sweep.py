@@ -1,0 +1,78 @@
+"""`eval` over several settings (a sweep) and the cost model's row per setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from drafter_lab.cli import main
+from drafter_lab.errors import LabError
+from drafter_lab.spec.costmodel import PRESETS, CostModel, settings_table
+from drafter_lab.spec.sweep import grid
+
+SEEDS = "seeds-kimi-k2.5-8x-pcie"
+
+
+def test_grid_keeps_what_can_be_drafted():
+    rows = [(g["steps"], g["topk"], g["draft_tokens"]) for g in grid([2, 4], [1, 2], [8])]
+    # a chain verifies its own S drafts; 2 steps x top-2 select at most 6 tokens, so (2, 2, 8) is left out
+    assert rows == [(2, 1, 2), (4, 1, 4), (4, 2, 8)]
+    assert [(g["topk"], g["draft_tokens"]) for g in grid([3], [1, 1, 2], None)] == [(1, 3), (2, 6)]
+    with pytest.raises(LabError, match=r"draft_tokens must be in 1..4"):  # one setting: as a plain eval
+        grid([4], [1], [8])
+    with pytest.raises(LabError, match="no setting of the sweep can be drafted"):
+        grid([2], [2], [7, 9])
+
+
+def test_cli_sweep_then_cost_model_rows(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
+    out = tmp_path / "sweep.json"
+    assert main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
+                 "--steps", "2,4", "--topk", "1,2", "--draft-tokens", "6", "--max-new-tokens", "16",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fastest here:" in text and len([line for line in text.splitlines() if " | " in line]) == 5
+    sweep = json.loads(out.read_text())["sweep"]
+    assert [(r["config"]["steps"], r["config"]["topk"], r["config"]["draft_tokens"]) for r in sweep] == \
+        [(2, 1, 2), (2, 2, 6), (4, 1, 4), (4, 2, 6)]
+    assert all(r["lossless_check"] == "identical" and r["served_accept_len"] >= 1 for r in sweep)
+
+    model = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(out), "--json", str(model)]) == 0
+    text = capsys.readouterr().out
+    rows = json.loads(model.read_text())["settings"]
+    assert len(rows) == 4
+    for row, r in zip(rows, sweep):
+        c = r["config"]
+        m = CostModel(dataclasses.replace(PRESETS[SEEDS], steps=c["steps"], verify_tokens=c["draft_tokens"] + 1))
+        assert row["spec_tok_s"] == pytest.approx(m.spec_tok_s(r["served_accept_len"]))
+    best = max(rows, key=lambda row: row["spec_tok_s"])
+    assert (f"--speculative-eagle-topk {best['topk']} --speculative-num-draft-tokens {best['draft_tokens'] + 1}"
+            in text.splitlines()[-1])
+
+
+def test_ngram_rows_are_priced_with_their_lookup_time_and_no_match_share():
+    ngram = {"served_accept_len": 1.3, "draft_step_us": 20.0, "no_draft_share": 0.6,
+             "config": {"steps": 4, "topk": 1, "draft_tokens": 4}}
+    drafter = {"served_accept_len": 1.3, "config": {"steps": 4, "topk": 1, "draft_tokens": 4}}
+    cfg = PRESETS[SEEDS]
+    (n, d) = settings_table(cfg, [ngram, drafter])
+    m = CostModel(dataclasses.replace(cfg, steps=4, verify_tokens=5))
+    assert d["spec_tok_s"] == pytest.approx(m.spec_tok_s(1.3))
+    assert n["cycle_ms"] == pytest.approx(m.verify_ms() + 4 * 0.020 + cfg.cycle_overhead_ms)
+    assert n["spec_tok_s"] == pytest.approx(1300 / (0.4 * n["cycle_ms"] + 0.6 * cfg.decode_ms))
+    # a measured latency table prices each row's own message: 4 and 9 verified tokens differ
+    table = {8192: 10.0, 1 << 20: 100.0}
+    wide = dict(drafter, config={"steps": 4, "topk": 2, "draft_tokens": 8})
+    a, b = settings_table(cfg, [drafter, wide], table)
+    assert a["allreduce_us"] < b["allreduce_us"]
+
+
+def test_bad_sweep_file(tmp_path):
+    from drafter_lab.spec.costmodel import read_inputs
+
+    f = tmp_path / "sweep.json"
+    f.write_text(json.dumps({"sweep": [{"served_accept_len": 2.0}]}))
+    with pytest.raises(LabError, match="sweep must be a list of `eval --json` results"):
+        read_inputs(f)

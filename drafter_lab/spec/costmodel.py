@@ -431,12 +431,12 @@ def format_report(r: dict, name: str) -> str:
         lines += [
             "",
             "settings (an eval sweep; each served accept length priced at its own steps and verified tokens):",
-            f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'accept':>6} {'verify ms':>9} {'cycle ms':>8} "
-            f"{'spec tok/s':>10} {'speedup':>7}",
+            f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'accept':>6} {'all-reduce us':>13} {'verify ms':>9} "
+            f"{'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
         ]
         lines += [f"{row['steps']:>5} {row['topk']:>4} {row['draft_tokens']:>12} {row['accept']:>6.2f} "
-                  f"{row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} {row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x"
-                  for row in r["settings"]]
+                  f"{row['allreduce_us']:>13.3g} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
+                  f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["settings"]]
         best = max(r["settings"], key=lambda row: row["spec_tok_s"])
         lines.append(f"best: steps {best['steps']}, topk {best['topk']}, draft tokens {best['draft_tokens']}, "
                      f"{best['spec_tok_s']:.1f} tok/s ({best['speedup']:.2f}x); "

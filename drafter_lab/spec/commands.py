@@ -168,7 +168,7 @@ def run_eval(args) -> int:
 
     from drafter_lab.spec.eval import evaluate
     from drafter_lab.spec.pairing import load_for_target
-    from drafter_lab.spec.sweep import format_sweep, grid
+    from drafter_lab.spec.sweep import format_sweep, grid, run_sweep
     from drafter_lab.targets.hf import load_target
 
     sets = _prompt_sets(args)
@@ -188,8 +188,8 @@ def run_eval(args) -> int:
     target = load_target(args.target, device=_device(args.device), dtype=dtype)
     if not args.ngram:
         drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
-    runs = []
-    for setting in grid(args.steps, args.topk, args.draft_tokens):
+
+    def decode(setting: dict) -> dict[str, dict]:
         results = {}
         for name, (path, convs) in sets.items():
             results[name] = evaluate(
@@ -198,14 +198,32 @@ def run_eval(args) -> int:
                 use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
             )
             results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
-        runs.append(results)
-    if len(runs) == 1:
-        return _finish(runs[0], args, format_eval)
-    pooled = [_pooled(results) for results in runs]
-    print(format_sweep(pooled))
-    if args.json:
-        atomic.write_json(args.json, {"sweep": pooled})
+        return results
+
+    settings = grid(args.steps, args.topk, args.draft_tokens)
+    if len(settings) == 1:
+        return _finish(decode(settings[0]), args, format_eval)
+    journal = _sweep_journal(args, target, drafter, sets) if args.json else None
+    sweep = run_sweep(settings, lambda s: _pooled(decode(s)), journal)
+    print(format_sweep(sweep))
+    if journal:
+        atomic.write_json(args.json, {"sweep": sweep})
+        journal.discard()
     return 0
+
+
+def _sweep_journal(args, target, drafter, sets):
+    """Where a sweep's finished settings are kept until its JSON lands, and what they were decoded with."""
+    from drafter_lab.journal import Journal
+    from drafter_lab.targets.hf import fingerprint
+
+    same = {k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "batch", "temperature", "seed", "device",
+                                         "dtype", "fused")}
+    return Journal(f"{args.json}.partial", {
+        "target": target.fingerprint,
+        "drafter": drafter.cfg.describe() if args.ngram else fingerprint(args.drafter),
+        "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()}, **same,
+    })
 
 
 def _ngram_drafter(args):

@@ -5,11 +5,18 @@ its own target-only run, so every ratio compares like with like) and prints one 
 A chain (topk 1) verifies its S drafts, so the draft-token list applies to trees only; a tree
 setting that cannot select that many tokens is left out with a line that says so.
 `costmodel --inputs SWEEP.json` prices every row on a deployment and names the best one.
+
+Each setting's result is journaled as it finishes (`SWEEP.json.partial`): a killed sweep run
+again decodes only the settings it has not finished, and a longer list reuses those it shares.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+
 from drafter_lab.errors import LabError
+from drafter_lab.journal import Journal
 from drafter_lab.progress import log
 from drafter_lab.spec.engine import SpecConfig
 
@@ -35,6 +42,22 @@ def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None) -> 
     if not out:
         raise LabError("no setting of the sweep can be drafted")
     return out
+
+
+def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Journal | None = None) -> list[dict]:
+    """decode(setting) for every setting, in order; those the journal holds are not decoded again."""
+    def key(setting: dict) -> str:
+        return json.dumps(setting, sort_keys=True)
+
+    done = {key(r["setting"]): r["result"] for r in journal.records} if journal else {}
+    todo = [s for s in settings if key(s) not in done]
+    if done:
+        log(f"sweep: {len(settings) - len(todo)} of {len(settings)} settings already decoded ({journal.path})")
+    for s in todo:
+        done[key(s)] = decode(s)
+        if journal:
+            journal.append({"setting": s, "result": done[key(s)]})
+    return [done[key(s)] for s in settings]
 
 
 def format_sweep(results: list[dict]) -> str:

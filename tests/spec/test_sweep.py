@@ -76,3 +76,42 @@ def test_bad_sweep_file(tmp_path):
     f.write_text(json.dumps({"sweep": [{"served_accept_len": 2.0}]}))
     with pytest.raises(LabError, match="sweep must be a list of `eval --json` results"):
         read_inputs(f)
+
+
+def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompts_file, tmp_path, monkeypatch, capsys):
+    from drafter_lab.spec import eval as spec_eval
+
+    real, calls = spec_eval.evaluate, []
+
+    def dies_on_the_third(*args, **kwargs):
+        calls.append(kwargs["steps"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    out = tmp_path / "sweep.json"
+    argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
+            "--steps", "1,2,3", "--max-new-tokens", "12", "--json", str(out)]
+    monkeypatch.setattr(spec_eval, "evaluate", dies_on_the_third)
+    assert main(argv) == 130  # interrupted
+    assert not out.exists() and (tmp_path / "sweep.json.partial").exists()
+    calls.clear()
+    assert main(argv) == 0
+    assert calls == [3]  # steps 1 and 2 came from the journal
+    assert "2 of 3 settings already decoded" in capsys.readouterr().err
+    resumed = json.loads(out.read_text())["sweep"]
+    assert not (tmp_path / "sweep.json.partial").exists()
+    monkeypatch.setattr(spec_eval, "evaluate", real)
+    again = tmp_path / "again.json"
+    assert main([*argv[:-1], str(again)]) == 0
+    fresh = json.loads(again.read_text())["sweep"]
+    for a, b in zip(resumed, fresh):
+        assert (a["accept_histogram"], a["spec_tokens"]) == (b["accept_histogram"], b["spec_tokens"])
+    # a journal made with other decoding settings is refused, not mixed in
+    monkeypatch.setattr(spec_eval, "evaluate", dies_on_the_third)
+    calls.clear()
+    assert main(argv) == 130
+    capsys.readouterr()
+    assert main([*argv[:-3], "8", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "sweep.json.partial" in err and "other settings" in err and len(err.strip().splitlines()) == 1

@@ -287,7 +287,6 @@ def render(cfg: ExperimentConfig, levels: list[dict], sweep: list[dict] | None, 
             lines += [f"Target drift (tuned vs base): KL {drift.get('kl', float('nan')):.4f}; "
                       f"per-layer CKA {', '.join(f'{c:.3f}' for c in drift.get('cka', []))}", ""]
         lines += ["### Arms (final validation)", ""] + _arm_table(lv, k) + [""] + _ngram_line(lv)
-
         lines += ["### Decisions, taken from the numbers", ""] + [f"- {d}" for d in decisions(lv, cfg)] + [""]
         prefix = "" if len(levels) == 1 else f"drift-{lv['drift_knob']:g}/"
         speed = _speed_section(lv, cfg, f"{prefix}speed.png")

@@ -424,7 +424,8 @@ def format_report(r: dict, name: str) -> str:
         ]
         lines += [f"{row['steps']:>5} {row['accept']:>6.2f} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
                   f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["steps_table"]]
-        lines.append(f"best: {best['steps']} steps, {best['spec_tok_s']:.1f} tok/s; {_serve_flags(best['steps'], 1, best['steps'])}"
+        lines.append(f"best: {best['steps']} steps, {best['spec_tok_s']:.1f} tok/s; "
+                     + _serve_flags(best["steps"], 1, best["steps"])
                      + ("" if best["speedup"] >= 1 else
                         f"; still slower than plain decoding ({r['baseline_tok_s']:.1f} tok/s) at every depth"))
     if r.get("settings"):

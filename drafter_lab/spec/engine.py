@@ -216,12 +216,13 @@ class SpecEngine:
             toks = tree.tokens.gather(1, path.clamp_min(0))  # toks[:, 0] is the root, already emitted
             nxt = torch.roll(toks, -1, 1)
             nxt[rows, (counts - 1).clamp_min(0)] = bonus
-            drafted = tree.drafted().tolist()
+            drafted = tree.drafted().tolist() if speculative else None
             for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
                 if done[b]:
                     continue
                 gen.accept_lengths.append(n)
-                gen.draft_lengths.append(drafted[b])
+                if drafted is not None:
+                    gen.draft_lengths.append(drafted[b])
                 out[b].extend(row[:n])
                 done[b] = self._done(out[b])
             if eagle:

@@ -13,7 +13,7 @@ from drafter_lab.spec.ngram_config import NgramConfig
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
 LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": 1, "seed": 0, "device": "auto",
               "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
-              "ngram_min": None, "ngram_max": None}
+              "ngram_min": None, "ngram_max": None, "ngram_across_prompts": False}
 # Flags of an EAGLE-3 drafter's decoding: n-gram drafting (--ngram) refuses them.
 DRAFTER_ONLY = ("fused", "allow_other_target")
 
@@ -78,6 +78,9 @@ def register(sub) -> None:
                    help=f"with --ngram: shortest suffix that may match (default {NgramConfig.min_n})")
     e.add_argument("--ngram-max", type=int, default=LOCAL_ONLY["ngram_max"],
                    help=f"with --ngram: longest suffix, tried first (default {NgramConfig.max_n})")
+    e.add_argument("--ngram-across-prompts", action="store_true",
+                   help="with --ngram: also look up the prompts decoded before and their outputs (SGLang's NGRAM "
+                        "cache), after the row's own tokens")
     e.add_argument("--allow-other-target", action="store_true",
                    help="decode with a drafter recorded as trained on another target (zero-shot transfer)")
     e.add_argument("--json", default=None, help="write every number to this JSON file")
@@ -183,8 +186,8 @@ def run_eval(args) -> int:
     dtype = getattr(torch, args.dtype)
     if args.ngram:
         drafter = _ngram_drafter(args)  # its flags are checked before the target loads
-    elif (args.ngram_min, args.ngram_max) != (None, None):
-        raise LabError("--ngram-min and --ngram-max apply to n-gram drafting (--ngram)")
+    elif (args.ngram_min, args.ngram_max, args.ngram_across_prompts) != (None, None, False):
+        raise LabError("--ngram-min, --ngram-max and --ngram-across-prompts apply to n-gram drafting (--ngram)")
     target = load_target(args.target, device=_device(args.device), dtype=dtype)
     if not args.ngram:
         drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
@@ -233,7 +236,7 @@ def _ngram_drafter(args):
     if given:
         raise LabError(f"{', '.join(given)} apply to an EAGLE-3 drafter, not to n-gram drafting (--ngram)")
     sizes = {k: v for k, v in (("min_n", args.ngram_min), ("max_n", args.ngram_max)) if v is not None}
-    return NgramDrafter(NgramConfig(**sizes))
+    return NgramDrafter(NgramConfig(**sizes, across_prompts=args.ngram_across_prompts))
 
 
 def _run_served_eval(args, sets) -> int:

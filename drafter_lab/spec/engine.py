@@ -230,4 +230,6 @@ class SpecEngine:
                 step0 = self.drafter.extend(nxt, aux_path, counts, self._step0_topk())
             root = bonus
         gen.tokens = [self._trim(o) for o in out]
+        if speculative and self.ngram is not None:
+            self.ngram.finish([p + o for p, o in zip(prompts, gen.tokens)])
         return gen

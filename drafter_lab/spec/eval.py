@@ -87,6 +87,8 @@ def evaluate(
     warm = SpecEngine(target, drafter, dataclasses.replace(cfg, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens)))
     for speculative in (False, True):
         warm.generate(batches[0], speculative=speculative, generator=torch.Generator(device).manual_seed(seed))
+    if ngram:  # across prompts, the measurement must not look up the warm-up's rows
+        drafter.forget()
 
     gens = {False: torch.Generator(device).manual_seed(seed), True: torch.Generator(device).manual_seed(seed)}
     outputs = {False: [], True: []}

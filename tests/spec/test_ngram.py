@@ -14,7 +14,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.accept import greedy_walk, sampled_walk
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
 from drafter_lab.spec.eval import evaluate, pool
-from drafter_lab.spec.ngram import NgramDrafter, NgramIndex, propose_reference
+from drafter_lab.spec.ngram import NgramDrafter, propose_reference
 from drafter_lab.spec.ngram_config import NgramConfig
 from drafter_lab.spec.tree import padded_chain
 from drafter_lab.targets.hf import load_target
@@ -22,38 +22,67 @@ from drafter_lab.targets.hf import load_target
 from .test_engine import hf_greedy
 
 
+def _propose(drafter: NgramDrafter, tokens: list[int], steps: int) -> list[int]:
+    return drafter.propose(drafter.rows[0], tokens, steps)
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["own-row", "across-prompts"])
 @pytest.mark.parametrize("sizes", [(1, 1), (1, 3), (2, 4), (3, 3)])
-def test_index_matches_the_scanning_definition(sizes):
-    """Rows grown by random chunks over a small alphabet (many repeats), checked after every chunk."""
-    cfg = NgramConfig(*sizes)
-    rng = random.Random(hash(sizes))
-    proposed = 0
+def test_index_matches_the_scanning_definition(sizes, across):
+    """Rows grown by random chunks over a small alphabet (many repeats), checked after every chunk;
+    across prompts, each row also looks up the rows finished before it."""
+    cfg = NgramConfig(*sizes, across_prompts=across)
+    rng = random.Random(hash((sizes, across)))
+    drafter, earlier, proposed = NgramDrafter(cfg), [], 0
     for _ in range(40):
-        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 6))]
-        index = NgramIndex(cfg)
-        while len(tokens) < 80:
+        tokens = [rng.randrange(5) for _ in range(rng.randrange(1, 6))]
+        drafter.reset(1)
+        while len(tokens) < 60:
             steps = rng.randrange(1, 6)
-            got = index.propose(tokens, steps)
-            assert got == propose_reference(tokens, steps, cfg), (tokens, steps)
+            got = _propose(drafter, tokens, steps)
+            assert got == propose_reference(tokens, steps, cfg, earlier), (tokens, steps)
             proposed += bool(got)
-            tokens += [rng.randrange(4) for _ in range(rng.randrange(1, 5))]
+            tokens += [rng.randrange(5) for _ in range(rng.randrange(1, 5))]
+        drafter.finish([tokens])
+        earlier += [tokens] if across else []
     assert proposed > 100
 
 
 def test_longest_then_most_recent_match():
+    def propose(tokens, steps, lo, hi):
+        d = NgramDrafter(NgramConfig(lo, hi))
+        d.reset(1)
+        return _propose(d, tokens, steps)
+
     tokens = [1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3]
     # [1, 2, 3] occurred at 0 and at 4: the most recent one is continued
-    assert NgramIndex(NgramConfig(1, 3)).propose(tokens, 2) == [7, 1]
+    assert propose(tokens, 2, 1, 3) == [7, 1]
     # the longest suffix wins: [8, 5] matches only as a 1-gram, [3, 8, 5] as a 3-gram
     tokens = [8, 5, 6, 6, 3, 8, 5, 4, 0, 8, 5, 1, 3, 8, 5]
-    assert NgramIndex(NgramConfig(1, 3)).propose(tokens, 3) == [4, 0, 8]
-    assert NgramIndex(NgramConfig(1, 1)).propose(tokens, 3) == [1, 3, 8]
+    assert propose(tokens, 3, 1, 3) == [4, 0, 8]
+    assert propose(tokens, 3, 1, 1) == [1, 3, 8]
     # a continuation stops at the row's end; no earlier occurrence, or a suffix under min_n: nothing
-    assert NgramIndex(NgramConfig(1, 2)).propose([5, 6, 5], 4) == [6, 5]
-    assert NgramIndex(NgramConfig(2, 4)).propose([5, 6, 5], 4) == []
-    assert NgramIndex(NgramConfig(1, 4)).propose([1, 2, 3], 4) == []
+    assert propose([5, 6, 5], 4, 1, 2) == [6, 5]
+    assert propose([5, 6, 5], 4, 2, 4) == []
+    assert propose([1, 2, 3], 4, 1, 4) == []
     with pytest.raises(LabError, match="min_n <= max_n"):
         NgramConfig(3, 2)
+
+
+def test_across_prompts_looks_up_earlier_rows_after_its_own():
+    d = NgramDrafter(NgramConfig(2, 3, across_prompts=True))
+    d.finish([[7, 1, 2, 3, 4], [1, 2, 5, 6]])  # two rows finished before
+    d.reset(1)
+    assert _propose(d, [9, 1, 2], 4) == [5, 6]  # the most recent earlier row, cut at its end
+    assert _propose(d, [9, 1, 2, 8, 1, 2], 4) == [8, 1, 2]  # the row's own occurrence comes first
+    assert _propose(d, [0, 7, 1, 2], 2) == [3, 4]  # a longer match in an older row wins
+    d.forget()
+    d.reset(1)
+    assert _propose(d, [9, 1, 2], 4) == []
+    own_only = NgramDrafter(NgramConfig(2, 3))
+    own_only.finish([[7, 1, 2, 3, 4]])
+    own_only.reset(1)
+    assert _propose(own_only, [9, 1, 2], 4) == []
 
 
 def test_padding_nodes_are_verified_but_never_accepted():
@@ -72,9 +101,10 @@ def test_padding_nodes_are_verified_but_never_accepted():
     assert padded_chain(root, [[], [], []], pad_id=0).size == 1
 
 
-def test_ngram_decoding_is_lossless(target, prompts):
-    engine = SpecEngine(target, NgramDrafter(NgramConfig(1, 3)), SpecConfig(steps=4, max_new_tokens=40,
-                                                                           stop_at_eos=False))
+@pytest.mark.parametrize("across", [False, True], ids=["own-row", "across-prompts"])
+def test_ngram_decoding_is_lossless(target, prompts, across):
+    engine = SpecEngine(target, NgramDrafter(NgramConfig(1, 3, across_prompts=across)),
+                        SpecConfig(steps=4, max_new_tokens=40, stop_at_eos=False))
     spec = engine.generate(prompts[:1])
     assert spec.tokens[0] == hf_greedy(target, prompts[0], 40)
     base = engine.generate(prompts, speculative=False)
@@ -113,6 +143,14 @@ def test_evaluate_ngram(target, conversations):
     assert 0 < r["no_draft_share"] < 1
 
 
+def test_evaluate_across_prompts_looks_up_the_measured_rows_only(target, conversations):
+    """The warm-up decodes the first batch too: its rows must not be there to look up."""
+    drafter = NgramDrafter(NgramConfig(1, 3, across_prompts=True))
+    r = evaluate(target, drafter, conversations[:4], steps=3, batch=2, max_new_tokens=24)
+    assert r["lossless_check"] == "identical" and r["config"]["drafter"] == "n-gram lookup (1..3, across prompts)"
+    assert len(drafter.row_ends) == 4  # the 4 measured rows, not the 2 warm-up rows
+
+
 def test_cli_eval_ngram_feeds_the_cost_model(random_llama, prompts_file, tmp_path, capsys):
     out = tmp_path / "ngram.json"
     assert main(["eval", "--ngram", "--ngram-min", "1", "--target", str(random_llama), "--prompts", str(prompts_file),
@@ -132,7 +170,8 @@ def test_cli_eval_ngram_feeds_the_cost_model(random_llama, prompts_file, tmp_pat
 @pytest.mark.parametrize("argv, message", [
     (["--ngram", "--fused", "on"], "--fused apply to an EAGLE-3 drafter"),
     (["--ngram", "--ngram-min", "3", "--ngram-max", "2"], "min_n <= max_n"),
-    (["--drafter", "d", "--ngram-min", "3"], "--ngram-min and --ngram-max apply to n-gram drafting"),
+    (["--drafter", "d", "--ngram-min", "3"], "--ngram-min, --ngram-max and --ngram-across-prompts apply to n-gram"),
+    (["--drafter", "d", "--ngram-across-prompts"], "--ngram-across-prompts apply to n-gram drafting"),
     (["--server", "http://127.0.0.1:9", "--ngram-max", "3"], "--ngram-max apply to the lab's own decoding"),
 ])
 def test_cli_ngram_bad_flags(random_llama, prompts_file, capsys, argv, message):

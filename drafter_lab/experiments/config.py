@@ -58,8 +58,8 @@ class ExperimentConfig:
     served_steps: int = 4
     """Chain draft steps for the served accept length."""
     ngram_baseline: bool = True
-    """With served_eval, also decode the eval prompts with n-gram lookup (no drafter): the bar a
-    trained drafter has to clear."""
+    """With served_eval, also decode the eval prompts with n-gram lookup (no drafter), in each row's
+    own tokens and across prompts: the bar a trained drafter has to clear."""
     seed: int = 0
     """One seed for every arm (same data order, same init for untransferred weights)."""
     device: str = "auto"

@@ -63,6 +63,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
             _served(f"{prefix} / arm {arm['key']} / served", arm.get("served"), out)
         _served(f"{prefix} / source drafter zero-shot / served", lv.get("source_served_zero_shot"), out)
         _served(f"{prefix} / n-gram lookup / served", lv.get("ngram_served"), out)
+        _served(f"{prefix} / n-gram lookup across prompts / served", lv.get("ngram_across_served"), out)
         probe = lv["probe"]
         _numbers(f"{prefix} / probe zero-shot", probe["zero_shot"], out)
         _numbers(f"{prefix} / probe home", probe.get("home"), out)

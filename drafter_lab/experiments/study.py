@@ -33,6 +33,7 @@ from drafter_lab.experiments.manifest import build_manifest, write_manifest
 from drafter_lab.experiments.probe import VERDICTS, probe
 from drafter_lab.progress import log
 from drafter_lab.spec.costmodel import PRESETS, CostModel
+from drafter_lab.spec.ngram_config import NgramConfig
 from drafter_lab.targets.build import build_pair
 from drafter_lab.threads import torch_threads
 from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
@@ -108,8 +109,8 @@ def _read_history(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _served(cfg: ExperimentConfig, drafter_dir: Path | None, target_dir: Path, prompts: Path) -> dict | None:
-    """The served evaluation of a drafter checkpoint, or of n-gram lookup when `drafter_dir` is None."""
+def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path, prompts: Path) -> dict | None:
+    """The served evaluation of a drafter checkpoint, or of n-gram lookup with these settings."""
     if not cfg.served_eval:
         return None
     from drafter_lab.data.conversations import read_conversations
@@ -119,7 +120,7 @@ def _served(cfg: ExperimentConfig, drafter_dir: Path | None, target_dir: Path, p
     from drafter_lab.targets.hf import load_target
 
     target = load_target(target_dir)
-    drafter = NgramDrafter() if drafter_dir is None else load_drafter(drafter_dir, target=target)
+    drafter = NgramDrafter(drafter) if isinstance(drafter, NgramConfig) else load_drafter(drafter, target=target)
     convs, _ = read_conversations(prompts)
     return served_eval(
         target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,
@@ -180,13 +181,17 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
         arm.served = _served(cfg, out, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
         timings[f"arm_{arm.key}_s"] = time.time() - t
     source_served = _served(cfg, source_dir, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
-    ngram_served = _served(cfg, None, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl") if cfg.ngram_baseline else None
+    ngram = {"ngram_served": None, "ngram_across_served": None}
+    if cfg.ngram_baseline:  # the bar without a drafter: lookup in each row's own tokens, and across prompts
+        for key, across in (("ngram_served", False), ("ngram_across_served", True)):
+            ngram[key] = _served(cfg, NgramConfig(across_prompts=across), pair_dir / "tuned",
+                                 pair_dir / "prompts-eval.jsonl")
 
     by_key = {a.key: a for a in arms}
     plots.learning_curves(arms, level_dir / "curves.png", math.log(cfg.draft_vocab_size),
                           report.watch_stop(by_key["a"], by_key["b"])[0])
     plots.cond_acc_bars(arms, level_dir / "cond_acc_k.png", cfg.ttt_steps)
-    speed = report.speed_tables({"arms": arms, "source_served_zero_shot": source_served, "ngram_served": ngram_served})
+    speed = report.speed_tables({"arms": arms, "source_served_zero_shot": source_served, **ngram})
     if speed:
         model = CostModel(PRESETS[report.SPEED_PRESET])
         plots.speed_by_depth(speed, {x: model.baseline_tok_s(x) for x in speed[0]["tables"]}, level_dir / "speed.png")
@@ -201,7 +206,7 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
         },
         "source_drafter": str(source_dir),
         "source_served_zero_shot": source_served,
-        "ngram_served": ngram_served,
+        **ngram,
         "probe": probe_result,
         "arms": arms,
         "timings": timings,

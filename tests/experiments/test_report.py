@@ -156,7 +156,10 @@ def test_ngram_baseline_is_priced_with_its_own_draft_time():
         for drafter_row, ngram_row in zip(rows, tables["n-gram lookup, no drafter"][x]):
             assert ngram_row["accept"] == drafter_row["accept"]
             assert ngram_row["spec_tok_s"] > drafter_row["spec_tok_s"]
+    level["ngram_across_served"] = {"served_accept_len": 1.665, "accept_histogram": {"1": 1, "2": 1},
+                                    "config": {"drafter": "n-gram lookup (2..4, across prompts)"}}
+    assert len(report.speed_tables(level)) == 3
     line = report._ngram_line(level)[0]
-    assert "n-gram lookup (2..4) on the same prompts serves 3.33 tokens per verify step" in line
-    assert line.endswith("the best arm serves 3.33 (1.00x).")
+    assert "(tokens per verify step): n-gram lookup (2..4) 3.33; n-gram lookup (2..4, across prompts) 1.67." in line
+    assert line.endswith("The best arm serves 3.33 (1.00x the better lookup).")
     assert report._ngram_line(_level(0.7, 0.6, 0.5)) == []

@@ -5,8 +5,8 @@ mask -> walk the tree (greedy or lossless sampling) -> commit the accepted path 
 (rolling back the rest) -> the drafter extends over the accepted positions, whose last step is the
 next cycle's draft step 0. `generate(..., speculative=False)` is plain target decoding through the
 same runner (a tree of just the root), the baseline that speculation is checked and timed against.
-An `NgramDrafter` in place of the drafter drafts chains from each row's own tokens instead (no
-drafter model, no target hidden states).
+An `NgramDrafter` in place of the drafter drafts chains or trees from the tokens seen so far
+instead (no drafter model, no target hidden states).
 
 Sampling (temperature > 0) is lossless in both drafting modes: a chain draws each draft token
 from the drafter's renormalised top-`sample_topk` distribution q and verifies it by speculative
@@ -123,8 +123,6 @@ class SpecEngine:
         self.cfg = cfg or SpecConfig()
         self.ngram = drafter if isinstance(drafter, NgramDrafter) else None
         if self.ngram is not None:
-            if self.cfg.topk != 1:
-                raise LabError(f"n-gram drafting proposes one chain per row: topk must be 1, got {self.cfg.topk}")
             drafter = None
         aux_ids = drafter.config.aux_layer_ids if drafter is not None else []
         self.target = TargetRunner(target.model, aux_ids, target.path)
@@ -153,7 +151,8 @@ class SpecEngine:
     def _draft(self, root, step0, generator, prompts, out) -> DraftTree:
         c = self.cfg
         if self.ngram is not None:
-            return self.ngram.draft(root, [p + o for p, o in zip(prompts, out)], c.steps, self.pad_id)
+            histories = [p + o for p, o in zip(prompts, out)]
+            return self.ngram.draft(root, histories, c.steps, c.topk, c.tree_tokens, self.pad_id)
         if c.sampled_chain:
             return self.drafter.draft_chain_sampled(root, *step0, c.steps, c.temperature, generator, self.vocab)
         return self.drafter.draft_tree(root, *step0, c.steps, c.topk, c.tree_tokens)

@@ -8,9 +8,14 @@ match proposes nothing, and the row verifies its root alone. With `across_prompt
 earlier by the same drafter are looked up too, after the row's own tokens at each length (SGLang's
 NGRAM keeps such a cache across requests).
 
-Rows of a batch propose different lengths: the verify tree is the longest row's chain, and the
-shorter rows are padded with nodes that can never be accepted (`tree.padded_chain`). Proposals
-are deterministic, so sampling verifies them as one-hot proposals and stays lossless.
+With topk K > 1 a row drafts a tree instead, as SGLang's NGRAM does: the continuations of the K
+most recent occurrences with distinct continuations (longest suffix first, then shorter ones,
+the row's own tokens before earlier rows at each length), merged into a trie of at most
+`draft_tokens` nodes, the most recent continuation first.
+
+Rows of a batch draft different sizes: the verify tree is padded to the largest with nodes that
+can never be accepted (`tree.padded_tree`). Drafts are deterministic, so sampling verifies them as
+one-hot proposals and stays lossless.
 """
 
 from __future__ import annotations
@@ -20,35 +25,47 @@ import bisect
 import torch
 
 from drafter_lab.spec.ngram_config import NgramConfig
-from drafter_lab.spec.tree import DraftTree, padded_chain
+from drafter_lab.spec.tree import DraftTree, padded_tree
 
 
-def _latest(tokens: list[int], suffix: list[int], last_end: int, steps: int) -> list[int] | None:
-    """The continuation of the most recent occurrence of `suffix` ending at or before `last_end`."""
-    n = len(suffix)
-    for start in range(last_end - n, -1, -1):
-        if tokens[start: start + n] == suffix:
-            return tokens[start + n: start + n + steps]
-    return None
-
-
-def propose_reference(tokens: list[int], steps: int, cfg: NgramConfig, earlier: list[list[int]] = ()) -> list[int]:
-    """The definition, by scanning: what `NgramDrafter` proposes for a row, with `earlier` the rows
-    finished before it (oldest first) when looking across prompts."""
-    L = len(tokens)
+def continuations_reference(tokens: list[int], steps: int, k: int, cfg: NgramConfig,
+                            earlier: list[list[int]] = ()) -> list[list[int]]:
+    """The definition, by scanning: the continuations `NgramDrafter` merges for a row, with
+    `earlier` the rows finished before it (oldest first) when looking across prompts."""
+    L, out = len(tokens), []
     for n in range(min(cfg.max_n, L), cfg.min_n - 1, -1):
         suffix = tokens[L - n:]
-        found = _latest(tokens, suffix, L - 1, steps) if n < L else None
-        for row in reversed(earlier):
-            if found is None:
-                found = _latest(row, suffix, len(row) - 1, steps)
-        if found:
-            return found
-    return []
+        sources = [(tokens, L - 1)] if n < L else []
+        sources += [(row, len(row) - 1) for row in reversed(earlier)]
+        for seq, last_end in sources:
+            for start in range(last_end - n, -1, -1):  # most recent occurrence first
+                cont = seq[start + n: start + n + steps]
+                if seq[start: start + n] == suffix and cont not in out:
+                    out.append(cont)
+                    if len(out) == k:
+                        return out
+    return out
+
+
+def trie(continuations: list[list[int]], budget: int) -> list[tuple[int, int]]:
+    """The continuations merged, in order, into at most `budget` nodes (token, parent): parent 0 is
+    the root, i the i-th node."""
+    nodes: list[tuple[int, int]] = []
+    child: dict[tuple[int, int], int] = {}
+    for seq in continuations:
+        parent = 0
+        for token in seq:
+            if (parent, token) not in child:
+                if len(nodes) == budget:
+                    return nodes
+                nodes.append((token, parent))
+                child[parent, token] = len(nodes)
+            parent = child[parent, token]
+    return nodes
 
 
 class NgramIndex:
-    """n-grams of a token list -> where the continuation of their most recent occurrence starts.
+    """n-grams of a token list -> where the continuations of their occurrences start, oldest first.
 
     An n-gram is indexed once a token follows it: a row's lookup must not find its own suffix, and
     a finished row's last n-grams have no continuation.
@@ -57,7 +74,7 @@ class NgramIndex:
     def __init__(self, cfg: NgramConfig):
         self.cfg = cfg
         self.tokens: list[int] = []
-        self.after: dict[tuple[int, ...], int] = {}
+        self.after: dict[tuple[int, ...], list[int]] = {}
         self.indexed = 0  # continuations starting before this position are indexed
 
     def grow(self, tokens: list[int]) -> None:
@@ -74,19 +91,12 @@ class NgramIndex:
         lo, hi = self.cfg.min_n, self.cfg.max_n
         for end in range(max(self.indexed, first) + 1, last + 1):  # n-grams tokens[end - n: end]
             for n in range(lo, min(hi, end - first) + 1):
-                self.after[tuple(tokens[end - n: end])] = end
+                self.after.setdefault(tuple(tokens[end - n: end]), []).append(end)
         self.tokens, self.indexed = tokens, max(self.indexed, last)
-
-    def find(self, suffix: tuple[int, ...], steps: int, limit: int | None = None) -> list[int] | None:
-        """Continuation of the suffix's most recent indexed occurrence, cut at `limit` (a row's end)."""
-        start = self.after.get(suffix)
-        if start is None:
-            return None
-        return self.tokens[start: min(start + steps, limit if limit is not None else len(self.tokens))]
 
 
 class NgramDrafter:
-    """Proposes chains from each row's own tokens (and, across prompts, from rows finished before);
+    """Drafts from each row's own tokens (and, across prompts, from rows finished before);
     `SpecEngine` takes it in place of an EAGLE-3 drafter."""
 
     def __init__(self, cfg: NgramConfig | None = None):
@@ -109,21 +119,31 @@ class NgramDrafter:
                 self.earlier.add_row(h)
                 self.row_ends.append(len(self.earlier.tokens))
 
-    def propose(self, index: NgramIndex, tokens: list[int], steps: int) -> list[int]:
+    def continuations(self, index: NgramIndex, tokens: list[int], steps: int, k: int) -> list[list[int]]:
+        """Up to k distinct continuations of the row's suffixes, most telling first (see the module)."""
         index.grow(tokens)
-        L = len(tokens)
+        L, out = len(tokens), []
         for n in range(min(self.cfg.max_n, L), self.cfg.min_n - 1, -1):
-            suffix = tuple(tokens[L - n:])
-            found = index.find(suffix, steps)
-            if found is None and self.row_ends:
-                start = self.earlier.after.get(suffix)
-                if start is not None:  # cut at the end of the row it lies in
-                    found = self.earlier.find(suffix, steps, self.row_ends[bisect.bisect_right(self.row_ends, start)])
-            if found:
-                return found
-        return []
+            for seq, start, limit in self._occurrences(index, tuple(tokens[L - n:])):
+                cont = seq[start: min(start + steps, limit)]
+                if cont not in out:
+                    out.append(cont)
+                    if len(out) == k:
+                        return out
+        return out
 
-    def draft(self, root: torch.Tensor, histories: list[list[int]], steps: int, pad_id: int) -> DraftTree:
+    def _occurrences(self, index: NgramIndex, suffix: tuple[int, ...]):
+        """(tokens, continuation start, where its row ends) of the suffix, the row's own most recent
+        first, then the earlier rows' most recent first."""
+        for s in reversed(index.after.get(suffix, ())):
+            yield index.tokens, s, len(index.tokens)
+        ends = self.row_ends
+        for s in reversed(self.earlier.after.get(suffix, ()) if ends else ()):
+            yield self.earlier.tokens, s, ends[bisect.bisect_right(ends, s)]
+
+    def draft(self, root: torch.Tensor, histories: list[list[int]], steps: int, topk: int, draft_tokens: int,
+              pad_id: int) -> DraftTree:
         """histories[b]: row b's prompt and emitted tokens, ending at the root (not yet verified)."""
-        proposals = [self.propose(index, h, steps) for index, h in zip(self.rows, histories)]
-        return padded_chain(root, proposals, pad_id)
+        drafts = [trie(self.continuations(index, h, steps, topk), draft_tokens)
+                  for index, h in zip(self.rows, histories)]
+        return padded_tree(root, drafts, pad_id)

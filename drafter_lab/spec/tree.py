@@ -66,15 +66,21 @@ def chain(root: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None = Non
     )
 
 
-def padded_chain(root: torch.Tensor, proposals: list[list[int]], pad_id: int) -> DraftTree:
-    """Chains of different lengths per row (root [B], proposals[b] its drafts), padded to the longest
-    with nodes that can never be accepted."""
-    B, S = root.shape[0], max((len(p) for p in proposals), default=0)
-    tree = chain(root, torch.full((B, S), pad_id, dtype=root.dtype, device=root.device))
-    for b, p in enumerate(proposals):
-        tree.tokens[b, 1: len(p) + 1] = torch.tensor(p, dtype=root.dtype)
-        tree.parents[b, len(p) + 1:] = torch.arange(len(p) + 1, S + 1)
-    return tree
+def padded_tree(root: torch.Tensor, drafts: list[list[tuple[int, int]]], pad_id: int) -> DraftTree:
+    """Trees of different sizes per row: root [B], and per row its drafted nodes as (token, parent),
+    parent a local index (0 = the root, i = the row's i-th node; parents first). Rows are padded to
+    the largest with nodes that can never be accepted."""
+    B, N = root.shape[0], 1 + max((len(d) for d in drafts), default=0)
+    tokens = torch.full((B, N), pad_id, dtype=torch.long)
+    parents = torch.arange(N).repeat(B, 1)
+    depth = torch.zeros(B, N, dtype=torch.long)
+    parents[:, 0] = -1
+    for b, nodes in enumerate(drafts):
+        for i, (token, parent) in enumerate(nodes, start=1):
+            tokens[b, i], parents[b, i], depth[b, i] = token, parent, depth[b, parent] + 1
+    tokens[:, 0] = root.cpu()
+    dev = root.device
+    return DraftTree(tokens.to(dev, root.dtype), parents.to(dev), depth.to(dev))
 
 
 class Candidates:

@@ -14,38 +14,42 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.accept import greedy_walk, sampled_walk
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
 from drafter_lab.spec.eval import evaluate, pool
-from drafter_lab.spec.ngram import NgramDrafter, propose_reference
+from drafter_lab.spec.ngram import NgramDrafter, continuations_reference, trie
 from drafter_lab.spec.ngram_config import NgramConfig
-from drafter_lab.spec.tree import padded_chain
+from drafter_lab.spec.tree import padded_tree
 from drafter_lab.targets.hf import load_target
 
 from .test_engine import hf_greedy
 
 
 def _propose(drafter: NgramDrafter, tokens: list[int], steps: int) -> list[int]:
-    return drafter.propose(drafter.rows[0], tokens, steps)
+    """The chain a row drafts (k = 1)."""
+    found = drafter.continuations(drafter.rows[0], tokens, steps, 1)
+    return found[0] if found else []
 
 
+@pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("across", [False, True], ids=["own-row", "across-prompts"])
 @pytest.mark.parametrize("sizes", [(1, 1), (1, 3), (2, 4), (3, 3)])
-def test_index_matches_the_scanning_definition(sizes, across):
+def test_index_matches_the_scanning_definition(sizes, across, k):
     """Rows grown by random chunks over a small alphabet (many repeats), checked after every chunk;
     across prompts, each row also looks up the rows finished before it."""
     cfg = NgramConfig(*sizes, across_prompts=across)
-    rng = random.Random(hash((sizes, across)))
-    drafter, earlier, proposed = NgramDrafter(cfg), [], 0
+    rng = random.Random(hash((sizes, across, k)))
+    drafter, earlier, proposed, several = NgramDrafter(cfg), [], 0, 0
     for _ in range(40):
         tokens = [rng.randrange(5) for _ in range(rng.randrange(1, 6))]
         drafter.reset(1)
         while len(tokens) < 60:
             steps = rng.randrange(1, 6)
-            got = _propose(drafter, tokens, steps)
-            assert got == propose_reference(tokens, steps, cfg, earlier), (tokens, steps)
+            got = drafter.continuations(drafter.rows[0], tokens, steps, k)
+            assert got == continuations_reference(tokens, steps, k, cfg, earlier), (tokens, steps)
             proposed += bool(got)
+            several += len(got) > 1
             tokens += [rng.randrange(5) for _ in range(rng.randrange(1, 5))]
         drafter.finish([tokens])
         earlier += [tokens] if across else []
-    assert proposed > 100
+    assert proposed > 100 and (several > 10 if k > 1 else several == 0)
 
 
 def test_longest_then_most_recent_match():
@@ -85,9 +89,18 @@ def test_across_prompts_looks_up_earlier_rows_after_its_own():
     assert _propose(own_only, [9, 1, 2], 4) == []
 
 
+def test_trie_merges_continuations_within_the_budget():
+    assert trie([[1, 2, 3], [1, 2, 4], [5]], 10) == [(1, 0), (2, 1), (3, 2), (4, 2), (5, 0)]
+    assert trie([[1, 2, 3], [1, 2, 4], [5]], 4) == [(1, 0), (2, 1), (3, 2), (4, 2)]
+    assert trie([[1, 2, 3], [6, 7]], 4) == [(1, 0), (2, 1), (3, 2), (6, 0)]
+    tree = padded_tree(torch.tensor([9, 8]), [trie([[1, 2, 3], [1, 2, 4], [5]], 10), []], pad_id=0)
+    assert tree.parents[0].tolist() == [-1, 0, 1, 2, 2, 0] and tree.depth[0].tolist() == [0, 1, 2, 3, 3, 1]
+    assert tree.parents[1].tolist() == [-1, 1, 2, 3, 4, 5] and tree.drafted().tolist() == [5, 0]
+
+
 def test_padding_nodes_are_verified_but_never_accepted():
     root = torch.tensor([10, 11, 12])
-    tree = padded_chain(root, [[4, 5], [], [6]], pad_id=0)
+    tree = padded_tree(root, [trie([[4, 5]], 9), [], trie([[6]], 9)], pad_id=0)
     assert tree.tokens.tolist() == [[10, 4, 5], [11, 0, 0], [12, 6, 0]]
     anc = tree.ancestors()
     assert anc[1, 1].tolist() == [False, True, False] and anc[2, 2].tolist() == [False, False, True]
@@ -98,7 +111,7 @@ def test_padding_nodes_are_verified_but_never_accepted():
     assert counts.tolist() == [3, 1, 2] and bonus.tolist() == [7, 0, 0]
     path_s, counts_s, bonus_s = sampled_walk(tree, logits, torch.Generator().manual_seed(0))
     assert counts_s.tolist() == [3, 1, 2] and bonus_s.tolist() == [7, 0, 0] and torch.equal(path_s, path)
-    assert padded_chain(root, [[], [], []], pad_id=0).size == 1
+    assert padded_tree(root, [[], [], []], pad_id=0).size == 1
 
 
 @pytest.mark.parametrize("across", [False, True], ids=["own-row", "across-prompts"])
@@ -130,9 +143,18 @@ def test_ngram_decoding_on_cuda_equals_the_cpu(random_llama, target, prompts):
     assert abs(sum(got.accept_lengths) - sum(cpu.accept_lengths)) <= 0.1 * sum(cpu.accept_lengths)
 
 
-def test_ngram_refuses_a_tree(target):
-    with pytest.raises(LabError, match="topk must be 1"):
-        SpecEngine(target, NgramDrafter(), SpecConfig(steps=3, topk=2))
+def test_ngram_trees_are_lossless_and_draft_more(target, prompts):
+    """top-3 continuations merged into trees of up to 8 nodes, across prompts, three rows a batch."""
+    cfg = NgramConfig(1, 3, across_prompts=True)
+    out = {}
+    for topk, tokens in ((1, None), (3, 8)):
+        engine = SpecEngine(target, NgramDrafter(cfg), SpecConfig(steps=4, topk=topk, draft_tokens=tokens,
+                                                                  max_new_tokens=32, stop_at_eos=False))
+        out[topk] = [engine.generate(prompts[i: i + 3]) for i in (0, 3)]
+        base = [engine.generate(prompts[i: i + 3], speculative=False).tokens for i in (0, 3)]
+        assert [g.tokens for g in out[topk]] == base
+    chain, tree = ([d for g in out[k] for d in g.draft_lengths] for k in (1, 3))
+    assert max(chain) <= 4 and max(tree) == 8 and sum(tree) > sum(chain)
 
 
 def test_evaluate_ngram(target, conversations):

@@ -132,7 +132,8 @@ def _exact_next(target, prefixes: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind, mode", [("eagle", dict(steps=2, topk=1)), ("eagle", dict(steps=2, topk=3, draft_tokens=4)),
-                                        ("ngram", dict(steps=2, topk=1))], ids=["chain", "tree", "ngram"])
+                                        ("ngram", dict(steps=2, topk=1)), ("ngram", dict(steps=2, topk=2, draft_tokens=3))],
+                         ids=["chain", "tree", "ngram", "ngram-tree"])
 def test_engine_sampling_matches_target_distribution(tmp_path, kind, mode):
     target = _tiny_target(tmp_path)
     if kind == "ngram":  # deterministic proposals from the row's own tokens, in padded chains

@@ -66,7 +66,8 @@ class CostModelConfig:
     allreduces_per_layer: int = 2
     """Tensor-parallel all-reduces per layer (attention output + MLP/MoE output)."""
     verify_layer_compute_us: float = 82.0
-    """Compute of one layer in the verify pass (everything but all-reduces), microseconds."""
+    """Compute of one layer in the verify pass (everything but all-reduces) of `verify_tokens`
+    tokens, microseconds."""
     verify_allreduce_us: float = 205.0
     """Latency of one all-reduce inside the verify pass, microseconds."""
     decode_ms: float = 1000.0 / 82.0
@@ -86,6 +87,10 @@ class CostModelConfig:
     """Bytes per activation element on the wire (bf16 = 2)."""
     verify_tokens: int = 4
     """Tokens in one verify pass (draft tokens + the root)."""
+    verify_token_compute_us: float = 0.0
+    """Verify compute per layer that each further verified token adds, microseconds: 0 keeps it
+    flat, as for memory-bound dense layers; an MoE layer reads more experts as tokens grow. The
+    draft-steps and settings tables move verify_layer_compute_us by this much per token."""
     accept_lengths: list[float] = field(default_factory=lambda: [1.5, 2.0, 2.5, 3.0, 3.5, 4.0])
     """Served accept lengths (bonus included) for the what-if tables."""
     whatif_allreduce_us: list[float] = field(default_factory=lambda: [200.0, 40.0, 25.0, 15.0, 8.0])
@@ -108,6 +113,9 @@ class CostModel:
         self.cfg = cfg
         if not 0 <= cfg.no_draft_share < 1:
             raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
+        if cfg.verify_layer_compute_us <= 0:
+            raise LabError(f"verify compute per layer at {cfg.verify_tokens} tokens comes to "
+                           f"{cfg.verify_layer_compute_us:g} us: lower verify_token_compute_us")
         if self.decode_compute_ms <= 0:
             raise LabError(
                 f"the decode step's {self.n_allreduce} all-reduces of {cfg.decode_allreduce_us:g} us "
@@ -163,7 +171,14 @@ class CostModel:
 
     def at_steps(self, steps: int) -> CostModel:
         """The same deployment drafting a chain of `steps` tokens (verify = steps + 1 tokens)."""
-        return CostModel(dataclasses.replace(self.cfg, steps=steps, verify_tokens=steps + 1))
+        return CostModel(dataclasses.replace(with_verify_tokens(self.cfg, steps + 1), steps=steps))
+
+
+def with_verify_tokens(cfg: CostModelConfig, tokens: int) -> CostModelConfig:
+    """The deployment verifying `tokens` tokens: per-layer compute moved by verify_token_compute_us
+    per token."""
+    compute = cfg.verify_layer_compute_us + cfg.verify_token_compute_us * (tokens - cfg.verify_tokens)
+    return dataclasses.replace(cfg, verify_tokens=tokens, verify_layer_compute_us=compute)
 
 
 def interpolate_latency(table: dict[int, float], size: int) -> float:
@@ -226,9 +241,10 @@ def read_inputs(path) -> dict:
     return data
 
 
-def _drafting(data: dict, path) -> dict:
-    """What an eval says about the drafting it measured: its steps and verified tokens (the settings
-    its accept length is priced at), and an n-gram lookup's host time and no-match share."""
+def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
+    """`cfg` with what an eval says about the drafting it measured: its steps and verified tokens
+    (the settings its accept length is priced at), and an n-gram lookup's host time and no-match
+    share."""
     over: dict = {}
     if "draft_step_us" in data:
         over["draft_step_us"] = _number(data["draft_step_us"], "draft_step_us", path)
@@ -240,8 +256,8 @@ def _drafting(data: dict, path) -> dict:
     conf = data.get("config") or {}
     if "served_accept_len" in data and isinstance(conf.get("steps"), int):
         over["steps"] = conf["steps"]
-        over["verify_tokens"] = int(conf.get("draft_tokens") or conf["steps"]) + 1
-    return over
+        cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
+    return dataclasses.replace(cfg, **over)
 
 
 def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency | None]:
@@ -252,7 +268,8 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
 def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Latency | None]:
     """Fold measured inputs (a benchmark's or an eval's) into `cfg`; returns (config, measured
     all-reduce latency or None)."""
-    over = _drafting(data, path)
+    cfg = _drafting(cfg, data, path)
+    over: dict = {}
     if "decode_ms" in data:
         over["decode_ms"] = _number(data["decode_ms"], "decode_ms", path)
     extra = []
@@ -303,7 +320,7 @@ def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | N
     many tokens' message)."""
     rows = []
     for e in sweep:
-        m = CostModel(dataclasses.replace(cfg, **_drafting(e, path)))
+        m = CostModel(_drafting(cfg, e, path))
         x = cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
         accept = _number(e["served_accept_len"], "served_accept_len", path)
         tok_s = m.spec_tok_s(accept, x)

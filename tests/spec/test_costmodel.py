@@ -16,6 +16,7 @@ from drafter_lab.spec.costmodel import (
     interpolate_latency,
     latency_at,
     report,
+    settings_table,
     steps_table,
 )
 
@@ -179,3 +180,19 @@ def test_plot_draws_the_models_numbers(tmp_path):
     assert main(["costmodel", "--accept-by-steps", "1.8,2.4,2.9", "--plot", str(tmp_path / "cm.png")]) == 0
     with Image.open(tmp_path / "cm.png") as im:
         assert im.format == "PNG" and im.size[0] > 1000  # two panels
+
+
+def test_verify_compute_can_grow_with_the_tokens_verified():
+    """An MoE verify reads more experts per token: each token beyond the preset's 4 adds 5 us a layer,
+    each one fewer saves it, in the draft-steps table and the settings rows alike."""
+    flat = dataclasses.replace(PRESETS[SEEDS], accept_by_steps=[1.8, 2.4, 2.9, 3.2])
+    moe = dataclasses.replace(flat, verify_token_compute_us=5.0)
+    assert CostModel(moe).verify_ms() == CostModel(flat).verify_ms()  # at its own 4 tokens
+    for f, m in zip(steps_table(flat), steps_table(moe)):
+        extra = 61 * 5.0 * (f["steps"] + 1 - 4) / 1000
+        assert m["verify_ms"] == pytest.approx(f["verify_ms"] + extra)
+    tree = {"served_accept_len": 3.0, "config": {"steps": 4, "topk": 2, "draft_tokens": 12}}
+    (f,), (m,) = settings_table(flat, [tree]), settings_table(moe, [tree])
+    assert m["verify_ms"] == pytest.approx(f["verify_ms"] + 61 * 5.0 * 9 / 1000) and m["spec_tok_s"] < f["spec_tok_s"]
+    with pytest.raises(LabError, match="verify compute per layer at 2 tokens comes to -18 us"):
+        steps_table(dataclasses.replace(moe, verify_token_compute_us=50.0))

@@ -70,17 +70,19 @@ def padded_tree(root: torch.Tensor, drafts: list[list[tuple[int, int]]], pad_id:
     """Trees of different sizes per row: root [B], and per row its drafted nodes as (token, parent),
     parent a local index (0 = the root, i = the row's i-th node; parents first). Rows are padded to
     the largest with nodes that can never be accepted."""
-    B, N = root.shape[0], 1 + max((len(d) for d in drafts), default=0)
-    tokens = torch.full((B, N), pad_id, dtype=torch.long)
-    parents = torch.arange(N).repeat(B, 1)
-    depth = torch.zeros(B, N, dtype=torch.long)
-    parents[:, 0] = -1
-    for b, nodes in enumerate(drafts):
-        for i, (token, parent) in enumerate(nodes, start=1):
-            tokens[b, i], parents[b, i], depth[b, i] = token, parent, depth[b, parent] + 1
-    tokens[:, 0] = root.cpu()
+    N = 1 + max((len(d) for d in drafts), default=0)
+    tokens, parents, depth = [], [], []
+    for r, nodes in zip(root.tolist(), drafts):  # lists first: one tensor per field, not one write per node
+        d = [0]
+        for _, parent in nodes:
+            d.append(d[parent] + 1)
+        pad = range(len(nodes) + 1, N)
+        tokens.append([r] + [t for t, _ in nodes] + [pad_id] * len(pad))
+        parents.append([-1] + [p for _, p in nodes] + list(pad))
+        depth.append(d + [0] * len(pad))
     dev = root.device
-    return DraftTree(tokens.to(dev, root.dtype), parents.to(dev), depth.to(dev))
+    return DraftTree(torch.tensor(tokens, dtype=root.dtype, device=dev), torch.tensor(parents, device=dev),
+                     torch.tensor(depth, device=dev))
 
 
 class Candidates:

@@ -10,7 +10,8 @@ prints the fused op's time (CUDA-graph replay; eager too), the achieved GB/s, th
 eager, CUDA-graph replay of the eager reference, and torch.compile of the reference. The JSON
 (`--json`) is a cost-model inputs file (drafter_lab/spec/costmodel.py): "draft_step_us" is one
 number, the Kimi-K2 drafter at batch 1 when measured (the seeds' deployment), else the first
-batch-1 row; "draft_step_us_table" ({shape: {batch: us}}) and "meta" (every row) sit beside it.
+batch-1 row; "draft_step_us_by_batch" is that shape at every batch measured (the cost model's
+draft step at its `batch`), and "meta" (every row) sits beside them.
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ def parse(argv) -> argparse.Namespace:
                     choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead", "none"],
                     help="torch.compile mode for the reference baseline (none: skip it)")
     ap.add_argument("--breakdown", action="store_true", help="also print each kernel's device time (CUDA profiler)")
-    ap.add_argument("--json", default=None, help="write {draft_step_us, meta} here")
+    ap.add_argument("--json", default=None, help="write {draft_step_us, draft_step_us_by_batch, meta} here")
     ap.add_argument("--markdown", default=None, help="write the README's table of this run here")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
@@ -288,8 +289,7 @@ def main(argv=None) -> int:
         head = headline(rows)
         result = {
             "draft_step_us": head["us"],
-            "draft_step_us_table": {s: {str(r["batch"]): r["us"] for r in rows if r["shape"] == s}
-                                    for s in args.shapes},
+            "draft_step_us_by_batch": {str(r["batch"]): r["us"] for r in rows if r["shape"] == head["shape"]},
             "meta": {
                 "draft_step_us_from": f"{head['shape']} batch {head['batch']}",
                 "device": name, "torch": torch.__version__, "date": datetime.date.today().isoformat(),

@@ -11,7 +11,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
-LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": 1, "seed": 0, "device": "auto",
+LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "seed": 0, "device": "auto",
               "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
               "ngram_min": None, "ngram_max": None, "ngram_across_prompts": False}
 # Flags of an EAGLE-3 drafter's decoding: n-gram drafting (--ngram) refuses them.
@@ -36,8 +36,8 @@ def register(sub) -> None:
         "--drafter, a running SGLang or vLLM server decodes (with its own speculative settings), and "
         "--baseline-server (the target served without speculation) gives the other tok/s. With --ngram, "
         "drafts come from n-gram lookup in each prompt and its output (vLLM's `ngram` method): the "
-        "drafter-free baseline. Several values for --steps, --topk or --draft-tokens sweep the settings "
-        "(one decode each, a row each), as SGLang's bench_speculative does.",
+        "drafter-free baseline. Several values for --steps, --topk, --draft-tokens "
+        "or --batch sweep the settings (one decode each, a row each), as SGLang's bench_speculative does.",
     )
     who = e.add_mutually_exclusive_group(required=True)
     who.add_argument("--drafter", help="drafter checkpoint directory (decoded here, by the lab's engine)")
@@ -63,7 +63,8 @@ def register(sub) -> None:
                    help="children per expanded node: 1 = chain, > 1 = tree; a list sweeps")
     e.add_argument("--draft-tokens", type=_int_list, default=LOCAL_ONLY["draft_tokens"],
                    help="tree: draft tokens verified per cycle (default steps * topk); a list sweeps")
-    e.add_argument("--batch", type=int, default=LOCAL_ONLY["batch"], help="prompts decoded together")
+    e.add_argument("--batch", type=_int_list, default=LOCAL_ONLY["batch"],
+                   help="prompts decoded together (a server's concurrency); a list (1,4,16) sweeps")
     e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
@@ -92,7 +93,7 @@ def register(sub) -> None:
         description="spec tok/s = A / (steps x draft step + verify + overhead), verify = layers x compute + "
         "all-reduces x latency. Unset fields keep the preset's values. Prints the break-even served accept length and what-if tables over "
         "all-reduce latency and accept length; with a chain eval's accept histogram (or --accept-by-steps), "
-        "tok/s per draft depth and the best one.",
+        "tok/s per draft depth and the best one; with --batches 1,8,32, the same drafting at each batch size.",
     )
     from drafter_lab.spec.costmodel import PRESETS, CostModelConfig
 
@@ -104,7 +105,7 @@ def register(sub) -> None:
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw tok/s against accept length (and draft depth) per all-reduce latency")
-    labconfig.add_cli_args(c, CostModelConfig)
+    labconfig.add_cli_args(c, CostModelConfig, skip=("draft_step_us_by_batch",))  # a benchmark's table: --inputs
     c.set_defaults(func=run_costmodel)
 
 
@@ -196,14 +197,14 @@ def run_eval(args) -> int:
         results = {}
         for name, (path, convs) in sets.items():
             results[name] = evaluate(
-                target, drafter, convs, **setting, batch=args.batch, max_new_tokens=args.max_new_tokens,
+                target, drafter, convs, **setting, max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature, seed=args.seed,
                 use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
             )
             results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
         return results
 
-    settings = grid(args.steps, args.topk, args.draft_tokens)
+    settings = grid(args.steps, args.topk, args.draft_tokens, args.batch)
     if len(settings) == 1:
         return _finish(decode(settings[0]), args, format_eval)
     journal = _sweep_journal(args, target, drafter, sets) if args.json else None
@@ -220,8 +221,8 @@ def _sweep_journal(args, target, drafter, sets):
     from drafter_lab.journal import Journal
     from drafter_lab.targets.hf import fingerprint
 
-    same = {k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "batch", "temperature", "seed", "device",
-                                         "dtype", "fused")}
+    same = {k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "temperature", "seed", "device", "dtype",
+                                         "fused")}
     return Journal(f"{args.json}.partial", {
         "target": target.fingerprint,
         "drafter": drafter.cfg.describe() if args.ngram else fingerprint(args.drafter),

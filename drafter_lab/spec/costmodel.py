@@ -14,7 +14,21 @@ after the MLP), and z = no_draft_share, the share of cycles with nothing to draf
 without a match), which run as plain decode steps (0 for a drafter). A counts those cycles' one
 token too. In the what-if tables an all-reduce latency x replaces the verify's, and the decode's
 too where x is faster than decode_allreduce_us (a better all-reduce would serve plain decoding as
-well), so the ratio compares like with like.
+well), so the ratio compares like with like. A measured latency table is read at each pass's own
+message size: verify_tokens x hidden x dtype bytes for a verify, one token's for a decode step
+(times the batch, below).
+
+Batching (`batch` B sequences decoded together, SGLang's concurrency): every field above is one
+sequence's, and a batch scales them. A verify pass carries B x verify_tokens tokens and a decode
+step B tokens: each token beyond one sequence's adds verify_token_compute_us of compute per layer
+(0: flat, as memory-bound dense layers are; an MoE reads more experts), messages are B times
+larger, and the draft step is read from a measured {batch: us} table (a draft-forward benchmark's)
+when there is one, else it stays flat. Both tok/s count all B sequences:
+
+    spec tok/s = 1000 x B x A / mean cycle,   baseline = 1000 x B / decode_ms(B)
+
+so a verify that grows faster than the decode step (per-token compute, larger all-reduces) eats
+the gain as B grows; `batches` prints the break-even accept length and tok/s at each.
 
 The preset `seeds-kimi-k2.5-8x-pcie` is the seeds' deployment (Kimi-K2.5, 61 layers, 8 PCIe
 GPUs, tensor parallel): 82 tok/s without speculation, verify ~30 ms of which ~25 ms is 122
@@ -27,18 +41,20 @@ Measured inputs (`--inputs FILE`, written by the kernel benchmarks) are a JSON o
 of these keys (others are ignored, so a benchmark can write its full results beside them):
 
     "allreduce_us":  number, or {"<message bytes>": us, ...} (a verify message is
-                     verify_tokens x hidden_size x dtype_bytes; the latency is interpolated in
-                     log-size); added to the what-if tables as a "measured" row
-    "draft_step_us": number, replaces draft_step_us
+                     batch x verify_tokens x hidden_size x dtype_bytes; the latency is interpolated
+                     in log-size, and beyond the largest size grows with it); added to the what-if
+                     tables as a "measured" row
+    "draft_step_us": number, replaces draft_step_us (and, without the next key, any table)
+    "draft_step_us_by_batch": {"<batch>": us, ...}, the draft step at each measured batch
     "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
     "decode_ms":     number, replaces decode_ms
     "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
     "accept_length": number or list of numbers (served), added to the table's columns
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
-and its draft steps and draft tokens set `steps` and `verify_tokens` (the last eval's, given several),
-and a chain eval's (topk 1) accept histogram at S steps gives the served accept length at every
-depth s <= S: a verify step that emitted n tokens at S (n - 1 drafts accepted) emits
+its draft steps, draft tokens and batch set `steps`, `verify_tokens` and `batch` (the last eval's,
+given several), and a chain eval's (topk 1) accept histogram at S steps gives the served accept
+length at every depth s <= S: a verify step that emitted n tokens at S (n - 1 drafts accepted) emits
 min(n - 1, s) + 1 at s, since a chain's first s drafts do not depend on how many follow. From
 these the draft-steps table finds the depth that maximises tok/s: more steps raise the accept
 length, but each costs a draft step and one more verify token on the wire.
@@ -96,8 +112,17 @@ class CostModelConfig:
     whatif_allreduce_us: list[float] = field(default_factory=lambda: [200.0, 40.0, 25.0, 15.0, 8.0])
     """All-reduce latencies (us) for the what-if tables."""
     no_draft_share: float = 0.0
-    """Share of cycles that draft nothing (n-gram lookup finding no match): they run as a plain
-    decode step, not a verify. `--inputs` takes it from an n-gram eval."""
+    """Share of cycles that draft nothing (n-gram lookup finding no match in any row of the batch):
+    they run as a plain decode step, not a verify. `--inputs` takes it from an n-gram eval."""
+    batch: int = 1
+    """Sequences decoded together (concurrency): a verify pass carries batch x verify_tokens tokens,
+    a decode step batch tokens, and tok/s counts every sequence's. `--inputs` takes an eval's."""
+    draft_step_us_by_batch: dict[int, float] = field(default_factory=dict)
+    """Measured draft step (us) by batch, from a draft-forward benchmark (`--inputs`): a batch's draft
+    step is interpolated in it (linearly; beyond the largest, the last segment extended). Empty: the
+    draft step is draft_step_us at every batch."""
+    batches: list[int] = field(default_factory=list)
+    """Batch sizes for the batch table: break-even accept length and tok/s at each (empty: no table)."""
     accept_by_steps: list[float] = field(default_factory=list)
     """Served accept length with 1, 2, ... draft steps (chain drafting); given, the draft-steps table
     picks the depth that maximises tok/s. `--inputs` derives it from an eval's accept histogram."""
@@ -113,6 +138,8 @@ class CostModel:
         self.cfg = cfg
         if not 0 <= cfg.no_draft_share < 1:
             raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
+        if cfg.batch < 1 or any(b < 1 for b in cfg.batches):
+            raise LabError(f"batch sizes must be >= 1, got batch {cfg.batch}, batches {cfg.batches}")
         if cfg.verify_layer_compute_us <= 0:
             raise LabError(f"verify compute per layer at {cfg.verify_tokens} tokens comes to "
                            f"{cfg.verify_layer_compute_us:g} us: lower verify_token_compute_us")
@@ -126,48 +153,67 @@ class CostModel:
     def n_allreduce(self) -> int:
         return self.cfg.num_layers * self.cfg.allreduces_per_layer
 
+    def _extra_tokens_ms(self, per_sequence: int) -> float:
+        """Compute that the batch's other sequences add to a pass of `per_sequence` tokens each."""
+        c = self.cfg
+        return c.num_layers * c.verify_token_compute_us * (c.batch - 1) * per_sequence / 1000
+
     @property
     def verify_compute_ms(self) -> float:
-        return self.cfg.num_layers * self.cfg.verify_layer_compute_us / 1000
+        return self.cfg.num_layers * self.cfg.verify_layer_compute_us / 1000 + self._extra_tokens_ms(self.cfg.verify_tokens)
 
     @property
     def decode_compute_ms(self) -> float:
-        return self.cfg.decode_ms - self.n_allreduce * self.cfg.decode_allreduce_us / 1000
+        return self.cfg.decode_ms - self.n_allreduce * self.cfg.decode_allreduce_us / 1000 + self._extra_tokens_ms(1)
+
+    @property
+    def draft_step_us(self) -> float:
+        table = self.cfg.draft_step_us_by_batch
+        return interpolate_linear(table, self.cfg.batch) if table else self.cfg.draft_step_us
 
     @property
     def draft_ms(self) -> float:
-        return self.cfg.steps * self.cfg.draft_step_us / 1000
+        return self.cfg.steps * self.draft_step_us / 1000
 
     @property
     def message_bytes(self) -> int:
-        return self.cfg.verify_tokens * self.cfg.hidden_size * self.cfg.dtype_bytes
+        c = self.cfg
+        return c.batch * c.verify_tokens * c.hidden_size * c.dtype_bytes
 
-    def verify_ms(self, allreduce_us: float | None = None) -> float:
-        ar = self.cfg.verify_allreduce_us if allreduce_us is None else allreduce_us
+    @property
+    def decode_message_bytes(self) -> int:
+        return self.cfg.batch * self.cfg.hidden_size * self.cfg.dtype_bytes
+
+    def verify_ms(self, allreduce: Latency | None = None) -> float:
+        """`allreduce`: the verify's all-reduce latency (None: the config's), or a table read at its message size."""
+        ar = self.cfg.verify_allreduce_us if allreduce is None else latency_at(allreduce, self.message_bytes)
         return self.verify_compute_ms + self.n_allreduce * ar / 1000
 
-    def decode_ms(self, allreduce_us: float | None = None) -> float:
-        if allreduce_us is None or allreduce_us >= self.cfg.decode_allreduce_us:
-            return self.cfg.decode_ms
-        return self.decode_compute_ms + self.n_allreduce * allreduce_us / 1000
+    def decode_ms(self, allreduce: Latency | None = None) -> float:
+        """A plain decode step; `allreduce` replaces the decode's own all-reduce where it is faster."""
+        ar = self.cfg.decode_allreduce_us
+        if allreduce is not None:
+            ar = min(ar, latency_at(allreduce, self.decode_message_bytes))
+        return self.decode_compute_ms + self.n_allreduce * ar / 1000
 
-    def cycle_ms(self, allreduce_us: float | None = None) -> float:
-        return self.draft_ms + self.verify_ms(allreduce_us) + self.cfg.cycle_overhead_ms
+    def cycle_ms(self, allreduce: Latency | None = None) -> float:
+        return self.draft_ms + self.verify_ms(allreduce) + self.cfg.cycle_overhead_ms
 
-    def mean_cycle_ms(self, allreduce_us: float | None = None) -> float:
+    def mean_cycle_ms(self, allreduce: Latency | None = None) -> float:
         """Drafting cycles and the no_draft_share of plain decode steps, averaged."""
         z = self.cfg.no_draft_share
-        return (1 - z) * self.cycle_ms(allreduce_us) + z * self.decode_ms(allreduce_us)
+        return (1 - z) * self.cycle_ms(allreduce) + z * self.decode_ms(allreduce)
 
-    def spec_tok_s(self, accept: float, allreduce_us: float | None = None) -> float:
-        return 1000 * accept / self.mean_cycle_ms(allreduce_us)
+    def spec_tok_s(self, accept: float, allreduce: Latency | None = None) -> float:
+        """All sequences' tokens per second, each sequence emitting `accept` per cycle."""
+        return 1000 * self.cfg.batch * accept / self.mean_cycle_ms(allreduce)
 
-    def baseline_tok_s(self, allreduce_us: float | None = None) -> float:
-        return 1000 / self.decode_ms(allreduce_us)
+    def baseline_tok_s(self, allreduce: Latency | None = None) -> float:
+        return 1000 * self.cfg.batch / self.decode_ms(allreduce)
 
-    def break_even(self, allreduce_us: float | None = None) -> float:
+    def break_even(self, allreduce: Latency | None = None) -> float:
         """Served accept length at which speculation matches plain decoding."""
-        return self.mean_cycle_ms(allreduce_us) / self.decode_ms(allreduce_us)
+        return self.mean_cycle_ms(allreduce) / self.decode_ms(allreduce)
 
     def at_steps(self, steps: int) -> CostModel:
         """The same deployment drafting a chain of `steps` tokens (verify = steps + 1 tokens)."""
@@ -181,13 +227,25 @@ def with_verify_tokens(cfg: CostModelConfig, tokens: int) -> CostModelConfig:
     return dataclasses.replace(cfg, verify_tokens=tokens, verify_layer_compute_us=compute)
 
 
+def interpolate_linear(table: dict, x: float) -> float:
+    """The value at x of a {x: value} table: linear between its points, the first below them, the last
+    segment extended beyond them (a single point: its value everywhere)."""
+    points = sorted((float(k), float(v)) for k, v in table.items())
+    if x <= points[0][0] or len(points) == 1:
+        return points[0][1]
+    i = min(bisect.bisect_left([p[0] for p in points], x), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (x - x0) * (y1 - y0) / (x1 - x0)
+
+
 def interpolate_latency(table: dict[int, float], size: int) -> float:
-    """Latency at `size` bytes from a {bytes: us} table, linear in log(size), clamped at the ends."""
+    """Latency at `size` bytes from a {bytes: us} table, linear in log(size); the smallest's below the
+    table (latency-bound), and beyond the largest in proportion to size (bandwidth-bound)."""
     sizes = sorted(table)
     if size <= sizes[0]:
         return table[sizes[0]]
     if size >= sizes[-1]:
-        return table[sizes[-1]]
+        return table[sizes[-1]] * size / sizes[-1]
     i = bisect.bisect_left(sizes, size)
     lo, hi = sizes[i - 1], sizes[i]
     w = (math.log(size) - math.log(lo)) / (math.log(hi) - math.log(lo))
@@ -221,8 +279,8 @@ def accept_by_steps(histogram, path) -> list[float]:
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
 
 
-KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "verify_ms", "decode_ms", "no_draft_share", "accept_length",
-                "served_accept_len", "accept_histogram")
+KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "verify_ms", "decode_ms", "no_draft_share",
+                "accept_length", "served_accept_len", "accept_histogram")
 
 
 def read_inputs(path) -> dict:
@@ -242,12 +300,22 @@ def read_inputs(path) -> dict:
 
 
 def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
-    """`cfg` with what an eval says about the drafting it measured: its steps and verified tokens
-    (the settings its accept length is priced at), and an n-gram lookup's host time and no-match
-    share."""
+    """`cfg` with what an input says about drafting: a benchmark's draft step (by batch), an eval's
+    steps, verified tokens and batch (the settings its accept length is priced at), and an n-gram
+    lookup's host time and no-match share."""
     over: dict = {}
     if "draft_step_us" in data:
         over["draft_step_us"] = _number(data["draft_step_us"], "draft_step_us", path)
+        over["draft_step_us_by_batch"] = {}
+    if "draft_step_us_by_batch" in data:
+        table = data["draft_step_us_by_batch"]
+        try:
+            over["draft_step_us_by_batch"] = {int(b): _number(us, f"draft_step_us_by_batch[{b}]", path)
+                                              for b, us in table.items()}
+        except (AttributeError, ValueError):
+            raise LabError("draft_step_us_by_batch must map batch sizes to microseconds", path) from None
+        if not over["draft_step_us_by_batch"] or min(over["draft_step_us_by_batch"]) < 1:
+            raise LabError("draft_step_us_by_batch must map batch sizes (>= 1) to microseconds", path)
     if "no_draft_share" in data:
         z = data["no_draft_share"]
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < 1:
@@ -256,6 +324,7 @@ def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
     conf = data.get("config") or {}
     if "served_accept_len" in data and isinstance(conf.get("steps"), int):
         over["steps"] = conf["steps"]
+        over["batch"] = int(conf.get("batch") or 1)
         cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
     return dataclasses.replace(cfg, **over)
 
@@ -321,27 +390,42 @@ def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | N
     rows = []
     for e in sweep:
         m = CostModel(_drafting(cfg, e, path))
-        x = cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
         accept = _number(e["served_accept_len"], "served_accept_len", path)
-        tok_s = m.spec_tok_s(accept, x)
         c = e["config"]
         rows.append({"steps": c["steps"], "topk": c.get("topk", 1), "draft_tokens": m.cfg.verify_tokens - 1,
-                     "accept": accept, "allreduce_us": x, "verify_ms": m.verify_ms(x), "cycle_ms": m.cycle_ms(x),
-                     "spec_tok_s": tok_s, "speedup": tok_s / m.baseline_tok_s(x)})
+                     "batch": m.cfg.batch, "accept": accept, **_priced(m, accept, latency)})
     return rows
+
+
+def _priced(m: CostModel, accept: float, latency: Latency | None) -> dict:
+    """A table row's timings and tok/s at all-reduce `latency` (None: the config's own)."""
+    x = m.cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
+    tok_s = m.spec_tok_s(accept, latency)
+    return {"allreduce_us": x, "verify_ms": m.verify_ms(latency), "cycle_ms": m.cycle_ms(latency),
+            "spec_tok_s": tok_s, "speedup": tok_s / m.baseline_tok_s(latency)}
 
 
 def steps_table(cfg: CostModelConfig, latency: Latency | None = None) -> list[dict]:
     """One row per draft depth s of `cfg.accept_by_steps`: the cycle at s steps and its tok/s, with
     the verify all-reduce at `latency` (None: the config's own) for an s + 1 token message."""
     base = CostModel(cfg)
+    return [{"steps": s, "accept": accept, **_priced(base.at_steps(s), accept, latency)}
+            for s, accept in enumerate(cfg.accept_by_steps, start=1)]
+
+
+def batch_table(cfg: CostModelConfig, latency: Latency | None = None) -> list[dict]:
+    """One row per batch of `cfg.batches`: the same drafting with that many sequences, plain decoding's
+    tok/s, the break-even accept length and spec tok/s at each accept length."""
     rows = []
-    for s, accept in enumerate(cfg.accept_by_steps, start=1):
-        m = base.at_steps(s)
-        x = cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
-        tok_s = m.spec_tok_s(accept, x)
-        rows.append({"steps": s, "accept": accept, "allreduce_us": x, "verify_ms": m.verify_ms(x),
-                     "cycle_ms": m.cycle_ms(x), "spec_tok_s": tok_s, "speedup": tok_s / m.baseline_tok_s(x)})
+    for b in cfg.batches:
+        m = CostModel(dataclasses.replace(cfg, batch=b))
+        base = m.baseline_tok_s(latency)
+        rows.append({
+            "batch": b, "verify_ms": m.verify_ms(latency), "cycle_ms": m.cycle_ms(latency),
+            "decode_ms": m.decode_ms(latency), "baseline_tok_s": base, "break_even_accept_len": m.break_even(latency),
+            "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, latency) for a in cfg.accept_lengths},
+            "speedup": {f"{a:g}": m.spec_tok_s(a, latency) / base for a in cfg.accept_lengths},
+        })
     return rows
 
 
@@ -368,9 +452,10 @@ def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
         "n_allreduce": m.n_allreduce,
         "verify_compute_ms": m.verify_compute_ms,
         "verify_ms": m.verify_ms(),
+        "draft_step_us": m.draft_step_us,
         "draft_ms": m.draft_ms,
         "cycle_ms": m.cycle_ms(),
-        "decode_ms": cfg.decode_ms,
+        "decode_ms": m.decode_ms(),
         "decode_compute_ms": m.decode_compute_ms,
         "baseline_tok_s": m.baseline_tok_s(),
         "break_even_accept_len": m.break_even(),
@@ -380,20 +465,20 @@ def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
         "steps_table": steps,
         "best_steps": best_row(steps),
         "whatif": [_whatif(cfg, m, label, x) for label, x in rows],
+        "batch_table": batch_table(cfg, measured),
     }
 
 
 def _whatif(cfg: CostModelConfig, m: CostModel, label: str, latency: Latency) -> dict:
-    x = latency_at(latency, m.message_bytes)
-    base = m.baseline_tok_s(x)
+    base = m.baseline_tok_s(latency)
     return {
         "allreduce": label,
-        "allreduce_us": x,
-        "verify_ms": m.verify_ms(x),
+        "allreduce_us": latency_at(latency, m.message_bytes),
+        "verify_ms": m.verify_ms(latency),
         "baseline_tok_s": base,
-        "break_even_accept_len": m.break_even(x),
-        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, x) for a in cfg.accept_lengths},
-        "speedup": {f"{a:g}": m.spec_tok_s(a, x) / base for a in cfg.accept_lengths},
+        "break_even_accept_len": m.break_even(latency),
+        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, latency) for a in cfg.accept_lengths},
+        "speedup": {f"{a:g}": m.spec_tok_s(a, latency) / base for a in cfg.accept_lengths},
         "best_steps": best_row(steps_table(cfg, latency)),
     }
 
@@ -401,11 +486,14 @@ def _whatif(cfg: CostModelConfig, m: CostModel, label: str, latency: Latency) ->
 def format_report(r: dict, name: str) -> str:
     c = r["config"]
     accepts = [f"{a:g}" for a in c["accept_lengths"]]
+    batched = c["batch"] > 1
     lines = [
-        f"cost model: {name}",
-        f"  verify   = {c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute + "
-        f"{r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
-        f"  draft    = {c['steps']} steps x {c['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
+        f"cost model: {name}" + (f" (batch {c['batch']}: tok/s counts all {c['batch']} sequences)" if batched else ""),
+        f"  verify   = {c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute"
+        + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - c['verify_layer_compute_us']:.3g} us for the "
+           f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else "")
+        + f" + {r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
+        f"  draft    = {c['steps']} steps x {r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
         f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
         + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
            if c["no_draft_share"] else ""),
@@ -448,17 +536,32 @@ def format_report(r: dict, name: str) -> str:
     if r.get("settings"):
         lines += [
             "",
-            "settings (an eval sweep; each served accept length priced at its own steps and verified tokens):",
-            f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'accept':>6} {'all-reduce us':>13} {'verify ms':>9} "
-            f"{'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
+            "settings (an eval sweep; each served accept length priced at its own steps, verified tokens "
+            "and batch):",
+            f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'batch':>5} {'accept':>6} {'all-reduce us':>13} "
+            f"{'verify ms':>9} {'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
         ]
-        lines += [f"{row['steps']:>5} {row['topk']:>4} {row['draft_tokens']:>12} {row['accept']:>6.2f} "
-                  f"{row['allreduce_us']:>13.3g} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
+        lines += [f"{row['steps']:>5} {row['topk']:>4} {row['draft_tokens']:>12} {row['batch']:>5} "
+                  f"{row['accept']:>6.2f} {row['allreduce_us']:>13.3g} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
                   f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["settings"]]
-        best = max(r["settings"], key=lambda row: row["spec_tok_s"])
-        lines.append(f"best: steps {best['steps']}, topk {best['topk']}, draft tokens {best['draft_tokens']}, "
-                     f"{best['spec_tok_s']:.1f} tok/s ({best['speedup']:.2f}x); "
-                     + _serve_flags(best["steps"], best["topk"], best["draft_tokens"]))
+        batches = sorted({row["batch"] for row in r["settings"]})
+        for b in batches:
+            best = max((row for row in r["settings"] if row["batch"] == b), key=lambda row: row["spec_tok_s"])
+            lines.append(("best: " if len(batches) == 1 else f"best at batch {b}: ") + f"steps {best['steps']}, topk {best['topk']}, draft tokens "
+                         f"{best['draft_tokens']}, {best['spec_tok_s']:.1f} tok/s ({best['speedup']:.2f}x); "
+                         + _serve_flags(best["steps"], best["topk"], best["draft_tokens"]))
+    if r["batch_table"]:
+        lines += [
+            "",
+            f"batch: the same drafting with B sequences (tok/s of all of them; verify tokens and messages grow "
+            f"B-fold, {c['verify_token_compute_us']:g} us of compute per layer per further token)",
+            f"{'batch':>5} {'verify ms':>9} {'decode ms':>9} {'base tok/s':>10} {'break-even':>10} | "
+            + " ".join(f"{'A=' + a:>16}" for a in accepts),
+        ]
+        lines += [f"{row['batch']:>5} {row['verify_ms']:>9.2f} {row['decode_ms']:>9.2f} {row['baseline_tok_s']:>10.1f} "
+                  f"{row['break_even_accept_len']:>10.2f} | "
+                  + " ".join(f"{row['spec_tok_s'][a]:>8.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
+                  for row in r["batch_table"]]
     return "\n".join(lines)
 
 

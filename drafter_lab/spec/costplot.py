@@ -30,10 +30,10 @@ def series(cfg: CostModelConfig, measured: Latency | None = None) -> list[dict]:
             *whatif_latencies(cfg, measured)]
     out = []
     for label, latency in rows:
-        x = latency_at(latency, m.message_bytes)
         out.append({
-            "label": label, "allreduce_us": x, "accept": xs, "spec_tok_s": [m.spec_tok_s(a, x) for a in xs],
-            "baseline_tok_s": m.baseline_tok_s(x), "break_even": m.break_even(x),
+            "label": label, "allreduce_us": latency_at(latency, m.message_bytes), "accept": xs,
+            "spec_tok_s": [m.spec_tok_s(a, latency) for a in xs],
+            "baseline_tok_s": m.baseline_tok_s(latency), "break_even": m.break_even(latency),
             "steps": steps_table(cfg, latency),
         })
     return out

@@ -100,6 +100,9 @@ class Generation:
     """Draft tokens verified at each of those (row, verify step)s (0: nothing was drafted)."""
     verify_passes: int = 0
     """Batched target forward passes after prefill."""
+    no_draft_passes: int = 0
+    """Of those, the passes in which no unfinished row had a draft: a plain decode step (n-gram lookup
+    that matched in no row; a server decodes these without speculation)."""
     draft_seconds: float = 0.0
     """Wall time spent drafting, as the host sees it (queued device work is not waited for)."""
 
@@ -216,6 +219,8 @@ class SpecEngine:
             nxt = torch.roll(toks, -1, 1)
             nxt[rows, (counts - 1).clamp_min(0)] = bonus
             drafted = tree.drafted().tolist() if speculative else None
+            if drafted is not None and not any(d for d, finished in zip(drafted, done) if not finished):
+                gen.no_draft_passes += 1
             for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
                 if done[b]:
                     continue

@@ -94,8 +94,7 @@ def evaluate(
     outputs = {False: [], True: []}
     seconds = {False: 0.0, True: 0.0}
     accept: list[int] = []
-    drafted: list[int] = []
-    verify_passes, draft_seconds = 0, 0.0
+    verify_passes, no_draft_passes, draft_seconds = 0, 0, 0.0
     with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
         for chunk in batches:
             for speculative in (False, True):
@@ -107,8 +106,8 @@ def evaluate(
                 outputs[speculative].extend(g.tokens)
                 if speculative:
                     accept.extend(g.accept_lengths)
-                    drafted.extend(g.draft_lengths)
                     verify_passes += g.verify_passes
+                    no_draft_passes += g.no_draft_passes
                     draft_seconds += g.draft_seconds
                 advance(1, accept=sum(accept) / max(len(accept), 1))
 
@@ -128,12 +127,12 @@ def evaluate(
     base_tps = tokens[False] / seconds[False]
     summary = accept_summary(accept, cfg.max_accept)
     # An n-gram lookup is host work, the same on any deployment: its measured time per draft token
-    # is a cost-model input (`costmodel --inputs`), and so is the share of verify steps it had
-    # nothing to draft for (a server decodes those plainly). A drafter's time here says nothing
-    # about a GPU's.
+    # is a cost-model input (`costmodel --inputs`), and so is the share of verify passes it had
+    # nothing to draft for in any row (a server decodes those plainly). A drafter's time here says
+    # nothing about a GPU's.
     host_draft = {
         "draft_seconds": draft_seconds, "draft_step_us": draft_step_us(draft_seconds, verify_passes, steps),
-        "no_draft_share": drafted.count(0) / max(len(drafted), 1),
+        "no_draft_share": no_draft_passes / max(verify_passes, 1),
     } if ngram else {}
     return {
         "served_accept_len": summary["served_accept_len"],
@@ -188,7 +187,7 @@ def pool(sets: dict[str, dict]) -> dict:
             out[key] = sum(r[key] for r in rs)
     if "draft_step_us" in out:
         out["draft_step_us"] = draft_step_us(out["draft_seconds"], out["verify_passes"], out["config"]["steps"])
-        out["no_draft_share"] = sum(r["no_draft_share"] * r["verify_steps"] for r in rs) / verify
+        out["no_draft_share"] = sum(r["no_draft_share"] * r["verify_passes"] for r in rs) / out["verify_passes"]
     for side in ("spec", "baseline"):
         if f"{side}_tokens" in out:
             tokens, seconds = (sum(r[f"{side}_{k}"] for r in rs) for k in ("tokens", "seconds"))

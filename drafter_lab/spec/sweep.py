@@ -1,7 +1,9 @@
 """`eval` over several speculative settings, as SGLang's bench_speculative sweeps them: which to serve?
 
-`eval --steps 2,4,6 --topk 1,2 --draft-tokens 8,12` decodes the prompts once per setting (each with
-its own target-only run, so every ratio compares like with like) and prints one row per setting.
+`eval --steps 2,4,6 --topk 1,2 --draft-tokens 8,12 --batch 1,8` decodes the prompts once per setting
+(each with its own target-only run at the same batch, so every ratio compares like with like) and
+prints one row per setting. Speculation's gain shrinks as the batch grows: a verify pass carries
+batch x (draft tokens + 1) tokens, and a larger batch decodes plainly at a better price per token.
 A chain (topk 1) verifies its S drafts, so the draft-token list applies to trees only; a tree
 setting that cannot select that many tokens is left out with a line that says so.
 `costmodel --inputs SWEEP.json` prices every row on a deployment and names the best one.
@@ -21,8 +23,10 @@ from drafter_lab.progress import log
 from drafter_lab.spec.engine import SpecConfig
 
 
-def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None) -> list[dict]:
-    """The (steps, topk, draft_tokens) settings to decode, in the order given, duplicates dropped."""
+def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None, batches: list[int] = (1,)) -> list[dict]:
+    """The (steps, topk, draft_tokens, batch) settings to decode, in the order given, duplicates dropped."""
+    if any(b < 1 for b in batches):
+        raise LabError(f"batch must be >= 1, got {','.join(map(str, batches))}")
     sweep = len(steps) * len(topks) * len(draft_tokens or [None]) > 1
     out: list[dict] = []
     for s in steps:
@@ -36,9 +40,10 @@ def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None) -> 
                         raise
                     log(f"sweep: leaving out steps {s}, topk {k}, draft tokens {t}: {e}")
                     continue
-                setting = {"steps": s, "topk": k, "draft_tokens": cfg.tree_tokens}
-                if setting not in out:
-                    out.append(setting)
+                for b in batches:
+                    setting = {"steps": s, "topk": k, "draft_tokens": cfg.tree_tokens, "batch": b}
+                    if setting not in out:
+                        out.append(setting)
     if not out:
         raise LabError("no setting of the sweep can be drafted")
     return out
@@ -62,14 +67,18 @@ def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Jou
 
 def format_sweep(results: list[dict]) -> str:
     """One row per setting: served accept length and the tok/s of that setting's own run."""
-    head = f"{'steps':>5} {'topk':>4} {'draft tokens':>12} | {'served accept':>13} {'spec tok/s':>10} " \
+    head = f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'batch':>5} | {'served accept':>13} {'spec tok/s':>10} " \
            f"{'target tok/s':>12} {'ratio':>6}"
     lines = [head, "-" * len(head)]
     for r in results:
         c = r["config"]
-        lines.append(f"{c['steps']:>5} {c['topk']:>4} {c['draft_tokens']:>12} | {r['served_accept_len']:>13.3f} "
-                     f"{r['spec_tok_s']:>10.1f} {r['baseline_tok_s']:>12.1f} {r['speedup']:>5.2f}x")
-    best = max(results, key=lambda r: r["speedup"])["config"]
-    lines.append(f"fastest here: steps {best['steps']}, topk {best['topk']}, draft tokens {best['draft_tokens']} "
-                 "(this machine's speed; `costmodel --inputs` prices the settings on a deployment)")
+        lines.append(f"{c['steps']:>5} {c['topk']:>4} {c['draft_tokens']:>12} {c['batch']:>5} | "
+                     f"{r['served_accept_len']:>13.3f} {r['spec_tok_s']:>10.1f} {r['baseline_tok_s']:>12.1f} "
+                     f"{r['speedup']:>5.2f}x")
+    batches = sorted({r["config"]["batch"] for r in results})
+    for b in batches:
+        best = max((r for r in results if r["config"]["batch"] == b), key=lambda r: r["speedup"])["config"]
+        lines.append(f"fastest here{'' if len(batches) == 1 else f' at batch {b}'}: steps {best['steps']}, "
+                     f"topk {best['topk']}, draft tokens {best['draft_tokens']}")
+    lines.append("(this machine's speed; `costmodel --inputs` prices the settings on a deployment)")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -17,9 +18,9 @@ def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
             "--reps", "2", "--warmup", "1", "--json", str(out), "--markdown", str(table)]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
-    assert set(result) == {"draft_step_us", "draft_step_us_table", "meta"}
-    assert set(result["draft_step_us_table"]["tiny"]) == {"1", "3"}
-    assert result["draft_step_us"] == result["draft_step_us_table"]["tiny"]["1"]
+    assert set(result) == {"draft_step_us", "draft_step_us_by_batch", "meta"}
+    assert set(result["draft_step_us_by_batch"]) == {"1", "3"}
+    assert result["draft_step_us"] == result["draft_step_us_by_batch"]["1"]
     rows = result["meta"]["rows"]
     assert [r["batch"] for r in rows] == [1, 3]
     for r in rows:
@@ -36,10 +37,12 @@ def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
         assert cells[3] == f"**{r['us']:.0f}** ({r['pct_floor']:.0f} %)"
         assert cells[5] == f"{r['ref_eager_us']:.0f}" and cells[6:] == ["n/a", "n/a", "n/a"]
     # The cost model reads the file as its measured inputs.
-    from drafter_lab.spec.costmodel import CostModelConfig, apply_inputs
+    from drafter_lab.spec.costmodel import CostModel, CostModelConfig, apply_inputs
 
     cfg, _ = apply_inputs(CostModelConfig(), out)
     assert cfg.draft_step_us == pytest.approx(result["draft_step_us"])
+    for batch, us in result["draft_step_us_by_batch"].items():  # the draft step at each measured batch
+        assert CostModel(dataclasses.replace(cfg, batch=int(batch))).draft_step_us == pytest.approx(us)
 
 
 def test_bench_rejects_missing_gpu(monkeypatch):

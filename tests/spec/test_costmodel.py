@@ -81,6 +81,8 @@ def test_measured_inputs(tmp_path):
     r = report(cfg, measured)
     assert r["whatif"][-1]["allreduce"].startswith("measured")
     assert interpolate_latency({8: 1.0, 32: 3.0}, 16) == pytest.approx(2.0)
+    # below the table a message costs the smallest's latency; beyond it, bandwidth: twice the bytes, twice the time
+    assert interpolate_latency({8: 1.0, 32: 3.0}, 2) == 1.0 and interpolate_latency({8: 1.0, 32: 3.0}, 64) == 6.0
 
 
 def test_verify_ms_input_sets_compute(tmp_path):
@@ -167,16 +169,20 @@ def test_plot_draws_the_models_numbers(tmp_path):
     from drafter_lab.spec.costplot import series
 
     cfg = dataclasses.replace(PRESETS[SEEDS], accept_by_steps=[1.8, 2.4, 2.9])
-    lines = series(cfg, measured={8192: 10.0, 65536: 14.0})
+    table = {8192: 10.0, 65536: 14.0}
+    lines = series(cfg, measured=table)
     assert [s["label"] for s in lines] == ["205 us (this deployment)", "200 us", "40 us", "25 us", "15 us", "8 us",
                                            "measured 13.7 us"]  # 57,344-byte messages, log-interpolated
     m = CostModel(cfg)
-    for s in lines:
-        x = s["allreduce_us"]
+    for s, latency in zip(lines, [205.0, 200.0, 40.0, 25.0, 15.0, 8.0, table]):
         assert s["accept"][0] == 1.0 and s["accept"][-1] == pytest.approx(4.0 + 1.0)  # up to the largest asked + 1
-        assert s["spec_tok_s"][10] == pytest.approx(m.spec_tok_s(s["accept"][10], x))
-        assert s["break_even"] == pytest.approx(m.break_even(x)) and s["baseline_tok_s"] == m.baseline_tok_s(x)
+        assert s["spec_tok_s"][10] == pytest.approx(m.spec_tok_s(s["accept"][10], latency))
+        assert s["break_even"] == pytest.approx(m.break_even(latency))
+        assert s["baseline_tok_s"] == m.baseline_tok_s(latency)
         assert [r["steps"] for r in s["steps"]] == [1, 2, 3]
+    # the table prices the decode step's own 14,336-byte messages, not the verify's
+    decode = m.decode_compute_ms + 122 * interpolate_latency(table, 14336) / 1000
+    assert lines[-1]["baseline_tok_s"] == pytest.approx(1000 / decode) and decode < m.decode_ms(13.7)
     assert main(["costmodel", "--accept-by-steps", "1.8,2.4,2.9", "--plot", str(tmp_path / "cm.png")]) == 0
     with Image.open(tmp_path / "cm.png") as im:
         assert im.format == "PNG" and im.size[0] > 1000  # two panels
@@ -196,3 +202,64 @@ def test_verify_compute_can_grow_with_the_tokens_verified():
     assert m["verify_ms"] == pytest.approx(f["verify_ms"] + 61 * 5.0 * 9 / 1000) and m["spec_tok_s"] < f["spec_tok_s"]
     with pytest.raises(LabError, match="verify compute per layer at 2 tokens comes to -18 us"):
         steps_table(dataclasses.replace(moe, verify_token_compute_us=50.0))
+
+
+def test_a_batch_scales_every_sequences_work():
+    """B sequences: tok/s counts all of them. With flat compute and one latency the ratio does not move;
+    with per-token compute the verify (B x 4 tokens) grows 4x faster than the decode step (B tokens),
+    and break-even rises with B."""
+    flat = PRESETS[SEEDS]
+    one = CostModel(flat)
+    for b in (2, 8):
+        m = CostModel(dataclasses.replace(flat, batch=b))
+        assert m.spec_tok_s(2.5) == pytest.approx(b * one.spec_tok_s(2.5))
+        assert m.baseline_tok_s() == pytest.approx(b * one.baseline_tok_s())
+        assert m.break_even() == pytest.approx(one.break_even())
+    moe = dataclasses.replace(flat, verify_token_compute_us=5.0)
+    m1, m8 = CostModel(moe), CostModel(dataclasses.replace(moe, batch=8))
+    assert m8.verify_ms() == pytest.approx(m1.verify_ms() + 61 * 5.0 * 7 * 4 / 1000)
+    assert m8.decode_ms() == pytest.approx(m1.decode_ms() + 61 * 5.0 * 7 / 1000)
+    assert m1.break_even() < m8.break_even()
+    # a measured table is read at the batch's own messages: 8 x 4 and 8 x 1 tokens of 7168 bf16
+    table = {8192: 10.0, 1 << 20: 100.0}
+    assert m8.verify_ms(table) == pytest.approx(m8.verify_compute_ms + 122 * interpolate_latency(table, 8 * 4 * 14336) / 1000)
+    assert m8.decode_ms(table) == pytest.approx(m8.decode_compute_ms + 122 * interpolate_latency(table, 8 * 14336) / 1000)
+    with pytest.raises(LabError, match="batch sizes must be >= 1"):
+        CostModel(dataclasses.replace(flat, batch=0))
+
+
+def test_draft_step_by_batch_is_interpolated():
+    cfg = dataclasses.replace(PRESETS[SEEDS], draft_step_us_by_batch={1: 700.0, 8: 980.0, 32: 1100.0})
+    at = {b: CostModel(dataclasses.replace(cfg, batch=b)).draft_step_us for b in (1, 4, 8, 20, 64)}
+    assert at == pytest.approx({1: 700.0, 4: 820.0, 8: 980.0, 20: 1040.0, 64: 1260.0})  # 64: the last segment on
+    assert CostModel(cfg).draft_ms == pytest.approx(3 * 0.7)  # not draft_step_us, once measured by batch
+
+
+def test_batch_inputs_and_table(tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"draft_step_us": 700.0, "draft_step_us_by_batch": {"1": 700.0, "8": 980.0}}))
+    ev = tmp_path / "eval.json"
+    ev.write_text(json.dumps({"served_accept_len": 2.6, "config": {"steps": 3, "topk": 1, "draft_tokens": 3,
+                                                                    "batch": 4}}))
+    cfg, _ = apply_inputs(PRESETS[SEEDS], bench)
+    cfg, _ = apply_inputs(cfg, ev)
+    assert cfg.batch == 4 and CostModel(cfg).draft_step_us == pytest.approx(820.0)  # priced at its own batch
+    out = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(bench), "--inputs", str(ev), "--batches", "1,8,32",
+                 "--verify-token-compute-us", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(batch 4: tok/s counts all 4 sequences)" in text and "batch: the same drafting with B sequences" in text
+    r = json.loads(out.read_text())
+    rows = r["batch_table"]
+    assert [row["batch"] for row in rows] == [1, 8, 32]
+    for row in rows:
+        m = CostModel(dataclasses.replace(cfg, batch=row["batch"], verify_token_compute_us=3.0))
+        assert row["spec_tok_s"]["2.6"] == pytest.approx(m.spec_tok_s(2.6))
+        assert row["baseline_tok_s"] == pytest.approx(m.baseline_tok_s())
+    assert rows[0]["break_even_accept_len"] < rows[1]["break_even_accept_len"] < rows[2]["break_even_accept_len"]
+    assert r["spec_tok_s"]["2.6"] == pytest.approx(CostModel(dataclasses.replace(cfg, verify_token_compute_us=3.0))
+                                                   .spec_tok_s(2.6))
+    bench.write_text(json.dumps({"draft_step_us_by_batch": [700.0]}))
+    assert main(["costmodel", "--inputs", str(bench)]) == 2
+    err = capsys.readouterr().err
+    assert "draft_step_us_by_batch must map batch sizes to microseconds" in err and str(bench) in err

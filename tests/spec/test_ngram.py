@@ -157,6 +157,34 @@ def test_ngram_trees_are_lossless_and_draft_more(target, prompts):
     assert max(chain) <= 4 and max(tree) == 8 and sum(tree) > sum(chain)
 
 
+class _OneRowDrafts(NgramDrafter):
+    """Row 1 drafts the target's own greedy tokens (`script`, then token 0 once it is done, drafts the
+    engine must ignore); row 0 never drafts."""
+
+    def __init__(self, script: list[int]):
+        super().__init__()
+        self.script = script
+
+    def continuations(self, index, tokens, steps, k):
+        if len(self.rows) < 2 or index is not self.rows[1]:
+            return []
+        return [self.script[len(tokens): len(tokens) + steps] or [0]]
+
+
+def test_a_pass_decodes_plainly_only_when_no_row_drafted(target, prompts):
+    """While row 1 is unfinished every pass verifies its draft, though row 0 has none; row 1 accepts
+    its drafts and finishes early, and row 0's passes after that are plain decodes."""
+    n, plain = 16, SpecEngine(target, None, SpecConfig(max_new_tokens=16, stop_at_eos=False))
+    script = prompts[1] + plain.generate(prompts[1:2], speculative=False).tokens[0]
+    engine = SpecEngine(target, _OneRowDrafts(script), SpecConfig(steps=2, max_new_tokens=n, stop_at_eos=False))
+    alone = engine.generate(prompts[:1])
+    assert alone.no_draft_passes == alone.verify_passes == n - 1
+    pair = engine.generate(prompts[:2])
+    row1_passes = len(pair.accept_lengths) - (n - 1)  # row 0 emits one token a pass after its root
+    assert pair.verify_passes == n - 1 and 0 < row1_passes < (n - 1) / 2
+    assert pair.no_draft_passes == (n - 1) - row1_passes
+
+
 def test_evaluate_ngram(target, conversations):
     r = evaluate(target, NgramDrafter(NgramConfig(1, 3)), conversations, steps=3, batch=2, max_new_tokens=32)
     assert r["lossless_check"] == "identical" and r["config"]["drafter"] == "n-gram lookup (1..3)"
@@ -208,6 +236,6 @@ def test_pooled_ngram_sets_keep_host_time_and_no_match_share(target, conversatio
     p = pool(sets)
     a, b = sets["a"], sets["b"]
     assert p["no_draft_share"] == pytest.approx(
-        (a["no_draft_share"] * a["verify_steps"] + b["no_draft_share"] * b["verify_steps"]) / p["verify_steps"])
+        (a["no_draft_share"] * a["verify_passes"] + b["no_draft_share"] * b["verify_passes"]) / p["verify_passes"])
     assert p["draft_step_us"] == pytest.approx(
         1e6 * (a["draft_seconds"] + b["draft_seconds"]) / (3 * (a["verify_passes"] + b["verify_passes"])))

@@ -24,6 +24,10 @@ def test_grid_keeps_what_can_be_drafted():
         grid([4], [1], [8])
     with pytest.raises(LabError, match="no setting of the sweep can be drafted"):
         grid([2], [2], [7, 9])
+    # batches vary fastest; each setting carries its batch
+    assert [(g["steps"], g["batch"]) for g in grid([2, 4], [1], None, [1, 8])] == [(2, 1), (2, 8), (4, 1), (4, 8)]
+    with pytest.raises(LabError, match="batch must be >= 1, got 4,0"):
+        grid([2], [1], None, [4, 0])
 
 
 def test_cli_sweep_then_cost_model_rows(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
@@ -50,6 +54,26 @@ def test_cli_sweep_then_cost_model_rows(random_llama, drafter_dir, prompts_file,
     best = max(rows, key=lambda row: row["spec_tok_s"])
     assert (f"--speculative-eagle-topk {best['topk']} --speculative-num-draft-tokens {best['draft_tokens'] + 1}"
             in text.splitlines()[-1])
+
+
+def test_batch_sweep_prices_each_row_at_its_batch(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
+    out = tmp_path / "sweep.json"
+    assert main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
+                 "--steps", "3", "--batch", "1,3", "--max-new-tokens", "12", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fastest here at batch 1:" in text and "fastest here at batch 3:" in text
+    sweep = json.loads(out.read_text())["sweep"]
+    assert [r["config"]["batch"] for r in sweep] == [1, 3]
+    assert all(r["lossless_check"] == "identical" for r in sweep)
+    model = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(out), "--verify-token-compute-us", "4", "--json", str(model)]) == 0
+    assert "best at batch 3:" in capsys.readouterr().out
+    rows = json.loads(model.read_text())["settings"]
+    cfg = dataclasses.replace(PRESETS[SEEDS], steps=3, verify_token_compute_us=4.0)
+    for row, r in zip(rows, sweep):
+        m = CostModel(dataclasses.replace(cfg, batch=r["config"]["batch"]))
+        assert row["batch"] == r["config"]["batch"]
+        assert row["spec_tok_s"] == pytest.approx(m.spec_tok_s(r["served_accept_len"]))
 
 
 def test_ngram_rows_are_priced_with_their_lookup_time_and_no_match_share():

@@ -5,7 +5,7 @@
     nox -s lint                  ruff
     nox -s kernels               the kernel correctness suites (GPU parts skip without a GPU)
     nox -s build_cuda            compile the CUDA sources (CUDA torch + nvcc; no GPU needed)
-    nox -s bench -- NAME         kernel benchmarks: allreduce | draft-forward
+    nox -s bench -- NAME         benchmarks: allreduce | draft-forward (kernels) | verify (target passes)
     nox -s container [-- smoke]  build the CPU/GPU images offline; smoke runs the lab inside
     nox -s reproduce -- RUN_DIR  re-run a run (made here or in an image) and list what differs
 """
@@ -107,12 +107,11 @@ def build_cuda(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """`nox -s bench -- allreduce|draft-forward [ARGS]`: prints tables, writes JSON for the cost model."""
-    names = {"allreduce": "drafter_lab.kernels.bench_allreduce", "draft-forward": "drafter_lab.kernels.bench_draft_forward"}
-    if not session.posargs or session.posargs[0] not in names:
-        session.error(f"name a benchmark: {' | '.join(names)}")
+    """`nox -s bench -- allreduce|draft-forward|verify [ARGS]`: prints tables, writes JSON for the cost model."""
+    if not session.posargs:
+        session.error("name a benchmark: allreduce | draft-forward | verify")
     install_lab(session, extras="")
-    session.run("python", "-m", names[session.posargs[0]], *session.posargs[1:])
+    session.run("drafter-lab", "bench", *session.posargs)
 
 
 @nox.session(venv_backend="none")

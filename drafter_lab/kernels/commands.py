@@ -1,4 +1,5 @@
-"""CLI: `bench allreduce|draft-forward [ARGS]`, the kernel benchmarks (same as `nox -s bench -- NAME`)."""
+"""CLI: `bench allreduce|draft-forward|verify [ARGS]`, the benchmarks (same as `nox -s bench -- NAME`): the two
+kernels', and the target's verify pass (a spec-level benchmark, listed here so that one command runs them all)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib
 BENCHES = {
     "allreduce": "drafter_lab.kernels.bench_allreduce",
     "draft-forward": "drafter_lab.kernels.bench_draft_forward",
+    "verify": "drafter_lab.spec.bench_verify",
 }
 
 
@@ -16,7 +18,8 @@ def _bench(args) -> int:
 
 
 def register(sub) -> None:
-    b = sub.add_parser("bench", help="kernel benchmarks: allreduce (--tp-sim for the verify step) | draft-forward")
+    b = sub.add_parser("bench", help="benchmarks: allreduce (--tp-sim for the verify step) | draft-forward | "
+                                      "verify (the target's pass by batch and tokens)")
     b.add_argument("name", choices=sorted(BENCHES))
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark (see its --help)")
     b.set_defaults(func=_bench)

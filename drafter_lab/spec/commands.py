@@ -105,7 +105,7 @@ def register(sub) -> None:
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw tok/s against accept length (and draft depth) per all-reduce latency")
-    labconfig.add_cli_args(c, CostModelConfig, skip=("draft_step_us_by_batch",))  # a benchmark's table: --inputs
+    labconfig.add_cli_args(c, CostModelConfig, skip=("draft_step_us_by_batch", "pass_ms_by_tokens"))  # tables: --inputs
     c.set_defaults(func=run_costmodel)
 
 
@@ -307,7 +307,7 @@ def format_eval(r: dict) -> str:
 def run_costmodel(args) -> int:
     from drafter_lab.spec.costmodel import PRESETS, fold, format_report, read_inputs, report, settings_table
 
-    cfg = labconfig.apply_cli_args(PRESETS[args.preset], args)
+    cfg = PRESETS[args.preset]
     measured = None
     sweeps = []
     for path in args.inputs:
@@ -317,6 +317,7 @@ def run_costmodel(args) -> int:
             continue
         cfg, latency = fold(cfg, data, path)
         measured = latency if latency is not None else measured
+    cfg = labconfig.apply_cli_args(cfg, args)  # a flag given says what the files must not change
     r = report(cfg, measured)
     r["settings"] = [row for path, sweep in sweeps for row in settings_table(cfg, sweep, measured, path)]
     r["preset"] = args.preset

@@ -23,7 +23,7 @@ sequence's, and a batch scales them. A verify pass carries B x verify_tokens tok
 step B tokens: each token beyond one sequence's adds verify_token_compute_us of compute per layer
 (0: flat, as memory-bound dense layers are; an MoE reads more experts), messages are B times
 larger, and the draft step is read from a measured {batch: us} table (a draft-forward benchmark's)
-when there is one, else it stays flat. Both tok/s count all B sequences:
+at batch x topk rows (a tree drafts topk children per row) when there is one, else it stays flat. Both tok/s count all B sequences:
 
     spec tok/s = 1000 x B x A / mean cycle,   baseline = 1000 x B / decode_ms(B)
 
@@ -47,13 +47,18 @@ of these keys (others are ignored, so a benchmark can write its full results bes
     "draft_step_us": number, replaces draft_step_us (and, without the next key, any table)
     "draft_step_us_by_batch": {"<batch>": us, ...}, the draft step at each measured batch
     "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
+    "verify_ms_by_tokens": {"<batch>": {"<tokens per row>": ms}}, one device's target passes
+                     (`bench verify`): sets pass_ms_by_tokens
+    "deployment":    {field: value} for num_layers, hidden_size, dtype_bytes, allreduces_per_layer
+                     and cycle_overhead_ms: the deployment a benchmark measured (`bench verify`:
+                     its target on one device)
     "decode_ms":     number, replaces decode_ms
     "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
     "accept_length": number or list of numbers (served), added to the table's columns
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
-its draft steps, draft tokens and batch set `steps`, `verify_tokens` and `batch` (the last eval's,
-given several), and a chain eval's (topk 1) accept histogram at S steps gives the served accept
+its draft steps, draft tokens, batch and topk set `steps`, `verify_tokens`, `batch` and `topk` (the
+last eval's, given several), and a chain eval's (topk 1) accept histogram at S steps gives the served accept
 length at every depth s <= S: a verify step that emitted n tokens at S (n - 1 drafts accepted) emits
 min(n - 1, s) + 1 at s, since a chain's first s drafts do not depend on how many follow. From
 these the draft-steps table finds the depth that maximises tok/s: more steps raise the accept
@@ -123,6 +128,14 @@ class CostModelConfig:
     draft step is draft_step_us at every batch."""
     batches: list[int] = field(default_factory=list)
     """Batch sizes for the batch table: break-even accept length and tok/s at each (empty: no table)."""
+    pass_ms_by_tokens: dict[int, dict[int, float]] = field(default_factory=dict)
+    """Measured target passes on one device, {batch: {tokens per row: ms}} (`bench verify`): when
+    given, a verify's compute is read from it at (batch, verify_tokens) and a decode step's at
+    (batch, 1), linearly in tokens then in batch (beyond the measured ones, the last segment
+    extended), in place of the per-layer compute fields and decode_ms."""
+    topk: int = 1
+    """Children per expanded node (tree drafting): a draft step runs batch x topk drafter rows, so
+    draft_step_us_by_batch is read at that many. `--inputs` takes an eval's."""
     accept_by_steps: list[float] = field(default_factory=list)
     """Served accept length with 1, 2, ... draft steps (chain drafting); given, the draft-steps table
     picks the depth that maximises tok/s. `--inputs` derives it from an eval's accept histogram."""
@@ -138,8 +151,9 @@ class CostModel:
         self.cfg = cfg
         if not 0 <= cfg.no_draft_share < 1:
             raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
-        if cfg.batch < 1 or any(b < 1 for b in cfg.batches):
-            raise LabError(f"batch sizes must be >= 1, got batch {cfg.batch}, batches {cfg.batches}")
+        if cfg.batch < 1 or any(b < 1 for b in cfg.batches) or cfg.topk < 1:
+            raise LabError(f"batch sizes and topk must be >= 1, got batch {cfg.batch}, batches {cfg.batches}, "
+                           f"topk {cfg.topk}")
         if cfg.verify_layer_compute_us <= 0:
             raise LabError(f"verify compute per layer at {cfg.verify_tokens} tokens comes to "
                            f"{cfg.verify_layer_compute_us:g} us: lower verify_token_compute_us")
@@ -158,18 +172,27 @@ class CostModel:
         c = self.cfg
         return c.num_layers * c.verify_token_compute_us * (c.batch - 1) * per_sequence / 1000
 
+    def _measured_pass_ms(self, tokens: int) -> float:
+        table = self.cfg.pass_ms_by_tokens
+        return interpolate_linear({b: interpolate_linear(row, tokens) for b, row in table.items()}, self.cfg.batch)
+
     @property
     def verify_compute_ms(self) -> float:
-        return self.cfg.num_layers * self.cfg.verify_layer_compute_us / 1000 + self._extra_tokens_ms(self.cfg.verify_tokens)
+        c = self.cfg
+        if c.pass_ms_by_tokens:
+            return self._measured_pass_ms(c.verify_tokens)
+        return c.num_layers * c.verify_layer_compute_us / 1000 + self._extra_tokens_ms(c.verify_tokens)
 
     @property
     def decode_compute_ms(self) -> float:
+        if self.cfg.pass_ms_by_tokens:
+            return self._measured_pass_ms(1)
         return self.cfg.decode_ms - self.n_allreduce * self.cfg.decode_allreduce_us / 1000 + self._extra_tokens_ms(1)
 
     @property
     def draft_step_us(self) -> float:
         table = self.cfg.draft_step_us_by_batch
-        return interpolate_linear(table, self.cfg.batch) if table else self.cfg.draft_step_us
+        return interpolate_linear(table, self.cfg.batch * self.cfg.topk) if table else self.cfg.draft_step_us
 
     @property
     def draft_ms(self) -> float:
@@ -279,8 +302,9 @@ def accept_by_steps(histogram, path) -> list[float]:
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
 
 
-KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "verify_ms", "decode_ms", "no_draft_share",
-                "accept_length", "served_accept_len", "accept_histogram")
+KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "verify_ms", "verify_ms_by_tokens",
+                "deployment", "decode_ms", "no_draft_share", "accept_length", "served_accept_len", "accept_histogram")
+DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per_layer", "cycle_overhead_ms")
 
 
 def read_inputs(path) -> dict:
@@ -325,6 +349,7 @@ def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
     if "served_accept_len" in data and isinstance(conf.get("steps"), int):
         over["steps"] = conf["steps"]
         over["batch"] = int(conf.get("batch") or 1)
+        over["topk"] = int(conf.get("topk") or 1)
         cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
     return dataclasses.replace(cfg, **over)
 
@@ -337,6 +362,7 @@ def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency |
 def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Latency | None]:
     """Fold measured inputs (a benchmark's or an eval's) into `cfg`; returns (config, measured
     all-reduce latency or None)."""
+    cfg = _deployment(cfg, data.get("deployment"), path)
     cfg = _drafting(cfg, data, path)
     over: dict = {}
     if "decode_ms" in data:
@@ -357,6 +383,8 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
             what = "drafting of unknown topk" if topk is None else f"tree drafting (topk {topk})"
             log(f"{path}: its accept histogram comes from {what}; the draft-steps table needs a chain (topk 1)")
     cfg = dataclasses.replace(cfg, **over)
+    if "verify_ms_by_tokens" in data:
+        cfg = dataclasses.replace(cfg, pass_ms_by_tokens=_pass_table(data["verify_ms_by_tokens"], path))
     if "verify_ms" in data:
         verify_us = _number(data["verify_ms"], "verify_ms", path) * 1000
         model = CostModel(cfg)
@@ -383,6 +411,35 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
     return cfg, measured
 
 
+def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
+    if given is None:
+        return cfg
+    if not isinstance(given, dict) or not set(given) <= set(DEPLOYMENT_FIELDS):
+        raise LabError(f"deployment must be an object with some of {', '.join(DEPLOYMENT_FIELDS)}", path)
+    over = {}
+    for key, value in given.items():
+        if key in ("allreduces_per_layer", "cycle_overhead_ms") and value == 0:
+            over[key] = value
+        elif key == "cycle_overhead_ms":
+            over[key] = _number(value, f"deployment.{key}", path)
+        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            over[key] = value
+        else:
+            raise LabError(f"deployment.{key} must be a positive integer, got {value!r}", path)
+    return dataclasses.replace(cfg, **over)
+
+
+def _pass_table(table, path) -> dict[int, dict[int, float]]:
+    try:
+        out = {int(b): {int(t): _number(ms, f"verify_ms_by_tokens[{b}][{t}]", path) for t, ms in row.items()}
+               for b, row in table.items()}
+    except (AttributeError, ValueError):
+        raise LabError("verify_ms_by_tokens must map batch sizes to {tokens per row: ms}", path) from None
+    if not out or not all(out.values()) or min(out) < 1 or min(t for row in out.values() for t in row) < 1:
+        raise LabError("verify_ms_by_tokens must map batch sizes (>= 1) to {tokens per row (>= 1): ms}", path)
+    return out
+
+
 def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | None = None, path=None) -> list[dict]:
     """One row per swept eval (`eval --steps 2,4 --topk 1,2 ...`): its served accept length priced at
     its own steps and verified tokens (the all-reduce at `latency`, None: the config's own, for that
@@ -398,8 +455,10 @@ def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | N
 
 
 def _priced(m: CostModel, accept: float, latency: Latency | None) -> dict:
-    """A table row's timings and tok/s at all-reduce `latency` (None: the config's own)."""
+    """A table row's timings and tok/s at all-reduce `latency` (None: the config's own); its
+    all-reduce latency is None on a deployment without all-reduces (one device)."""
     x = m.cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
+    x = x if m.n_allreduce else None
     tok_s = m.spec_tok_s(accept, latency)
     return {"allreduce_us": x, "verify_ms": m.verify_ms(latency), "cycle_ms": m.cycle_ms(latency),
             "spec_tok_s": tok_s, "speedup": tok_s / m.baseline_tok_s(latency)}
@@ -489,9 +548,12 @@ def format_report(r: dict, name: str) -> str:
     batched = c["batch"] > 1
     lines = [
         f"cost model: {name}" + (f" (batch {c['batch']}: tok/s counts all {c['batch']} sequences)" if batched else ""),
-        f"  verify   = {c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute"
-        + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - c['verify_layer_compute_us']:.3g} us for the "
-           f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else "")
+        "  verify   = "
+        + (f"measured pass of {c['batch']} x {c['verify_tokens']} tokens, {r['verify_compute_ms']:.2f} ms"
+           if c["pass_ms_by_tokens"] else
+           f"{c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute"
+           + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - c['verify_layer_compute_us']:.3g} us for the "
+              f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else ""))
         + f" + {r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
         f"  draft    = {c['steps']} steps x {r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
         f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
@@ -542,7 +604,7 @@ def format_report(r: dict, name: str) -> str:
             f"{'verify ms':>9} {'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
         ]
         lines += [f"{row['steps']:>5} {row['topk']:>4} {row['draft_tokens']:>12} {row['batch']:>5} "
-                  f"{row['accept']:>6.2f} {row['allreduce_us']:>13.3g} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
+                  f"{row['accept']:>6.2f} {_us(row['allreduce_us']):>13} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
                   f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["settings"]]
         batches = sorted({row["batch"] for row in r["settings"]})
         for b in batches:
@@ -563,6 +625,10 @@ def format_report(r: dict, name: str) -> str:
                   + " ".join(f"{row['spec_tok_s'][a]:>8.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
                   for row in r["batch_table"]]
     return "\n".join(lines)
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
 
 
 def _serve_flags(steps: int, topk: int, draft_tokens: int) -> str:

@@ -94,7 +94,7 @@ def evaluate(
     outputs = {False: [], True: []}
     seconds = {False: 0.0, True: 0.0}
     accept: list[int] = []
-    verify_passes, no_draft_passes, draft_seconds = 0, 0, 0.0
+    verify_passes, no_draft_passes, decode_passes, draft_seconds = 0, 0, 0, 0.0
     with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
         for chunk in batches:
             for speculative in (False, True):
@@ -104,7 +104,9 @@ def evaluate(
                 _sync(device)
                 seconds[speculative] += time.perf_counter() - t0
                 outputs[speculative].extend(g.tokens)
-                if speculative:
+                if not speculative:
+                    decode_passes += g.verify_passes
+                else:
                     accept.extend(g.accept_lengths)
                     verify_passes += g.verify_passes
                     no_draft_passes += g.no_draft_passes
@@ -140,6 +142,7 @@ def evaluate(
         "accept_histogram": summary["histogram"],
         "verify_steps": summary["verify_steps"],
         "verify_passes": verify_passes,
+        "decode_passes": decode_passes,
         "spec_tok_s": spec_tps,
         "baseline_tok_s": base_tps,
         "speedup": spec_tps / base_tps,
@@ -182,7 +185,7 @@ def pool(sets: dict[str, dict]) -> dict:
     else:
         keys = sorted({k for h in hists for k in h}, key=int)
         out["accept_histogram"] = {k: sum(h.get(k, 0) for h in hists) for k in keys}
-    for key in ("prompts", "verify_passes", "draft_seconds"):
+    for key in ("prompts", "verify_passes", "decode_passes", "draft_seconds"):
         if key in out:
             out[key] = sum(r[key] for r in rs)
     if "draft_step_us" in out:

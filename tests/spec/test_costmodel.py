@@ -224,7 +224,7 @@ def test_a_batch_scales_every_sequences_work():
     table = {8192: 10.0, 1 << 20: 100.0}
     assert m8.verify_ms(table) == pytest.approx(m8.verify_compute_ms + 122 * interpolate_latency(table, 8 * 4 * 14336) / 1000)
     assert m8.decode_ms(table) == pytest.approx(m8.decode_compute_ms + 122 * interpolate_latency(table, 8 * 14336) / 1000)
-    with pytest.raises(LabError, match="batch sizes must be >= 1"):
+    with pytest.raises(LabError, match="batch sizes and topk must be >= 1"):
         CostModel(dataclasses.replace(flat, batch=0))
 
 
@@ -233,6 +233,8 @@ def test_draft_step_by_batch_is_interpolated():
     at = {b: CostModel(dataclasses.replace(cfg, batch=b)).draft_step_us for b in (1, 4, 8, 20, 64)}
     assert at == pytest.approx({1: 700.0, 4: 820.0, 8: 980.0, 20: 1040.0, 64: 1260.0})  # 64: the last segment on
     assert CostModel(cfg).draft_ms == pytest.approx(3 * 0.7)  # not draft_step_us, once measured by batch
+    # a tree's draft step runs topk rows per sequence
+    assert CostModel(dataclasses.replace(cfg, batch=4, topk=2)).draft_step_us == pytest.approx(980.0)
 
 
 def test_batch_inputs_and_table(tmp_path, capsys):

@@ -27,6 +27,7 @@ def test_evaluate_numbers(target, trained_drafter, conversations):
     assert sum(hist.values()) == r["verify_steps"]
     assert sum(int(k) * n for k, n in hist.items()) / r["verify_steps"] == pytest.approx(r["served_accept_len"])
     assert r["spec_tokens"] == r["baseline_tokens"] == 4 * 24
+    assert r["decode_passes"] == 2 * 23  # two batches; each row's first token comes from the prefill
     assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["baseline_tok_s"])
     assert r["lossless_check"] == "identical"
     assert r["config"]["drafting"] == "chain"

@@ -1,0 +1,200 @@
+"""Benchmark: the target's verify pass against the tokens it carries, on this device.
+
+    drafter-lab bench verify --target DIR [--drafter DIR] [--tokens 1,2,4,8,16] [--batch 1,4,16] [--json FILE]
+
+The cost model prices a verify of B rows x T tokens as per-layer compute that grows by
+`verify_token_compute_us` per token; nothing measured that growth. This times the pass the engine
+runs each cycle (`TargetRunner.verify` over a chain of T tokens per row, after a prefill of
+`--context` tokens; with T = 1 it is a plain decode step) at every (B, T), rolling the cache back
+after each pass, median of `--reps` synchronised passes. With `--drafter` it also times one draft
+step at each batch (at the same context). It prints the table and the line ms = a + b x (B x T)
+fitted over every point, with its worst error: b per layer is the `--verify-token-compute-us` of a
+deployment priced per layer (a tensor-parallel preset). `--json` writes a cost-model inputs file
+that prices this device itself: the target's shape as a one-device deployment (layers, hidden
+size, dtype bytes, no all-reduces, no host overhead per cycle), `decode_ms`, the passes
+(`verify_ms_by_tokens`, read at each setting's batch and tokens) and, with a drafter,
+`draft_step_us_by_batch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import time
+
+import torch
+
+from drafter_lab import atomic
+from drafter_lab.errors import LabError
+from drafter_lab.progress import log, progress
+from drafter_lab.spec.drafting import resolve_step
+from drafter_lab.spec.target import TargetRunner
+from drafter_lab.spec.tree import chain
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="drafter-lab bench verify", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True, help="target model directory (any local HF causal LM)")
+    ap.add_argument("--drafter", default=None, help="drafter checkpoint: also time its draft step at each batch")
+    ap.add_argument("--tokens", type=_int_list, default=[1, 2, 4, 8, 16], help="tokens per row in a pass (T)")
+    ap.add_argument("--batch", type=_int_list, default=[1, 4, 16], help="rows per pass (B)")
+    ap.add_argument("--context", type=int, default=256, help="tokens already in each row's cache")
+    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    ap.add_argument("--reps", type=int, default=20, help="timed passes per point (median)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="write the cost-model inputs here")
+    args = ap.parse_args(argv)
+    if args.context < 1 or args.reps < 1 or args.warmup < 0 or args.threads < 0:
+        raise LabError("--context and --reps must be >= 1, --warmup and --threads >= 0")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise LabError("--device cuda: no CUDA device is visible")
+    return args
+
+
+def median_ms(fn, after, device: torch.device, reps: int, warmup: int) -> float:
+    """Median wall time of fn() (synchronised on CUDA), with after() run untimed after each call."""
+    times = []
+    for i in range(warmup + reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        after()
+    return 1e3 * statistics.median(times)
+
+
+def time_verify(target, batch: int, tokens: int, args, gen: torch.Generator) -> float:
+    """One verify of `tokens` per row over `batch` rows of `args.context` committed tokens."""
+    dev = target.device
+    runner = TargetRunner(target.model, [], target.path)
+    ids = torch.randint(target.vocab_size, (batch, args.context + tokens), generator=gen).to(dev)
+    lens = torch.full((batch,), args.context, device=dev)
+    runner.prefill(ids[:, : args.context], lens, aux=False)
+    tree = chain(ids[:, args.context], ids[:, args.context + 1:])
+    ancestors = tree.ancestors()
+    path = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+    none = torch.zeros(batch, dtype=torch.long, device=dev)
+    return median_ms(lambda: runner.verify(tree.tokens, tree.depth, ancestors, aux=False),
+                     lambda: runner.commit(path, none, tokens), dev, args.reps, args.warmup)
+
+
+def time_draft_step(drafter, batch: int, args, gen: torch.Generator) -> float:
+    """One draft step (the drafter's own hidden state in, as at depth >= 1) per row, in us."""
+    step, _ = resolve_step(drafter, None)
+    c, dev = drafter.config, drafter.fc.weight.device
+    dtype = drafter.fc.weight.dtype
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen).to(device=dev, dtype=dtype)
+
+    k, v = drafter.new_kv_cache(batch, args.context + 1)
+    k.copy_(rand(*k.shape))
+    v.copy_(rand(*v.shape))
+    embeds, hidden = rand(batch, c.hidden_size), rand(batch, c.hidden_size)
+    pos = torch.full((batch,), args.context, device=dev)
+    with torch.no_grad():
+        return 1e3 * median_ms(lambda: step(embeds, hidden, pos, k, v, pos, 1), lambda: None, dev, args.reps,
+                               args.warmup)
+
+
+def fit_verify(table: dict[int, dict[int, float]]) -> tuple[float, float, float]:
+    """Least-squares line ms = a + b x n through passes of n = batch x tokens tokens; returns
+    (a, b, the worst relative error of the line at a measured point)."""
+    points = [(b * t, ms) for b, row in table.items() for t, ms in row.items()]
+    n_mean = sum(n for n, _ in points) / len(points)
+    ms_mean = sum(ms for _, ms in points) / len(points)
+    spread = sum((n - n_mean) ** 2 for n, _ in points)
+    if spread == 0:
+        raise LabError("fitting a line needs passes of at least two token counts (B x T)")
+    slope = sum((n - n_mean) * (ms - ms_mean) for n, ms in points) / spread
+    a = ms_mean - slope * n_mean
+    return a, slope, max(abs(a + slope * n - ms) / ms for n, ms in points)
+
+
+def main(argv=None) -> int:
+    from drafter_lab.spec.pairing import load_for_target
+    from drafter_lab.targets.hf import load_target
+
+    args = parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, device=args.device, dtype=DTYPES[args.dtype])
+    drafter = load_for_target(args.drafter, target, allow_other_target=True).to(DTYPES[args.dtype]) \
+        if args.drafter else None
+    gen = torch.Generator().manual_seed(args.seed)
+    table: dict[int, dict[int, float]] = {}
+    draft_us: dict[int, float] = {}
+    points = len(args.batch) * (len(args.tokens) + bool(drafter))
+    with progress("bench verify (batch x tokens)", total=points) as advance:
+        for b in args.batch:
+            table[b] = {}
+            for t in args.tokens:
+                table[b][t] = time_verify(target, b, t, args, gen)
+                advance(1, batch=b, tokens=t)
+            if drafter is not None:
+                draft_us[b] = time_draft_step(drafter, b, args, gen)
+                advance(1, batch=b)
+    a, slope, worst = fit_verify(table)
+    print(format_table(table, draft_us, a, slope, worst, target.num_layers))
+    if args.json:
+        result = {
+            "deployment": {"num_layers": target.num_layers, "hidden_size": target.hidden_size,
+                           "dtype_bytes": torch.finfo(DTYPES[args.dtype]).bits // 8, "allreduces_per_layer": 0,
+                           "cycle_overhead_ms": 0.0},
+            "decode_ms": table.get(1, {}).get(1, a + slope),  # measured where (B, T) = (1, 1) was, else the fit
+            "verify_ms_by_tokens": {str(b): {str(t): ms for t, ms in row.items()} for b, row in table.items()},
+            **({"draft_step_us_by_batch": {str(b): us for b, us in draft_us.items()}} if draft_us else {}),
+            "meta": {
+                "target": target.describe(), "drafter": args.drafter, "device": str(target.device),
+                "dtype": args.dtype, "context": args.context, "threads": torch.get_num_threads(), "reps": args.reps,
+                "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                "fit": {"ms_at_zero_tokens": a, "ms_per_token": slope, "worst_relative_error": worst},
+            },
+        }
+        atomic.write_json(args.json, result)
+        log(f"wrote {args.json}")
+    return 0
+
+
+def format_table(table, draft_us, a: float, slope: float, worst: float, layers: int) -> str:
+    tokens = sorted({t for row in table.values() for t in row})
+    head = f"{'batch':>5} | " + " ".join(f"{'T=' + str(t):>8}" for t in tokens) + (
+        f" | {'draft step':>10}" if draft_us else "")
+    lines = ["verify pass, ms (T tokens per row; T = 1 is a plain decode step)", head, "-" * len(head)]
+    for b, row in table.items():
+        lines.append(f"{b:>5} | " + " ".join(f"{row[t]:>8.3f}" for t in tokens)
+                     + (f" | {draft_us[b]:>7.0f} us" if draft_us else ""))
+    lines.append(f"fit: ms = {a:.3f} + {slope:.4f} x (B x T), worst error {100 * worst:.0f} %; per layer "
+                 f"{1000 * slope / layers:.2f} us per further token (costmodel --verify-token-compute-us)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -1,0 +1,74 @@
+"""`bench verify`: the target's passes by batch and tokens, the line through them, and the cost model
+that reads them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from drafter_lab.cli import main
+from drafter_lab.errors import LabError
+from drafter_lab.spec.bench_verify import fit_verify
+from drafter_lab.spec.costmodel import PRESETS, CostModel, apply_inputs
+
+SEEDS = "seeds-kimi-k2.5-8x-pcie"
+
+
+def test_fit_recovers_a_line_and_reports_its_worst_error():
+    line = {1: {1: 2.5, 4: 4.0}, 4: {1: 4.0, 4: 10.0}}  # ms = 2 + 0.5 x (B x T)
+    a, b, worst = fit_verify(line)
+    assert (a, b, worst) == pytest.approx((2.0, 0.5, 0.0))
+    bent = {1: {1: 2.0, 4: 2.2}, 4: {4: 10.0}}  # flat, then growing: no line fits every point
+    assert fit_verify(bent)[2] > 0.1
+
+
+def test_bench_verify_feeds_the_cost_model(random_llama, drafter_dir, tmp_path, capsys):
+    out = tmp_path / "verify.json"
+    assert main(["bench", "verify", "--target", str(random_llama), "--drafter", str(drafter_dir), "--tokens", "1,3",
+                 "--batch", "1,2", "--context", "8", "--reps", "2", "--warmup", "0", "--threads", "1",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "verify pass, ms" in text and "fit: ms =" in text
+    r = json.loads(out.read_text())
+    table = {int(b): {int(t): ms for t, ms in row.items()} for b, row in r["verify_ms_by_tokens"].items()}
+    assert set(table) == {1, 2} and all(set(row) == {1, 3} and min(row.values()) > 0 for row in table.values())
+    assert r["decode_ms"] == table[1][1] and set(r["draft_step_us_by_batch"]) == {"1", "2"}
+    assert r["deployment"] == {"num_layers": 8, "hidden_size": 64, "dtype_bytes": 4, "allreduces_per_layer": 0,
+                               "cycle_overhead_ms": 0.0}
+    cfg, _ = apply_inputs(PRESETS[SEEDS], out)
+    m, two = CostModel(cfg), CostModel(dataclasses.replace(cfg, batch=2, verify_tokens=3))
+    assert (cfg.num_layers, m.n_allreduce) == (8, 0)
+    # passes are read where they were measured, and between and beyond them along the last segment
+    assert (m.decode_ms(), two.decode_ms(), two.verify_ms()) == (table[1][1], table[2][1], table[2][3])
+    assert m.verify_ms() == pytest.approx(table[1][3] + (table[1][3] - table[1][1]) / 2)  # the preset's 4 tokens
+    assert CostModel(dataclasses.replace(cfg, batch=3, verify_tokens=3)).verify_ms() == pytest.approx(
+        2 * table[2][3] - table[1][3])
+    assert two.draft_step_us == pytest.approx(r["draft_step_us_by_batch"]["2"])
+    # a flag given on the command line wins over the files
+    model = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(out), "--cycle-overhead-ms", "1.5", "--json", str(model)]) == 0
+    assert json.loads(model.read_text())["config"]["cycle_overhead_ms"] == 1.5
+
+
+@pytest.mark.parametrize("content, match", [
+    ({"verify_ms_by_tokens": {"1": {}}}, "must map batch sizes .>= 1. to"),
+    ({"verify_ms_by_tokens": {"1": [3.0]}}, "must map batch sizes to"),
+    ({"deployment": {"num_layers": 8, "tp": 2}}, "deployment must be an object with some of"),
+    ({"deployment": {"num_layers": 0}}, "deployment.num_layers must be a positive integer"),
+])
+def test_bad_verify_inputs(tmp_path, content, match):
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(content))
+    with pytest.raises(LabError, match=match):
+        apply_inputs(PRESETS[SEEDS], f)
+
+
+def test_bench_verify_bad_arguments(random_llama, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "verify", "--target", str(random_llama), "--tokens", "0,2"])
+    assert e.value.code == 2 and "expected positive integers" in capsys.readouterr().err
+    assert main(["bench", "verify", "--target", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and len(err.strip().splitlines()) == 1

@@ -6,14 +6,16 @@ The cost model prices a verify of B rows x T tokens as per-layer compute that gr
 `verify_token_compute_us` per token; nothing measured that growth. This times the pass the engine
 runs each cycle (`TargetRunner.verify` over a chain of T tokens per row, after a prefill of
 `--context` tokens; with T = 1 it is a plain decode step) at every (B, T), rolling the cache back
-after each pass, median of `--reps` synchronised passes. With `--drafter` it also times one draft
-step at each batch (at the same context). It prints the table and the line ms = a + b x (B x T)
-fitted over every point, with its worst error: b per layer is the `--verify-token-compute-us` of a
-deployment priced per layer (a tensor-parallel preset). `--json` writes a cost-model inputs file
+after each pass, median of `--reps` synchronised passes. With `--drafter` it also times, at each
+batch and the same context, one draft step and the draft extend (the drafter's pass over
+`--extend-tokens` accepted tokens per row, which also yields the next cycle's first draft). It
+prints the table and the line ms = a + b x (B x T) fitted over every point, with its worst error:
+b per layer is the `--verify-token-compute-us` of a deployment priced per layer (a
+tensor-parallel preset). `--json` writes a cost-model inputs file
 that prices this device itself: the target's shape as a one-device deployment (layers, hidden
 size, dtype bytes, no all-reduces, no host overhead per cycle), `decode_ms`, the passes
 (`verify_ms_by_tokens`, read at each setting's batch and tokens) and, with a drafter,
-`draft_step_us_by_batch`.
+`draft_step_us_by_batch` and `draft_extend_us_by_batch`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log, progress
-from drafter_lab.spec.drafting import resolve_step
+from drafter_lab.spec.drafting import DrafterRunner, resolve_step
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import chain
 
@@ -53,6 +55,8 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--tokens", type=_int_list, default=[1, 2, 4, 8, 16], help="tokens per row in a pass (T)")
     ap.add_argument("--batch", type=_int_list, default=[1, 4, 16], help="rows per pass (B)")
     ap.add_argument("--context", type=int, default=256, help="tokens already in each row's cache")
+    ap.add_argument("--extend-tokens", type=int, default=3, help="accepted tokens per row the draft extend runs over "
+                                                                 "(about the served accept length)")
     ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
@@ -61,8 +65,8 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the cost-model inputs here")
     args = ap.parse_args(argv)
-    if args.context < 1 or args.reps < 1 or args.warmup < 0 or args.threads < 0:
-        raise LabError("--context and --reps must be >= 1, --warmup and --threads >= 0")
+    if min(args.context, args.reps, args.extend_tokens) < 1 or min(args.warmup, args.threads) < 0:
+        raise LabError("--context, --reps and --extend-tokens must be >= 1, --warmup and --threads >= 0")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -134,6 +138,27 @@ def fit_verify(table: dict[int, dict[int, float]]) -> tuple[float, float, float]
     return a, slope, max(abs(a + slope * n - ms) / ms for n, ms in points)
 
 
+def time_extend(drafter, batch: int, args, gen: torch.Generator) -> float:
+    """One draft extend over `args.extend_tokens` accepted tokens per row (aux states in), in us."""
+    c, dev = drafter.config, drafter.fc.weight.device
+    m = args.extend_tokens
+    runner = DrafterRunner(drafter)
+    runner.reset(batch, args.context + m, dev)
+    runner.k.copy_(torch.randn(runner.k.shape, generator=gen))
+    runner.v.copy_(torch.randn(runner.v.shape, generator=gen))
+    context = torch.full((batch,), args.context, device=dev)
+    ids = torch.randint(c.draft_vocab_size, (batch, m), generator=gen).to(dev)
+    aux = torch.randn(batch, m, 3 * c.target_hidden_size, generator=gen).to(device=dev, dtype=drafter.fc.weight.dtype)
+    counts = torch.full((batch,), m, device=dev)
+
+    def rewind():
+        runner.lens = context.clone()
+
+    rewind()
+    with torch.no_grad():
+        return 1e3 * median_ms(lambda: runner.extend(ids, aux, counts, 1), rewind, dev, args.reps, args.warmup)
+
+
 def main(argv=None) -> int:
     from drafter_lab.spec.pairing import load_for_target
     from drafter_lab.targets.hf import load_target
@@ -141,13 +166,14 @@ def main(argv=None) -> int:
     args = parse(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.target, device=args.device, dtype=DTYPES[args.dtype])
+    target = load_target(args.target, device=args.device, dtype=DTYPES[args.dtype], tokenizer=False)
     drafter = load_for_target(args.drafter, target, allow_other_target=True).to(DTYPES[args.dtype]) \
         if args.drafter else None
     gen = torch.Generator().manual_seed(args.seed)
     table: dict[int, dict[int, float]] = {}
     draft_us: dict[int, float] = {}
-    points = len(args.batch) * (len(args.tokens) + bool(drafter))
+    extend_us: dict[int, float] = {}
+    points = len(args.batch) * (len(args.tokens) + 2 * bool(drafter))
     with progress("bench verify (batch x tokens)", total=points) as advance:
         for b in args.batch:
             table[b] = {}
@@ -156,9 +182,10 @@ def main(argv=None) -> int:
                 advance(1, batch=b, tokens=t)
             if drafter is not None:
                 draft_us[b] = time_draft_step(drafter, b, args, gen)
-                advance(1, batch=b)
+                extend_us[b] = time_extend(drafter, b, args, gen)
+                advance(2, batch=b)
     a, slope, worst = fit_verify(table)
-    print(format_table(table, draft_us, a, slope, worst, target.num_layers))
+    print(format_table(table, draft_us, extend_us, a, slope, worst, target.num_layers))
     if args.json:
         result = {
             "deployment": {"num_layers": target.num_layers, "hidden_size": target.hidden_size,
@@ -166,10 +193,12 @@ def main(argv=None) -> int:
                            "cycle_overhead_ms": 0.0},
             "decode_ms": table.get(1, {}).get(1, a + slope),  # measured where (B, T) = (1, 1) was, else the fit
             "verify_ms_by_tokens": {str(b): {str(t): ms for t, ms in row.items()} for b, row in table.items()},
-            **({"draft_step_us_by_batch": {str(b): us for b, us in draft_us.items()}} if draft_us else {}),
+            **({"draft_step_us_by_batch": {str(b): us for b, us in draft_us.items()},
+                "draft_extend_us_by_batch": {str(b): us for b, us in extend_us.items()}} if draft_us else {}),
             "meta": {
                 "target": target.describe(), "drafter": args.drafter, "device": str(target.device),
-                "dtype": args.dtype, "context": args.context, "threads": torch.get_num_threads(), "reps": args.reps,
+                "dtype": args.dtype, "context": args.context, "extend_tokens": args.extend_tokens,
+                "threads": torch.get_num_threads(), "reps": args.reps,
                 "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                 "fit": {"ms_at_zero_tokens": a, "ms_per_token": slope, "worst_relative_error": worst},
             },
@@ -179,14 +208,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def format_table(table, draft_us, a: float, slope: float, worst: float, layers: int) -> str:
+def format_table(table, draft_us, extend_us, a: float, slope: float, worst: float, layers: int) -> str:
     tokens = sorted({t for row in table.values() for t in row})
     head = f"{'batch':>5} | " + " ".join(f"{'T=' + str(t):>8}" for t in tokens) + (
-        f" | {'draft step':>10}" if draft_us else "")
+        f" | {'draft step us':>13} {'extend us':>9}" if draft_us else "")
     lines = ["verify pass, ms (T tokens per row; T = 1 is a plain decode step)", head, "-" * len(head)]
     for b, row in table.items():
         lines.append(f"{b:>5} | " + " ".join(f"{row[t]:>8.3f}" for t in tokens)
-                     + (f" | {draft_us[b]:>7.0f} us" if draft_us else ""))
+                     + (f" | {draft_us[b]:>13.0f} {extend_us[b]:>9.0f}" if draft_us else ""))
     lines.append(f"fit: ms = {a:.3f} + {slope:.4f} x (B x T), worst error {100 * worst:.0f} %; per layer "
                  f"{1000 * slope / layers:.2f} us per further token (costmodel --verify-token-compute-us)")
     return "\n".join(lines)

@@ -105,7 +105,8 @@ def register(sub) -> None:
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw tok/s against accept length (and draft depth) per all-reduce latency")
-    labconfig.add_cli_args(c, CostModelConfig, skip=("draft_step_us_by_batch", "pass_ms_by_tokens"))  # tables: --inputs
+    labconfig.add_cli_args(c, CostModelConfig, skip=("draft_step_us_by_batch", "draft_extend_us_by_batch",
+                                                             "pass_ms_by_tokens"))  # tables: --inputs
     c.set_defaults(func=run_costmodel)
 
 

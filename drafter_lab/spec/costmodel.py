@@ -46,6 +46,7 @@ of these keys (others are ignored, so a benchmark can write its full results bes
                      tables as a "measured" row
     "draft_step_us": number, replaces draft_step_us (and, without the next key, any table)
     "draft_step_us_by_batch": {"<batch>": us, ...}, the draft step at each measured batch
+    "draft_extend_us_by_batch": {"<batch>": us, ...}, the drafter's pass over the accepted tokens
     "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
     "verify_ms_by_tokens": {"<batch>": {"<tokens per row>": ms}}, one device's target passes
                      (`bench verify`): sets pass_ms_by_tokens
@@ -133,6 +134,11 @@ class CostModelConfig:
     given, a verify's compute is read from it at (batch, verify_tokens) and a decode step's at
     (batch, 1), linearly in tokens then in batch (beyond the measured ones, the last segment
     extended), in place of the per-layer compute fields and decode_ms."""
+    draft_extend_us_by_batch: dict[int, float] = field(default_factory=dict)
+    """Measured draft extend (us) by batch (`bench verify --drafter`): after a verify the drafter runs
+    once over each row's accepted tokens, and that pass yields the first draft step's tokens, so a
+    cycle drafts extend + (steps - 1) steps (as SGLang's EAGLE worker does). Empty: the extend costs
+    one draft step (steps x draft step, as the preset was calibrated)."""
     topk: int = 1
     """Children per expanded node (tree drafting): a draft step runs batch x topk drafter rows, so
     draft_step_us_by_batch is read at that many. `--inputs` takes an eval's."""
@@ -196,7 +202,10 @@ class CostModel:
 
     @property
     def draft_ms(self) -> float:
-        return self.cfg.steps * self.draft_step_us / 1000
+        extend = self.cfg.draft_extend_us_by_batch
+        if not extend:
+            return self.cfg.steps * self.draft_step_us / 1000
+        return (interpolate_linear(extend, self.cfg.batch) + (self.cfg.steps - 1) * self.draft_step_us) / 1000
 
     @property
     def message_bytes(self) -> int:
@@ -302,8 +311,9 @@ def accept_by_steps(histogram, path) -> list[float]:
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
 
 
-KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "verify_ms", "verify_ms_by_tokens",
-                "deployment", "decode_ms", "no_draft_share", "accept_length", "served_accept_len", "accept_histogram")
+KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "draft_extend_us_by_batch", "verify_ms",
+                "verify_ms_by_tokens", "deployment", "decode_ms", "no_draft_share", "accept_length",
+                "served_accept_len", "accept_histogram")
 DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per_layer", "cycle_overhead_ms")
 
 
@@ -328,18 +338,12 @@ def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
     steps, verified tokens and batch (the settings its accept length is priced at), and an n-gram
     lookup's host time and no-match share."""
     over: dict = {}
-    if "draft_step_us" in data:
-        over["draft_step_us"] = _number(data["draft_step_us"], "draft_step_us", path)
-        over["draft_step_us_by_batch"] = {}
-    if "draft_step_us_by_batch" in data:
-        table = data["draft_step_us_by_batch"]
-        try:
-            over["draft_step_us_by_batch"] = {int(b): _number(us, f"draft_step_us_by_batch[{b}]", path)
-                                              for b, us in table.items()}
-        except (AttributeError, ValueError):
-            raise LabError("draft_step_us_by_batch must map batch sizes to microseconds", path) from None
-        if not over["draft_step_us_by_batch"] or min(over["draft_step_us_by_batch"]) < 1:
-            raise LabError("draft_step_us_by_batch must map batch sizes (>= 1) to microseconds", path)
+    if "draft_step_us" in data:  # a measured step (an n-gram lookup's too) replaces the tables
+        over.update(draft_step_us=_number(data["draft_step_us"], "draft_step_us", path), draft_step_us_by_batch={},
+                    draft_extend_us_by_batch={})
+    for key in ("draft_step_us_by_batch", "draft_extend_us_by_batch"):
+        if key in data:
+            over[key] = _batch_table(data[key], key, path)
     if "no_draft_share" in data:
         z = data["no_draft_share"]
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < 1:
@@ -352,6 +356,16 @@ def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
         over["topk"] = int(conf.get("topk") or 1)
         cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
     return dataclasses.replace(cfg, **over)
+
+
+def _batch_table(table, key: str, path) -> dict[int, float]:
+    try:
+        out = {int(b): _number(us, f"{key}[{b}]", path) for b, us in table.items()}
+    except (AttributeError, ValueError):
+        raise LabError(f"{key} must map batch sizes to microseconds", path) from None
+    if not out or min(out) < 1:
+        raise LabError(f"{key} must map batch sizes (>= 1) to microseconds", path)
+    return out
 
 
 def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency | None]:
@@ -555,7 +569,8 @@ def format_report(r: dict, name: str) -> str:
            + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - c['verify_layer_compute_us']:.3g} us for the "
               f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else ""))
         + f" + {r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
-        f"  draft    = {c['steps']} steps x {r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
+        f"  draft    = {'extend + ' + str(c['steps'] - 1) if c['draft_extend_us_by_batch'] else c['steps']} steps x "
+        f"{r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
         f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
         + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
            if c["no_draft_share"] else ""),

@@ -46,6 +46,12 @@ for s in "${STEPS[@]}"; do
       done
       step bench_draft_forward 150 "$PY" -m drafter_lab.kernels.bench_draft_forward \
         --json "$OUT/draft_forward.json" --markdown "$OUT/draft_forward.md" --reps "${BENCH_REPS:-100}"
+      # The target's verify pass by batch and tokens on this GPU (a random Llama-3.2-1B-shaped body).
+      target_dir=$(mktemp -d)
+      step random_target 120 "$PY" tests/kernels/random_target.py "$target_dir"
+      step bench_verify 120 "$PY" -m drafter_lab.spec.bench_verify --target "$target_dir" --dtype bfloat16 \
+        --tokens 1,2,4,8,16,32 --batch 1,8,32 --context 1024 --json "$OUT/verify.json"
+      rm -rf "$target_dir"
       for blocks in 16 4 1; do
         step "bench_allreduce_${blocks}ctas" 60 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
           --blocks "$blocks" --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"

@@ -34,7 +34,8 @@ def test_bench_verify_feeds_the_cost_model(random_llama, drafter_dir, tmp_path, 
     r = json.loads(out.read_text())
     table = {int(b): {int(t): ms for t, ms in row.items()} for b, row in r["verify_ms_by_tokens"].items()}
     assert set(table) == {1, 2} and all(set(row) == {1, 3} and min(row.values()) > 0 for row in table.values())
-    assert r["decode_ms"] == table[1][1] and set(r["draft_step_us_by_batch"]) == {"1", "2"}
+    assert r["decode_ms"] == table[1][1]
+    assert set(r["draft_step_us_by_batch"]) == set(r["draft_extend_us_by_batch"]) == {"1", "2"}
     assert r["deployment"] == {"num_layers": 8, "hidden_size": 64, "dtype_bytes": 4, "allreduces_per_layer": 0,
                                "cycle_overhead_ms": 0.0}
     cfg, _ = apply_inputs(PRESETS[SEEDS], out)
@@ -46,15 +47,38 @@ def test_bench_verify_feeds_the_cost_model(random_llama, drafter_dir, tmp_path, 
     assert CostModel(dataclasses.replace(cfg, batch=3, verify_tokens=3)).verify_ms() == pytest.approx(
         2 * table[2][3] - table[1][3])
     assert two.draft_step_us == pytest.approx(r["draft_step_us_by_batch"]["2"])
+    # a cycle drafts the extend over the accepted tokens, then steps - 1 steps
+    step, extend = r["draft_step_us_by_batch"]["2"], r["draft_extend_us_by_batch"]["2"]
+    assert two.draft_ms == pytest.approx((extend + (cfg.steps - 1) * step) / 1000)
     # a flag given on the command line wins over the files
     model = tmp_path / "cm.json"
     assert main(["costmodel", "--inputs", str(out), "--cycle-overhead-ms", "1.5", "--json", str(model)]) == 0
     assert json.loads(model.read_text())["config"]["cycle_overhead_ms"] == 1.5
 
 
+def test_bench_verify_on_a_target_without_tokenizer(tmp_path, capsys):
+    """device_check.sh benches a random target written by tests/kernels/random_target.py."""
+    import runpy
+    from pathlib import Path
+
+    model = tmp_path / "random"
+    script = Path(__file__).parents[1] / "kernels" / "random_target.py"
+    runpy.run_path(str(script), run_name="not_main")["main"](
+        [str(model), "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--intermediate", "128",
+         "--vocab", "256"])
+    assert not list(model.glob("tokenizer*"))
+    out = tmp_path / "verify.json"
+    assert main(["bench", "verify", "--target", str(model), "--tokens", "1,4", "--batch", "1", "--context", "8",
+                 "--reps", "2", "--warmup", "0", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["deployment"]["num_layers"] == 2 and r["deployment"]["dtype_bytes"] == 4  # loaded as float32
+    assert set(r["verify_ms_by_tokens"]["1"]) == {"1", "4"} and "draft_step_us_by_batch" not in r
+
+
 @pytest.mark.parametrize("content, match", [
     ({"verify_ms_by_tokens": {"1": {}}}, "must map batch sizes .>= 1. to"),
     ({"verify_ms_by_tokens": {"1": [3.0]}}, "must map batch sizes to"),
+    ({"draft_extend_us_by_batch": {"0": 3.0}}, "draft_extend_us_by_batch must map batch sizes .>= 1."),
     ({"deployment": {"num_layers": 8, "tp": 2}}, "deployment must be an object with some of"),
     ({"deployment": {"num_layers": 0}}, "deployment.num_layers must be a positive integer"),
 ])

@@ -56,7 +56,8 @@ def register(sub) -> None:
                         "so nothing else may use the server meanwhile)")
     e.add_argument("--model", default=None, help="with --server --engine vllm: the served model name "
                                                  "(default: the first one /v1/models lists)")
-    e.add_argument("--concurrency", type=int, default=1, help="with --server: requests in flight")
+    e.add_argument("--concurrency", type=_int_list, default=[1],
+                   help="with --server: requests in flight; a list (1,4,16) sweeps, as bench_speculative's batch sizes")
     e.add_argument("--steps", type=_int_list, default=LOCAL_ONLY["steps"],
                    help="draft depth S (drafter steps per cycle); a list (2,4,6) sweeps")
     e.add_argument("--topk", type=_int_list, default=LOCAL_ONLY["topk"],
@@ -179,7 +180,7 @@ def run_eval(args) -> int:
     sets = _prompt_sets(args)
     if args.server is not None:
         return _run_served_eval(args, sets)
-    if args.baseline_server is not None or args.concurrency != 1 or args.engine != "sglang" or args.model:
+    if args.baseline_server is not None or args.concurrency != [1] or args.engine != "sglang" or args.model:
         raise LabError("--baseline-server, --engine, --model and --concurrency apply to a served eval (--server)")
     if args.threads < 0:
         raise LabError(f"--threads must be >= 0, got {args.threads}")
@@ -243,21 +244,47 @@ def _ngram_drafter(args):
 
 def _run_served_eval(args, sets) -> int:
     from drafter_lab.spec.served import ServedConfig, served_evaluate
+    from drafter_lab.spec.sweep import format_sweep, run_sweep
     from drafter_lab.targets.hf import load_tokenizer
 
     given = [f"--{k.replace('_', '-')}" for k, v in LOCAL_ONLY.items() if getattr(args, k) != v]
     if given:
         raise LabError(f"{', '.join(given)} apply to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")
-    cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,
-                       max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       concurrency=args.concurrency)
+    if min(args.concurrency) < 1:
+        raise LabError(f"--concurrency must be >= 1, got {','.join(map(str, args.concurrency))}")
     tokenizer = load_tokenizer(args.target)
-    results = {}
-    for name, (path, convs) in sets.items():
-        results[name] = served_evaluate(tokenizer, convs, cfg, where=path)
-        results[name]["prompts_file"] = str(path)
-    return _finish(results, args, format_served)
+
+    def decode(setting: dict) -> dict[str, dict]:
+        cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,
+                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, **setting)
+        results = {}
+        for name, (path, convs) in sets.items():
+            results[name] = served_evaluate(tokenizer, convs, cfg, where=path)
+            results[name]["prompts_file"] = str(path)
+        return results
+
+    settings = [{"concurrency": c} for c in dict.fromkeys(args.concurrency)]
+    if len(settings) == 1:
+        return _finish(decode(settings[0]), args, format_served)
+    journal = _served_journal(args, sets) if args.json else None
+    sweep = run_sweep(settings, lambda s: _pooled(decode(s)), journal)
+    print(format_sweep(sweep))
+    if journal:
+        atomic.write_json(args.json, {"sweep": sweep})
+        journal.discard()
+    return 0
+
+
+def _served_journal(args, sets):
+    """A served sweep's journal: what was decoded, against which servers."""
+    from drafter_lab.journal import Journal
+
+    return Journal(f"{args.json}.partial", {
+        "server": args.server, "baseline_server": args.baseline_server, "engine": args.engine, "model": args.model,
+        "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()},
+        **{k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "temperature")},
+    })
 
 
 def _histogram_lines(hist: dict) -> list[str]:

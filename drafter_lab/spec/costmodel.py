@@ -352,7 +352,7 @@ def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
     conf = data.get("config") or {}
     if "served_accept_len" in data and isinstance(conf.get("steps"), int):
         over["steps"] = conf["steps"]
-        over["batch"] = int(conf.get("batch") or 1)
+        over["batch"] = int(conf.get("batch") or conf.get("concurrency") or 1)  # a served eval's requests in flight
         over["topk"] = int(conf.get("topk") or 1)
         cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
     return dataclasses.replace(cfg, **over)

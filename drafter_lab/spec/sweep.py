@@ -10,6 +10,7 @@ setting that cannot select that many tokens is left out with a line that says so
 
 Each setting's result is journaled as it finishes (`SWEEP.json.partial`): a killed sweep run
 again decodes only the settings it has not finished, and a longer list reuses those it shares.
+A served eval sweeps its requests in flight the same way (`eval --server URL --concurrency 1,4,16`).
 """
 
 from __future__ import annotations
@@ -72,13 +73,25 @@ def format_sweep(results: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for r in results:
         c = r["config"]
-        lines.append(f"{c['steps']:>5} {c['topk']:>4} {c['draft_tokens']:>12} {c['batch']:>5} | "
-                     f"{r['served_accept_len']:>13.3f} {r['spec_tok_s']:>10.1f} {r['baseline_tok_s']:>12.1f} "
-                     f"{r['speedup']:>5.2f}x")
-    batches = sorted({r["config"]["batch"] for r in results})
+        lines.append(f"{_cell(c['steps']):>5} {_cell(c['topk']):>4} {_cell(c['draft_tokens']):>12} {batch_of(r):>5} | "
+                     f"{r['served_accept_len']:>13.3f} {r['spec_tok_s']:>10.1f} {_cell(r.get('baseline_tok_s'), '.1f'):>12} "
+                     f"{_cell(r.get('speedup'), '.2f'):>5}x")
+    if not all("speedup" in r for r in results):
+        return "\n".join(lines + ["(no target-only tok/s: pass --baseline-server for the ratio)"])
+    batches = sorted({batch_of(r) for r in results})
     for b in batches:
-        best = max((r for r in results if r["config"]["batch"] == b), key=lambda r: r["speedup"])["config"]
+        best = max((r for r in results if batch_of(r) == b), key=lambda r: r["speedup"])["config"]
         lines.append(f"fastest here{'' if len(batches) == 1 else f' at batch {b}'}: steps {best['steps']}, "
                      f"topk {best['topk']}, draft tokens {best['draft_tokens']}")
     lines.append("(this machine's speed; `costmodel --inputs` prices the settings on a deployment)")
     return "\n".join(lines)
+
+
+def batch_of(result: dict) -> int:
+    """Sequences decoded together: the lab's batch, or a served eval's requests in flight."""
+    c = result["config"]
+    return int(c.get("batch") or c.get("concurrency") or 1)
+
+
+def _cell(value, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)

@@ -124,3 +124,43 @@ def test_served_eval_of_two_prompt_sets_pools_them(random_llama, prompts_file, s
     assert pooled["verify_steps"] == whole["verify_steps"] and pooled["spec_tokens"] == whole["spec_tokens"]
     assert pooled["accept_histogram"] == whole["accept_histogram"]
     assert pooled["served_accept_len"] == pytest.approx(whole["served_accept_len"], rel=1e-12)
+
+
+def test_served_sweep_over_requests_in_flight(random_llama, prompts_file, servers, tmp_path, capsys):
+    """`--concurrency 1,3`: a row per setting, as bench_speculative sweeps batch sizes; the cost model
+    prices each row at its requests in flight."""
+    engine, spec, base = servers
+    out = tmp_path / "sweep.json"
+    assert main(["eval", "--server", spec, "--engine", engine, "--baseline-server", base, "--concurrency", "1,3",
+                 "--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "12",
+                 "--json", str(out)]) == 0
+    assert "fastest here at batch 3:" in capsys.readouterr().out
+    sweep = json.loads(out.read_text())["sweep"]
+    assert [r["config"]["concurrency"] for r in sweep] == [1, 3] and not (tmp_path / "sweep.json.partial").exists()
+    assert sweep[0]["accept_histogram"] == sweep[1]["accept_histogram"]  # greedy: the same tokens either way
+    assert all(r["lossless_check"] == "identical" for r in sweep)
+    model = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(out), "--json", str(model)]) == 0
+    assert [row["batch"] for row in json.loads(model.read_text())["settings"]] == [1, 3]
+
+
+def test_killed_served_sweep_resumes(random_llama, prompts_file, servers, tmp_path, monkeypatch):
+    from drafter_lab.spec import served
+
+    engine, spec, _ = servers
+    real, calls = served.served_evaluate, []
+
+    def dies_on_the_second(tokenizer, convs, cfg, where=None):
+        calls.append(cfg.concurrency)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(tokenizer, convs, cfg, where)
+
+    out = tmp_path / "sweep.json"
+    argv = ["eval", "--server", spec, "--engine", engine, "--concurrency", "1,2", "--target", str(random_llama),
+            "--prompts", str(prompts_file), "--max-new-tokens", "8", "--json", str(out)]
+    monkeypatch.setattr(served, "served_evaluate", dies_on_the_second)
+    assert main(argv) == 130 and not out.exists()
+    calls.clear()
+    assert main(argv) == 0 and calls == [2]  # concurrency 1 came from the journal
+    assert [r["config"]["concurrency"] for r in json.loads(out.read_text())["sweep"]] == [1, 2]

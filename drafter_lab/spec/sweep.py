@@ -75,7 +75,7 @@ def format_sweep(results: list[dict]) -> str:
         c = r["config"]
         lines.append(f"{_cell(c['steps']):>5} {_cell(c['topk']):>4} {_cell(c['draft_tokens']):>12} {batch_of(r):>5} | "
                      f"{r['served_accept_len']:>13.3f} {r['spec_tok_s']:>10.1f} {_cell(r.get('baseline_tok_s'), '.1f'):>12} "
-                     f"{_cell(r.get('speedup'), '.2f'):>5}x")
+                     f"{_cell(r.get('speedup'), '.2f') + ('x' if 'speedup' in r else ''):>6}")
     if not all("speedup" in r for r in results):
         return "\n".join(lines + ["(no target-only tok/s: pass --baseline-server for the ratio)"])
     batches = sorted({batch_of(r) for r in results})

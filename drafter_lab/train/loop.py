@@ -166,7 +166,9 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
 
             run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab,
                        stop_if_behind, watch or WatchConfig())
-            return run.fit()
+            result = run.fit()
+        d.barrier()  # no rank tears the group down while another still has a collective in flight
+        return result
     finally:
         distributed.teardown(d)
 

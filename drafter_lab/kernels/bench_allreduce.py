@@ -46,7 +46,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from drafter_lab.atomic import write_json
-from drafter_lab.errors import LabError
+from drafter_lab.errors import LabError, run_module
 from drafter_lab.kernels import _ext
 from drafter_lab.kernels.allreduce import Communicator
 from drafter_lab.progress import log
@@ -445,8 +445,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except LabError as e:
-        print(f"error: {e}")
-        raise SystemExit(2) from None
+    run_module(main)

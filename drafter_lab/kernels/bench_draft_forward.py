@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -28,7 +27,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
-from drafter_lab.errors import LabError
+from drafter_lab.errors import LabError, run_module
 from drafter_lab.kernels import draft_step as ds
 from drafter_lab.progress import log
 
@@ -306,8 +305,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except LabError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    run_module(main)

@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import statistics
-import sys
 import time
 
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.errors import LabError
+from drafter_lab.errors import LabError, run_module
 from drafter_lab.progress import log, progress
 from drafter_lab.spec.drafting import DrafterRunner, resolve_step
 from drafter_lab.spec.target import TargetRunner
@@ -222,8 +221,4 @@ def format_table(table, draft_us, extend_us, a: float, slope: float, worst: floa
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except LabError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+    run_module(main)

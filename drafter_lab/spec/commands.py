@@ -174,7 +174,7 @@ def run_eval(args) -> int:
 
     from drafter_lab.spec.eval import evaluate
     from drafter_lab.spec.pairing import load_for_target
-    from drafter_lab.spec.sweep import format_sweep, grid, run_sweep
+    from drafter_lab.spec.sweep import grid
     from drafter_lab.targets.hf import load_target
 
     sets = _prompt_sets(args)
@@ -207,9 +207,17 @@ def run_eval(args) -> int:
         return results
 
     settings = grid(args.steps, args.topk, args.draft_tokens, args.batch)
+    return _run_settings(settings, decode, format_eval, args, lambda: _sweep_journal(args, target, drafter, sets))
+
+
+def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:
+    """One setting: printed and written as an eval; several: a sweep, a row each, journaled while it
+    runs when it writes JSON."""
+    from drafter_lab.spec.sweep import format_sweep, run_sweep
+
     if len(settings) == 1:
-        return _finish(decode(settings[0]), args, format_eval)
-    journal = _sweep_journal(args, target, drafter, sets) if args.json else None
+        return _finish(decode(settings[0]), args, fmt)
+    journal = make_journal() if args.json else None
     sweep = run_sweep(settings, lambda s: _pooled(decode(s)), journal)
     print(format_sweep(sweep))
     if journal:
@@ -244,7 +252,6 @@ def _ngram_drafter(args):
 
 def _run_served_eval(args, sets) -> int:
     from drafter_lab.spec.served import ServedConfig, served_evaluate
-    from drafter_lab.spec.sweep import format_sweep, run_sweep
     from drafter_lab.targets.hf import load_tokenizer
 
     given = [f"--{k.replace('_', '-')}" for k, v in LOCAL_ONLY.items() if getattr(args, k) != v]
@@ -265,15 +272,7 @@ def _run_served_eval(args, sets) -> int:
         return results
 
     settings = [{"concurrency": c} for c in dict.fromkeys(args.concurrency)]
-    if len(settings) == 1:
-        return _finish(decode(settings[0]), args, format_served)
-    journal = _served_journal(args, sets) if args.json else None
-    sweep = run_sweep(settings, lambda s: _pooled(decode(s)), journal)
-    print(format_sweep(sweep))
-    if journal:
-        atomic.write_json(args.json, {"sweep": sweep})
-        journal.discard()
-    return 0
+    return _run_settings(settings, decode, format_served, args, lambda: _served_journal(args, sets))
 
 
 def _served_journal(args, sets):

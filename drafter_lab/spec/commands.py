@@ -327,8 +327,20 @@ def format_eval(r: dict) -> str:
         f"tok/s: speculative {r['spec_tok_s']:.1f}, target only {r['baseline_tok_s']:.1f}, "
         f"ratio {r['speedup']:.2f}x",
         f"lossless check: {r['lossless_check']}",
+        *_phase_lines(r),
     ]
     return "\n".join(lines)
+
+
+def _phase_lines(r: dict) -> list[str]:
+    """Each decode's wall time per target pass, by phase (its prefill spread over the passes)."""
+    lines = ["where the time goes (ms per target pass):"]
+    for side, passes, label, rename in (("spec", r["verify_passes"], "speculative cycle", {}),
+                                        ("baseline", r["decode_passes"], "target-only step", {"verify": "decode"})):
+        per = {rename.get(k, k): 1e3 * secs / max(passes, 1) for k, secs in r["phase_seconds"][side].items()}
+        lines.append(f"  {label + ':':<18} " + " + ".join(f"{k} {ms:.2f}" for k, ms in per.items())
+                     + f" = {sum(per.values()):.2f}")
+    return lines
 
 
 def run_costmodel(args) -> int:

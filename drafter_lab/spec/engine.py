@@ -19,7 +19,6 @@ that is finished (max_new_tokens or eos) stays in the batch but commits nothing.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +27,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.accept import greedy_walk, sampled_walk
 from drafter_lab.spec.drafting import DrafterRunner
 from drafter_lab.spec.ngram import NgramDrafter
+from drafter_lab.spec.phases import PhaseClock
 from drafter_lab.spec.sampling import probs_from_logits, sample
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import DraftTree, chain
@@ -103,8 +103,10 @@ class Generation:
     no_draft_passes: int = 0
     """Of those, the passes in which no unfinished row had a draft: a plain decode step (n-gram lookup
     that matched in no row; a server decodes these without speculation)."""
-    draft_seconds: float = 0.0
-    """Wall time spent drafting, as the host sees it (queued device work is not waited for)."""
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    """Wall time by phase (`phases.PhaseClock`): prefill (the prompt through the target, and the
+    drafter), then per cycle draft, verify, accept (the walk, the cache commits and the host's
+    bookkeeping) and extend (the drafter over the accepted tokens); they add up to the decode's."""
 
 
 def eos_ids(target) -> set[int]:
@@ -179,6 +181,7 @@ class SpecEngine:
             raise LabError("an empty prompt cannot be decoded")
         c = self.cfg
         dev = self.target.device
+        clock = PhaseClock(dev)
         B = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], device=dev)
         ids = torch.full((B, int(lens.max())), self.pad_id, dtype=torch.long, device=dev)
@@ -200,16 +203,17 @@ class SpecEngine:
             nxt = torch.roll(ids, -1, 1)
             nxt[rows, lens - 1] = root
             step0 = self.drafter.extend(nxt, aux, lens, self._step0_topk())
+        clock.mark("prefill")
 
         while not all(done):
             live = torch.tensor([not d for d in done], device=dev)
             if speculative:
-                t0 = time.perf_counter()
                 tree = self._draft(root, step0, generator, prompts, out)
-                gen.draft_seconds += time.perf_counter() - t0
+                clock.mark("draft")
             else:
                 tree = _root_only(root)
             logits, aux = self.target.verify(tree.tokens, tree.depth, tree.ancestors(), aux=eagle)
+            clock.mark("verify")
             path, counts, bonus = self._walk(tree, logits, generator)
             counts = torch.where(live, counts, torch.zeros_like(counts))
             self.target.commit(path, counts, tree.size)
@@ -229,11 +233,15 @@ class SpecEngine:
                     gen.draft_lengths.append(drafted[b])
                 out[b].extend(row[:n])
                 done[b] = self._done(out[b])
+            clock.mark("accept")
             if eagle:
                 aux_path = aux.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, aux.shape[-1]))
                 step0 = self.drafter.extend(nxt, aux_path, counts, self._step0_topk())
+                clock.mark("extend")
             root = bonus
         gen.tokens = [self._trim(o) for o in out]
         if speculative and self.ngram is not None:
             self.ngram.finish([p + o for p, o in zip(prompts, gen.tokens)])
+        clock.mark("accept")
+        gen.phase_seconds = clock.seconds()
         return gen

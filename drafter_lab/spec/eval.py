@@ -3,12 +3,15 @@
 Both decodes run in the same process over the same prompts with the same max_new_tokens, batch by
 batch and alternating (target-only, then speculative), after a warm-up of each. The prompt of a
 conversation is everything before its first assistant turn, rendered with the target's chat
-template plus the generation prompt.
+template plus the generation prompt. Each decode's wall time is also split by phase (prefill,
+draft, verify, accept, extend; `phases.PhaseClock`), which is where a cost model priced from
+measured parts (`bench verify`) and the measured tok/s part ways.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import torch
@@ -20,6 +23,7 @@ from drafter_lab.spec.accept import accept_summary
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
 from drafter_lab.spec.ngram import NgramDrafter
 from drafter_lab.spec.pairing import check_pair
+from drafter_lab.spec.phases import add as add_phases
 
 WARMUP_TOKENS = 8
 
@@ -94,7 +98,8 @@ def evaluate(
     outputs = {False: [], True: []}
     seconds = {False: 0.0, True: 0.0}
     accept: list[int] = []
-    verify_passes, no_draft_passes, decode_passes, draft_seconds = 0, 0, 0, 0.0
+    verify_passes, no_draft_passes, decode_passes = 0, 0, 0
+    phases: dict[bool, dict[str, float]] = {False: {}, True: {}}
     with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
         for chunk in batches:
             for speculative in (False, True):
@@ -104,13 +109,13 @@ def evaluate(
                 _sync(device)
                 seconds[speculative] += time.perf_counter() - t0
                 outputs[speculative].extend(g.tokens)
+                phases[speculative] = add_phases(phases[speculative], g.phase_seconds)
                 if not speculative:
                     decode_passes += g.verify_passes
                 else:
                     accept.extend(g.accept_lengths)
                     verify_passes += g.verify_passes
                     no_draft_passes += g.no_draft_passes
-                    draft_seconds += g.draft_seconds
                 advance(1, accept=sum(accept) / max(len(accept), 1))
 
     if temperature == 0:
@@ -132,6 +137,7 @@ def evaluate(
     # is a cost-model input (`costmodel --inputs`), and so is the share of verify passes it had
     # nothing to draft for in any row (a server decodes those plainly). A drafter's time here says
     # nothing about a GPU's.
+    draft_seconds = phases[True].get("draft", 0.0)
     host_draft = {
         "draft_seconds": draft_seconds, "draft_step_us": draft_step_us(draft_seconds, verify_passes, steps),
         "no_draft_share": no_draft_passes / max(verify_passes, 1),
@@ -150,6 +156,7 @@ def evaluate(
         "baseline_seconds": seconds[False],
         "spec_tokens": tokens[True],
         "baseline_tokens": tokens[False],
+        "phase_seconds": {"spec": phases[True], "baseline": phases[False]},
         "lossless_check": "identical" if temperature == 0 else "skipped: sampling (temperature > 0)",
         "prompts": len(prompts),
         "config": {
@@ -191,6 +198,9 @@ def pool(sets: dict[str, dict]) -> dict:
     if "draft_step_us" in out:
         out["draft_step_us"] = draft_step_us(out["draft_seconds"], out["verify_passes"], out["config"]["steps"])
         out["no_draft_share"] = sum(r["no_draft_share"] * r["verify_passes"] for r in rs) / out["verify_passes"]
+    if "phase_seconds" in out:
+        out["phase_seconds"] = {side: functools.reduce(add_phases, (r["phase_seconds"][side] for r in rs), {})
+                                for side in ("spec", "baseline")}
     for side in ("spec", "baseline"):
         if f"{side}_tokens" in out:
             tokens, seconds = (sum(r[f"{side}_{k}"] for r in rs) for k in ("tokens", "seconds"))

@@ -36,7 +36,7 @@ for s in "${STEPS[@]}"; do
         "$PY" setup.py -q build_ext --inplace
       ;;
     tests)
-      step tests 200 "$PY" -m pytest tests/kernels tests/spec/test_fused_decoding.py tests/spec/test_ngram.py -m gpu -q -p no:cacheprovider --timeout=90 -rfEs
+      step tests 200 "$PY" -m pytest tests/kernels tests/spec/test_fused_decoding.py tests/spec/test_ngram.py tests/spec/test_phases.py -m gpu -q -p no:cacheprovider --timeout=90 -rfEs
       ;;
     bench)
       # Per-kernel device times with and without programmatic dependent launch, then the table.

@@ -31,6 +31,12 @@ def test_evaluate_numbers(target, trained_drafter, conversations):
     assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["baseline_tok_s"])
     assert r["lossless_check"] == "identical"
     assert r["config"]["drafting"] == "chain"
+    # The wall time split by phase: every phase ran, and together they are (almost all of) each decode's time.
+    spec, base = r["phase_seconds"]["spec"], r["phase_seconds"]["baseline"]
+    assert list(spec) == ["prefill", "draft", "verify", "accept", "extend"] and min(spec.values()) > 0
+    assert list(base) == ["prefill", "verify", "accept"] and min(base.values()) > 0
+    assert 0.8 * r["spec_seconds"] < sum(spec.values()) <= r["spec_seconds"]
+    assert 0.8 * r["baseline_seconds"] < sum(base.values()) <= r["baseline_seconds"]
 
 
 def test_evaluate_tree_and_sampling(target, trained_drafter, conversations):
@@ -63,6 +69,7 @@ def test_cli_eval(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "served accept length" in text and "tok/s" in text and "lossless check: identical" in text
+    assert "speculative cycle: prefill" in text and "target-only step:  prefill" in text and "+ decode" in text
     data = json.loads(out.read_text())
     assert data["served_accept_len"] > 1.5 and data["prompts"] == 6
     # The eval feeds the cost model: its histogram gives the accept length at depths 1..4.
@@ -90,6 +97,8 @@ def test_cli_eval_reports_each_prompt_set_then_pools_them(random_llama, drafter_
     assert pooled["accept_histogram"] == {k: sets["code"]["accept_histogram"][k] + sets["more"]["accept_histogram"][k]
                                           for k in pooled["accept_histogram"]}
     assert pooled["spec_tokens"] == pooled["baseline_tokens"] == 6 * 16
+    assert pooled["phase_seconds"]["spec"]["verify"] == pytest.approx(
+        sets["code"]["phase_seconds"]["spec"]["verify"] + sets["more"]["phase_seconds"]["spec"]["verify"])
     # Batches of 3 never mix the two halves, so one eval of all six prompts decodes exactly the same.
     assert main(argv + ["--prompts", str(prompts_file), "--json", str(tmp_path / "all.json")]) == 0
     whole = json.loads((tmp_path / "all.json").read_text())

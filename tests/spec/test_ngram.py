@@ -124,7 +124,7 @@ def test_ngram_decoding_is_lossless(target, prompts, across):
     spec = engine.generate(prompts)  # rows propose different lengths: padded chains
     assert spec.tokens == base.tokens
     assert max(spec.accept_lengths) > 1 and min(spec.accept_lengths) == 1
-    assert spec.verify_passes < base.verify_passes and spec.draft_seconds > 0
+    assert spec.verify_passes < base.verify_passes and spec.phase_seconds["draft"] > 0
     # a step with nothing drafted emits one token; none emits more than it drafted, plus the bonus
     pairs = list(zip(spec.accept_lengths, spec.draft_lengths))
     assert len(pairs) == len(spec.draft_lengths) and all(a <= d + 1 for a, d in pairs)

@@ -13,7 +13,7 @@ from drafter_lab.spec.ngram_config import NgramConfig
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
 LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "seed": 0, "device": "auto",
               "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
-              "ngram_min": None, "ngram_max": None, "ngram_across_prompts": False}
+              "ngram_min": None, "ngram_max": None, "ngram_across_prompts": False, "plot": None}
 # Flags of an EAGLE-3 drafter's decoding: n-gram drafting (--ngram) refuses them.
 DRAFTER_ONLY = ("fused", "allow_other_target")
 
@@ -86,6 +86,8 @@ def register(sub) -> None:
     e.add_argument("--allow-other-target", action="store_true",
                    help="decode with a drafter recorded as trained on another target (zero-shot transfer)")
     e.add_argument("--json", default=None, help="write every number to this JSON file")
+    e.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw where each setting's time goes: a speculative cycle and a target-only step, by phase")
     e.set_defaults(func=run_eval)
 
     c = sub.add_parser(
@@ -152,15 +154,15 @@ def _pooled(results: dict[str, dict]) -> dict:
     return {**pool(results), "prompts_file": [r["prompts_file"] for r in results.values()]}
 
 
-def _finish(results: dict[str, dict], args, fmt) -> int:
-    """Print (each set, then the pool) and write the JSON."""
+def _finish(results: dict[str, dict], args, fmt) -> list[dict]:
+    """Print (each set, then the pool) and write the JSON; returns [the pooled result]."""
     result = _pooled(results)
     if len(results) > 1:
         print("\n".join(_set_line(name, r) for name, r in results.items()) + "\npooled over the sets:")
     print(fmt(result))
     if args.json:
         atomic.write_json(args.json, result)
-    return 0
+    return [result]
 
 
 def _set_line(name: str, r: dict) -> str:
@@ -216,13 +218,18 @@ def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:
     from drafter_lab.spec.sweep import format_sweep, run_sweep
 
     if len(settings) == 1:
-        return _finish(decode(settings[0]), args, fmt)
-    journal = make_journal() if args.json else None
-    sweep = run_sweep(settings, lambda s: _pooled(decode(s)), journal)
-    print(format_sweep(sweep))
-    if journal:
-        atomic.write_json(args.json, {"sweep": sweep})
-        journal.discard()
+        results = _finish(decode(settings[0]), args, fmt)
+    else:
+        journal = make_journal() if args.json else None
+        results = run_sweep(settings, lambda s: _pooled(decode(s)), journal)
+        print(format_sweep(results))
+        if journal:
+            atomic.write_json(args.json, {"sweep": results})
+            journal.discard()
+    if args.plot:
+        from drafter_lab.spec.phaseplot import plot
+
+        plot(results, args.plot)
     return 0
 
 
@@ -334,10 +341,11 @@ def format_eval(r: dict) -> str:
 
 def _phase_lines(r: dict) -> list[str]:
     """Each decode's wall time per target pass, by phase (its prefill spread over the passes)."""
+    from drafter_lab.spec.phases import per_pass_ms
+
     lines = ["where the time goes (ms per target pass):"]
-    for side, passes, label, rename in (("spec", r["verify_passes"], "speculative cycle", {}),
-                                        ("baseline", r["decode_passes"], "target-only step", {"verify": "decode"})):
-        per = {rename.get(k, k): 1e3 * secs / max(passes, 1) for k, secs in r["phase_seconds"][side].items()}
+    for side, label, rename in (("spec", "speculative cycle", {}), ("baseline", "target-only step", {"verify": "decode"})):
+        per = {rename.get(k, k): ms for k, ms in per_pass_ms(r, side).items()}
         lines.append(f"  {label + ':':<18} " + " + ".join(f"{k} {ms:.2f}" for k, ms in per.items())
                      + f" = {sum(per.values()):.2f}")
     return lines

@@ -46,3 +46,10 @@ class PhaseClock:
 def add(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
     """Phase seconds of two decodes together."""
     return {k: total.get(k, 0.0) + more.get(k, 0.0) for k in {**total, **more}}
+
+
+def per_pass_ms(result: dict, side: str) -> dict[str, float]:
+    """An eval result's split for one decode ("spec" or "baseline") in ms per target pass (its
+    prefill spread over them)."""
+    passes = result["verify_passes" if side == "spec" else "decode_passes"]
+    return {k: 1e3 * s / max(passes, 1) for k, s in result["phase_seconds"][side].items()}

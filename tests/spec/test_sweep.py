@@ -9,6 +9,7 @@ import pytest
 
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
+from drafter_lab.spec import phaseplot
 from drafter_lab.spec.costmodel import PRESETS, CostModel, settings_table
 from drafter_lab.spec.sweep import grid
 
@@ -59,12 +60,20 @@ def test_cli_sweep_then_cost_model_rows(random_llama, drafter_dir, prompts_file,
 def test_batch_sweep_prices_each_row_at_its_batch(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     out = tmp_path / "sweep.json"
     assert main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
-                 "--steps", "3", "--batch", "1,3", "--max-new-tokens", "12", "--json", str(out)]) == 0
+                 "--steps", "3", "--batch", "1,3", "--max-new-tokens", "12", "--json", str(out),
+                 "--plot", str(tmp_path / "phases.png")]) == 0
     text = capsys.readouterr().out
     assert "fastest here at batch 1:" in text and "fastest here at batch 3:" in text
     sweep = json.loads(out.read_text())["sweep"]
     assert [r["config"]["batch"] for r in sweep] == [1, 3]
     assert all(r["lossless_check"] == "identical" for r in sweep)
+    # The plot: a bar per row and decode, each the row's own phases per target pass.
+    assert (tmp_path / "phases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bars = phaseplot.bars(sweep)
+    assert [b["label"].rsplit(", ", 1)[1] for b in bars] == ["batch 1: speculative", "batch 1: target only",
+                                                            "batch 3: speculative", "batch 3: target only"]
+    assert sum(bars[2]["ms"].values()) == pytest.approx(1e3 * sum(sweep[1]["phase_seconds"]["spec"].values())
+                                                        / sweep[1]["verify_passes"])
     model = tmp_path / "cm.json"
     assert main(["costmodel", "--inputs", str(out), "--verify-token-compute-us", "4", "--json", str(model)]) == 0
     assert "best at batch 3:" in capsys.readouterr().out

@@ -30,6 +30,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab.errors import LabError, run_module
 from drafter_lab.progress import log, progress
+from drafter_lab.spec.commands import int_list
 from drafter_lab.spec.drafting import DrafterRunner, resolve_step
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import chain
@@ -37,22 +38,12 @@ from drafter_lab.spec.tree import chain
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="drafter-lab bench verify", description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True, help="target model directory (any local HF causal LM)")
     ap.add_argument("--drafter", default=None, help="drafter checkpoint: also time its draft step at each batch")
-    ap.add_argument("--tokens", type=_int_list, default=[1, 2, 4, 8, 16], help="tokens per row in a pass (T)")
-    ap.add_argument("--batch", type=_int_list, default=[1, 4, 16], help="rows per pass (B)")
+    ap.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16], help="tokens per row in a pass (T)")
+    ap.add_argument("--batch", type=int_list, default=[1, 4, 16], help="rows per pass (B)")
     ap.add_argument("--context", type=int, default=256, help="tokens already in each row's cache")
     ap.add_argument("--extend-tokens", type=int, default=3, help="accepted tokens per row the draft extend runs over "
                                                                  "(about the served accept length)")

@@ -18,11 +18,15 @@ LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "se
 DRAFTER_ONLY = ("fused", "allow_other_target")
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """argparse type of a sweepable flag: positive integers separated by commas."""
     try:
-        return [int(v) for v in text.split(",")]
+        values = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
 
 
 def register(sub) -> None:
@@ -56,15 +60,15 @@ def register(sub) -> None:
                         "so nothing else may use the server meanwhile)")
     e.add_argument("--model", default=None, help="with --server --engine vllm: the served model name "
                                                  "(default: the first one /v1/models lists)")
-    e.add_argument("--concurrency", type=_int_list, default=[1],
+    e.add_argument("--concurrency", type=int_list, default=[1],
                    help="with --server: requests in flight; a list (1,4,16) sweeps, as bench_speculative's batch sizes")
-    e.add_argument("--steps", type=_int_list, default=LOCAL_ONLY["steps"],
+    e.add_argument("--steps", type=int_list, default=LOCAL_ONLY["steps"],
                    help="draft depth S (drafter steps per cycle); a list (2,4,6) sweeps")
-    e.add_argument("--topk", type=_int_list, default=LOCAL_ONLY["topk"],
+    e.add_argument("--topk", type=int_list, default=LOCAL_ONLY["topk"],
                    help="children per expanded node: 1 = chain, > 1 = tree; a list sweeps")
-    e.add_argument("--draft-tokens", type=_int_list, default=LOCAL_ONLY["draft_tokens"],
+    e.add_argument("--draft-tokens", type=int_list, default=LOCAL_ONLY["draft_tokens"],
                    help="tree: draft tokens verified per cycle (default steps * topk); a list sweeps")
-    e.add_argument("--batch", type=_int_list, default=LOCAL_ONLY["batch"],
+    e.add_argument("--batch", type=int_list, default=LOCAL_ONLY["batch"],
                    help="prompts decoded together (a server's concurrency); a list (1,4,16) sweeps")
     e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
@@ -265,8 +269,6 @@ def _run_served_eval(args, sets) -> int:
     if given:
         raise LabError(f"{', '.join(given)} apply to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")
-    if min(args.concurrency) < 1:
-        raise LabError(f"--concurrency must be >= 1, got {','.join(map(str, args.concurrency))}")
     tokenizer = load_tokenizer(args.target)
 
     def decode(setting: dict) -> dict[str, dict]:

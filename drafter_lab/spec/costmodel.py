@@ -352,10 +352,16 @@ def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
     conf = data.get("config") or {}
     if "served_accept_len" in data and isinstance(conf.get("steps"), int):
         over["steps"] = conf["steps"]
-        over["batch"] = int(conf.get("batch") or conf.get("concurrency") or 1)  # a served eval's requests in flight
+        over["batch"] = batch_of(data)
         over["topk"] = int(conf.get("topk") or 1)
         cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
     return dataclasses.replace(cfg, **over)
+
+
+def batch_of(result: dict) -> int:
+    """Sequences an eval decoded together: the lab's batch, or a served eval's requests in flight."""
+    c = result["config"]
+    return int(c.get("batch") or c.get("concurrency") or 1)
 
 
 def _batch_table(table, key: str, path) -> dict[int, float]:

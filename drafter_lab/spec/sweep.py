@@ -21,6 +21,7 @@ from collections.abc import Callable
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import log
+from drafter_lab.spec.costmodel import batch_of
 from drafter_lab.spec.engine import SpecConfig
 
 
@@ -85,12 +86,6 @@ def format_sweep(results: list[dict]) -> str:
                      f"topk {best['topk']}, draft tokens {best['draft_tokens']}")
     lines.append("(this machine's speed; `costmodel --inputs` prices the settings on a deployment)")
     return "\n".join(lines)
-
-
-def batch_of(result: dict) -> int:
-    """Sequences decoded together: the lab's batch, or a served eval's requests in flight."""
-    c = result["config"]
-    return int(c.get("batch") or c.get("concurrency") or 1)
 
 
 def _cell(value, spec: str = "") -> str:

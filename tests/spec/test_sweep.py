@@ -31,6 +31,14 @@ def test_grid_keeps_what_can_be_drafted():
         grid([2], [1], None, [4, 0])
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--topk", "--draft-tokens", "--batch", "--concurrency"])
+def test_sweep_flags_take_positive_integers(flag, capsys):
+    for bad, why in (("4,0", "expected positive integers"), ("4,x", "expected integers separated by commas")):
+        with pytest.raises(SystemExit) as e:
+            main(["eval", "--ngram", "--target", "t", "--prompts", "p.jsonl", flag, bad])
+        assert e.value.code == 2 and f"argument {flag}: {why}" in capsys.readouterr().err
+
+
 def test_cli_sweep_then_cost_model_rows(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     out = tmp_path / "sweep.json"
     assert main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),

@@ -11,8 +11,8 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
-LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "seed": 0, "device": "auto",
-              "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
+LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "schedule": "static", "seed": 0,
+              "device": "auto", "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
               "ngram_min": None, "ngram_max": None, "ngram_across_prompts": False, "plot": None}
 # Flags of an EAGLE-3 drafter's decoding: n-gram drafting (--ngram) refuses them.
 DRAFTER_ONLY = ("fused", "allow_other_target")
@@ -70,6 +70,9 @@ def register(sub) -> None:
                    help="tree: draft tokens verified per cycle (default steps * topk); a list sweeps")
     e.add_argument("--batch", type=int_list, default=LOCAL_ONLY["batch"],
                    help="prompts decoded together (a server's concurrency); a list (1,4,16) sweeps")
+    e.add_argument("--schedule", default=LOCAL_ONLY["schedule"], choices=("static", "continuous"),
+                   help="static: batch after batch, each until its last row ends; continuous: --batch rows in "
+                        "flight, a waiting prompt takes each finished row's place (as a server batches)")
     e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
@@ -205,8 +208,8 @@ def run_eval(args) -> int:
         results = {}
         for name, (path, convs) in sets.items():
             results[name] = evaluate(
-                target, drafter, convs, **setting, max_new_tokens=args.max_new_tokens,
-                temperature=args.temperature, seed=args.seed,
+                target, drafter, convs, **setting, continuous=args.schedule == "continuous",
+                max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                 use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
             )
             results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
@@ -242,8 +245,8 @@ def _sweep_journal(args, target, drafter, sets):
     from drafter_lab.journal import Journal
     from drafter_lab.targets.hf import fingerprint
 
-    same = {k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "temperature", "seed", "device", "dtype",
-                                         "fused")}
+    same = {k: getattr(args, k) for k in ("schedule", "max_prompts", "max_new_tokens", "temperature", "seed", "device",
+                                         "dtype", "fused")}
     return Journal(f"{args.json}.partial", {
         "target": target.fingerprint,
         "drafter": drafter.cfg.describe() if args.ngram else fingerprint(args.drafter),
@@ -325,7 +328,7 @@ def format_eval(r: dict) -> str:
     c = r["config"]
     lines = [
         f"{c['drafting']} drafting: steps {c['steps']}, topk {c['topk']}, draft tokens {c['draft_tokens']}, "
-        f"batch {c['batch']}, {r['prompts']} prompts x {c['max_new_tokens']} new tokens, "
+        f"batch {c['batch']} ({c['schedule']}), {r['prompts']} prompts x {c['max_new_tokens']} new tokens, "
         f"temperature {c['temperature']:g}, {r['device']} {r['dtype']}, {c['drafter']}"
         + (", fused draft step" if c["fused_draft_step"] else ""),
         f"served accept length: {r['served_accept_len']:.3f} tokens per verify step (bonus included), "
@@ -336,6 +339,8 @@ def format_eval(r: dict) -> str:
         f"tok/s: speculative {r['spec_tok_s']:.1f}, target only {r['baseline_tok_s']:.1f}, "
         f"ratio {r['speedup']:.2f}x",
         f"lossless check: {r['lossless_check']}",
+        f"unfinished rows per target pass: speculative {r['live_rows_per_pass']['spec']:.2f}, "
+        f"target only {r['live_rows_per_pass']['baseline']:.2f}",
         *_phase_lines(r),
     ]
     return "\n".join(lines)

@@ -51,6 +51,22 @@ class DrafterRunner:
         self.k, self.v = self.drafter.new_kv_cache(batch, max_len)
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)
 
+    def join(self, next_ids: torch.Tensor, aux: torch.Tensor, lens: torch.Tensor, topk: int, max_len: int,
+             append: bool = True):
+        """Continuous batching: prefill new rows (`extend` over their prompts, into caches of
+        `max_len`) and append them to the batch's rows (with `append`; else they are the batch).
+        Returns the new rows' step 0."""
+        old = (self.k, self.v, self.lens)
+        self.reset(len(lens), max_len, next_ids.device)
+        step0 = self.extend(next_ids, aux, lens, topk)
+        if append:
+            self.k, self.v, self.lens = (torch.cat(pair) for pair in zip(old, (self.k, self.v, self.lens)))
+        return step0
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only these rows (indices, in this order) stay in the batch."""
+        self.k, self.v, self.lens = self.k[rows], self.v[rows], self.lens[rows]
+
     @torch.no_grad()
     def extend(self, next_ids: torch.Tensor, aux: torch.Tensor, counts: torch.Tensor, topk: int):
         """Commit counts[b] positions per row: next_ids [B, m] (the token after each position),

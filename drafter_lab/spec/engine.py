@@ -13,8 +13,12 @@ from the drafter's renormalised top-`sample_topk` distribution q and verifies it
 sampling (accept with min(1, p/q), else resample from norm(max(p - q, 0))); a tree keeps its
 deterministic top-k children and verifies them by recursive rejection with one-hot proposals.
 
-Rows of a batch accept different lengths: each keeps its own cache length in both models. A row
-that is finished (max_new_tokens or eos) stays in the batch but commits nothing.
+Rows of a batch accept different lengths: each keeps its own cache length in both models. In a
+static batch a finished row (max_new_tokens or eos) stays until the last one ends, committing
+nothing. With `slots` (continuous batching, as SGLang and vLLM schedule requests) it leaves at once:
+every per-row state (both caches, the n-gram rows, the next root and draft step 0) keeps the other
+rows, and waiting prompts are prefilled apart and appended as new rows. The caches are dense
+tensors, so a row leaving or joining copies them (a server's paged cache moves nothing).
 """
 
 from __future__ import annotations
@@ -103,10 +107,13 @@ class Generation:
     no_draft_passes: int = 0
     """Of those, the passes in which no unfinished row had a draft: a plain decode step (n-gram lookup
     that matched in no row; a server decodes these without speculation)."""
+    rows_per_pass: list[int] = field(default_factory=list)
+    """Rows in the batch at each of those passes, finished ones riding along included."""
     phase_seconds: dict[str, float] = field(default_factory=dict)
-    """Wall time by phase (`phases.PhaseClock`): prefill (the prompt through the target, and the
-    drafter), then per cycle draft, verify, accept (the walk, the cache commits and the host's
-    bookkeeping) and extend (the drafter over the accepted tokens); they add up to the decode's."""
+    """Wall time by phase (`phases.PhaseClock`): prefill (the prompts through the target, and the
+    drafter, as they join), then per cycle draft, verify, accept (the walk, the cache commits, the
+    host's bookkeeping and rows leaving) and extend (the drafter over the accepted tokens); they
+    add up to the decode's."""
 
 
 def eos_ids(target) -> set[int]:
@@ -153,10 +160,10 @@ class SpecEngine:
     def _step0_topk(self) -> int:
         return self.cfg.sample_topk if self.cfg.sampled_chain else self.cfg.topk
 
-    def _draft(self, root, step0, generator, prompts, out) -> DraftTree:
+    def _draft(self, root, step0, generator, histories) -> DraftTree:
+        """histories: with n-gram drafting, each row's prompt and emitted tokens."""
         c = self.cfg
         if self.ngram is not None:
-            histories = [p + o for p, o in zip(prompts, out)]
             return self.ngram.draft(root, histories, c.steps, c.topk, c.tree_tokens, self.pad_id)
         if c.sampled_chain:
             return self.drafter.draft_chain_sampled(root, *step0, c.steps, c.temperature, generator, self.vocab)
@@ -173,75 +180,155 @@ class SpecEngine:
         return out[: self.cfg.max_new_tokens]
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, speculative: bool = True, generator=None) -> Generation:
-        """Decode a batch of tokenized prompts; greedy output is identical with and without speculation."""
+    def generate(self, prompts: list[list[int]], *, speculative: bool = True, generator=None,
+                 slots: int | None = None) -> Generation:
+        """Decode tokenized prompts; greedy output is identical with and without speculation.
+
+        slots=None decodes them as one static batch: every row stays until the last one ends (the
+        finished ones commit nothing). With `slots`, continuous batching as a server runs it: at most
+        `slots` rows in flight; a finished row leaves the batch and the next waiting prompt is
+        prefilled into its place before the next cycle.
+        """
         if speculative and self.drafter is None and self.ngram is None:
             raise LabError("speculative decoding needs a drafter")
         if any(len(p) == 0 for p in prompts):
             raise LabError("an empty prompt cannot be decoded")
+        if slots is not None and slots < 1:
+            raise LabError(f"slots must be >= 1, got {slots}")
+        continuous = slots is not None
+        slots = slots or len(prompts)
+        clock = PhaseClock(self.target.device)
         c = self.cfg
-        dev = self.target.device
-        clock = PhaseClock(dev)
-        B = len(prompts)
-        lens = torch.tensor([len(p) for p in prompts], device=dev)
-        ids = torch.full((B, int(lens.max())), self.pad_id, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, : len(p)] = torch.tensor(p, device=dev)
-        rows = torch.arange(B, device=dev)
-
-        eagle = speculative and self.drafter is not None  # drafts from the target's hidden states
-        logits, aux = self.target.prefill(ids, lens, aux=eagle)
-        root = self._choose(logits, generator)
-        out = [[t] for t in root.tolist()]
-        done = [self._done(o) for o in out]
+        # Every row's drafter cache holds the longest prompt, so rows join the batch by a concat.
+        batch = _Batch(eagle=speculative and self.drafter is not None, ngram=speculative and self.ngram is not None,
+                       drafter_len=max(map(len, prompts)) + c.max_new_tokens + 2 * (c.steps + 1))
+        if batch.ngram:
+            self.ngram.reset(0)
+        out: list[list[int]] = [[] for _ in prompts]
         gen = Generation(tokens=out)
-        step0 = None  # the drafter's step 0 of the next cycle (EAGLE-3)
-        if speculative and self.ngram is not None:
-            self.ngram.reset(B)
-        if eagle:
-            self.drafter.reset(B, int(lens.max()) + c.max_new_tokens + 2 * (c.steps + 1), dev)
-            nxt = torch.roll(ids, -1, 1)
-            nxt[rows, lens - 1] = root
-            step0 = self.drafter.extend(nxt, aux, lens, self._step0_topk())
-        clock.mark("prefill")
-
-        while not all(done):
-            live = torch.tensor([not d for d in done], device=dev)
-            if speculative:
-                tree = self._draft(root, step0, generator, prompts, out)
-                clock.mark("draft")
-            else:
-                tree = _root_only(root)
-            logits, aux = self.target.verify(tree.tokens, tree.depth, tree.ancestors(), aux=eagle)
-            clock.mark("verify")
-            path, counts, bonus = self._walk(tree, logits, generator)
-            counts = torch.where(live, counts, torch.zeros_like(counts))
-            self.target.commit(path, counts, tree.size)
-            gen.verify_passes += 1
-
-            toks = tree.tokens.gather(1, path.clamp_min(0))  # toks[:, 0] is the root, already emitted
-            nxt = torch.roll(toks, -1, 1)
-            nxt[rows, (counts - 1).clamp_min(0)] = bonus
-            drafted = tree.drafted().tolist() if speculative else None
-            if drafted is not None and not any(d for d, finished in zip(drafted, done) if not finished):
-                gen.no_draft_passes += 1
-            for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
-                if done[b]:
-                    continue
-                gen.accept_lengths.append(n)
-                if drafted is not None:
-                    gen.draft_lengths.append(drafted[b])
-                out[b].extend(row[:n])
-                done[b] = self._done(out[b])
-            clock.mark("accept")
-            if eagle:
-                aux_path = aux.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, aux.shape[-1]))
-                step0 = self.drafter.extend(nxt, aux_path, counts, self._step0_topk())
-                clock.mark("extend")
-            root = bonus
+        waiting = list(range(len(prompts)))
+        while True:
+            finished = [b for b, done in enumerate(batch.done) if done]
+            if finished and (continuous or len(finished) == len(batch.rows)):
+                self._leave(batch, finished, prompts, out)
+                clock.mark("accept")
+            if waiting and len(batch.rows) < slots:
+                joining, waiting = waiting[: slots - len(batch.rows)], waiting[slots - len(batch.rows):]
+                self._join(batch, joining, prompts, out, generator)
+                clock.mark("prefill")
+                continue  # a prompt may be done at its first token
+            if not batch.rows:
+                break
+            self._cycle(batch, prompts, out, gen, speculative, generator, clock)
         gen.tokens = [self._trim(o) for o in out]
-        if speculative and self.ngram is not None:
-            self.ngram.finish([p + o for p, o in zip(prompts, gen.tokens)])
-        clock.mark("accept")
         gen.phase_seconds = clock.seconds()
         return gen
+
+    def _join(self, batch: _Batch, joining: list[int], prompts, out, generator) -> None:
+        """Prefill the joining prompts (target, then drafter) and append them as rows of the batch."""
+        dev = self.target.device
+        append = bool(batch.rows)  # else the runners start afresh
+        lens = torch.tensor([len(prompts[i]) for i in joining], device=dev)
+        ids = torch.full((len(joining), int(lens.max())), self.pad_id, dtype=torch.long, device=dev)
+        for b, i in enumerate(joining):
+            ids[b, : len(prompts[i])] = torch.tensor(prompts[i], device=dev)
+        logits, aux = self.target.join(ids, lens, aux=batch.eagle, append=append)
+        root = self._choose(logits, generator)
+        for i, t in zip(joining, root.tolist()):
+            out[i].append(t)
+        if batch.ngram:
+            self.ngram.join(len(joining))
+        step0 = None
+        if batch.eagle:
+            nxt = torch.roll(ids, -1, 1)
+            nxt[torch.arange(len(joining), device=dev), lens - 1] = root
+            step0 = self.drafter.join(nxt, aux, lens, self._step0_topk(), batch.drafter_len, append)
+        batch.append(joining, root, step0, [self._done(out[i]) for i in joining])
+
+    def _leave(self, batch: _Batch, finished: list[int], prompts, out) -> None:
+        """The finished rows leave the batch (n-gram drafting across prompts may look them up next)."""
+        if batch.ngram:
+            self.ngram.finish([prompts[batch.rows[b]] + self._trim(out[batch.rows[b]]) for b in finished])
+        keep = torch.tensor([b for b in range(len(batch.rows)) if b not in finished], dtype=torch.long,
+                            device=self.target.device)
+        self.target.keep(keep)
+        if batch.eagle:
+            self.drafter.keep(keep)
+        if batch.ngram:
+            self.ngram.keep(keep.tolist())
+        batch.keep(keep)
+
+    def _cycle(self, batch: _Batch, prompts, out, gen: Generation, speculative: bool, generator, clock) -> None:
+        """Draft, verify, walk and commit once for every row; then extend the drafter."""
+        dev = self.target.device
+        rows = torch.arange(len(batch.rows), device=dev)
+        done = batch.done  # updated in place as rows end
+        live = torch.tensor([not d for d in done], device=dev)
+        gen.rows_per_pass.append(len(batch.rows))
+        if speculative:
+            histories = [prompts[i] + out[i] for i in batch.rows] if batch.ngram else None
+            tree = self._draft(batch.root, batch.step0, generator, histories)
+            clock.mark("draft")
+        else:
+            tree = _root_only(batch.root)
+        logits, aux = self.target.verify(tree.tokens, tree.depth, tree.ancestors(), aux=batch.eagle)
+        clock.mark("verify")
+        path, counts, bonus = self._walk(tree, logits, generator)
+        counts = torch.where(live, counts, torch.zeros_like(counts))
+        self.target.commit(path, counts, tree.size)
+        gen.verify_passes += 1
+
+        toks = tree.tokens.gather(1, path.clamp_min(0))  # toks[:, 0] is the root, already emitted
+        nxt = torch.roll(toks, -1, 1)
+        nxt[rows, (counts - 1).clamp_min(0)] = bonus
+        drafted = tree.drafted().tolist() if speculative else None
+        if drafted is not None and not any(d for d, finished in zip(drafted, done) if not finished):
+            gen.no_draft_passes += 1
+        for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
+            if done[b]:
+                continue
+            gen.accept_lengths.append(n)
+            if drafted is not None:
+                gen.draft_lengths.append(drafted[b])
+            out[batch.rows[b]].extend(row[:n])
+            done[b] = self._done(out[batch.rows[b]])
+        clock.mark("accept")
+        if batch.eagle:
+            aux_path = aux.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, aux.shape[-1]))
+            batch.step0 = self.drafter.extend(nxt, aux_path, counts, self._step0_topk())
+            clock.mark("extend")
+        batch.root = bonus
+
+
+@dataclass
+class _Batch:
+    """The rows in flight, each with its per-row state outside the two caches."""
+
+    eagle: bool
+    """Drafting from the target's hidden states (an EAGLE-3 drafter, speculative)."""
+    ngram: bool
+    """Drafting by n-gram lookup (speculative)."""
+    drafter_len: int
+    """Drafter cache length per row."""
+    rows: list[int] = field(default_factory=list)
+    """The prompt each row decodes."""
+    done: list[bool] = field(default_factory=list)
+    """Whether each row has ended (max_new_tokens or eos)."""
+    root: torch.Tensor | None = None
+    """[B]: each row's last emitted token, the root of its next draft."""
+    step0: tuple[torch.Tensor, ...] | None = None
+    """EAGLE-3: each row's draft step 0 of the next cycle (hidden [B, H], top-k ids, top-k log-probs)."""
+
+    def append(self, joining: list[int], root: torch.Tensor, step0, done: list[bool]) -> None:
+        self.rows = self.rows + joining
+        self.done = self.done + done
+        self.root = root if self.root is None else torch.cat([self.root, root])
+        if step0 is not None:
+            self.step0 = step0 if self.step0 is None else tuple(map(torch.cat, zip(self.step0, step0)))
+
+    def keep(self, keep: torch.Tensor) -> None:
+        self.rows = [self.rows[b] for b in keep.tolist()]
+        self.done = [self.done[b] for b in keep.tolist()]
+        self.root = self.root[keep]
+        if self.step0 is not None:
+            self.step0 = tuple(t[keep] for t in self.step0)

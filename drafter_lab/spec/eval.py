@@ -1,7 +1,10 @@
 """`drafter-lab eval`: served accept length, tok/s with and without speculation, the lossless check.
 
-Both decodes run in the same process over the same prompts with the same max_new_tokens, batch by
-batch and alternating (target-only, then speculative), after a warm-up of each. The prompt of a
+Both decodes run in the same process over the same prompts with the same max_new_tokens, after a
+warm-up of each. The static schedule decodes the prompts batch by batch, alternating (target-only,
+then speculative), each batch until its last row ends; the continuous one decodes all of them with
+`batch` rows in flight, a waiting prompt taking each finished row's place (as a server schedules
+requests), once target-only and once speculative. The prompt of a
 conversation is everything before its first assistant turn, rendered with the target's chat
 template plus the generation prompt. Each decode's wall time is also split by phase (prefill,
 draft, verify, accept, extend; `phases.PhaseClock`), which is where a cost model priced from
@@ -64,6 +67,7 @@ def evaluate(
     topk: int = 1,
     draft_tokens: int | None = None,
     batch: int = 1,
+    continuous: bool = False,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     seed: int = 0,
@@ -86,11 +90,12 @@ def evaluate(
     prompts = render_prompts(target.tokenizer, conversations, where)
     engine = SpecEngine(target, drafter, cfg)
     device = target.device
-    batches = [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
+    batches = [prompts] if continuous else [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
+    slots = batch if continuous else None
 
     warm = SpecEngine(target, drafter, dataclasses.replace(cfg, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens)))
     for speculative in (False, True):
-        warm.generate(batches[0], speculative=speculative, generator=torch.Generator(device).manual_seed(seed))
+        warm.generate(prompts[:batch], speculative=speculative, generator=torch.Generator(device).manual_seed(seed))
     if ngram:  # across prompts, the measurement must not look up the warm-up's rows
         drafter.forget()
 
@@ -99,17 +104,19 @@ def evaluate(
     seconds = {False: 0.0, True: 0.0}
     accept: list[int] = []
     verify_passes, no_draft_passes, decode_passes = 0, 0, 0
+    live = {False: 0, True: 0}  # (row, pass)es of an unfinished row
     phases: dict[bool, dict[str, float]] = {False: {}, True: {}}
     with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
         for chunk in batches:
             for speculative in (False, True):
                 _sync(device)
                 t0 = time.perf_counter()
-                g = engine.generate(chunk, speculative=speculative, generator=gens[speculative])
+                g = engine.generate(chunk, speculative=speculative, generator=gens[speculative], slots=slots)
                 _sync(device)
                 seconds[speculative] += time.perf_counter() - t0
                 outputs[speculative].extend(g.tokens)
                 phases[speculative] = add_phases(phases[speculative], g.phase_seconds)
+                live[speculative] += len(g.accept_lengths)
                 if not speculative:
                     decode_passes += g.verify_passes
                 else:
@@ -157,10 +164,13 @@ def evaluate(
         "spec_tokens": tokens[True],
         "baseline_tokens": tokens[False],
         "phase_seconds": {"spec": phases[True], "baseline": phases[False]},
+        "live_rows_per_pass": {"spec": live[True] / max(verify_passes, 1),
+                               "baseline": live[False] / max(decode_passes, 1)},
         "lossless_check": "identical" if temperature == 0 else "skipped: sampling (temperature > 0)",
         "prompts": len(prompts),
         "config": {
             "steps": steps, "topk": topk, "draft_tokens": cfg.tree_tokens, "batch": batch,
+            "schedule": "continuous" if continuous else "static",
             "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
             "drafting": "chain" if topk == 1 else "tree", "fused_draft_step": engine.fused,
             "drafter": drafter.cfg.describe() if ngram else "EAGLE-3",
@@ -198,6 +208,10 @@ def pool(sets: dict[str, dict]) -> dict:
     if "draft_step_us" in out:
         out["draft_step_us"] = draft_step_us(out["draft_seconds"], out["verify_passes"], out["config"]["steps"])
         out["no_draft_share"] = sum(r["no_draft_share"] * r["verify_passes"] for r in rs) / out["verify_passes"]
+    if "live_rows_per_pass" in out:
+        out["live_rows_per_pass"] = {
+            side: sum(r["live_rows_per_pass"][side] * r[passes] for r in rs) / max(out[passes], 1)
+            for side, passes in (("spec", "verify_passes"), ("baseline", "decode_passes"))}
     if "phase_seconds" in out:
         out["phase_seconds"] = {side: functools.reduce(add_phases, (r["phase_seconds"][side] for r in rs), {})
                                 for side in ("spec", "baseline")}

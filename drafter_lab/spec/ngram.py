@@ -112,8 +112,16 @@ class NgramDrafter:
     def reset(self, batch: int) -> None:
         self.rows = [NgramIndex(self.cfg) for _ in range(batch)]
 
+    def join(self, n: int) -> None:
+        """n new rows join the batch, after its rows (continuous batching)."""
+        self.rows += [NgramIndex(self.cfg) for _ in range(n)]
+
+    def keep(self, rows: list[int]) -> None:
+        """Only these rows stay in the batch, in this order."""
+        self.rows = [self.rows[b] for b in rows]
+
     def finish(self, histories: list[list[int]]) -> None:
-        """The batch's rows are done: later batches may look them up (across prompts)."""
+        """These rows are done: rows decoded after them may look them up (across prompts)."""
         if self.cfg.across_prompts:
             for h in histories:
                 self.earlier.add_row(h)

@@ -88,6 +88,29 @@ class TargetRunner:
         self.lens = lens.clone()
         return logits[:, 0], aux
 
+    @torch.no_grad()
+    def join(self, ids: torch.Tensor, lens: torch.Tensor, aux: bool = True, append: bool = True):
+        """Continuous batching: prefill new rows apart and append them to the batch's rows (with
+        `append`; else they are the batch). Both caches are padded to the longer one with dead slots
+        (masked: past each row's length)."""
+        old, old_lens = self.cache, self.lens
+        logits, aux = self.prefill(ids, lens, aux)
+        if append:
+            S = max(old.get_seq_length(), self.cache.get_seq_length())
+            for a, b in zip(old.layers, self.cache.layers):
+                for name in ("keys", "values"):
+                    setattr(b, name, torch.cat([_pad_seq(getattr(a, name), S), _pad_seq(getattr(b, name), S)]))
+            self.lens = torch.cat([old_lens, self.lens])
+        return logits, aux
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only these rows (indices, in this order) stay in the batch; the cache is cut to the longest."""
+        self.lens = self.lens[rows]
+        S = int(self.lens.max()) if len(rows) else 0
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                setattr(layer, name, getattr(layer, name)[rows, :, :S])
+
     def _check_cache(self):
         from transformers.cache_utils import DynamicLayer
 
@@ -124,3 +147,8 @@ class TargetRunner:
                 t[rows, :, dest] = t[rows, :, src]
                 setattr(layer, name, t[:, :, :S_new])
         self.lens = new_lens
+
+
+def _pad_seq(t: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, H, S, D] -> [B, H, length, D], zeros after S."""
+    return torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[2]))

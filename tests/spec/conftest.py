@@ -144,3 +144,14 @@ def prompts_file(tmp_path_factory, conversations):
     f = tmp_path_factory.mktemp("prompts") / "eval.jsonl"
     f.write_text("".join(json.dumps({"id": c.id, "conversations": c.messages}) + "\n" for c in conversations))
     return f
+
+
+def late_tokens(outputs: list[list[int]], first: int, n: int = 2) -> set[int]:
+    """Tokens that, as eos, end some rows early but none within its first `first` tokens."""
+    early = {t for row in outputs for t in row[:first]}
+    picks: set[int] = set()
+    for row in outputs:
+        picks |= set([t for t in row[first:] if t not in early][:1])
+        if len(picks) == n:
+            break
+    return picks

@@ -8,7 +8,7 @@ import torch
 from drafter_lab.spec.drafting import DrafterRunner
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
 
-from .conftest import make_drafter
+from .conftest import late_tokens, make_drafter
 
 MODES = [
     pytest.param(dict(steps=4, topk=1), id="chain"),
@@ -65,6 +65,36 @@ def test_batch_rows_of_different_lengths_and_eos(target, trained_drafter, prompt
     spec = engine.generate(prompts[:3])
     assert spec.tokens == base.tokens
     assert len(base.tokens[1]) <= 7 and base.tokens[1][-1] in engine.eos
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("slots", [1, 2, 4])
+def test_continuous_batching_is_lossless_and_never_carries_a_finished_row(target, trained_drafter, prompts, mode,
+                                                                          slots):
+    """Rows end at different passes (eos, max_new_tokens); with slots the next prompt takes a finished
+    row's place, so every row in a pass is unfinished, and each prompt still gets its own output."""
+    engine = SpecEngine(target, trained_drafter, SpecConfig(max_new_tokens=30, **mode))
+    engine.eos = late_tokens(engine.generate(prompts, speculative=False).tokens, first=3)
+    base = engine.generate(prompts, speculative=False)
+    assert len({len(t) for t in base.tokens}) > 2 and min(map(len, base.tokens)) >= 3
+    for speculative in (False, True):
+        g = engine.generate(prompts, speculative=speculative, slots=slots)
+        assert g.tokens == base.tokens
+        assert max(g.rows_per_pass) == min(g.rows_per_pass[0], slots) == slots
+        assert sum(g.rows_per_pass) == len(g.accept_lengths)  # no finished row rides along
+    static = engine.generate(prompts)
+    assert set(static.rows_per_pass) == {len(prompts)} and sum(static.rows_per_pass) > len(static.accept_lengths)
+
+
+def test_continuous_batching_admits_a_prompt_done_at_its_first_token(target, random_drafter, prompts):
+    """A prompt whose first token ends it leaves before any cycle; the rest decode as usual."""
+    engine = SpecEngine(target, random_drafter, SpecConfig(steps=3, max_new_tokens=6))
+    firsts = [t[0] for t in engine.generate(prompts, speculative=False).tokens]
+    engine.eos = {firsts[2]}
+    base = engine.generate(prompts, speculative=False)
+    spec = engine.generate(prompts, slots=2)
+    assert spec.tokens == base.tokens and [firsts[2]] in spec.tokens
+    assert sum(spec.rows_per_pass) == len(spec.accept_lengths)
 
 
 def test_extend_matches_sequential_draft_steps(target, random_drafter):
@@ -185,3 +215,4 @@ def test_tree_children_are_the_drafters_topk_along_each_path(target):
                 h, out, _ = d.draft_step(d.embed(torch.tensor([t])), h, pos, kc, vc, pos, K)
             assert kids == sorted(out[0].tolist())
     assert shared_parent > 0  # some beam took two children of one node: the cache reorder mattered
+

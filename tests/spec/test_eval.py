@@ -13,9 +13,13 @@ from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
+from drafter_lab.spec import engine as engine_module
 from drafter_lab.spec import eval as spec_eval
+from drafter_lab.spec.engine import SpecConfig, SpecEngine
 from drafter_lab.spec.eval import evaluate
 from drafter_lab.targets.hf import default_aux_layer_ids
+
+from .conftest import late_tokens
 
 
 def test_evaluate_numbers(target, trained_drafter, conversations):
@@ -48,11 +52,28 @@ def test_evaluate_tree_and_sampling(target, trained_drafter, conversations):
     assert r["lossless_check"].startswith("skipped") and r["served_accept_len"] >= 1
 
 
+def test_continuous_schedule_keeps_the_batch_full(target, trained_drafter, conversations, prompts, monkeypatch):
+    """Rows that end apart (eos): the continuous schedule decodes the same tokens in no more target
+    passes than batch after batch, and none of its rows is a finished one riding along."""
+    plain = SpecEngine(target, None, SpecConfig(max_new_tokens=24, stop_at_eos=False))
+    eos = late_tokens(plain.generate(prompts, speculative=False).tokens, first=3)
+    monkeypatch.setattr(engine_module, "eos_ids", lambda target: eos)
+    runs = {continuous: evaluate(target, trained_drafter, conversations, batch=3, continuous=continuous,
+                                 max_new_tokens=24) for continuous in (False, True)}
+    static, cont = runs[False], runs[True]
+    assert cont["config"]["schedule"] == "continuous" and static["config"]["schedule"] == "static"
+    assert cont["lossless_check"] == "identical" and cont["spec_tokens"] == static["spec_tokens"] < 6 * 24
+    assert cont["decode_passes"] <= static["decode_passes"]
+    assert static["live_rows_per_pass"]["baseline"] < 3
+    assert cont["live_rows_per_pass"]["baseline"] >= static["live_rows_per_pass"]["baseline"]
+    assert cont["live_rows_per_pass"]["spec"] == pytest.approx(cont["verify_steps"] / cont["verify_passes"])
+
+
 def test_lossless_failure_names_prompt_and_position(target, trained_drafter, conversations, monkeypatch):
     real = spec_eval.SpecEngine.generate
 
-    def corrupt(self, prompts, *, speculative=True, generator=None):
-        g = real(self, prompts, speculative=speculative, generator=generator)
+    def corrupt(self, prompts, *, speculative=True, **kw):
+        g = real(self, prompts, speculative=speculative, **kw)
         if speculative and g.tokens[0] and len(g.tokens[0]) > 3:
             g.tokens[0][3] += 1
         return g

@@ -131,6 +131,20 @@ def test_ngram_decoding_is_lossless(target, prompts, across):
     assert 0 < sum(d == 0 for _, d in pairs) < len(pairs)
 
 
+def test_ngram_continuous_batching_looks_up_rows_as_they_leave(target, prompts):
+    """Across prompts with two rows in flight: a row that has left is looked up by the rows after it."""
+    drafter = NgramDrafter(NgramConfig(1, 3, across_prompts=True))
+    engine = SpecEngine(target, drafter, SpecConfig(steps=4, max_new_tokens=24, stop_at_eos=False))
+    base = engine.generate(prompts, speculative=False)
+    drafter.forget()
+    spec = engine.generate(prompts, slots=2)
+    assert spec.tokens == base.tokens and max(spec.rows_per_pass) == 2
+    assert len(drafter.row_ends) == len(prompts)  # every row, as it left
+    drafter.forget()
+    own = SpecEngine(target, NgramDrafter(NgramConfig(1, 3)), engine.cfg).generate(prompts, slots=2)
+    assert sum(spec.accept_lengths) / len(spec.accept_lengths) > sum(own.accept_lengths) / len(own.accept_lengths)
+
+
 @pytest.mark.gpu
 def test_ngram_decoding_on_cuda_equals_the_cpu(random_llama, target, prompts):
     """Padded chains built on the device, verified there: the same tokens and steps as on the CPU."""

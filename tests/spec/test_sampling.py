@@ -131,10 +131,12 @@ def _exact_next(target, prefixes: torch.Tensor) -> torch.Tensor:
         return torch.softmax(target.model(prefixes).logits[:, -1].double(), -1)
 
 
-@pytest.mark.parametrize("kind, mode", [("eagle", dict(steps=2, topk=1)), ("eagle", dict(steps=2, topk=3, draft_tokens=4)),
-                                        ("ngram", dict(steps=2, topk=1)), ("ngram", dict(steps=2, topk=2, draft_tokens=3))],
-                         ids=["chain", "tree", "ngram", "ngram-tree"])
-def test_engine_sampling_matches_target_distribution(tmp_path, kind, mode):
+@pytest.mark.parametrize("kind, mode, slots", [
+    ("eagle", dict(steps=2, topk=1), None), ("eagle", dict(steps=2, topk=3, draft_tokens=4), None),
+    ("ngram", dict(steps=2, topk=1), None), ("ngram", dict(steps=2, topk=2, draft_tokens=3), None),
+    ("eagle", dict(steps=2, topk=1), 1000),
+], ids=["chain", "tree", "ngram", "ngram-tree", "chain-continuous"])
+def test_engine_sampling_matches_target_distribution(tmp_path, kind, mode, slots):
     target = _tiny_target(tmp_path)
     if kind == "ngram":  # deterministic proposals from the row's own tokens, in padded chains
         drafter = NgramDrafter(NgramConfig(1, 2))
@@ -146,7 +148,7 @@ def test_engine_sampling_matches_target_distribution(tmp_path, kind, mode):
     prompt = [3, 7, 1, 4]
     R = 6000
     engine = SpecEngine(target, drafter, SpecConfig(temperature=1.0, max_new_tokens=3, stop_at_eos=False, **mode))
-    gen = engine.generate([prompt] * R, generator=torch.Generator().manual_seed(0))
+    gen = engine.generate([prompt] * R, generator=torch.Generator().manual_seed(0), slots=slots)
     out = torch.tensor(gen.tokens)  # [R, 3]
     assert 1 in gen.accept_lengths and max(gen.accept_lengths) >= 2
 

@@ -68,12 +68,12 @@ def test_cli_sweep_then_cost_model_rows(random_llama, drafter_dir, prompts_file,
 def test_batch_sweep_prices_each_row_at_its_batch(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     out = tmp_path / "sweep.json"
     assert main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
-                 "--steps", "3", "--batch", "1,3", "--max-new-tokens", "12", "--json", str(out),
-                 "--plot", str(tmp_path / "phases.png")]) == 0
+                 "--steps", "3", "--batch", "1,3", "--schedule", "continuous", "--max-new-tokens", "12",
+                 "--json", str(out), "--plot", str(tmp_path / "phases.png")]) == 0
     text = capsys.readouterr().out
     assert "fastest here at batch 1:" in text and "fastest here at batch 3:" in text
     sweep = json.loads(out.read_text())["sweep"]
-    assert [r["config"]["batch"] for r in sweep] == [1, 3]
+    assert [(r["config"]["batch"], r["config"]["schedule"]) for r in sweep] == [(1, "continuous"), (3, "continuous")]
     assert all(r["lossless_check"] == "identical" for r in sweep)
     # The plot: a bar per row and decode, each the row's own phases per target pass.
     assert (tmp_path / "phases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,11 +4,11 @@ Both decodes run in the same process over the same prompts with the same max_new
 warm-up of each. The static schedule decodes the prompts batch by batch, alternating (target-only,
 then speculative), each batch until its last row ends; the continuous one decodes all of them with
 `batch` rows in flight, a waiting prompt taking each finished row's place (as a server schedules
-requests), once target-only and once speculative. The prompt of a
-conversation is everything before its first assistant turn, rendered with the target's chat
-template plus the generation prompt. Each decode's wall time is also split by phase (prefill,
-draft, verify, accept, extend; `phases.PhaseClock`), which is where a cost model priced from
-measured parts (`bench verify`) and the measured tok/s part ways.
+requests), once target-only and once speculative. The prompt of a conversation is everything
+before its first assistant turn, rendered with the target's chat template plus the generation
+prompt. Each decode's wall time is also split by phase (prefill, draft, verify, accept, extend;
+`phases.PhaseClock`), which is where a cost model priced from measured parts (`bench verify`) and
+the measured tok/s part ways.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ def bars(results: list[dict]) -> list[dict]:
     out = []
     for r in results:
         c = r["config"]
-        setting = f"steps {c['steps']}, topk {c['topk']}, {c['draft_tokens']} tokens, batch {c['batch']}"
+        setting = f"steps {c['steps']}, topk {c['topk']}, {c['draft_tokens']} tokens, batch {c['batch']}" \
+                  + (" continuous" if c["schedule"] == "continuous" else "")
         for side, label in (("spec", "speculative"), ("baseline", "target only")):
             out.append({"label": f"{setting}: {label}", "side": side, "speedup": r["speedup"],
                         "ms": per_pass_ms(r, side)})

@@ -14,6 +14,8 @@ those targets to `sdpa`).
 - `commit`: keep the accepted path of each row. Its entries are moved to slots
   lens[b] .. lens[b] + n_b - 1 (the slots a plain decode would have used, and where their RoPE
   positions point), everything else becomes dead, and the cache is cut to max(lens).
+- `join` / `keep` (continuous batching): new rows are prefilled apart and appended, both caches
+  padded to the longer one with dead slots; finished rows are dropped.
 """
 
 from __future__ import annotations

@@ -78,8 +78,9 @@ def test_batch_sweep_prices_each_row_at_its_batch(random_llama, drafter_dir, pro
     # The plot: a bar per row and decode, each the row's own phases per target pass.
     assert (tmp_path / "phases.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bars = phaseplot.bars(sweep)
-    assert [b["label"].rsplit(", ", 1)[1] for b in bars] == ["batch 1: speculative", "batch 1: target only",
-                                                            "batch 3: speculative", "batch 3: target only"]
+    assert [b["label"].rsplit(", ", 1)[1] for b in bars] == [
+        "batch 1 continuous: speculative", "batch 1 continuous: target only",
+        "batch 3 continuous: speculative", "batch 3 continuous: target only"]
     assert sum(bars[2]["ms"].values()) == pytest.approx(1e3 * sum(sweep[1]["phase_seconds"]["spec"].values())
                                                         / sweep[1]["verify_passes"])
     model = tmp_path / "cm.json"

@@ -34,8 +34,10 @@ def setup(wide_llama, conversations):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("topk,draft_tokens", [(1, None), (3, 8)], ids=["chain", "tree"])
-def test_fused_step_drafts_like_the_reference(setup, wide_llama, device, topk, draft_tokens, require_draft_step_op):
+@pytest.mark.parametrize("topk,draft_tokens,slots", [(1, None, None), (3, 8, None), (3, 8, 2)],
+                         ids=["chain", "tree", "tree-continuous"])
+def test_fused_step_drafts_like_the_reference(setup, wide_llama, device, topk, draft_tokens, slots,
+                                              require_draft_step_op):
     require_draft_step_op(device)
     prompts, trained = setup
     target = load_target(wide_llama, device=device)
@@ -46,7 +48,7 @@ def test_fused_step_drafts_like_the_reference(setup, wide_llama, device, topk, d
             cfg = SpecConfig(steps=4, topk=topk, draft_tokens=draft_tokens, use_fused=fused, max_new_tokens=32)
             engine = SpecEngine(target, drafter, cfg)
             assert engine.fused == fused
-            runs[fused] = engine.generate(prompts)
+            runs[fused] = engine.generate(prompts, slots=slots)
         plain = engine.generate(prompts, speculative=False)
     ref, op = runs[False], runs[True]
     assert op.tokens == ref.tokens == plain.tokens  # lossless either way

@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         result = {
             "deployment": {"num_layers": target.num_layers, "hidden_size": target.hidden_size,
                            "dtype_bytes": torch.finfo(DTYPES[args.dtype]).bits // 8, "allreduces_per_layer": 0,
-                           "cycle_overhead_ms": 0.0},
+                           "cycle_overhead_ms": 0.0, "decode_overhead_ms": 0.0},
             "decode_ms": table.get(1, {}).get(1, a + slope),  # measured where (B, T) = (1, 1) was, else the fit
             "verify_ms_by_tokens": {str(b): {str(t): ms for t, ms in row.items()} for b, row in table.items()},
             **({"draft_step_us_by_batch": {str(b): us for b, us in draft_us.items()},

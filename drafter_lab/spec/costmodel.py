@@ -7,6 +7,7 @@ One speculative cycle drafts `steps` tokens, verifies them in one target pass an
     cycle_ms   = steps x draft_step_us + verify_ms + cycle_overhead_ms
     spec tok/s = 1000 x A / ((1 - z) x cycle_ms + z x decode_ms)
     baseline   = 1000 / decode_ms,   decode_ms = decode compute + n_allreduce x decode_allreduce_us
+                                                 + decode_overhead_ms
     break-even A = ((1 - z) x cycle_ms + z x decode_ms) / decode_ms
 
 with n_allreduce = num_layers x allreduces_per_layer (tensor parallel: one after attention, one
@@ -50,9 +51,9 @@ of these keys (others are ignored, so a benchmark can write its full results bes
     "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
     "verify_ms_by_tokens": {"<batch>": {"<tokens per row>": ms}}, one device's target passes
                      (`bench verify`): sets pass_ms_by_tokens
-    "deployment":    {field: value} for num_layers, hidden_size, dtype_bytes, allreduces_per_layer
-                     and cycle_overhead_ms: the deployment a benchmark measured (`bench verify`:
-                     its target on one device)
+    "deployment":    {field: value} for num_layers, hidden_size, dtype_bytes, allreduces_per_layer,
+                     cycle_overhead_ms and decode_overhead_ms: the deployment a benchmark measured
+                     (`bench verify`: its target on one device, no host work)
     "decode_ms":     number, replaces decode_ms
     "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
     "accept_length": number or list of numbers (served), added to the table's columns
@@ -103,6 +104,10 @@ class CostModelConfig:
     """Draft steps per cycle."""
     cycle_overhead_ms: float = 0.43
     """Per-cycle host work outside draft and verify (scheduling, sampling, cache bookkeeping)."""
+    decode_overhead_ms: float = 0.0
+    """Per-step host work of plain decoding outside the target pass (sampling, scheduling). 0 where
+    decode_ms is a whole measured step (the preset's); with passes measured apart (`bench verify`),
+    what a plain step adds to its pass (an eval's target-only accept phase is that on its machine)."""
     hidden_size: int = 7168
     """Target hidden size: sets the verify all-reduce message size."""
     dtype_bytes: int = 2
@@ -226,7 +231,7 @@ class CostModel:
         ar = self.cfg.decode_allreduce_us
         if allreduce is not None:
             ar = min(ar, latency_at(allreduce, self.decode_message_bytes))
-        return self.decode_compute_ms + self.n_allreduce * ar / 1000
+        return self.decode_compute_ms + self.n_allreduce * ar / 1000 + self.cfg.decode_overhead_ms
 
     def cycle_ms(self, allreduce: Latency | None = None) -> float:
         return self.draft_ms + self.verify_ms(allreduce) + self.cfg.cycle_overhead_ms
@@ -314,7 +319,9 @@ def accept_by_steps(histogram, path) -> list[float]:
 KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "draft_extend_us_by_batch", "verify_ms",
                 "verify_ms_by_tokens", "deployment", "decode_ms", "no_draft_share", "accept_length",
                 "served_accept_len", "accept_histogram")
-DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per_layer", "cycle_overhead_ms")
+DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per_layer", "cycle_overhead_ms",
+                     "decode_overhead_ms")
+OVERHEADS = ("cycle_overhead_ms", "decode_overhead_ms")
 
 
 def read_inputs(path) -> dict:
@@ -438,9 +445,9 @@ def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
         raise LabError(f"deployment must be an object with some of {', '.join(DEPLOYMENT_FIELDS)}", path)
     over = {}
     for key, value in given.items():
-        if key in ("allreduces_per_layer", "cycle_overhead_ms") and value == 0:
+        if key in ("allreduces_per_layer", *OVERHEADS) and value == 0:
             over[key] = value
-        elif key == "cycle_overhead_ms":
+        elif key in OVERHEADS:
             over[key] = _number(value, f"deployment.{key}", path)
         elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
             over[key] = value
@@ -581,7 +588,8 @@ def format_report(r: dict, name: str) -> str:
         + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
            if c["no_draft_share"] else ""),
         f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s "
-        f"(its all-reduces: {c['decode_allreduce_us']:.3g} us each)",
+        f"(its all-reduces: {c['decode_allreduce_us']:.3g} us each"
+        + (f"; overhead {c['decode_overhead_ms']:.2f} ms" if c["decode_overhead_ms"] else "") + ")",
         "  spec tok/s by served accept length (bonus included): "
         + ", ".join(f"{a} -> {v:.1f}" for a, v in r["spec_tok_s"].items()),
         f"  break-even served accept length: {r['break_even_accept_len']:.2f}",

@@ -37,7 +37,7 @@ def test_bench_verify_feeds_the_cost_model(random_llama, drafter_dir, tmp_path, 
     assert r["decode_ms"] == table[1][1]
     assert set(r["draft_step_us_by_batch"]) == set(r["draft_extend_us_by_batch"]) == {"1", "2"}
     assert r["deployment"] == {"num_layers": 8, "hidden_size": 64, "dtype_bytes": 4, "allreduces_per_layer": 0,
-                               "cycle_overhead_ms": 0.0}
+                               "cycle_overhead_ms": 0.0, "decode_overhead_ms": 0.0}
     cfg, _ = apply_inputs(PRESETS[SEEDS], out)
     m, two = CostModel(cfg), CostModel(dataclasses.replace(cfg, batch=2, verify_tokens=3))
     assert (cfg.num_layers, m.n_allreduce) == (8, 0)
@@ -50,10 +50,15 @@ def test_bench_verify_feeds_the_cost_model(random_llama, drafter_dir, tmp_path, 
     # a cycle drafts the extend over the accepted tokens, then steps - 1 steps
     step, extend = r["draft_step_us_by_batch"]["2"], r["draft_extend_us_by_batch"]["2"]
     assert two.draft_ms == pytest.approx((extend + (cfg.steps - 1) * step) / 1000)
-    # a flag given on the command line wins over the files
+    # a flag given on the command line wins over the files; host work adds to a cycle and to a plain step
     model = tmp_path / "cm.json"
-    assert main(["costmodel", "--inputs", str(out), "--cycle-overhead-ms", "1.5", "--json", str(model)]) == 0
-    assert json.loads(model.read_text())["config"]["cycle_overhead_ms"] == 1.5
+    assert main(["costmodel", "--inputs", str(out), "--cycle-overhead-ms", "1.5", "--decode-overhead-ms", "0.5",
+                 "--json", str(model)]) == 0
+    assert "overhead 0.50 ms" in capsys.readouterr().out
+    priced = json.loads(model.read_text())
+    assert (priced["config"]["cycle_overhead_ms"], priced["config"]["decode_overhead_ms"]) == (1.5, 0.5)
+    assert priced["decode_ms"] == pytest.approx(table[1][1] + 0.5)
+    assert priced["cycle_ms"] == pytest.approx(m.cycle_ms() + 1.5)
 
 
 def test_bench_verify_on_a_target_without_tokenizer(tmp_path, capsys):

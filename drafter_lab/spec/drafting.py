@@ -97,6 +97,15 @@ class DrafterRunner:
         self.lens = self.lens + counts
         return last, d.to_target_ids(top), top_logp
 
+    def _chain_caches(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The caches a chain drafts into. The fused op takes them whole (contiguous) and reads each
+        row's own length; the reference attends to every slot it is given, so it gets views of the
+        slots this cycle can reach (written through)."""
+        if self.fused:
+            return self.k, self.v
+        S = int(self.lens.max()) + steps
+        return self.k[:, :, :S], self.v[:, :, :S]
+
     @torch.no_grad()
     def draft_tree(self, root, h0, ids0, logp0, steps: int, topk: int, draft_tokens: int) -> DraftTree:
         """Greedy drafting (chain when topk == 1): S draft steps from step 0's (h0, ids0, logp0)."""
@@ -109,7 +118,7 @@ class DrafterRunner:
         hidden = h0.repeat_interleave(K, 0)
         base = self.lens.repeat_interleave(K)
         if K == 1:  # speculative entries land past lens, and the next extend overwrites them
-            kc, vc = self.k, self.v
+            kc, vc = self._chain_caches(steps)
         else:
             S = int(self.lens.max()) + steps
             kc = self.k[:, :, :S].repeat_interleave(K, 0)
@@ -142,6 +151,7 @@ class DrafterRunner:
         qs = [torch.zeros(B, vocab, device=root.device)]  # the root has no proposal
         toks = []
         hidden, ids, lp = h0, ids0, logp0
+        caches = self._chain_caches(steps)
         for depth in range(1, steps + 1):
             q = torch.softmax(lp / temperature, -1)
             tok = ids.gather(1, torch.multinomial(q, 1, generator=generator))[:, 0]
@@ -150,5 +160,5 @@ class DrafterRunner:
             if depth == steps:
                 break
             pos = self.lens + depth - 1
-            hidden, ids, lp = self.step(d.embed(tok), hidden, pos, self.k, self.v, pos, k)
+            hidden, ids, lp = self.step(d.embed(tok), hidden, pos, *caches, pos, k)
         return chain(root, torch.stack(toks, 1), torch.stack(qs, 1))

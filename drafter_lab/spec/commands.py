@@ -341,9 +341,21 @@ def format_eval(r: dict) -> str:
         f"lossless check: {r['lossless_check']}",
         f"unfinished rows per target pass: speculative {r['live_rows_per_pass']['spec']:.2f}, "
         f"target only {r['live_rows_per_pass']['baseline']:.2f}",
+        *_latency_lines(r["latency"]),
         *_phase_lines(r),
     ]
     return "\n".join(lines)
+
+
+def _latency_lines(lat: dict) -> list[str]:
+    """Per request, speculative / target only (every prompt arriving as its side's decode starts)."""
+    def pair(key: str, stat: str) -> str:
+        return " / ".join("-" if lat[side][key][stat] is None else f"{lat[side][key][stat]:.2f}"
+                          for side in ("spec", "baseline"))
+
+    return [f"per request, ms (speculative / target only): TTFT median {pair('ttft_ms', 'median')}, "
+            f"p90 {pair('ttft_ms', 'p90')}; TPOT median {pair('tpot_ms', 'median')}, p90 {pair('tpot_ms', 'p90')}"
+            + (f" ({lat['tpot_speedup']:.2f}x faster per token)" if lat["tpot_speedup"] else "")]
 
 
 def _phase_lines(r: dict) -> list[str]:

@@ -107,6 +107,11 @@ class Generation:
     no_draft_passes: int = 0
     """Of those, the passes in which no unfinished row had a draft: a plain decode step (n-gram lookup
     that matched in no row; a server decodes these without speculation)."""
+    first_token_seconds: list[float] = field(default_factory=list)
+    """Per prompt: seconds from the decode's start until its first token was out (its prefill done)."""
+    finish_seconds: list[float] = field(default_factory=list)
+    """Per prompt: seconds from the decode's start until its last token was out (the walk of its
+    last cycle done)."""
     rows_per_pass: list[int] = field(default_factory=list)
     """Rows in the batch at each of those passes, finished ones riding along included."""
     phase_seconds: dict[str, float] = field(default_factory=dict)
@@ -207,6 +212,7 @@ class SpecEngine:
         out: list[list[int]] = [[] for _ in prompts]
         gen = Generation(tokens=out)
         waiting = list(range(len(prompts)))
+        first_mark, last_mark = [0] * len(prompts), [0] * len(prompts)  # clock marks of each prompt's first, last token
         while True:
             finished = [b for b, done in enumerate(batch.done) if done]
             if finished and (continuous or len(finished) == len(batch.rows)):
@@ -215,13 +221,20 @@ class SpecEngine:
             if waiting and len(batch.rows) < slots:
                 joining, waiting = waiting[: slots - len(batch.rows)], waiting[slots - len(batch.rows):]
                 self._join(batch, joining, prompts, out, generator)
+                for i in joining:
+                    first_mark[i] = last_mark[i] = len(clock.marks)
                 clock.mark("prefill")
                 continue  # a prompt may be done at its first token
             if not batch.rows:
                 break
-            self._cycle(batch, prompts, out, gen, speculative, generator, clock)
+            ended, at = self._cycle(batch, prompts, out, gen, speculative, generator, clock)
+            for i in ended:
+                last_mark[i] = at
         gen.tokens = [self._trim(o) for o in out]
         gen.phase_seconds = clock.seconds()
+        times = clock.elapsed()
+        gen.first_token_seconds = [times[m] for m in first_mark]
+        gen.finish_seconds = [times[m] for m in last_mark]
         return gen
 
     def _join(self, batch: _Batch, joining: list[int], prompts, out, generator) -> None:
@@ -258,8 +271,10 @@ class SpecEngine:
             self.ngram.keep(keep.tolist())
         batch.keep(keep)
 
-    def _cycle(self, batch: _Batch, prompts, out, gen: Generation, speculative: bool, generator, clock) -> None:
-        """Draft, verify, walk and commit once for every row; then extend the drafter."""
+    def _cycle(self, batch: _Batch, prompts, out, gen: Generation, speculative: bool, generator,
+               clock) -> tuple[list[int], int]:
+        """Draft, verify, walk and commit once for every row; then extend the drafter. Returns the
+        prompts that ended in this cycle and the clock mark at which their last token was out."""
         dev = self.target.device
         rows = torch.arange(len(batch.rows), device=dev)
         done = batch.done  # updated in place as rows end
@@ -284,6 +299,7 @@ class SpecEngine:
         drafted = tree.drafted().tolist() if speculative else None
         if drafted is not None and not any(d for d, finished in zip(drafted, done) if not finished):
             gen.no_draft_passes += 1
+        ended = []
         for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
             if done[b]:
                 continue
@@ -292,12 +308,16 @@ class SpecEngine:
                 gen.draft_lengths.append(drafted[b])
             out[batch.rows[b]].extend(row[:n])
             done[b] = self._done(out[batch.rows[b]])
+            if done[b]:
+                ended.append(batch.rows[b])
+        at = len(clock.marks)
         clock.mark("accept")
         if batch.eagle:
             aux_path = aux.gather(1, path.clamp_min(0)[..., None].expand(-1, -1, aux.shape[-1]))
             batch.step0 = self.drafter.extend(nxt, aux_path, counts, self._step0_topk())
             clock.mark("extend")
         batch.root = bonus
+        return ended, at
 
 
 @dataclass

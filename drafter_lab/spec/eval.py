@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import statistics
 import time
 
 import torch
@@ -105,6 +107,7 @@ def evaluate(
     accept: list[int] = []
     verify_passes, no_draft_passes, decode_passes = 0, 0, 0
     live = {False: 0, True: 0}  # (row, pass)es of an unfinished row
+    requests = {False: {"ttft_ms": [], "tpot_ms": []}, True: {"ttft_ms": [], "tpot_ms": []}}
     phases: dict[bool, dict[str, float]] = {False: {}, True: {}}
     with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
         for chunk in batches:
@@ -113,6 +116,7 @@ def evaluate(
                 t0 = time.perf_counter()
                 g = engine.generate(chunk, speculative=speculative, generator=gens[speculative], slots=slots)
                 _sync(device)
+                _add_requests(requests[speculative], g, seconds[speculative])
                 seconds[speculative] += time.perf_counter() - t0
                 outputs[speculative].extend(g.tokens)
                 phases[speculative] = add_phases(phases[speculative], g.phase_seconds)
@@ -166,6 +170,8 @@ def evaluate(
         "phase_seconds": {"spec": phases[True], "baseline": phases[False]},
         "live_rows_per_pass": {"spec": live[True] / max(verify_passes, 1),
                                "baseline": live[False] / max(decode_passes, 1)},
+        "requests": {"spec": requests[True], "baseline": requests[False]},
+        "latency": latency(requests[True], requests[False]),
         "lossless_check": "identical" if temperature == 0 else "skipped: sampling (temperature > 0)",
         "prompts": len(prompts),
         "config": {
@@ -181,6 +187,29 @@ def evaluate(
         "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
         "torch": torch.__version__,
     }
+
+
+def _add_requests(into: dict[str, list[float]], g, before: float) -> None:
+    """Each prompt's time to first token and time per output token after it, in ms, as if every
+    prompt arrived when its side's first decode started (`before`: that side's seconds so far)."""
+    for tokens, first, last in zip(g.tokens, g.first_token_seconds, g.finish_seconds):
+        into["ttft_ms"].append(1e3 * (before + first))
+        if len(tokens) > 1:
+            into["tpot_ms"].append(1e3 * (last - first) / (len(tokens) - 1))
+
+
+def latency(spec: dict[str, list[float]], baseline: dict[str, list[float]]) -> dict:
+    """Median and p90 of each side's TTFT and TPOT, and how much faster the speculative median TPOT is."""
+    def summary(values: list[float]) -> dict[str, float | None]:
+        if not values:
+            return {"median": None, "p90": None}
+        ranked = sorted(values)
+        return {"median": statistics.median(ranked), "p90": ranked[math.ceil(0.9 * len(ranked)) - 1]}  # nearest rank
+
+    out = {side: {k: summary(v) for k, v in reqs.items()} for side, reqs in (("spec", spec), ("baseline", baseline))}
+    s, b = out["spec"]["tpot_ms"]["median"], out["baseline"]["tpot_ms"]["median"]
+    out["tpot_speedup"] = b / s if s and b else None
+    return out
 
 
 def draft_step_us(draft_seconds: float, verify_passes: int, steps: int) -> float:
@@ -212,6 +241,10 @@ def pool(sets: dict[str, dict]) -> dict:
         out["live_rows_per_pass"] = {
             side: sum(r["live_rows_per_pass"][side] * r[passes] for r in rs) / max(out[passes], 1)
             for side, passes in (("spec", "verify_passes"), ("baseline", "decode_passes"))}
+    if "requests" in out:
+        out["requests"] = {side: {k: [x for r in rs for x in r["requests"][side][k]] for k in ("ttft_ms", "tpot_ms")}
+                           for side in ("spec", "baseline")}
+        out["latency"] = latency(out["requests"]["spec"], out["requests"]["baseline"])
     if "phase_seconds" in out:
         out["phase_seconds"] = {side: functools.reduce(add_phases, (r["phase_seconds"][side] for r in rs), {})
                                 for side in ("spec", "baseline")}

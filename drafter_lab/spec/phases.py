@@ -31,14 +31,20 @@ class PhaseClock:
         """The time since the previous mark (or the start) was spent in `phase`."""
         self.marks.append((phase, self._now()))
 
-    def seconds(self) -> dict[str, float]:
-        """Total seconds per phase, in the order the phases first ran."""
+    def elapsed(self) -> list[float]:
+        """Seconds from the start to each mark, in order."""
+        if not self.marks:
+            return []
         if self.cuda:
             self.marks[-1][1].synchronize()
+        return [self.start.elapsed_time(t) / 1e3 if self.cuda else t - self.start for _, t in self.marks]
+
+    def seconds(self) -> dict[str, float]:
+        """Total seconds per phase, in the order the phases first ran."""
         out: dict[str, float] = {}
-        prev = self.start
-        for phase, t in self.marks:
-            out[phase] = out.get(phase, 0.0) + (prev.elapsed_time(t) / 1e3 if self.cuda else t - prev)
+        prev = 0.0
+        for (phase, _), t in zip(self.marks, self.elapsed()):
+            out[phase] = out.get(phase, 0.0) + t - prev
             prev = t
         return out
 

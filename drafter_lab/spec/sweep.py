@@ -68,15 +68,18 @@ def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Jou
 
 
 def format_sweep(results: list[dict]) -> str:
-    """One row per setting: served accept length and the tok/s of that setting's own run."""
+    """One row per setting: served accept length, the tok/s of that setting's own run and how much
+    faster its median request's time per output token is (local evals)."""
     head = f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'batch':>5} | {'served accept':>13} {'spec tok/s':>10} " \
-           f"{'target tok/s':>12} {'ratio':>6}"
+           f"{'target tok/s':>12} {'ratio':>6} {'TPOT ratio':>10}"
     lines = [head, "-" * len(head)]
     for r in results:
         c = r["config"]
+        tpot = r.get("latency", {}).get("tpot_speedup")
         lines.append(f"{_cell(c['steps']):>5} {_cell(c['topk']):>4} {_cell(c['draft_tokens']):>12} {batch_of(r):>5} | "
                      f"{r['served_accept_len']:>13.3f} {r['spec_tok_s']:>10.1f} {_cell(r.get('baseline_tok_s'), '.1f'):>12} "
-                     f"{_cell(r.get('speedup'), '.2f') + ('x' if 'speedup' in r else ''):>6}")
+                     f"{_cell(r.get('speedup'), '.2f') + ('x' if 'speedup' in r else ''):>6} "
+                     f"{_cell(tpot, '.2f') + ('x' if tpot else ''):>10}")
     if not all("speedup" in r for r in results):
         return "\n".join(lines + ["(no target-only tok/s: pass --baseline-server for the ratio)"])
     batches = sorted({batch_of(r) for r in results})

@@ -86,6 +86,27 @@ def test_continuous_batching_is_lossless_and_never_carries_a_finished_row(target
     assert set(static.rows_per_pass) == {len(prompts)} and sum(static.rows_per_pass) > len(static.accept_lengths)
 
 
+def test_each_prompt_is_timed_from_its_first_token_to_its_last(target, trained_drafter, prompts, monkeypatch):
+    """On a clock that ticks one second per reading: a static batch's first tokens all come out of one
+    prefill; one slot decodes the prompts one after another; every prompt ends at a cycle's walk."""
+    from drafter_lab.spec import phases
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(phases.time, "perf_counter", lambda: float(next(ticks)))
+    engine = SpecEngine(target, trained_drafter, SpecConfig(steps=3, max_new_tokens=12))
+    engine.eos = late_tokens(engine.generate(prompts, speculative=False).tokens, first=2)
+    static = engine.generate(prompts)
+    assert set(static.first_token_seconds) == {1.0}  # the prefill is the first mark
+    assert len(set(static.finish_seconds)) > 1 and min(static.finish_seconds) > 1
+    one = engine.generate(prompts, slots=1)
+    assert one.tokens == static.tokens
+    # marks: a prompt's prefill, then per cycle draft, verify, accept (its last token), extend; then
+    # the row leaves (accept) and the next prompt's prefill
+    for i in range(len(prompts)):
+        assert (one.finish_seconds[i] - one.first_token_seconds[i]) % 4 == 3
+        assert i == 0 or one.first_token_seconds[i] == one.finish_seconds[i - 1] + 3
+
+
 def test_continuous_batching_admits_a_prompt_done_at_its_first_token(target, random_drafter, prompts):
     """A prompt whose first token ends it leaves before any cycle; the rest decode as usual."""
     engine = SpecEngine(target, random_drafter, SpecConfig(steps=3, max_new_tokens=6))

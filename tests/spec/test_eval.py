@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 
 import pytest
 import torch
@@ -41,6 +42,23 @@ def test_evaluate_numbers(target, trained_drafter, conversations):
     assert list(base) == ["prefill", "verify", "accept"] and min(base.values()) > 0
     assert 0.8 * r["spec_seconds"] < sum(spec.values()) <= r["spec_seconds"]
     assert 0.8 * r["baseline_seconds"] < sum(base.values()) <= r["baseline_seconds"]
+    # Per request: every prompt's TTFT, and its TPOT over its 23 tokens after the first; the second
+    # batch waits for the first, so its TTFT counts that side's first batch too.
+    for side, seconds in (("spec", r["spec_seconds"]), ("baseline", r["baseline_seconds"])):
+        ttft, tpot = r["requests"][side]["ttft_ms"], r["requests"][side]["tpot_ms"]
+        assert len(ttft) == len(tpot) == 4 and ttft[0] == ttft[1] < ttft[2] == ttft[3] < 1e3 * seconds
+        assert all(0 < t < 1e3 * seconds / 23 for t in tpot)
+    lat = r["latency"]
+    assert lat["tpot_speedup"] == pytest.approx(lat["baseline"]["tpot_ms"]["median"] / lat["spec"]["tpot_ms"]["median"])
+
+
+def test_latency_summary_is_median_and_nearest_rank_p90():
+    spec = {"ttft_ms": [5.0], "tpot_ms": [float(x) for x in range(1, 21)]}
+    base = {"ttft_ms": [4.0, 6.0], "tpot_ms": []}
+    lat = spec_eval.latency(spec, base)
+    assert lat["spec"] == {"ttft_ms": {"median": 5.0, "p90": 5.0}, "tpot_ms": {"median": 10.5, "p90": 18.0}}
+    assert lat["baseline"] == {"ttft_ms": {"median": 5.0, "p90": 6.0}, "tpot_ms": {"median": None, "p90": None}}
+    assert lat["tpot_speedup"] is None
 
 
 def test_evaluate_tree_and_sampling(target, trained_drafter, conversations):
@@ -91,6 +109,7 @@ def test_cli_eval(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "served accept length" in text and "tok/s" in text and "lossless check: identical" in text
     assert "speculative cycle: prefill" in text and "target-only step:  prefill" in text and "+ decode" in text
+    assert "per request, ms (speculative / target only): TTFT median" in text and "faster per token" in text
     data = json.loads(out.read_text())
     assert data["served_accept_len"] > 1.5 and data["prompts"] == 6
     # The eval feeds the cost model: its histogram gives the accept length at depths 1..4.
@@ -118,6 +137,10 @@ def test_cli_eval_reports_each_prompt_set_then_pools_them(random_llama, drafter_
     assert pooled["accept_histogram"] == {k: sets["code"]["accept_histogram"][k] + sets["more"]["accept_histogram"][k]
                                           for k in pooled["accept_histogram"]}
     assert pooled["spec_tokens"] == pooled["baseline_tokens"] == 6 * 16
+    assert pooled["requests"]["spec"]["tpot_ms"] == (sets["code"]["requests"]["spec"]["tpot_ms"]
+                                                     + sets["more"]["requests"]["spec"]["tpot_ms"])
+    assert pooled["latency"]["spec"]["tpot_ms"]["median"] == pytest.approx(
+        statistics.median(pooled["requests"]["spec"]["tpot_ms"]))
     assert pooled["phase_seconds"]["spec"]["verify"] == pytest.approx(
         sets["code"]["phase_seconds"]["spec"]["verify"] + sets["more"]["phase_seconds"]["spec"]["verify"])
     # Batches of 3 never mix the two halves, so one eval of all six prompts decodes exactly the same.

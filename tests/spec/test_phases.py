@@ -19,6 +19,7 @@ def test_cpu_clock_charges_each_interval_to_the_phase_that_ends_it(monkeypatch):
         clock.mark(phase)
     assert clock.seconds() == {"prefill": 0.5, "verify": 0.75 + 1.5, "accept": 0.25}
     assert list(clock.seconds()) == ["prefill", "verify", "accept"]
+    assert clock.elapsed() == [0.5, 1.25, 1.5, 3.0]
 
 
 def test_add_keeps_every_phase_of_either():

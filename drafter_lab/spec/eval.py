@@ -8,7 +8,8 @@ requests), once target-only and once speculative. The prompt of a conversation i
 before its first assistant turn, rendered with the target's chat template plus the generation
 prompt. Each decode's wall time is also split by phase (prefill, draft, verify, accept, extend;
 `phases.PhaseClock`), which is where a cost model priced from measured parts (`bench verify`) and
-the measured tok/s part ways.
+the measured tok/s part ways, and each request is timed: its time to first token and its time per
+output token after that (TTFT, TPOT; every prompt arrives when its decode starts).
 """
 
 from __future__ import annotations

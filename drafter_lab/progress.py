@@ -42,17 +42,20 @@ def progress(description: str, total: int | None, every_s: float = 30.0):
         task = bar.add_task(description, total=total, status="")
         start = last = time.monotonic()
         done = 0
+        status = ""  # the fields last given, kept (as the live bar keeps them) until others come
 
         def line(status: str) -> None:
             of = f"/{total}" if total is not None else ""
             log(f"{description} {done}{of} [{time.monotonic() - start:.0f} s] {status}".rstrip())
 
         def advance(n: int = 1, **fields) -> None:
-            nonlocal done, last
-            status = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
-            bar.update(task, advance=n, **({"status": status} if fields else {}))
+            nonlocal done, last, status
+            if fields:
+                status = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
+            bar.update(task, advance=n, status=status)
             done += n
-            if not live and (time.monotonic() - last >= every_s or (total is not None and done >= total)):
+            finishing = n and total is not None and done >= total  # once: a later status-only call waits
+            if not live and (time.monotonic() - last >= every_s or finishing):
                 last = time.monotonic()
                 line(status)
 

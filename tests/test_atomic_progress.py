@@ -34,6 +34,12 @@ def test_progress_logs_lines_without_a_terminal(capsys):
     err = capsys.readouterr().err
     assert "stage 3/3" in err and "loss=1.25" in err  # the final line, always
     assert "stage 1/3" not in err  # nothing in between: every_s has not passed
+    with progress("again", 2, every_s=3600) as advance:
+        advance(loss=2.0)
+        advance()  # the fields last given stay on the line
+        advance(0, loss=1.0)  # a status after the end waits for every_s
+    err = capsys.readouterr().err
+    assert err.count("again 2/2") == 1 and "again 2/2 [0 s] loss=2" in err
 
 
 def test_safetensors_bytes_do_not_depend_on_the_process(tmp_path):

@@ -23,6 +23,7 @@ tensors, so a row leaving or joining copies them (a server's paged cache moves n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -186,13 +187,14 @@ class SpecEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, speculative: bool = True, generator=None,
-                 slots: int | None = None) -> Generation:
+                 slots: int | None = None, on_finish: Callable[[int], None] | None = None) -> Generation:
         """Decode tokenized prompts; greedy output is identical with and without speculation.
 
         slots=None decodes them as one static batch: every row stays until the last one ends (the
         finished ones commit nothing). With `slots`, continuous batching as a server runs it: at most
         `slots` rows in flight; a finished row leaves the batch and the next waiting prompt is
-        prefilled into its place before the next cycle.
+        prefilled into its place before the next cycle. `on_finish(n)` is called as n finished rows
+        leave the batch (a progress bar's advance).
         """
         if speculative and self.drafter is None and self.ngram is None:
             raise LabError("speculative decoding needs a drafter")
@@ -217,6 +219,8 @@ class SpecEngine:
             finished = [b for b, done in enumerate(batch.done) if done]
             if finished and (continuous or len(finished) == len(batch.rows)):
                 self._leave(batch, finished, prompts, out)
+                if on_finish is not None:
+                    on_finish(len(finished))
                 clock.mark("accept")
             if waiting and len(batch.rows) < slots:
                 joining, waiting = waiting[: slots - len(batch.rows)], waiting[slots - len(batch.rows):]

@@ -110,12 +110,13 @@ def evaluate(
     live = {False: 0, True: 0}  # (row, pass)es of an unfinished row
     requests = {False: {"ttft_ms": [], "tpot_ms": []}, True: {"ttft_ms": [], "tpot_ms": []}}
     phases: dict[bool, dict[str, float]] = {False: {}, True: {}}
-    with progress("eval (target-only, speculative)", total=2 * len(batches)) as advance:
+    with progress("eval (target-only, speculative): prompts", total=2 * len(prompts)) as advance:
         for chunk in batches:
             for speculative in (False, True):
                 _sync(device)
                 t0 = time.perf_counter()
-                g = engine.generate(chunk, speculative=speculative, generator=gens[speculative], slots=slots)
+                g = engine.generate(chunk, speculative=speculative, generator=gens[speculative], slots=slots,
+                                    on_finish=advance)
                 _sync(device)
                 _add_requests(requests[speculative], g, seconds[speculative])
                 seconds[speculative] += time.perf_counter() - t0
@@ -128,7 +129,7 @@ def evaluate(
                     accept.extend(g.accept_lengths)
                     verify_passes += g.verify_passes
                     no_draft_passes += g.no_draft_passes
-                advance(1, accept=sum(accept) / max(len(accept), 1))
+                advance(0, accept=sum(accept) / max(len(accept), 1))
 
     if temperature == 0:
         for i, (a, b) in enumerate(zip(outputs[False], outputs[True])):

@@ -78,8 +78,9 @@ def test_continuous_batching_is_lossless_and_never_carries_a_finished_row(target
     base = engine.generate(prompts, speculative=False)
     assert len({len(t) for t in base.tokens}) > 2 and min(map(len, base.tokens)) >= 3
     for speculative in (False, True):
-        g = engine.generate(prompts, speculative=speculative, slots=slots)
-        assert g.tokens == base.tokens
+        left = []
+        g = engine.generate(prompts, speculative=speculative, slots=slots, on_finish=left.append)
+        assert g.tokens == base.tokens and sum(left) == len(prompts) and len(left) > 1
         assert max(g.rows_per_pass) == min(g.rows_per_pass[0], slots) == slots
         assert sum(g.rows_per_pass) == len(g.accept_lengths)  # no finished row rides along
     static = engine.generate(prompts)

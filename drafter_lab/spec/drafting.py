@@ -97,14 +97,15 @@ class DrafterRunner:
         self.lens = self.lens + counts
         return last, d.to_target_ids(top), top_logp
 
-    def _chain_caches(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The caches a chain drafts into. The fused op takes them whole (contiguous) and reads each
-        row's own length; the reference attends to every slot it is given, so it gets views of the
-        slots this cycle can reach (written through)."""
-        if self.fused:
-            return self.k, self.v
+    def _reachable(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the cache slots a cycle of `steps` draft steps can reach (written through)."""
         S = int(self.lens.max()) + steps
         return self.k[:, :, :S], self.v[:, :, :S]
+
+    def _chain_caches(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The caches a chain drafts into. The fused op takes them whole (contiguous) and reads each
+        row's own length; the reference attends to every slot it is given, so it gets the reachable."""
+        return (self.k, self.v) if self.fused else self._reachable(steps)
 
     @torch.no_grad()
     def draft_tree(self, root, h0, ids0, logp0, steps: int, topk: int, draft_tokens: int) -> DraftTree:
@@ -120,9 +121,7 @@ class DrafterRunner:
         if K == 1:  # speculative entries land past lens, and the next extend overwrites them
             kc, vc = self._chain_caches(steps)
         else:
-            S = int(self.lens.max()) + steps
-            kc = self.k[:, :, :S].repeat_interleave(K, 0)
-            vc = self.v[:, :, :S].repeat_interleave(K, 0)
+            kc, vc = (t.repeat_interleave(K, 0) for t in self._reachable(steps))
         row0 = torch.arange(B, device=dev)[:, None] * K
         for depth in range(1, steps):
             pos = base + depth - 1

@@ -351,8 +351,9 @@ class _Batch:
             self.step0 = step0 if self.step0 is None else tuple(map(torch.cat, zip(self.step0, step0)))
 
     def keep(self, keep: torch.Tensor) -> None:
-        self.rows = [self.rows[b] for b in keep.tolist()]
-        self.done = [self.done[b] for b in keep.tolist()]
+        kept = keep.tolist()
+        self.rows = [self.rows[b] for b in kept]
+        self.done = [self.done[b] for b in kept]
         self.root = self.root[keep]
         if self.step0 is not None:
             self.step0 = tuple(t[keep] for t in self.step0)

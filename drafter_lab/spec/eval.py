@@ -107,7 +107,7 @@ def evaluate(
     seconds = {False: 0.0, True: 0.0}
     accept: list[int] = []
     verify_passes, no_draft_passes, decode_passes = 0, 0, 0
-    live = {False: 0, True: 0}  # (row, pass)es of an unfinished row
+    decode_rows = 0  # (row, pass)es of an unfinished row, target-only (speculative: one accept length each)
     requests = {False: {"ttft_ms": [], "tpot_ms": []}, True: {"ttft_ms": [], "tpot_ms": []}}
     phases: dict[bool, dict[str, float]] = {False: {}, True: {}}
     with progress("eval (target-only, speculative): prompts", total=2 * len(prompts)) as advance:
@@ -122,9 +122,9 @@ def evaluate(
                 seconds[speculative] += time.perf_counter() - t0
                 outputs[speculative].extend(g.tokens)
                 phases[speculative] = add_phases(phases[speculative], g.phase_seconds)
-                live[speculative] += len(g.accept_lengths)
                 if not speculative:
                     decode_passes += g.verify_passes
+                    decode_rows += len(g.accept_lengths)
                 else:
                     accept.extend(g.accept_lengths)
                     verify_passes += g.verify_passes
@@ -170,8 +170,8 @@ def evaluate(
         "spec_tokens": tokens[True],
         "baseline_tokens": tokens[False],
         "phase_seconds": {"spec": phases[True], "baseline": phases[False]},
-        "live_rows_per_pass": {"spec": live[True] / max(verify_passes, 1),
-                               "baseline": live[False] / max(decode_passes, 1)},
+        "live_rows_per_pass": {"spec": len(accept) / max(verify_passes, 1),
+                               "baseline": decode_rows / max(decode_passes, 1)},
         "requests": {"spec": requests[True], "baseline": requests[False]},
         "latency": latency(requests[True], requests[False]),
         "lossless_check": "identical" if temperature == 0 else "skipped: sampling (temperature > 0)",

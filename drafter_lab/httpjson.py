@@ -2,27 +2,30 @@
 failures as one line.
 
 Connection errors and 5xx answers are retried 1, 2, 4, ... s apart (a server under load or still
-starting); 4xx answers and non-JSON bodies are not. What retries do not cure is a LabError that
-names the URL.
+starting); 4xx answers and non-JSON bodies are not. A streamed answer (server-sent events, as
+SGLang's and vLLM's `"stream": true` send) is retried only until it starts: a stream that breaks
+off would otherwise be decoded twice. What retries do not cure is a LabError that names the URL.
 """
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 from drafter_lab.errors import LabError
 
 
-def _request(url: str, data: bytes | None, timeout_s: float, retries: int) -> bytes:
+def _open(url: str, data: bytes | None, timeout_s: float, retries: int):
+    """The open response (to be closed by the caller), once the server answered 2xx."""
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     for attempt in itertools.count():
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as r:
-                return r.read()
+            return urllib.request.urlopen(request, timeout=timeout_s)
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace").strip().replace("\n", " ")[:200]
             if e.code < 500 or attempt == retries:
@@ -32,6 +35,11 @@ def _request(url: str, data: bytes | None, timeout_s: float, retries: int) -> by
                 reason = getattr(e, "reason", e)
                 raise LabError(f"cannot reach the server ({reason}) after {retries + 1} tries", url) from None
         time.sleep(2**attempt)
+
+
+def _request(url: str, data: bytes | None, timeout_s: float, retries: int) -> bytes:
+    with _open(url, data, timeout_s, retries) as r:
+        return r.read()
 
 
 def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0, retries: int = 3):
@@ -46,3 +54,31 @@ def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0
 def request_text(url: str, *, timeout_s: float = 600.0, retries: int = 3) -> str:
     """GET `url` as text (e.g. Prometheus /metrics)."""
     return _request(url, None, timeout_s, retries).decode(errors="replace")
+
+
+def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int = 3) -> Iterator[tuple[float, object]]:
+    """POST `body` and yield (time.perf_counter() at its arrival, decoded JSON) for each server-sent
+    event's `data:` line, until `data: [DONE]` or the end of the answer. An event that carries an
+    "error" (SGLang and vLLM report a failure after the stream began that way), is not JSON, or a
+    stream that breaks off or stalls past `timeout_s`, is a LabError."""
+    with _open(url, json.dumps(body).encode(), timeout_s, retries) as r:
+        try:
+            for raw in r:
+                line = raw.strip()
+                if not line.startswith(b"data:"):  # blank separators, comments, event names
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    raise LabError(f"server sent an event that is not JSON: {data[:200].decode(errors='replace')}",
+                                   url) from None
+                if isinstance(event, dict) and (event.get("error") or event.get("object") == "error"):
+                    detail = event.get("error") or event.get("message")
+                    raise LabError(f"server reported an error mid-stream: {str(detail)[:200]}", url)
+                yield time.perf_counter(), event
+        except (http.client.HTTPException, ConnectionError, TimeoutError) as e:
+            raise LabError(f"the stream broke off ({e or type(e).__name__})", url) from None
+    raise LabError("the stream ended before `data: [DONE]`", url)

@@ -70,3 +70,35 @@ def test_what_retries_do_not_cure_is_one_line(server):
     closed = "http://127.0.0.1:9/x"  # the discard port: nothing listens
     with pytest.raises(LabError, match=rf"^{closed}: cannot reach the server .* after 3 tries$"):
         httpjson.request_json(closed, retries=2)
+
+
+def _events(*lines: str) -> bytes:
+    return "".join(f"{line}\n\n" for line in lines).encode()
+
+
+def test_a_stream_yields_each_event_with_its_arrival_time(server):
+    url, script, seen = server
+    script += [(503, b"warming up"),
+               (200, _events('data: {"n": 1}', ": a comment", "event: ping", 'data:{"n": 2}', "data: [DONE]",
+                             'data: {"n": 3}'))]
+    events = list(httpjson.stream_json(url + "/generate", {"stream": True}, retries=1))
+    assert [e for _, e in events] == [{"n": 1}, {"n": 2}]  # nothing after [DONE]
+    assert events[0][0] <= events[1][0]
+    assert seen == ["POST", "POST"]  # a 5xx before the stream began is retried
+
+
+def test_a_stream_that_fails_midway_is_one_line(server):
+    url, script, seen = server
+    script += [(200, _events('data: {"n": 1}', 'data: {"error": {"message": "out of memory"}}', "data: [DONE]"))]
+    with pytest.raises(LabError, match=rf"^{url}/g: server reported an error mid-stream: .*out of memory"):
+        list(httpjson.stream_json(url + "/g", {}))
+    script += [(200, _events('data: {"object": "error", "message": "bad prompt"}'))]
+    with pytest.raises(LabError, match="error mid-stream: bad prompt$"):
+        list(httpjson.stream_json(url + "/g", {}))
+    script += [(200, _events("data: <html>"))]
+    with pytest.raises(LabError, match="server sent an event that is not JSON: <html>$"):
+        list(httpjson.stream_json(url + "/g", {}))
+    script += [(200, _events('data: {"n": 1}'))]  # the connection closed before [DONE]
+    with pytest.raises(LabError, match=r"the stream ended before `data: \[DONE\]`$"):
+        list(httpjson.stream_json(url + "/g", {}))
+    assert len(seen) == 4  # a stream that began is never sent again

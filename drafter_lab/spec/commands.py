@@ -321,6 +321,10 @@ def format_served(r: dict) -> str:
                   f"greedy outputs against the baseline server: {r['lossless_check']}"]
     else:
         lines.append(f"tok/s: speculative {r['spec_tok_s']:.1f} (no --baseline-server to compare with)")
+    chunks = {side: sum(r["requests"][side]["chunks"]) for side in ("spec", "baseline")}
+    lines += [*_latency_lines(r["latency"], "baseline server"),
+              f"streamed tokens per event: speculative {r['spec_tokens'] / chunks['spec']:.2f}"
+              + (f", baseline server {r['baseline_tokens'] / chunks['baseline']:.2f}" if chunks["baseline"] else "")]
     return "\n".join(lines)
 
 
@@ -347,13 +351,13 @@ def format_eval(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _latency_lines(lat: dict) -> list[str]:
-    """Per request, speculative / target only (every prompt arriving as its side's decode starts)."""
+def _latency_lines(lat: dict, baseline: str = "target only") -> list[str]:
+    """Per request, speculative / the baseline."""
     def pair(key: str, stat: str) -> str:
         return " / ".join("-" if lat[side][key][stat] is None else f"{lat[side][key][stat]:.2f}"
                           for side in ("spec", "baseline"))
 
-    return [f"per request, ms (speculative / target only): TTFT median {pair('ttft_ms', 'median')}, "
+    return [f"per request, ms (speculative / {baseline}): TTFT median {pair('ttft_ms', 'median')}, "
             f"p90 {pair('ttft_ms', 'p90')}; TPOT median {pair('tpot_ms', 'median')}, p90 {pair('tpot_ms', 'p90')}"
             + (f" ({lat['tpot_speedup']:.2f}x faster per token)" if lat["tpot_speedup"] else "")]
 

@@ -191,13 +191,19 @@ def evaluate(
     }
 
 
+def add_request(into: dict[str, list[float]], ttft_s: float, decode_s: float, tokens: int) -> None:
+    """One request's time to first token and, past one token, its time per output token after the
+    first (`decode_s`: seconds from its first token to its last), in ms."""
+    into["ttft_ms"].append(1e3 * ttft_s)
+    if tokens > 1:
+        into["tpot_ms"].append(1e3 * decode_s / (tokens - 1))
+
+
 def _add_requests(into: dict[str, list[float]], g, before: float) -> None:
-    """Each prompt's time to first token and time per output token after it, in ms, as if every
-    prompt arrived when its side's first decode started (`before`: that side's seconds so far)."""
+    """Every prompt of a decode, as if it arrived when its side's first decode started (`before`:
+    that side's seconds so far)."""
     for tokens, first, last in zip(g.tokens, g.first_token_seconds, g.finish_seconds):
-        into["ttft_ms"].append(1e3 * (before + first))
-        if len(tokens) > 1:
-            into["tpot_ms"].append(1e3 * (last - first) / (len(tokens) - 1))
+        add_request(into, before + first, last - first, len(tokens))
 
 
 def latency(spec: dict[str, list[float]], baseline: dict[str, list[float]]) -> dict:
@@ -208,7 +214,8 @@ def latency(spec: dict[str, list[float]], baseline: dict[str, list[float]]) -> d
         ranked = sorted(values)
         return {"median": statistics.median(ranked), "p90": ranked[math.ceil(0.9 * len(ranked)) - 1]}  # nearest rank
 
-    out = {side: {k: summary(v) for k, v in reqs.items()} for side, reqs in (("spec", spec), ("baseline", baseline))}
+    out = {side: {k: summary(reqs[k]) for k in ("ttft_ms", "tpot_ms")}
+           for side, reqs in (("spec", spec), ("baseline", baseline))}
     s, b = out["spec"]["tpot_ms"]["median"], out["baseline"]["tpot_ms"]["median"]
     out["tpot_speedup"] = b / s if s and b else None
     return out
@@ -244,7 +251,7 @@ def pool(sets: dict[str, dict]) -> dict:
             side: sum(r["live_rows_per_pass"][side] * r[passes] for r in rs) / max(out[passes], 1)
             for side, passes in (("spec", "verify_passes"), ("baseline", "decode_passes"))}
     if "requests" in out:
-        out["requests"] = {side: {k: [x for r in rs for x in r["requests"][side][k]] for k in ("ttft_ms", "tpot_ms")}
+        out["requests"] = {side: {k: [x for r in rs for x in r["requests"][side][k]] for k in out["requests"][side]}
                            for side in ("spec", "baseline")}
         out["latency"] = latency(out["requests"]["spec"], out["requests"]["baseline"])
     if "phase_seconds" in out:

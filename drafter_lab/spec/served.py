@@ -16,6 +16,11 @@ per verify step, bonus included):
   exactly j = accepted at position j-1 minus accepted at position j. The counters are the whole
   server's, so nothing else may use it while the eval runs.
 
+Requests are streamed (`"stream": true`, as SGLang's and vLLM's bench_serving send them), so each
+one's TTFT (from sending it to its first token; requests beyond --concurrency wait in the client,
+as with bench_serving's --max-concurrency) and TPOT (from its first token to its last, per token
+after the first) are measured as a user sees them, with the events that carried tokens counted.
+
 With a baseline server (the same target served without speculation) the same prompts run there
 too, so both tok/s come from the same run, and greedy outputs are compared; a serving engine's
 batching need not be bitwise deterministic, so a difference is reported, not raised.
@@ -29,9 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import request_json, request_text
+from drafter_lab.httpjson import request_json, request_text, stream_json
 from drafter_lab.progress import progress
-from drafter_lab.spec.eval import WARMUP_TOKENS, first_difference, render_prompts
+from drafter_lab.spec.eval import WARMUP_TOKENS, add_request, first_difference, latency, render_prompts
 
 ENGINES = ("sglang", "vllm")
 
@@ -69,6 +74,59 @@ class Answer:
     """Tokens generated."""
     meta: dict
     """SGLang's meta_info ({} for vLLM)."""
+    first_s: float
+    """Seconds from sending the request to its first token (its TTFT)."""
+    last_s: float
+    """Seconds from sending the request to its last token."""
+    chunks: int
+    """Streamed events that carried tokens (one per verify step where the server streams every step)."""
+
+
+def _answer(output: list | str, tokens: int, meta: dict, start: float, stamps: list[float], endpoint: str) -> Answer:
+    if not stamps:
+        raise LabError("the streamed answer carried no tokens", endpoint)
+    return Answer(output, tokens, meta, stamps[0] - start, stamps[-1] - start, len(stamps))
+
+
+def sglang_answer(events, start: float, endpoint: str) -> Answer:
+    """One streamed `/generate` answer from (arrival time, event)s. Every event carries the
+    cumulative meta_info.completion_tokens and the output ids so far, or only the new ones where the
+    server runs with --incremental-streaming-output; the speculative counts come with the last."""
+    ids: list[int] = []
+    meta: dict = {}
+    stamps: list[float] = []
+    for at, event in events:
+        try:
+            meta, new, count = event["meta_info"], list(event["output_ids"]), int(event["meta_info"]["completion_tokens"])
+        except (KeyError, TypeError, ValueError):
+            raise LabError(f"streamed event has no output_ids and meta_info.completion_tokens: {str(event)[:200]}",
+                           endpoint) from None
+        if count > len(ids):
+            ids = new if len(new) == count else ids + new
+            stamps.append(at)
+    return _answer(ids, len(ids), meta, start, stamps, endpoint)
+
+
+def vllm_answer(events, start: float, endpoint: str) -> Answer:
+    """One streamed `/v1/completions` answer from (arrival time, event)s: each event with a choice
+    carries new tokens (their text, which may be empty), the last the usage."""
+    text: list[str] = []
+    tokens, stamps = None, []
+    for at, event in events:
+        if not isinstance(event, dict):
+            raise LabError(f"streamed event is not an object: {str(event)[:200]}", endpoint)
+        if event.get("choices"):
+            try:
+                text.append(str(event["choices"][0].get("text") or ""))
+            except (AttributeError, TypeError):
+                raise LabError(f"streamed event has no choices[0].text: {str(event)[:200]}", endpoint) from None
+            stamps.append(at)
+        if isinstance(event.get("usage"), dict) and "completion_tokens" in event["usage"]:
+            tokens = int(event["usage"]["completion_tokens"])
+    if tokens is None:
+        raise LabError("the stream ended without usage.completion_tokens (asked for with "
+                       "stream_options.include_usage)", endpoint)
+    return _answer("".join(text), tokens, {}, start, stamps, endpoint)
 
 
 class SGLang:
@@ -85,14 +143,10 @@ class SGLang:
         return {k: v for k, v in info.items() if k.startswith("speculative_")} if isinstance(info, dict) else {}
 
     def generate(self, ids: list[int], max_new_tokens: int) -> Answer:
-        endpoint = self.url + "/generate"
-        answer = request_json(endpoint, {"input_ids": ids, "sampling_params": {
+        endpoint, start = self.url + "/generate", time.perf_counter()
+        return sglang_answer(stream_json(endpoint, {"input_ids": ids, "stream": True, "sampling_params": {
             "temperature": self.cfg.temperature, "max_new_tokens": max_new_tokens}},
-            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries)
-        if not isinstance(answer, dict) or not isinstance(answer.get("meta_info"), dict):
-            raise LabError(f"answer has no meta_info: {str(answer)[:200]}", endpoint)
-        meta = answer["meta_info"]
-        return Answer(answer.get("output_ids", answer.get("text")), int(meta["completion_tokens"]), meta)
+            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries), start, endpoint)
 
     def start_counting(self) -> None:
         pass
@@ -145,15 +199,12 @@ class VLLM:
         return {"model": self._model()}
 
     def generate(self, ids: list[int], max_new_tokens: int) -> Answer:
-        endpoint = self.url + "/v1/completions"
-        answer = request_json(endpoint, {"model": self._model(), "prompt": ids, "max_tokens": max_new_tokens,
-                                         "temperature": self.cfg.temperature},
-                              timeout_s=self.cfg.timeout_s, retries=self.cfg.retries)
-        try:
-            return Answer(answer["choices"][0]["text"], int(answer["usage"]["completion_tokens"]), {})
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise LabError(f"answer has no choices[0].text and usage.completion_tokens: {str(answer)[:200]}",
-                           endpoint) from None
+        endpoint, model = self.url + "/v1/completions", self._model()
+        start = time.perf_counter()
+        return vllm_answer(stream_json(endpoint, {
+            "model": model, "prompt": ids, "max_tokens": max_new_tokens, "temperature": self.cfg.temperature,
+            "stream": True, "stream_options": {"include_usage": True}},
+            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries), start, endpoint)
 
     def _counters(self) -> dict:
         return vllm_counters(request_text(self.url + "/metrics", timeout_s=self.cfg.timeout_s,
@@ -191,6 +242,14 @@ def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bo
             advance(1)
         seconds = time.perf_counter() - start
     return answers, seconds
+
+
+def _requests(answers: list[Answer]) -> dict[str, list[float]]:
+    """Each request's TTFT and TPOT in ms, and the streamed events that carried its tokens."""
+    out = {"ttft_ms": [], "tpot_ms": [], "chunks": [a.chunks for a in answers]}
+    for a in answers:
+        add_request(out, a.first_s, a.last_s - a.first_s, a.tokens)
+    return out
 
 
 def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | None]:
@@ -235,6 +294,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
     if hist is not None and steps is not None:  # every depth the server could reach, zeros included
         hist = {str(n): hist.get(str(n), 0) for n in range(1, max(int(steps) + 2, len(hist) + 1))}
     tokens = sum(a.tokens for a in answers)
+    requests = {"spec": _requests(answers), "baseline": _requests([])}
     result = {
         "served_accept_len": accept,
         "accept_length_kind": "served: tokens emitted per verify step, bonus included",
@@ -244,6 +304,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
         "spec_seconds": seconds,
         "spec_tokens": tokens,
         "prompts": len(prompts),
+        "requests": requests,
         "engine": cfg.engine,
         "server": cfg.url,
         "server_settings": settings,
@@ -256,11 +317,13 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
     if cfg.baseline_url is not None:
         base, base_seconds = _decode(engine(cfg.baseline_url, cfg), prompts, cfg, speculative=False)
         base_tokens = sum(a.tokens for a in base)
+        requests["baseline"] = _requests(base)
         result.update(baseline_server=cfg.baseline_url, baseline_tok_s=base_tokens / base_seconds,
                       baseline_seconds=base_seconds, baseline_tokens=base_tokens,
                       speedup=result["spec_tok_s"] / (base_tokens / base_seconds))
         result["lossless_check"] = _compare([a.output for a in base], [a.output for a in answers], conversations,
                                             cfg.temperature)
+    result["latency"] = latency(requests["spec"], requests["baseline"])
     return result
 
 

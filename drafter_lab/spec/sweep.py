@@ -69,7 +69,7 @@ def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Jou
 
 def format_sweep(results: list[dict]) -> str:
     """One row per setting: served accept length, the tok/s of that setting's own run and how much
-    faster its median request's time per output token is (local evals)."""
+    faster its median request's time per output token is."""
     head = f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'batch':>5} | {'served accept':>13} {'spec tok/s':>10} " \
            f"{'target tok/s':>12} {'ratio':>6} {'TPOT ratio':>10}"
     lines = [head, "-" * len(head)]

@@ -1,11 +1,17 @@
 """A server that answers SGLang's or vLLM's API over the lab's own engine, for the served-eval tests:
 a real HTTP server in its own process, decoding each request with `SpecEngine` (one at a time).
 
-- sglang: `POST /generate` ({"input_ids", "sampling_params"}) answers `output_ids` and SGLang's
-  `meta_info` (completion_tokens; with a drafter, spec_verify_ct and spec_accept_histogram, the
-  verify steps that accepted 0, 1, 2, ... drafts); `GET /get_server_info` the speculative settings.
-- vllm: `POST /v1/completions` (token-id prompt) answers text and usage; `GET /v1/models` the model;
-  `GET /metrics` Prometheus counters of drafts, accepted tokens and accepted tokens per position.
+- sglang: `POST /generate` ({"input_ids", "sampling_params", "stream": true}) streams `output_ids`
+  so far and SGLang's `meta_info` (completion_tokens so far; on the last event, with a drafter,
+  spec_verify_ct and spec_accept_histogram, the verify steps that accepted 0, 1, 2, ... drafts);
+  `GET /get_server_info` the speculative settings.
+- vllm: `POST /v1/completions` (token-id prompt, "stream": true) streams the new text, then the
+  usage where stream_options.include_usage asks for it; `GET /v1/models` the model; `GET /metrics`
+  Prometheus counters of drafts, accepted tokens and accepted tokens per position.
+
+Answers are server-sent events, one per verify step as the engines stream them (the first token,
+from prefill, alone; one per token without a drafter). The engine decodes first and the events are
+replayed after, so their times say nothing.
 
 Without a drafter ("-") it is the baseline server. The bound port is written to PORT_FILE once it
 listens.
@@ -38,26 +44,42 @@ def decode(ids: list[int], temperature: float, max_new_tokens: int):
                                                      generator=torch.Generator().manual_seed(0))
 
 
-def sglang_generate(req: dict) -> dict:
+def step_ends(g) -> list[int]:
+    """How many tokens the answer has after each step: the first token, then each verify step's."""
+    ends = [1]
+    for n in g.accept_lengths if drafter is not None else [1] * (len(g.tokens[0]) - 1):
+        ends.append(min(ends[-1] + n, len(g.tokens[0])))  # max_new_tokens cuts the last step short
+    return sorted(set(ends))
+
+
+def sglang_generate(req: dict) -> list[dict]:
     params = req["sampling_params"]
     g = decode(req["input_ids"], params["temperature"], params["max_new_tokens"])
     meta = {"completion_tokens": len(g.tokens[0])}
     if drafter is not None:
         meta["spec_verify_ct"] = len(g.accept_lengths)
         meta["spec_accept_histogram"] = [g.accept_lengths.count(n + 1) for n in range(max(g.accept_lengths, default=0))]
-    return {"output_ids": g.tokens[0], "meta_info": meta}
+    ends = step_ends(g)
+    return [{"output_ids": g.tokens[0][:e], "meta_info": meta if e == ends[-1] else {"completion_tokens": e}}
+            for e in ends]
 
 
-def vllm_completions(req: dict) -> dict:
+def vllm_completions(req: dict) -> list[dict]:
     g = decode(req["prompt"], req["temperature"], req["max_tokens"])
     for n in g.accept_lengths:  # n - 1 drafts accepted, a prefix of the chain
         counters["drafts"] += 1
         counters["accepted"] += n - 1
         for j in range(n - 1):
             counters["per_pos"][j] += 1
-    text = target.tokenizer.decode(g.tokens[0], skip_special_tokens=True)
-    return {"object": "text_completion", "model": req["model"], "choices": [{"index": 0, "text": text}],
-            "usage": {"completion_tokens": len(g.tokens[0])}}
+    events, sent, ends = [], "", step_ends(g)
+    for e in ends:
+        now = target.tokenizer.decode(g.tokens[0][:e], skip_special_tokens=True)
+        delta = "" if now.endswith("\ufffd") and e != ends[-1] else now[len(sent):]  # hold back a split character
+        sent += delta
+        events.append({"object": "text_completion", "choices": [{"index": 0, "text": delta}], "usage": None})
+    if req.get("stream_options", {}).get("include_usage"):
+        events.append({"object": "text_completion", "choices": [], "usage": {"completion_tokens": len(g.tokens[0])}})
+    return events
 
 
 def metrics() -> str:
@@ -94,11 +116,19 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._answer(GET[self.path]())
 
+    def _stream(self, events: list) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()  # no length: the answer ends as the connection closes
+        for event in [*map(json.dumps, events), "[DONE]"]:
+            self.wfile.write(f"data: {event}\n\n".encode())
+            self.wfile.flush()
+
     def do_POST(self):
         if self.path not in POST:
             self.send_error(404)
             return
-        self._answer(POST[self.path](json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+        self._stream(POST[self.path](json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
 
     def log_message(self, *args):
         pass

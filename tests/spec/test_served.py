@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from drafter_lab.cli import main
-from drafter_lab.spec.served import acceptance, vllm_counters
+from drafter_lab.errors import LabError
+from drafter_lab.spec.served import acceptance, sglang_answer, vllm_answer, vllm_counters
 
 SERVER = Path(__file__).with_name("spec_server.py")
 STEPS = 4
@@ -60,6 +61,15 @@ def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file
     assert served["lossless_check"] == "identical" and served["speedup"] > 0
     assert served["config"]["drafting"] == "chain" and served["config"]["steps"] == STEPS
     assert served["config"]["draft_tokens"] == local["config"]["draft_tokens"] == STEPS  # the root not counted
+    # Streamed: each request timed, its first token in an event of its own, then one event per verify
+    # step (per token on the baseline server).
+    requests = served["requests"]
+    assert all(len(requests[side]["ttft_ms"]) == served["prompts"] for side in ("spec", "baseline"))
+    assert sum(requests["spec"]["chunks"]) == served["prompts"] + served["verify_steps"]
+    assert sum(requests["baseline"]["chunks"]) == served["baseline_tokens"]
+    assert served["latency"]["tpot_speedup"] > 0 and "baseline server): TTFT median" in text
+    tokens_per_event = served["spec_tokens"] / sum(requests["spec"]["chunks"])
+    assert f"streamed tokens per event: speculative {tokens_per_event:.2f}, baseline server 1.00" in text
     # Its histogram gives the cost model's draft-steps table, as a local chain eval's does.
     assert main(["costmodel", "--inputs", str(tmp_path / "served.json"), "--json", str(tmp_path / "cm.json")]) == 0
     rows = json.loads((tmp_path / "cm.json").read_text())["steps_table"]
@@ -91,6 +101,36 @@ def test_accept_length_without_a_histogram_leaves_out_the_prefill_token():
     hist = [{"completion_tokens": 4, "spec_verify_ct": 2, "spec_accept_histogram": [1, 0, 1]},
             {"completion_tokens": 3, "spec_verify_ct": 1, "spec_accept_histogram": [0, 1]}]
     assert acceptance(hist, "url") == (2.0, 3, {"1": 1, "2": 1, "3": 1})
+
+
+def test_a_streamed_sglang_answer_is_timed_from_its_events():
+    """Output ids come so far (SGLang's default) or new only (--incremental-streaming-output): the
+    same answer, timed from its first event with tokens to its last."""
+    ids = [[7], [7, 8, 9], [7, 8, 9], [7, 8, 9, 4]]
+    metas = [{"completion_tokens": len(i)} for i in ids]
+    metas[-1]["spec_verify_ct"] = 2
+    times = [10.5, 10.75, 11.0, 11.5]
+    cumulative = [(t, {"output_ids": i, "meta_info": m}) for t, i, m in zip(times, ids, metas)]
+    incremental = [(t, {"output_ids": i[len(before):], "meta_info": m})
+                   for t, i, before, m in zip(times, ids, [[], *ids], metas)]
+    for events in (cumulative, incremental):
+        a = sglang_answer(events, 10.0, "u")
+        assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ([7, 8, 9, 4], 4, 0.5, 1.5, 3)
+        assert a.meta["spec_verify_ct"] == 2  # the speculative counts come with the last event
+    with pytest.raises(LabError, match="^u: streamed event has no output_ids and meta_info.completion_tokens"):
+        sglang_answer([(1.0, {"text": "hi"})], 0.0, "u")
+    with pytest.raises(LabError, match="^u: the streamed answer carried no tokens$"):
+        sglang_answer([], 0.0, "u")
+
+
+def test_a_streamed_vllm_answer_counts_its_usage():
+    events = [(2.25, {"choices": [{"text": "He"}], "usage": None}), (2.5, {"choices": [{"text": "llo"}]}),
+              (3.0, {"choices": [{"text": ""}]}),  # the eos: a token with no text
+              (3.5, {"choices": [], "usage": {"completion_tokens": 4}})]
+    a = vllm_answer(events, 2.0, "u")
+    assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ("Hello", 4, 0.25, 1.0, 3)
+    with pytest.raises(LabError, match=r"^u: the stream ended without usage.completion_tokens"):
+        vllm_answer(events[:-1], 2.0, "u")
 
 
 def test_vllm_counters_sum_label_sets_and_ignore_the_rest():

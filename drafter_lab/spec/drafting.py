@@ -109,7 +109,8 @@ class DrafterRunner:
 
     @torch.no_grad()
     def draft_tree(self, root, h0, ids0, logp0, steps: int, topk: int, draft_tokens: int) -> DraftTree:
-        """Greedy drafting (chain when topk == 1): S draft steps from step 0's (h0, ids0, logp0)."""
+        """Greedy tree drafting: S draft steps from step 0's (h0, ids0, logp0). A chain gives the same
+        tree with topk 1, but `draft_chain` drafts it without the beam and candidate bookkeeping."""
         d = self.drafter
         B, K = root.shape[0], topk
         dev = root.device
@@ -118,10 +119,7 @@ class DrafterRunner:
         beam_idx = cands.add(beam_tok, beam_score, torch.full_like(beam_tok, -1), depth=1).expand(B, K)
         hidden = h0.repeat_interleave(K, 0)
         base = self.lens.repeat_interleave(K)
-        if K == 1:  # speculative entries land past lens, and the next extend overwrites them
-            kc, vc = self._chain_caches(steps)
-        else:
-            kc, vc = (t.repeat_interleave(K, 0) for t in self._reachable(steps))
+        kc, vc = (t.repeat_interleave(K, 0) for t in self._reachable(steps))  # a copy per beam node
         row0 = torch.arange(B, device=dev)[:, None] * K
         for depth in range(1, steps):
             pos = base + depth - 1
@@ -137,27 +135,32 @@ class DrafterRunner:
             beam_idx = child_idx[pick]
             rows = (row0 + pick // K).reshape(-1)
             hidden = h[rows]
-            if K > 1:
-                kc, vc = kc[rows], vc[rows]
+            kc, vc = kc[rows], vc[rows]
         return cands.select(root, draft_tokens)
 
     @torch.no_grad()
-    def draft_chain_sampled(self, root, h0, ids0, logp0, steps: int, temperature: float, generator, vocab: int):
-        """A chain whose tokens are drawn from the drafter's renormalised top-k distribution q at
-        `temperature`; q is kept per node for the accept/resample test."""
+    def draft_chain(self, root, h0, ids0, logp0, steps: int, temperature: float = 0.0, generator=None,
+                    vocab: int = 0) -> DraftTree:
+        """A chain of `steps` tokens from step 0's (h0, ids0, logp0): each the drafter's top-1 at
+        temperature 0, else drawn from its renormalised top-k distribution q at `temperature`, with
+        q kept per node for the accept/resample test. Its speculative cache entries land past
+        `lens`, and the next extend overwrites them."""
         d = self.drafter
         B, k = ids0.shape
-        qs = [torch.zeros(B, vocab, device=root.device)]  # the root has no proposal
+        qs = [torch.zeros(B, vocab, device=root.device)] if temperature > 0 else None  # the root has no proposal
         toks = []
         hidden, ids, lp = h0, ids0, logp0
         caches = self._chain_caches(steps)
         for depth in range(1, steps + 1):
-            q = torch.softmax(lp / temperature, -1)
-            tok = ids.gather(1, torch.multinomial(q, 1, generator=generator))[:, 0]
+            if qs is None:
+                tok = ids[:, 0]
+            else:
+                q = torch.softmax(lp / temperature, -1)
+                tok = ids.gather(1, torch.multinomial(q, 1, generator=generator))[:, 0]
+                qs.append(scatter_dist(ids, q, vocab))
             toks.append(tok)
-            qs.append(scatter_dist(ids, q, vocab))
             if depth == steps:
                 break
             pos = self.lens + depth - 1
             hidden, ids, lp = self.step(d.embed(tok), hidden, pos, *caches, pos, k)
-        return chain(root, torch.stack(toks, 1), torch.stack(qs, 1))
+        return chain(root, torch.stack(toks, 1), None if qs is None else torch.stack(qs, 1))

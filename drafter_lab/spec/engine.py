@@ -171,8 +171,8 @@ class SpecEngine:
         c = self.cfg
         if self.ngram is not None:
             return self.ngram.draft(root, histories, c.steps, c.topk, c.tree_tokens, self.pad_id)
-        if c.sampled_chain:
-            return self.drafter.draft_chain_sampled(root, *step0, c.steps, c.temperature, generator, self.vocab)
+        if c.topk == 1:
+            return self.drafter.draft_chain(root, *step0, c.steps, c.temperature, generator, self.vocab)
         return self.drafter.draft_tree(root, *step0, c.steps, c.topk, c.tree_tokens)
 
     def _done(self, out: list[int]) -> bool:

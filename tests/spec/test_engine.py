@@ -174,13 +174,40 @@ def test_full_two_level_tree_contains_the_chain(target, trained_drafter, prompts
     B = 3
     lens, root, h0, top, logp = _prefill_and_extend(engine, runner, prompts[:B], 3)
     k, v = runner.k.clone(), runner.v.clone()
-    chain = runner.draft_tree(root, h0, top[:, :1], logp[:, :1], 2, 1, 2)
+    chain = runner.draft_chain(root, h0, top[:, :1], logp[:, :1], 2)
     runner.k, runner.v = k, v
     tree = runner.draft_tree(root, h0, top, logp, 2, 3, 3 + 9)
     for b in range(B):
         first = [i for i in range(1, tree.size) if tree.parents[b, i] == 0 and tree.tokens[b, i] == chain.tokens[b, 1]]
         assert len(first) == 1
         assert any(tree.parents[b, i] == first[0] and tree.tokens[b, i] == chain.tokens[b, 2] for i in range(tree.size))
+
+
+def _sensitive_drafter(target, seed: int):
+    """Large weights: every input (token, hidden, cache entry) moves the drafter's top-k."""
+    d = make_drafter(target, seed=seed)
+    with torch.no_grad():
+        for name, w in d.named_parameters():
+            if w.dim() == 2 and not name.startswith("embed"):
+                w.mul_(10.0)
+    return d
+
+
+def test_greedy_chain_is_the_top1_tree(target):
+    """draft_chain (no beam or candidate bookkeeping) drafts exactly the tree draft_tree drafts with
+    topk 1, and leaves the committed lengths alone."""
+    d, steps = _sensitive_drafter(target, seed=5), 5
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, target.vocab_size, (n,), generator=g).tolist() for n in (2, 4, 3, 5)]
+    runner = DrafterRunner(d, use_fused=False)
+    lens, root, h0, top, logp = _prefill_and_extend(SpecEngine(target, d, SpecConfig(steps=steps)), runner, prompts, 1)
+    committed, k, v = runner.lens.clone(), runner.k.clone(), runner.v.clone()
+    chain = runner.draft_chain(root, h0, top, logp, steps)
+    assert torch.equal(runner.lens, committed) and chain.q is None
+    runner.k, runner.v = k, v
+    tree = runner.draft_tree(root, h0, top, logp, steps, 1, steps)
+    for field in ("tokens", "parents", "depth"):
+        assert torch.equal(getattr(chain, field), getattr(tree, field)), field
 
 
 def test_fused_step_selection(target, random_drafter, prompts):
@@ -204,11 +231,7 @@ def test_fused_step_selection(target, random_drafter, prompts):
 def test_tree_children_are_the_drafters_topk_along_each_path(target):
     """Every expanded node's children equal the top-k of draft steps replayed along its own path
     (checks the beam's cache copies and their reordering when two beam nodes share a parent)."""
-    d = make_drafter(target, seed=4)
-    with torch.no_grad():  # large weights: every input (token, hidden, cache entry) moves the top-k
-        for name, w in d.named_parameters():
-            if w.dim() == 2 and not name.startswith("embed"):
-                w.mul_(10.0)
+    d = _sensitive_drafter(target, seed=4)
     K, steps = 2, 4
     g = torch.Generator().manual_seed(0)  # short prompts: each drafted cache entry weighs in attention
     prompts = [torch.randint(0, target.vocab_size, (n,), generator=g).tolist() for n in (2, 3, 2, 4, 3, 2, 5, 3)]

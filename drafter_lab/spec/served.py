@@ -91,20 +91,25 @@ def _answer(output: list | str, tokens: int, meta: dict, start: float, stamps: l
 def sglang_answer(events, start: float, endpoint: str) -> Answer:
     """One streamed `/generate` answer from (arrival time, event)s. Every event carries the
     cumulative meta_info.completion_tokens and the output ids so far, or only the new ones where the
-    server runs with --incremental-streaming-output; the speculative counts come with the last."""
-    ids: list[int] = []
-    meta: dict = {}
+    server runs with --incremental-streaming-output; the speculative counts come with the last.
+    Servers older than that send ids only with --return-token-ids: their text so far is the output."""
+    ids: list[int] | None = None
+    text, count, meta = "", 0, {}
     stamps: list[float] = []
     for at, event in events:
         try:
-            meta, new, count = event["meta_info"], list(event["output_ids"]), int(event["meta_info"]["completion_tokens"])
+            meta, now = event["meta_info"], int(event["meta_info"]["completion_tokens"])
         except (KeyError, TypeError, ValueError):
-            raise LabError(f"streamed event has no output_ids and meta_info.completion_tokens: {str(event)[:200]}",
-                           endpoint) from None
-        if count > len(ids):
-            ids = new if len(new) == count else ids + new
+            raise LabError(f"streamed event has no meta_info.completion_tokens: {str(event)[:200]}", endpoint) from None
+        if event.get("text") is not None:  # recent servers send it with the last event only
+            text = str(event["text"])
+        if now > count:
+            if isinstance(event.get("output_ids"), list):
+                new = event["output_ids"]
+                ids = list(new) if len(new) == now else (ids or []) + list(new)
+            count = now
             stamps.append(at)
-    return _answer(ids, len(ids), meta, start, stamps, endpoint)
+    return _answer(text if ids is None else ids, count, meta, start, stamps, endpoint)
 
 
 def vllm_answer(events, start: float, endpoint: str) -> Answer:

@@ -117,7 +117,11 @@ def test_a_streamed_sglang_answer_is_timed_from_its_events():
         a = sglang_answer(events, 10.0, "u")
         assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ([7, 8, 9, 4], 4, 0.5, 1.5, 3)
         assert a.meta["spec_verify_ct"] == 2  # the speculative counts come with the last event
-    with pytest.raises(LabError, match="^u: streamed event has no output_ids and meta_info.completion_tokens"):
+    # An older server sends ids only with --return-token-ids: the text so far is the output.
+    texts = [(t, {"text": x, "meta_info": m}) for t, x, m in zip(times, ["H", "Hel", "Hel", "Hell"], metas)]
+    a = sglang_answer(texts, 10.0, "u")
+    assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ("Hell", 4, 0.5, 1.5, 3)
+    with pytest.raises(LabError, match="^u: streamed event has no meta_info.completion_tokens"):
         sglang_answer([(1.0, {"text": "hi"})], 0.0, "u")
     with pytest.raises(LabError, match="^u: the streamed answer carried no tokens$"):
         sglang_answer([], 0.0, "u")

@@ -15,16 +15,27 @@ from drafter_lab.errors import LabError
 
 @pytest.fixture
 def server(monkeypatch):
-    """(base URL, script): each request pops the next (status, body) of `script`; retries do not sleep."""
+    """(base URL, script): each request pops the next (status, body) of `script`, a body given as a
+    list being sent in those chunks (HTTP/1.1 chunked, as uvicorn streams SGLang's and vLLM's
+    events); retries do not sleep."""
     monkeypatch.setattr(httpjson.time, "sleep", lambda s: None)
-    script: list[tuple[int, bytes]] = []
+    script: list[tuple[int, bytes | list[bytes]]] = []
     seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def _reply(self):
             seen.append(self.command)
             status, body = script.pop(0)
             self.send_response(status)
+            if isinstance(body, list):
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for chunk in [*body, b""]:  # an empty chunk ends the body
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                return
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -85,6 +96,13 @@ def test_a_stream_yields_each_event_with_its_arrival_time(server):
     assert [e for _, e in events] == [{"n": 1}, {"n": 2}]  # nothing after [DONE]
     assert events[0][0] <= events[1][0]
     assert seen == ["POST", "POST"]  # a 5xx before the stream began is retried
+
+
+def test_a_chunked_stream_splits_events_anywhere(server):
+    url, script, _ = server
+    body = _events('data: {"text": "a"}', 'data: {"text": "b"}', "data: [DONE]")
+    script += [(200, [body[:3], body[3:17], body[17:18], body[18:]])]
+    assert [e for _, e in httpjson.stream_json(url + "/v1/completions", {})] == [{"text": "a"}, {"text": "b"}]
 
 
 def test_a_stream_that_fails_midway_is_one_line(server):

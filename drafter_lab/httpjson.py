@@ -58,9 +58,10 @@ def request_text(url: str, *, timeout_s: float = 600.0, retries: int = 3) -> str
 
 def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int = 3) -> Iterator[tuple[float, object]]:
     """POST `body` and yield (time.perf_counter() at its arrival, decoded JSON) for each server-sent
-    event's `data:` line, until `data: [DONE]` or the end of the answer. An event that carries an
-    "error" (SGLang and vLLM report a failure after the stream began that way), is not JSON, or a
-    stream that breaks off or stalls past `timeout_s`, is a LabError."""
+    event's `data:` line, until `data: [DONE]`, which SGLang and vLLM send last. An event that
+    carries an error (how they report a failure after the stream began) or is not JSON, an answer
+    with no events, and a stream that ends before [DONE] or stalls past `timeout_s`, are a LabError."""
+    events = 0
     with _open(url, json.dumps(body).encode(), timeout_s, retries) as r:
         try:
             for raw in r:
@@ -78,7 +79,11 @@ def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int 
                 if isinstance(event, dict) and (event.get("error") or event.get("object") == "error"):
                     detail = event.get("error") or event.get("message")
                     raise LabError(f"server reported an error mid-stream: {str(detail)[:200]}", url)
+                events += 1
                 yield time.perf_counter(), event
         except (http.client.HTTPException, ConnectionError, TimeoutError) as e:
             raise LabError(f"the stream broke off ({e or type(e).__name__})", url) from None
+    if not events:
+        raise LabError('the answer is not a stream of server-sent events (no `data:` lines): does the server '
+                       'ignore "stream": true?', url)
     raise LabError("the stream ended before `data: [DONE]`", url)

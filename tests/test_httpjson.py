@@ -119,4 +119,7 @@ def test_a_stream_that_fails_midway_is_one_line(server):
     script += [(200, _events('data: {"n": 1}'))]  # the connection closed before [DONE]
     with pytest.raises(LabError, match=r"the stream ended before `data: \[DONE\]`$"):
         list(httpjson.stream_json(url + "/g", {}))
-    assert len(seen) == 4  # a stream that began is never sent again
+    script += [(200, json.dumps({"text": "whole"}).encode())]
+    with pytest.raises(LabError, match=r"not a stream of server-sent events .*ignore \"stream\": true\?$"):
+        list(httpjson.stream_json(url + "/g", {"stream": True}))
+    assert len(seen) == 5  # a stream that began is never sent again

@@ -11,7 +11,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
-LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "schedule": "static", "seed": 0,
+LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "schedule": "static",
               "device": "auto", "dtype": "float32", "threads": 0, "fused": "auto", "allow_other_target": False,
               "ngram_min": None, "ngram_max": None, "ngram_across_prompts": False, "plot": None}
 # Flags of an EAGLE-3 drafter's decoding: n-gram drafting (--ngram) refuses them.
@@ -26,6 +26,17 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def rate_list(text: str) -> list[float]:
+    """argparse type of --request-rate: positive requests per second separated by commas."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not all(0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive finite requests per second, got {text!r}")
     return values
 
 
@@ -61,7 +72,11 @@ def register(sub) -> None:
     e.add_argument("--model", default=None, help="with --server --engine vllm: the served model name "
                                                  "(default: the first one /v1/models lists)")
     e.add_argument("--concurrency", type=int_list, default=[1],
-                   help="with --server: requests in flight; a list (1,4,16) sweeps, as bench_speculative's batch sizes")
+                   help="with --server: requests in flight at most; a list (1,4,16) sweeps, as bench_speculative's "
+                        "batch sizes")
+    e.add_argument("--request-rate", type=rate_list, default=[None], metavar="RATE",
+                   help="with --server: requests per second, arriving as a seeded Poisson process (bench_serving's "
+                        "--request-rate; default: all at once); a list (1,4,16) sweeps")
     e.add_argument("--steps", type=int_list, default=LOCAL_ONLY["steps"],
                    help="draft depth S (drafter steps per cycle); a list (2,4,6) sweeps")
     e.add_argument("--topk", type=int_list, default=LOCAL_ONLY["topk"],
@@ -76,7 +91,7 @@ def register(sub) -> None:
     e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
-    e.add_argument("--seed", type=int, default=LOCAL_ONLY["seed"], help="sampling seed")
+    e.add_argument("--seed", type=int, default=0, help="sampling seed (with --server: of the request arrivals)")
     e.add_argument("--device", default=LOCAL_ONLY["device"], help="auto (cuda when available), cpu or cuda")
     e.add_argument("--dtype", default=LOCAL_ONLY["dtype"], choices=DTYPE_NAMES, help="target and drafter dtype")
     e.add_argument("--threads", type=int, default=LOCAL_ONLY["threads"],
@@ -189,8 +204,10 @@ def run_eval(args) -> int:
     sets = _prompt_sets(args)
     if args.server is not None:
         return _run_served_eval(args, sets)
-    if args.baseline_server is not None or args.concurrency != [1] or args.engine != "sglang" or args.model:
-        raise LabError("--baseline-server, --engine, --model and --concurrency apply to a served eval (--server)")
+    if (args.baseline_server is not None or args.concurrency != [1] or args.request_rate != [None]
+            or args.engine != "sglang" or args.model):
+        raise LabError("--baseline-server, --engine, --model, --concurrency and --request-rate apply to a served "
+                       "eval (--server)")
     if args.threads < 0:
         raise LabError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
@@ -276,14 +293,15 @@ def _run_served_eval(args, sets) -> int:
 
     def decode(setting: dict) -> dict[str, dict]:
         cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,
-                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, **setting)
+                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, **setting)
         results = {}
         for name, (path, convs) in sets.items():
             results[name] = served_evaluate(tokenizer, convs, cfg, where=path)
             results[name]["prompts_file"] = str(path)
         return results
 
-    settings = [{"concurrency": c} for c in dict.fromkeys(args.concurrency)]
+    settings = [{"concurrency": c, "request_rate": r} for c in dict.fromkeys(args.concurrency)
+                for r in dict.fromkeys(args.request_rate)]
     return _run_settings(settings, decode, format_served, args, lambda: _served_journal(args, sets))
 
 
@@ -294,7 +312,7 @@ def _served_journal(args, sets):
     return Journal(f"{args.json}.partial", {
         "server": args.server, "baseline_server": args.baseline_server, "engine": args.engine, "model": args.model,
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()},
-        **{k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "temperature")},
+        **{k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "temperature", "seed")},
     })
 
 
@@ -309,7 +327,8 @@ def format_served(r: dict) -> str:
     settings = ", ".join(f"{k.removeprefix('speculative_')} {v}" for k, v in r["server_settings"].items())
     lines = [
         f"{r['engine']} server {r['server']} ({settings or 'no speculative settings reported'}): {r['prompts']} prompts x "
-        f"{c['max_new_tokens']} new tokens, temperature {c['temperature']:g}, {c['concurrency']} in flight",
+        f"{c['max_new_tokens']} new tokens, temperature {c['temperature']:g}, {c['concurrency']} in flight at most"
+        + ("" if c["request_rate"] is None else f", arriving at {c['request_rate']:g} per second (Poisson, seed {c['seed']})"),
         f"served accept length: {r['served_accept_len']:.3f} tokens per verify step (bonus included), "
         f"{r['verify_steps']} verify steps",
     ]
@@ -322,7 +341,10 @@ def format_served(r: dict) -> str:
     else:
         lines.append(f"tok/s: speculative {r['spec_tok_s']:.1f} (no --baseline-server to compare with)")
     chunks = {side: sum(r["requests"][side]["chunks"]) for side in ("spec", "baseline")}
-    lines += [*_latency_lines(r["latency"], "baseline server"),
+    load = r["in_flight"]
+    lines += [f"requests in flight on average: speculative {load['spec']:.2f}"
+              + ("" if load["baseline"] is None else f", baseline server {load['baseline']:.2f}"),
+              *_latency_lines(r["latency"], "baseline server"),
               f"streamed tokens per event: speculative {r['spec_tokens'] / chunks['spec']:.2f}"
               + (f", baseline server {r['baseline_tokens'] / chunks['baseline']:.2f}" if chunks["baseline"] else "")]
     return "\n".join(lines)

@@ -366,8 +366,11 @@ def _drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
 
 
 def batch_of(result: dict) -> int:
-    """Sequences an eval decoded together: the lab's batch, or a served eval's requests in flight."""
+    """Sequences an eval decoded together: the lab's batch, or a served eval's requests in flight (at
+    a request rate, the mean the speculative server carried)."""
     c = result["config"]
+    if c.get("request_rate") is not None:
+        return max(1, round(result["in_flight"]["spec"]))
     return int(c.get("batch") or c.get("concurrency") or 1)
 
 

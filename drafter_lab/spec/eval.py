@@ -254,6 +254,10 @@ def pool(sets: dict[str, dict]) -> dict:
         out["requests"] = {side: {k: [x for r in rs for x in r["requests"][side][k]] for k in out["requests"][side]}
                            for side in ("spec", "baseline")}
         out["latency"] = latency(out["requests"]["spec"], out["requests"]["baseline"])
+    if "in_flight" in out:  # a served eval's: each set's requests' seconds over all the wall seconds
+        out["in_flight"] = {side: None if out["in_flight"][side] is None else
+                            sum(r["in_flight"][side] * r[f"{side}_seconds"] for r in rs)
+                            / sum(r[f"{side}_seconds"] for r in rs) for side in ("spec", "baseline")}
     if "phase_seconds" in out:
         out["phase_seconds"] = {side: functools.reduce(add_phases, (r["phase_seconds"][side] for r in rs), {})
                                 for side in ("spec", "baseline")}

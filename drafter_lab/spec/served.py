@@ -20,6 +20,10 @@ Requests are streamed (`"stream": true`, as SGLang's and vLLM's bench_serving se
 one's TTFT (from sending it to its first token; requests beyond --concurrency wait in the client,
 as with bench_serving's --max-concurrency) and TPOT (from its first token to its last, per token
 after the first) are measured as a user sees them, with the events that carried tokens counted.
+They are sent all at once (only --concurrency holding them back), or arrive at --request-rate as
+a seeded Poisson process (bench_serving's --request-rate), the same arrivals on both servers; the
+mean requests in flight (Little's law: the requests' seconds over the wall seconds) is the load
+the server actually carried.
 
 With a baseline server (the same target served without speculation) the same prompts run there
 too, so both tok/s come from the same run, and greedy outputs are compared; a serving engine's
@@ -28,6 +32,8 @@ batching need not be bitwise deterministic, so a difference is reported, not rai
 
 from __future__ import annotations
 
+import math
+import random
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,7 +65,12 @@ class ServedConfig:
     temperature: float = 0.0
     """Sampling temperature sent with each request (0 = greedy)."""
     concurrency: int = 1
-    """Requests in flight (1 = the latency-bound regime a drafter is for)."""
+    """Requests in flight at most (1 = the latency-bound regime a drafter is for)."""
+    request_rate: float | None = None
+    """Requests per second, arriving as a Poisson process (exponential gaps drawn from `seed`, the
+    first at once); None: all at once."""
+    seed: int = 0
+    """Seed of the arrival times."""
     timeout_s: float = 600.0
     """Seconds one request may take."""
     retries: int = 3
@@ -231,18 +242,37 @@ class VLLM:
         return 1 + accepted / drafts, drafts, hist
 
 
+def arrival_times(n: int, rate: float | None, seed: int) -> list[float]:
+    """Seconds after the start at which each of n requests arrives: the first at once, then gaps
+    drawn from an exponential distribution of mean 1 / rate (a Poisson process); all at once
+    without a rate."""
+    if rate is None:
+        return [0.0] * n
+    rng, at = random.Random(seed), [0.0]
+    for _ in range(n - 1):
+        at.append(at[-1] + rng.expovariate(rate))
+    return at
+
+
 def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bool) -> tuple[list[Answer], float]:
     """Every prompt's answer and the wall seconds they took, after one warm-up request; only the
-    speculative server's acceptance counters are read."""
+    speculative server's acceptance counters are read. Each request is sent once it has arrived and
+    one of the `concurrency` slots is free."""
     server.generate(prompts[0], min(WARMUP_TOKENS, cfg.max_new_tokens))
     if speculative:
         server.start_counting()
     label = "speculative" if speculative else "baseline"
+    arrivals = arrival_times(len(prompts), cfg.request_rate, cfg.seed)
     answers: list[Answer] = []
     with progress(f"eval --server ({label})", total=len(prompts)) as advance, \
             ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-eval") as pool:
         start = time.perf_counter()
-        for answer in pool.map(lambda ids: server.generate(ids, cfg.max_new_tokens), prompts):
+
+        def send(i: int) -> Answer:
+            time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+            return server.generate(prompts[i], cfg.max_new_tokens)
+
+        for answer in pool.map(send, range(len(prompts))):
             answers.append(answer)
             advance(1)
         seconds = time.perf_counter() - start
@@ -255,6 +285,12 @@ def _requests(answers: list[Answer]) -> dict[str, list[float]]:
     for a in answers:
         add_request(out, a.first_s, a.last_s - a.first_s, a.tokens)
     return out
+
+
+def _in_flight(answers: list[Answer], seconds: float) -> float:
+    """Mean requests in flight over the decode (Little's law): each request's seconds, summed, over
+    the wall seconds."""
+    return sum(a.last_s for a in answers) / seconds
 
 
 def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | None]:
@@ -282,6 +318,8 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
         raise LabError(f"unknown engine {cfg.engine!r}: use {' or '.join(ENGINES)}")
     if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
         raise LabError("need concurrency >= 1, max_new_tokens >= 1 and temperature >= 0")
+    if cfg.request_rate is not None and not 0 < cfg.request_rate < math.inf:
+        raise LabError(f"the request rate must be a positive number of requests per second, got {cfg.request_rate}")
     engine = {"sglang": SGLang, "vllm": VLLM}[cfg.engine]
     prompts = render_prompts(tokenizer, conversations, where)
     server = engine(cfg.url, cfg)
@@ -310,12 +348,14 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
         "spec_tokens": tokens,
         "prompts": len(prompts),
         "requests": requests,
+        "in_flight": {"spec": _in_flight(answers, seconds), "baseline": None},
         "engine": cfg.engine,
         "server": cfg.url,
         "server_settings": settings,
         "config": {
             "steps": steps, "topk": topk, "draft_tokens": draft_tokens, "max_new_tokens": cfg.max_new_tokens,
-            "temperature": cfg.temperature, "concurrency": cfg.concurrency,
+            "temperature": cfg.temperature, "concurrency": cfg.concurrency, "request_rate": cfg.request_rate,
+            "seed": cfg.seed,
             "drafting": None if topk is None else ("chain" if topk == 1 else "tree"),
         },
     }
@@ -323,6 +363,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
         base, base_seconds = _decode(engine(cfg.baseline_url, cfg), prompts, cfg, speculative=False)
         base_tokens = sum(a.tokens for a in base)
         requests["baseline"] = _requests(base)
+        result["in_flight"]["baseline"] = _in_flight(base, base_seconds)
         result.update(baseline_server=cfg.baseline_url, baseline_tok_s=base_tokens / base_seconds,
                       baseline_seconds=base_seconds, baseline_tokens=base_tokens,
                       speedup=result["spec_tok_s"] / (base_tokens / base_seconds))

@@ -10,7 +10,8 @@ setting that cannot select that many tokens is left out with a line that says so
 
 Each setting's result is journaled as it finishes (`SWEEP.json.partial`): a killed sweep run
 again decodes only the settings it has not finished, and a longer list reuses those it shares.
-A served eval sweeps its requests in flight the same way (`eval --server URL --concurrency 1,4,16`).
+A served eval sweeps its requests in flight and their arrival rate the same way (`eval --server URL
+--concurrency 1,4,16 --request-rate 2,8`).
 """
 
 from __future__ import annotations
@@ -70,13 +71,15 @@ def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Jou
 def format_sweep(results: list[dict]) -> str:
     """One row per setting: served accept length, the tok/s of that setting's own run and how much
     faster its median request's time per output token is."""
-    head = f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'batch':>5} | {'served accept':>13} {'spec tok/s':>10} " \
-           f"{'target tok/s':>12} {'ratio':>6} {'TPOT ratio':>10}"
+    rates = any(r["config"].get("request_rate") is not None for r in results)  # a served sweep's arrivals
+    head = f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'batch':>5}{' req/s' if rates else ''} | " \
+           f"{'served accept':>13} {'spec tok/s':>10} {'target tok/s':>12} {'ratio':>6} {'TPOT ratio':>10}"
     lines = [head, "-" * len(head)]
     for r in results:
         c = r["config"]
         tpot = r.get("latency", {}).get("tpot_speedup")
-        lines.append(f"{_cell(c['steps']):>5} {_cell(c['topk']):>4} {_cell(c['draft_tokens']):>12} {batch_of(r):>5} | "
+        rate = f" {_cell(c.get('request_rate'), 'g'):>5}" if rates else ""
+        lines.append(f"{_cell(c['steps']):>5} {_cell(c['topk']):>4} {_cell(c['draft_tokens']):>12} {batch_of(r):>5}{rate} | "
                      f"{r['served_accept_len']:>13.3f} {r['spec_tok_s']:>10.1f} {_cell(r.get('baseline_tok_s'), '.1f'):>12} "
                      f"{_cell(r.get('speedup'), '.2f') + ('x' if 'speedup' in r else ''):>6} "
                      f"{_cell(tpot, '.2f') + ('x' if tpot else ''):>10}")

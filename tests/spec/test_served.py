@@ -4,6 +4,7 @@ served accept length and histogram as the lab's own eval, feeds the cost model, 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
-from drafter_lab.spec.served import acceptance, sglang_answer, vllm_answer, vllm_counters
+from drafter_lab.spec.served import acceptance, arrival_times, sglang_answer, vllm_answer, vllm_counters
 
 SERVER = Path(__file__).with_name("spec_server.py")
 STEPS = 4
@@ -137,6 +138,40 @@ def test_a_streamed_vllm_answer_counts_its_usage():
         vllm_answer(events[:-1], 2.0, "u")
 
 
+def test_arrivals_are_a_seeded_poisson_process():
+    at = arrival_times(20000, 4.0, seed=1)
+    assert at[0] == 0.0 and all(b > a for a, b in zip(at, at[1:]))
+    assert at == arrival_times(20000, 4.0, seed=1) != arrival_times(20000, 4.0, seed=2)
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert statistics.mean(gaps) == pytest.approx(0.25, rel=0.03)  # exponential: mean 1 / rate ...
+    assert statistics.stdev(gaps) == pytest.approx(0.25, rel=0.05)  # ... and as wide
+    assert arrival_times(3, None, seed=1) == [0.0, 0.0, 0.0]
+
+
+def test_requests_are_sent_as_they_arrive():
+    """No request leaves before its arrival time (the warm-up precedes the start of the clock)."""
+    from drafter_lab.spec import served
+
+    class Recording:
+        def __init__(self):
+            self.sent: list[tuple[float, list[int]]] = []
+
+        def generate(self, ids, max_new_tokens):
+            self.sent.append((time.perf_counter(), ids))
+            return served.Answer([1], 1, {}, 0.001, 0.001, 1)
+
+        def start_counting(self):
+            pass
+
+    server, prompts = Recording(), [[i] for i in range(12)]
+    cfg = served.ServedConfig(url="u", concurrency=3, request_rate=40.0, seed=3)
+    answers, _ = served._decode(server, prompts, cfg, speculative=True)
+    (warm_up, _), *sent = server.sent
+    arrivals = dict(zip(map(tuple, prompts), arrival_times(12, 40.0, seed=3)))
+    assert len(answers) == 12 and sorted(ids for _, ids in sent) == prompts
+    assert all(at - warm_up >= arrivals[tuple(ids)] for at, ids in sent)
+
+
 def test_vllm_counters_sum_label_sets_and_ignore_the_rest():
     text = "\n".join([
         "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.",
@@ -187,6 +222,30 @@ def test_served_sweep_over_requests_in_flight(random_llama, prompts_file, server
     model = tmp_path / "cm.json"
     assert main(["costmodel", "--inputs", str(out), "--json", str(model)]) == 0
     assert [row["batch"] for row in json.loads(model.read_text())["settings"]] == [1, 3]
+
+
+def test_served_eval_at_a_request_rate(random_llama, drafter_dir, prompts_file, servers, tmp_path, capsys):
+    """`--request-rate 20,40`: requests arrive as a Poisson process, the same on both servers; each row
+    records its rate and the mean requests in flight, which the cost model prices it at."""
+    engine, spec, base = servers
+    out = tmp_path / "rates.json"
+    assert main(["eval", "--server", spec, "--engine", engine, "--baseline-server", base, "--concurrency", "3",
+                 "--request-rate", "20,40", "--seed", "5", "--target", str(random_llama), "--prompts",
+                 str(prompts_file), "--max-new-tokens", "8", "--json", str(out)]) == 0
+    assert "req/s" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["sweep"]
+    assert [(r["config"]["request_rate"], r["config"]["seed"]) for r in rows] == [(20.0, 5), (40.0, 5)]
+    for r in rows:
+        assert all(0 < r["in_flight"][side] <= 3 for side in ("spec", "baseline"))
+        assert r["lossless_check"] == "identical"
+    model = tmp_path / "cm.json"
+    assert main(["costmodel", "--inputs", str(out), "--json", str(model)]) == 0
+    priced = json.loads(model.read_text())["settings"]
+    assert [row["batch"] for row in priced] == [max(1, round(r["in_flight"]["spec"])) for r in rows]
+    # The lab's own decoding has no arrivals.
+    assert main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts",
+                 str(prompts_file), "--request-rate", "2"]) == 2
+    assert "--request-rate apply to a served eval" in capsys.readouterr().err
 
 
 def test_killed_served_sweep_resumes(random_llama, prompts_file, servers, tmp_path, monkeypatch):

@@ -9,7 +9,9 @@ import math
 from drafter_lab.config import to_dict
 from drafter_lab.experiments.config import ExperimentConfig
 from drafter_lab.experiments.pilot import lead_closing, lead_text
-from drafter_lab.spec.costmodel import PRESETS, CostModel, accept_by_steps, best_row, steps_table
+from drafter_lab.spec.costinputs import accept_by_steps
+from drafter_lab.spec.costmodel import PRESETS, CostModel
+from drafter_lab.spec.costreport import best_row, steps_table
 from drafter_lab.train.watch import WatchConfig, replay
 
 REUSE_MARGIN = 0.95

@@ -8,7 +8,7 @@ so that they do not sit in L2, median of event-timed single calls. For each shap
 prints the fused op's time (CUDA-graph replay; eager too), the achieved GB/s, the % of the floor
 ((weight + KV bytes) / device-copy bandwidth, measured in this run) and the speedup over PyTorch
 eager, CUDA-graph replay of the eager reference, and torch.compile of the reference. The JSON
-(`--json`) is a cost-model inputs file (drafter_lab/spec/costmodel.py): "draft_step_us" is one
+(`--json`) is a cost-model inputs file (drafter_lab/spec/costinputs.py): "draft_step_us" is one
 number, the Kimi-K2 drafter at batch 1 when measured (the seeds' deployment), else the first
 batch-1 row; "draft_step_us_by_batch" is that shape at every batch measured (the cost model's
 draft step at its `batch`), and "meta" (every row) sits beside them.

@@ -397,7 +397,9 @@ def _phase_lines(r: dict) -> list[str]:
 
 
 def run_costmodel(args) -> int:
-    from drafter_lab.spec.costmodel import PRESETS, fold, format_report, read_inputs, report, settings_table
+    from drafter_lab.spec.costinputs import fold, read_inputs
+    from drafter_lab.spec.costmodel import PRESETS
+    from drafter_lab.spec.costreport import format_report, report, settings_table
 
     cfg = PRESETS[args.preset]
     measured = None

@@ -6,15 +6,8 @@ starred. Accept length is not speed: the left panel shows how far apart the line
 from __future__ import annotations
 
 from drafter_lab.plotting import plt, save_png
-from drafter_lab.spec.costmodel import (
-    CostModel,
-    CostModelConfig,
-    Latency,
-    best_row,
-    latency_at,
-    steps_table,
-    whatif_latencies,
-)
+from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at
+from drafter_lab.spec.costreport import best_row, steps_table, whatif_latencies
 
 ACCEPT_POINTS = 41
 """Points along each accept-length line (1.0 to the largest accept length asked about, + 1)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import log
-from drafter_lab.spec.costmodel import batch_of
+from drafter_lab.spec.costinputs import batch_of
 from drafter_lab.spec.engine import SpecConfig
 
 

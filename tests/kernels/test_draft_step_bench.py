@@ -37,7 +37,8 @@ def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
         assert cells[3] == f"**{r['us']:.0f}** ({r['pct_floor']:.0f} %)"
         assert cells[5] == f"{r['ref_eager_us']:.0f}" and cells[6:] == ["n/a", "n/a", "n/a"]
     # The cost model reads the file as its measured inputs.
-    from drafter_lab.spec.costmodel import CostModel, CostModelConfig, apply_inputs
+    from drafter_lab.spec.costinputs import apply_inputs
+    from drafter_lab.spec.costmodel import CostModel, CostModelConfig
 
     cfg, _ = apply_inputs(CostModelConfig(), out)
     assert cfg.draft_step_us == pytest.approx(result["draft_step_us"])

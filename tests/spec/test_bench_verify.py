@@ -11,7 +11,8 @@ import pytest
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
 from drafter_lab.spec.bench_verify import fit_verify
-from drafter_lab.spec.costmodel import PRESETS, CostModel, apply_inputs
+from drafter_lab.spec.costinputs import apply_inputs
+from drafter_lab.spec.costmodel import PRESETS, CostModel
 
 SEEDS = "seeds-kimi-k2.5-8x-pcie"
 

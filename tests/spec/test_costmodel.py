@@ -9,16 +9,9 @@ import pytest
 
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
-from drafter_lab.spec.costmodel import (
-    PRESETS,
-    CostModel,
-    apply_inputs,
-    interpolate_latency,
-    latency_at,
-    report,
-    settings_table,
-    steps_table,
-)
+from drafter_lab.spec.costinputs import apply_inputs
+from drafter_lab.spec.costmodel import PRESETS, CostModel, interpolate_latency, latency_at
+from drafter_lab.spec.costreport import report, settings_table, steps_table
 
 SEEDS = "seeds-kimi-k2.5-8x-pcie"
 

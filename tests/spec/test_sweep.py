@@ -10,7 +10,8 @@ import pytest
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
 from drafter_lab.spec import phaseplot
-from drafter_lab.spec.costmodel import PRESETS, CostModel, settings_table
+from drafter_lab.spec.costmodel import PRESETS, CostModel
+from drafter_lab.spec.costreport import settings_table
 from drafter_lab.spec.sweep import grid
 
 SEEDS = "seeds-kimi-k2.5-8x-pcie"
@@ -112,7 +113,7 @@ def test_ngram_rows_are_priced_with_their_lookup_time_and_no_match_share():
 
 
 def test_bad_sweep_file(tmp_path):
-    from drafter_lab.spec.costmodel import read_inputs
+    from drafter_lab.spec.costinputs import read_inputs
 
     f = tmp_path / "sweep.json"
     f.write_text(json.dumps({"sweep": [{"served_accept_len": 2.0}]}))

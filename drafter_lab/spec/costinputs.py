@@ -1,0 +1,214 @@
+"""Measured inputs of the cost model: benchmark and eval JSON files folded into a `CostModelConfig`.
+
+A measured-inputs file (`--inputs FILE`, written by the kernel benchmarks) is a JSON object with
+any of these keys (others are ignored, so a benchmark can write its full results beside them):
+
+    "allreduce_us":  number, or {"<message bytes>": us, ...} (a verify message is
+                     batch x verify_tokens x hidden_size x dtype_bytes; the latency is interpolated
+                     in log-size, and beyond the largest size grows with it); added to the what-if
+                     tables as a "measured" row
+    "draft_step_us": number, replaces draft_step_us (and, without the next key, any table)
+    "draft_step_us_by_batch": {"<batch>": us, ...}, the draft step at each measured batch
+    "draft_extend_us_by_batch": {"<batch>": us, ...}, the drafter's pass over the accepted tokens
+    "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
+    "verify_ms_by_tokens": {"<batch>": {"<tokens per row>": ms}}, one device's target passes
+                     (`bench verify`): sets pass_ms_by_tokens
+    "deployment":    {field: value} for num_layers, hidden_size, dtype_bytes, allreduces_per_layer,
+                     cycle_overhead_ms and decode_overhead_ms: the deployment a benchmark measured
+                     (`bench verify`: its target on one device, no host work)
+    "decode_ms":     number, replaces decode_ms
+    "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
+    "accept_length": number or list of numbers (served), added to the table's columns
+
+`drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
+its draft steps, draft tokens, batch and topk set `steps`, `verify_tokens`, `batch` and `topk` (the
+last eval's, given several), and a chain eval's (topk 1) accept histogram at S steps gives the served accept
+length at every depth s <= S: a verify step that emitted n tokens at S (n - 1 drafts accepted) emits
+min(n - 1, s) + 1 at s, since a chain's first s drafts do not depend on how many follow. From
+these the draft-steps table finds the depth that maximises tok/s: more steps raise the accept
+length, but each costs a draft step and one more verify token on the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from drafter_lab import atomic
+from drafter_lab.errors import LabError
+from drafter_lab.progress import log
+from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, with_verify_tokens
+
+
+def positive(value, key: str, path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise LabError(f"{key} must be a positive number, got {value!r}", path)
+    return float(value)
+
+
+def accept_by_steps(histogram, path) -> list[float]:
+    """Served accept length at depths 1..S from a chain eval's accept histogram at S steps
+    ({served length n: verify steps}, n = 1..S+1; see the module docstring)."""
+    try:
+        counts = {int(n): int(c) for n, c in histogram.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise LabError("accept_histogram must map served accept lengths to counts", path) from None
+    total = sum(counts.values())
+    if total <= 0 or min(counts) < 1 or min(counts.values()) < 0:
+        raise LabError("accept_histogram holds no verify steps", path)
+    return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
+
+
+KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "draft_extend_us_by_batch", "verify_ms",
+                "verify_ms_by_tokens", "deployment", "decode_ms", "no_draft_share", "accept_length",
+                "served_accept_len", "accept_histogram")
+DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per_layer", "cycle_overhead_ms",
+                     "decode_overhead_ms")
+OVERHEADS = ("cycle_overhead_ms", "decode_overhead_ms")
+
+
+def read_inputs(path) -> dict:
+    """A measured-inputs JSON: an object with any of KNOWN_INPUTS, or an eval sweep's {"sweep": [eval, ...]}."""
+    path = Path(path)
+    data = atomic.read_json(path, "cost model inputs file not found")
+    if isinstance(data, dict) and "sweep" in data:
+        rows = data["sweep"]
+        if not (isinstance(rows, list) and rows and all(isinstance(r, dict) and "served_accept_len" in r
+                                                        and isinstance((r.get("config") or {}).get("steps"), int)
+                                                        for r in rows)):
+            raise LabError("sweep must be a list of `eval --json` results (served_accept_len, config.steps)", path)
+        return data
+    if not isinstance(data, dict) or not any(k in data for k in KNOWN_INPUTS):
+        raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(KNOWN_INPUTS)}", path)
+    return data
+
+
+def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
+    """`cfg` with what an input says about drafting: a benchmark's draft step (by batch), an eval's
+    steps, verified tokens and batch (the settings its accept length is priced at), and an n-gram
+    lookup's host time and no-match share."""
+    over: dict = {}
+    if "draft_step_us" in data:  # a measured step (an n-gram lookup's too) replaces the tables
+        over.update(draft_step_us=positive(data["draft_step_us"], "draft_step_us", path), draft_step_us_by_batch={},
+                    draft_extend_us_by_batch={})
+    for key in ("draft_step_us_by_batch", "draft_extend_us_by_batch"):
+        if key in data:
+            over[key] = _batch_table(data[key], key, path)
+    if "no_draft_share" in data:
+        z = data["no_draft_share"]
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < 1:
+            raise LabError(f"no_draft_share must be a number in [0, 1), got {z!r}", path)
+        over["no_draft_share"] = float(z)
+    conf = data.get("config") or {}
+    if "served_accept_len" in data and isinstance(conf.get("steps"), int):
+        over["steps"] = conf["steps"]
+        over["batch"] = batch_of(data)
+        over["topk"] = int(conf.get("topk") or 1)
+        cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
+    return dataclasses.replace(cfg, **over)
+
+
+def batch_of(result: dict) -> int:
+    """Sequences an eval decoded together: the lab's batch, or a served eval's requests in flight (at
+    a request rate, the mean the speculative server carried)."""
+    c = result["config"]
+    if c.get("request_rate") is not None:
+        return max(1, round(result["in_flight"]["spec"]))
+    return int(c.get("batch") or c.get("concurrency") or 1)
+
+
+def _batch_table(table, key: str, path) -> dict[int, float]:
+    try:
+        out = {int(b): positive(us, f"{key}[{b}]", path) for b, us in table.items()}
+    except (AttributeError, ValueError):
+        raise LabError(f"{key} must map batch sizes to microseconds", path) from None
+    if not out or min(out) < 1:
+        raise LabError(f"{key} must map batch sizes (>= 1) to microseconds", path)
+    return out
+
+
+def apply_inputs(cfg: CostModelConfig, path) -> tuple[CostModelConfig, Latency | None]:
+    """Fold a measured-inputs file into `cfg` (see `fold`)."""
+    return fold(cfg, read_inputs(path), path)
+
+
+def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Latency | None]:
+    """Fold measured inputs (a benchmark's or an eval's) into `cfg`; returns (config, measured
+    all-reduce latency or None)."""
+    cfg = _deployment(cfg, data.get("deployment"), path)
+    cfg = drafting(cfg, data, path)
+    over: dict = {}
+    if "decode_ms" in data:
+        over["decode_ms"] = positive(data["decode_ms"], "decode_ms", path)
+    extra = []
+    if "accept_length" in data:
+        extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]
+        extra = [positive(a, "accept_length", path) for a in extra]
+    if "served_accept_len" in data:
+        extra.append(round(positive(data["served_accept_len"], "served_accept_len", path), 2))
+    if extra:
+        over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
+    if data.get("accept_histogram") is not None:
+        topk = (data.get("config") or {}).get("topk", 1)
+        if topk == 1:
+            over["accept_by_steps"] = accept_by_steps(data["accept_histogram"], path)
+        else:  # a tree's depths share nodes: its histogram says nothing about shallower trees
+            what = "drafting of unknown topk" if topk is None else f"tree drafting (topk {topk})"
+            log(f"{path}: its accept histogram comes from {what}; the draft-steps table needs a chain (topk 1)")
+    cfg = dataclasses.replace(cfg, **over)
+    if "verify_ms_by_tokens" in data:
+        cfg = dataclasses.replace(cfg, pass_ms_by_tokens=_pass_table(data["verify_ms_by_tokens"], path))
+    if "verify_ms" in data:
+        verify_us = positive(data["verify_ms"], "verify_ms", path) * 1000
+        model = CostModel(cfg)
+        compute = (verify_us - model.n_allreduce * cfg.verify_allreduce_us) / cfg.num_layers
+        if compute <= 0:
+            raise LabError(
+                f"verify_ms {data['verify_ms']} is shorter than its {model.n_allreduce} all-reduces of "
+                f"{cfg.verify_allreduce_us} us",
+                path,
+            )
+        cfg = dataclasses.replace(cfg, verify_layer_compute_us=compute)
+    measured = None
+    if "allreduce_us" in data:
+        ar = data["allreduce_us"]
+        if isinstance(ar, dict):
+            try:
+                measured = {int(k): positive(v, f"allreduce_us[{k}]", path) for k, v in ar.items()}
+            except ValueError:
+                raise LabError("allreduce_us table keys must be message sizes in bytes", path) from None
+            if not measured:
+                raise LabError("allreduce_us table is empty", path)
+        else:
+            measured = positive(ar, "allreduce_us", path)
+    return cfg, measured
+
+
+def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
+    if given is None:
+        return cfg
+    if not isinstance(given, dict) or not set(given) <= set(DEPLOYMENT_FIELDS):
+        raise LabError(f"deployment must be an object with some of {', '.join(DEPLOYMENT_FIELDS)}", path)
+    over = {}
+    for key, value in given.items():
+        if key in ("allreduces_per_layer", *OVERHEADS) and value == 0:
+            over[key] = value
+        elif key in OVERHEADS:
+            over[key] = positive(value, f"deployment.{key}", path)
+        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            over[key] = value
+        else:
+            raise LabError(f"deployment.{key} must be a positive integer, got {value!r}", path)
+    return dataclasses.replace(cfg, **over)
+
+
+def _pass_table(table, path) -> dict[int, dict[int, float]]:
+    try:
+        out = {int(b): {int(t): positive(ms, f"verify_ms_by_tokens[{b}][{t}]", path) for t, ms in row.items()}
+               for b, row in table.items()}
+    except (AttributeError, ValueError):
+        raise LabError("verify_ms_by_tokens must map batch sizes to {tokens per row: ms}", path) from None
+    if not out or not all(out.values()) or min(out) < 1 or min(t for row in out.values() for t in row) < 1:
+        raise LabError("verify_ms_by_tokens must map batch sizes (>= 1) to {tokens per row (>= 1): ms}", path)
+    return out

@@ -1,0 +1,209 @@
+"""The cost model's tables (draft steps, swept settings, batches, what-if all-reduce latencies) and
+its printed report: what `drafter-lab costmodel` shows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from drafter_lab.spec.costinputs import drafting, positive
+from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at
+
+
+def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | None = None, path=None) -> list[dict]:
+    """One row per swept eval (`eval --steps 2,4 --topk 1,2 ...`): its served accept length priced at
+    its own steps and verified tokens (the all-reduce at `latency`, None: the config's own, for that
+    many tokens' message)."""
+    rows = []
+    for e in sweep:
+        m = CostModel(drafting(cfg, e, path))
+        accept = positive(e["served_accept_len"], "served_accept_len", path)
+        c = e["config"]
+        rows.append({"steps": c["steps"], "topk": c.get("topk", 1), "draft_tokens": m.cfg.verify_tokens - 1,
+                     "batch": m.cfg.batch, "accept": accept, **_priced(m, accept, latency)})
+    return rows
+
+
+def _priced(m: CostModel, accept: float, latency: Latency | None) -> dict:
+    """A table row's timings and tok/s at all-reduce `latency` (None: the config's own); its
+    all-reduce latency is None on a deployment without all-reduces (one device)."""
+    x = m.cfg.verify_allreduce_us if latency is None else latency_at(latency, m.message_bytes)
+    x = x if m.n_allreduce else None
+    tok_s = m.spec_tok_s(accept, latency)
+    return {"allreduce_us": x, "verify_ms": m.verify_ms(latency), "cycle_ms": m.cycle_ms(latency),
+            "spec_tok_s": tok_s, "speedup": tok_s / m.baseline_tok_s(latency)}
+
+
+def steps_table(cfg: CostModelConfig, latency: Latency | None = None) -> list[dict]:
+    """One row per draft depth s of `cfg.accept_by_steps`: the cycle at s steps and its tok/s, with
+    the verify all-reduce at `latency` (None: the config's own) for an s + 1 token message."""
+    base = CostModel(cfg)
+    return [{"steps": s, "accept": accept, **_priced(base.at_steps(s), accept, latency)}
+            for s, accept in enumerate(cfg.accept_by_steps, start=1)]
+
+
+def batch_table(cfg: CostModelConfig, latency: Latency | None = None) -> list[dict]:
+    """One row per batch of `cfg.batches`: the same drafting with that many sequences, plain decoding's
+    tok/s, the break-even accept length and spec tok/s at each accept length."""
+    rows = []
+    for b in cfg.batches:
+        m = CostModel(dataclasses.replace(cfg, batch=b))
+        base = m.baseline_tok_s(latency)
+        rows.append({
+            "batch": b, "verify_ms": m.verify_ms(latency), "cycle_ms": m.cycle_ms(latency),
+            "decode_ms": m.decode_ms(latency), "baseline_tok_s": base, "break_even_accept_len": m.break_even(latency),
+            "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, latency) for a in cfg.accept_lengths},
+            "speedup": {f"{a:g}": m.spec_tok_s(a, latency) / base for a in cfg.accept_lengths},
+        })
+    return rows
+
+
+def best_row(rows: list[dict]) -> dict | None:
+    """The steps-table row with the most tok/s (None for an empty table)."""
+    return max(rows, key=lambda r: r["spec_tok_s"]) if rows else None
+
+
+def whatif_latencies(cfg: CostModelConfig, measured: Latency | None = None) -> list[tuple[str, Latency]]:
+    """(label, all-reduce latency) of the what-if rows: the config's list, then the measured one."""
+    rows: list[tuple[str, Latency]] = [(f"{x:g} us", x) for x in cfg.whatif_allreduce_us]
+    if measured is not None:
+        rows.append((f"measured {latency_at(measured, CostModel(cfg).message_bytes):.3g} us", measured))
+    return rows
+
+
+def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
+    m = CostModel(cfg)
+    measured_us = None if measured is None else latency_at(measured, m.message_bytes)
+    rows = whatif_latencies(cfg, measured)
+    steps = steps_table(cfg)
+    return {
+        "config": dataclasses.asdict(cfg),
+        "n_allreduce": m.n_allreduce,
+        "verify_compute_ms": m.verify_compute_ms,
+        "verify_ms": m.verify_ms(),
+        "draft_step_us": m.draft_step_us,
+        "draft_ms": m.draft_ms,
+        "cycle_ms": m.cycle_ms(),
+        "decode_ms": m.decode_ms(),
+        "decode_compute_ms": m.decode_compute_ms,
+        "baseline_tok_s": m.baseline_tok_s(),
+        "break_even_accept_len": m.break_even(),
+        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a) for a in cfg.accept_lengths},
+        "measured_allreduce_us": measured_us,
+        "message_bytes": m.message_bytes,
+        "steps_table": steps,
+        "best_steps": best_row(steps),
+        "whatif": [_whatif(cfg, m, label, x) for label, x in rows],
+        "batch_table": batch_table(cfg, measured),
+    }
+
+
+def _whatif(cfg: CostModelConfig, m: CostModel, label: str, latency: Latency) -> dict:
+    base = m.baseline_tok_s(latency)
+    return {
+        "allreduce": label,
+        "allreduce_us": latency_at(latency, m.message_bytes),
+        "verify_ms": m.verify_ms(latency),
+        "baseline_tok_s": base,
+        "break_even_accept_len": m.break_even(latency),
+        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, latency) for a in cfg.accept_lengths},
+        "speedup": {f"{a:g}": m.spec_tok_s(a, latency) / base for a in cfg.accept_lengths},
+        "best_steps": best_row(steps_table(cfg, latency)),
+    }
+
+
+def format_report(r: dict, name: str) -> str:
+    c = r["config"]
+    accepts = [f"{a:g}" for a in c["accept_lengths"]]
+    batched = c["batch"] > 1
+    lines = [
+        f"cost model: {name}" + (f" (batch {c['batch']}: tok/s counts all {c['batch']} sequences)" if batched else ""),
+        "  verify   = "
+        + (f"measured pass of {c['batch']} x {c['verify_tokens']} tokens, {r['verify_compute_ms']:.2f} ms"
+           if c["pass_ms_by_tokens"] else
+           f"{c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute"
+           + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - c['verify_layer_compute_us']:.3g} us for the "
+              f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else ""))
+        + f" + {r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
+        f"  draft    = {'extend + ' + str(c['steps'] - 1) if c['draft_extend_us_by_batch'] else c['steps']} steps x "
+        f"{r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
+        f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
+        + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
+           if c["no_draft_share"] else ""),
+        f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s "
+        f"(its all-reduces: {c['decode_allreduce_us']:.3g} us each"
+        + (f"; overhead {c['decode_overhead_ms']:.2f} ms" if c["decode_overhead_ms"] else "") + ")",
+        "  spec tok/s by served accept length (bonus included): "
+        + ", ".join(f"{a} -> {v:.1f}" for a, v in r["spec_tok_s"].items()),
+        f"  break-even served accept length: {r['break_even_accept_len']:.2f}",
+        "",
+        f"what-if: spec tok/s (speedup vs plain decoding with the same all-reduce); "
+        f"verify message {r['message_bytes'] / 1024:.0f} KiB",
+    ]
+    steps = bool(r["steps_table"])
+    head = f"{'all-reduce':>18} {'verify ms':>9} {'base tok/s':>10} {'break-even':>10} | " + " ".join(
+        f"{'A=' + a:>15}" for a in accepts
+    ) + (f" | {'best steps':>19}" if steps else "")
+    lines += [head, "-" * len(head)]
+    for row in r["whatif"]:
+        cells = " ".join(f"{row['spec_tok_s'][a]:>7.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
+        best = row["best_steps"]
+        lines.append(
+            f"{row['allreduce']:>18} {row['verify_ms']:>9.2f} {row['baseline_tok_s']:>10.1f} "
+            f"{row['break_even_accept_len']:>10.2f} | {cells}"
+            + (f" | {best['steps']:>2}: {best['spec_tok_s']:>6.1f} ({best['speedup']:.2f}x)" if steps else "")
+        )
+    if steps:
+        best = r["best_steps"]
+        lines += [
+            "",
+            f"draft steps (chain; served accept at each depth, accept_by_steps; verify = steps + 1 tokens, "
+            f"{c['verify_allreduce_us']:.3g} us per all-reduce):",
+            f"{'steps':>5} {'accept':>6} {'verify ms':>9} {'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
+        ]
+        lines += [f"{row['steps']:>5} {row['accept']:>6.2f} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
+                  f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["steps_table"]]
+        lines.append(f"best: {best['steps']} steps, {best['spec_tok_s']:.1f} tok/s; "
+                     + _serve_flags(best["steps"], 1, best["steps"])
+                     + ("" if best["speedup"] >= 1 else
+                        f"; still slower than plain decoding ({r['baseline_tok_s']:.1f} tok/s) at every depth"))
+    if r.get("settings"):
+        lines += [
+            "",
+            "settings (an eval sweep; each served accept length priced at its own steps, verified tokens "
+            "and batch):",
+            f"{'steps':>5} {'topk':>4} {'draft tokens':>12} {'batch':>5} {'accept':>6} {'all-reduce us':>13} "
+            f"{'verify ms':>9} {'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
+        ]
+        lines += [f"{row['steps']:>5} {row['topk']:>4} {row['draft_tokens']:>12} {row['batch']:>5} "
+                  f"{row['accept']:>6.2f} {_us(row['allreduce_us']):>13} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
+                  f"{row['spec_tok_s']:>10.1f} {row['speedup']:>6.2f}x" for row in r["settings"]]
+        batches = sorted({row["batch"] for row in r["settings"]})
+        for b in batches:
+            best = max((row for row in r["settings"] if row["batch"] == b), key=lambda row: row["spec_tok_s"])
+            lines.append(("best: " if len(batches) == 1 else f"best at batch {b}: ") + f"steps {best['steps']}, topk {best['topk']}, draft tokens "
+                         f"{best['draft_tokens']}, {best['spec_tok_s']:.1f} tok/s ({best['speedup']:.2f}x); "
+                         + _serve_flags(best["steps"], best["topk"], best["draft_tokens"]))
+    if r["batch_table"]:
+        lines += [
+            "",
+            f"batch: the same drafting with B sequences (tok/s of all of them; verify tokens and messages grow "
+            f"B-fold, {c['verify_token_compute_us']:g} us of compute per layer per further token)",
+            f"{'batch':>5} {'verify ms':>9} {'decode ms':>9} {'base tok/s':>10} {'break-even':>10} | "
+            + " ".join(f"{'A=' + a:>16}" for a in accepts),
+        ]
+        lines += [f"{row['batch']:>5} {row['verify_ms']:>9.2f} {row['decode_ms']:>9.2f} {row['baseline_tok_s']:>10.1f} "
+                  f"{row['break_even_accept_len']:>10.2f} | "
+                  + " ".join(f"{row['spec_tok_s'][a]:>8.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
+                  for row in r["batch_table"]]
+    return "\n".join(lines)
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _serve_flags(steps: int, topk: int, draft_tokens: int) -> str:
+    """The settings as SGLang (which counts the verified root among its draft tokens) and vLLM take them."""
+    sglang = (f"in SGLang --speculative-num-steps {steps} --speculative-eagle-topk {topk} "
+              f"--speculative-num-draft-tokens {draft_tokens + 1}")
+    return sglang + (f", in vLLM num_speculative_tokens {steps}" if topk == 1 else "")

@@ -21,8 +21,8 @@ any of these keys (others are ignored, so a benchmark can write its full results
     "accept_length": number or list of numbers (served), added to the table's columns
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
-its draft steps, draft tokens, batch and topk set `steps`, `verify_tokens`, `batch` and `topk` (the
-last eval's, given several), and a chain eval's (topk 1) accept histogram at S steps gives the served accept
+its draft steps, draft tokens, batch (a served eval's requests in flight, `batch_of`) and topk set
+`steps`, `verify_tokens`, `batch` and `topk` (the last eval's, given several), and a chain eval's (topk 1) accept histogram at S steps gives the served accept
 length at every depth s <= S: a verify step that emitted n tokens at S (n - 1 drafts accepted) emits
 min(n - 1, s) + 1 at s, since a chain's first s drafts do not depend on how many follow. From
 these the draft-steps table finds the depth that maximises tok/s: more steps raise the accept
@@ -42,6 +42,7 @@ from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, with
 
 
 def positive(value, key: str, path) -> float:
+    """`value` as a float; a LabError naming `key` and the file unless it is a finite number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise LabError(f"{key} must be a positive number, got {value!r}", path)
     return float(value)

@@ -187,14 +187,17 @@ class SpecEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, speculative: bool = True, generator=None,
-                 slots: int | None = None, on_finish: Callable[[int], None] | None = None) -> Generation:
+                 slots: int | None = None, on_finish: Callable[[int], None] | None = None,
+                 on_tokens: Callable[[int, list[int]], None] | None = None) -> Generation:
         """Decode tokenized prompts; greedy output is identical with and without speculation.
 
         slots=None decodes them as one static batch: every row stays until the last one ends (the
         finished ones commit nothing). With `slots`, continuous batching as a server runs it: at most
         `slots` rows in flight; a finished row leaves the batch and the next waiting prompt is
         prefilled into its place before the next cycle. `on_finish(n)` is called as n finished rows
-        leave the batch (a progress bar's advance).
+        leave the batch (a progress bar's advance). `on_tokens(i, tokens)` streams prompt i's output
+        as it comes: its first token after its prefill, then each verify step's (cut at eos and
+        max_new_tokens), so what it is handed adds up to the prompt's output.
         """
         if speculative and self.drafter is None and self.ngram is None:
             raise LabError("speculative decoding needs a drafter")
@@ -215,6 +218,15 @@ class SpecEngine:
         gen = Generation(tokens=out)
         waiting = list(range(len(prompts)))
         first_mark, last_mark = [0] * len(prompts), [0] * len(prompts)  # clock marks of each prompt's first, last token
+        streamed = [0] * len(prompts)  # tokens of each prompt handed to on_tokens
+
+        def stream(indices: list[int]) -> None:
+            for i in indices:
+                new = self._trim(out[i])[streamed[i]:]
+                if new:
+                    streamed[i] += len(new)
+                    on_tokens(i, new)
+
         while True:
             finished = [b for b, done in enumerate(batch.done) if done]
             if finished and (continuous or len(finished) == len(batch.rows)):
@@ -225,15 +237,21 @@ class SpecEngine:
             if waiting and len(batch.rows) < slots:
                 joining, waiting = waiting[: slots - len(batch.rows)], waiting[slots - len(batch.rows):]
                 self._join(batch, joining, prompts, out, generator)
+                if on_tokens is not None:
+                    stream(joining)
                 for i in joining:
                     first_mark[i] = last_mark[i] = len(clock.marks)
                 clock.mark("prefill")
                 continue  # a prompt may be done at its first token
             if not batch.rows:
                 break
+            emitting = [i for i, done in zip(batch.rows, batch.done) if not done]
             ended, at = self._cycle(batch, prompts, out, gen, speculative, generator, clock)
             for i in ended:
                 last_mark[i] = at
+            if on_tokens is not None:
+                stream(emitting)
+                clock.mark("accept")
         gen.tokens = [self._trim(o) for o in out]
         gen.phase_seconds = clock.seconds()
         times = clock.elapsed()

@@ -2,16 +2,16 @@
 a real HTTP server in its own process, decoding each request with `SpecEngine` (one at a time).
 
 - sglang: `POST /generate` ({"input_ids", "sampling_params", "stream": true}) streams `output_ids`
-  so far and SGLang's `meta_info` (completion_tokens so far; on the last event, with a drafter,
-  spec_verify_ct and spec_accept_histogram, the verify steps that accepted 0, 1, 2, ... drafts);
-  `GET /get_server_info` the speculative settings.
-- vllm: `POST /v1/completions` (token-id prompt, "stream": true) streams the new text, then the
-  usage where stream_options.include_usage asks for it; `GET /v1/models` the model; `GET /metrics`
-  Prometheus counters of drafts, accepted tokens and accepted tokens per position.
+  so far and SGLang's `meta_info` (completion_tokens so far), then, once the decode is done, an
+  event with the speculative counts (with a drafter: spec_verify_ct and spec_accept_histogram, the
+  verify steps that accepted 0, 1, 2, ... drafts); `GET /get_server_info` the speculative settings.
+- vllm: `POST /v1/completions` (token-id prompt, "stream": true) streams the new text (a split
+  UTF-8 character held back until it is whole or the output ends), then the usage where
+  stream_options.include_usage asks for it; `GET /v1/models` the model; `GET /metrics` Prometheus
+  counters of drafts, accepted tokens and accepted tokens per position.
 
-Answers are server-sent events, one per verify step as the engines stream them (the first token,
-from prefill, alone; one per token without a drafter). The engine decodes first and the events are
-replayed after, so their times say nothing.
+Answers are server-sent events sent as the engine emits the tokens (`generate(on_tokens=...)`):
+the first token, from prefill, alone, then one event per verify step (per token without a drafter).
 
 Without a drafter ("-") it is the baseline server. The bound port is written to PORT_FILE once it
 listens.
@@ -20,7 +20,9 @@ listens.
 """
 
 import json
+import queue
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -39,47 +41,61 @@ counters = {"drafts": 0, "accepted": 0, "per_pos": [0] * steps}
 
 
 def decode(ids: list[int], temperature: float, max_new_tokens: int):
+    """(tokens so far, the new ones, whether they end the output) as the engine emits them, on a
+    thread of its own; then (the Generation, None, True)."""
     cfg = SpecConfig(steps=steps, topk=1, temperature=temperature, max_new_tokens=max_new_tokens)
-    return SpecEngine(target, drafter, cfg).generate([ids], speculative=drafter is not None,
-                                                     generator=torch.Generator().manual_seed(0))
+    spec = SpecEngine(target, drafter, cfg)
+    pieces: queue.Queue = queue.Queue()
+
+    def run():
+        try:
+            pieces.put(spec.generate([ids], speculative=drafter is not None, generator=torch.Generator().manual_seed(0),
+                                     on_tokens=lambda i, new: pieces.put(new)))
+        except BaseException as e:  # the handler re-raises it
+            pieces.put(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    so_far: list[int] = []
+    while isinstance(piece := pieces.get(), list):  # on_tokens's pieces, then the Generation (or an error)
+        so_far = so_far + piece
+        yield so_far, piece, len(so_far) >= max_new_tokens or so_far[-1] in spec.eos
+    if isinstance(piece, BaseException):
+        raise piece
+    yield piece, None, True
 
 
-def step_ends(g) -> list[int]:
-    """How many tokens the answer has after each step: the first token, then each verify step's."""
-    ends = [1]
-    for n in g.accept_lengths if drafter is not None else [1] * (len(g.tokens[0]) - 1):
-        ends.append(min(ends[-1] + n, len(g.tokens[0])))  # max_new_tokens cuts the last step short
-    return sorted(set(ends))
-
-
-def sglang_generate(req: dict) -> list[dict]:
+def sglang_generate(req: dict):
     params = req["sampling_params"]
-    g = decode(req["input_ids"], params["temperature"], params["max_new_tokens"])
-    meta = {"completion_tokens": len(g.tokens[0])}
-    if drafter is not None:
-        meta["spec_verify_ct"] = len(g.accept_lengths)
-        meta["spec_accept_histogram"] = [g.accept_lengths.count(n + 1) for n in range(max(g.accept_lengths, default=0))]
-    ends = step_ends(g)
-    return [{"output_ids": g.tokens[0][:e], "meta_info": meta if e == ends[-1] else {"completion_tokens": e}}
-            for e in ends]
+    for so_far, new, _ in decode(req["input_ids"], params["temperature"], params["max_new_tokens"]):
+        if new is not None:
+            yield {"output_ids": so_far, "meta_info": {"completion_tokens": len(so_far)}}
+            continue
+        g = so_far
+        meta = {"completion_tokens": len(g.tokens[0])}
+        if drafter is not None:
+            meta["spec_verify_ct"] = len(g.accept_lengths)
+            meta["spec_accept_histogram"] = [g.accept_lengths.count(n + 1)
+                                             for n in range(max(g.accept_lengths, default=0))]
+        yield {"output_ids": g.tokens[0], "meta_info": meta}
 
 
-def vllm_completions(req: dict) -> list[dict]:
-    g = decode(req["prompt"], req["temperature"], req["max_tokens"])
-    for n in g.accept_lengths:  # n - 1 drafts accepted, a prefix of the chain
-        counters["drafts"] += 1
-        counters["accepted"] += n - 1
-        for j in range(n - 1):
-            counters["per_pos"][j] += 1
-    events, sent, ends = [], "", step_ends(g)
-    for e in ends:
-        now = target.tokenizer.decode(g.tokens[0][:e], skip_special_tokens=True)
-        delta = "" if now.endswith("\ufffd") and e != ends[-1] else now[len(sent):]  # hold back a split character
-        sent += delta
-        events.append({"object": "text_completion", "choices": [{"index": 0, "text": delta}], "usage": None})
-    if req.get("stream_options", {}).get("include_usage"):
-        events.append({"object": "text_completion", "choices": [], "usage": {"completion_tokens": len(g.tokens[0])}})
-    return events
+def vllm_completions(req: dict):
+    sent = ""
+    for so_far, new, last in decode(req["prompt"], req["temperature"], req["max_tokens"]):
+        if new is not None:
+            now = target.tokenizer.decode(so_far, skip_special_tokens=True)
+            delta = "" if now.endswith("\ufffd") and not last else now[len(sent):]  # hold back a split character
+            sent += delta
+            yield {"object": "text_completion", "choices": [{"index": 0, "text": delta}], "usage": None}
+            continue
+        g = so_far
+        for n in g.accept_lengths:  # n - 1 drafts accepted, a prefix of the chain
+            counters["drafts"] += 1
+            counters["accepted"] += n - 1
+            for j in range(n - 1):
+                counters["per_pos"][j] += 1
+        if req.get("stream_options", {}).get("include_usage"):
+            yield {"object": "text_completion", "choices": [], "usage": {"completion_tokens": len(g.tokens[0])}}
 
 
 def metrics() -> str:
@@ -116,13 +132,13 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._answer(GET[self.path]())
 
-    def _stream(self, events: list) -> None:
+    def _stream(self, events) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()  # no length: the answer ends as the connection closes
-        for event in [*map(json.dumps, events), "[DONE]"]:
-            self.wfile.write(f"data: {event}\n\n".encode())
-            self.wfile.flush()
+        for event in events:  # each as the engine emits it
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def do_POST(self):
         if self.path not in POST:

@@ -87,6 +87,21 @@ def test_continuous_batching_is_lossless_and_never_carries_a_finished_row(target
     assert set(static.rows_per_pass) == {len(prompts)} and sum(static.rows_per_pass) > len(static.accept_lengths)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("slots", [None, 2])
+def test_streamed_tokens_add_up_to_each_output(target, trained_drafter, prompts, mode, slots):
+    """on_tokens hands over each prompt's first token alone (its prefill's), then one piece per
+    verify step of its row, cut at eos and max_new_tokens: the pieces add up to its output."""
+    engine = SpecEngine(target, trained_drafter, SpecConfig(max_new_tokens=30, **mode))
+    engine.eos = late_tokens(engine.generate(prompts, speculative=False).tokens, first=3)
+    pieces = [[] for _ in prompts]
+    g = engine.generate(prompts, slots=slots, on_tokens=lambda i, tokens: pieces[i].append(tokens))
+    assert [[t for piece in p for t in piece] for p in pieces] == g.tokens
+    assert all(len(p[0]) == 1 for p in pieces)
+    assert sum(map(len, pieces)) == len(prompts) + len(g.accept_lengths)
+    assert max(len(piece) for p in pieces for piece in p) > 1  # steps that accepted drafts
+
+
 def test_each_prompt_is_timed_from_its_first_token_to_its_last(target, trained_drafter, prompts, monkeypatch):
     """On a clock that ticks one second per reading: a static batch's first tokens all come out of one
     prefill; one slot decodes the prompts one after another; every prompt ends at a cycle's walk."""

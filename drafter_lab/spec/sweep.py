@@ -85,12 +85,14 @@ def format_sweep(results: list[dict]) -> str:
                      f"{_cell(tpot, '.2f') + ('x' if tpot else ''):>10}")
     if not all("speedup" in r for r in results):
         return "\n".join(lines + ["(no target-only tok/s: pass --baseline-server for the ratio)"])
-    batches = sorted({batch_of(r) for r in results})
+    drafting = {(r["config"]["steps"], r["config"]["topk"], r["config"]["draft_tokens"]) for r in results}
+    batches = sorted({batch_of(r) for r in results}) if len(drafting) > 1 else []  # else nothing to choose
     for b in batches:
         best = max((r for r in results if batch_of(r) == b), key=lambda r: r["speedup"])["config"]
         lines.append(f"fastest here{'' if len(batches) == 1 else f' at batch {b}'}: steps {best['steps']}, "
                      f"topk {best['topk']}, draft tokens {best['draft_tokens']}")
-    lines.append("(this machine's speed; `costmodel --inputs` prices the settings on a deployment)")
+    if "server" not in results[0]:  # a served sweep's speed is its server's
+        lines.append("(this machine's speed; `costmodel --inputs` prices the settings on a deployment)")
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ def test_batch_sweep_prices_each_row_at_its_batch(random_llama, drafter_dir, pro
                  "--steps", "3", "--batch", "1,3", "--schedule", "continuous", "--max-new-tokens", "12",
                  "--json", str(out), "--plot", str(tmp_path / "phases.png")]) == 0
     text = capsys.readouterr().out
-    assert "fastest here at batch 1:" in text and "fastest here at batch 3:" in text and "TPOT ratio" in text
+    assert "TPOT ratio" in text and "fastest here" not in text  # one drafting setting: nothing to choose
     sweep = json.loads(out.read_text())["sweep"]
     assert [(r["config"]["batch"], r["config"]["schedule"]) for r in sweep] == [(1, "continuous"), (3, "continuous")]
     assert all(r["lossless_check"] == "identical" for r in sweep)

@@ -245,7 +245,7 @@ class SpecEngine:
                 continue  # a prompt may be done at its first token
             if not batch.rows:
                 break
-            emitting = [i for i, done in zip(batch.rows, batch.done) if not done]
+            emitting = [i for i, done in zip(batch.rows, batch.done) if not done] if on_tokens is not None else []
             ended, at = self._cycle(batch, prompts, out, gen, speculative, generator, clock)
             for i in ended:
                 last_mark[i] = at

@@ -137,20 +137,22 @@ class TargetRunner:
     def commit(self, path: torch.Tensor, counts: torch.Tensor, verified: int):
         """Keep, per row, the tree nodes path[b, :counts[b]] (local indices) of the last verify of
         `verified` nodes; roll back every other node."""
-        j = torch.arange(path.shape[1], device=path.device)[None]
-        dest = self.lens[:, None] + j
+        col = torch.arange(path.shape[1], device=path.device)[None]
+        dest = self.lens[:, None] + col
         src = self.cache.get_seq_length() - verified + path
         # Only entries whose slot changes move: a row as long as the longest whose path is a prefix
         # of the node order (every chain at batch 1) has its tokens in place, and then no layer is touched.
-        rows, j = ((j < counts[:, None]) & (dest != src)).nonzero(as_tuple=True)
+        rows, cols = ((col < counts[:, None]) & (dest != src)).nonzero(as_tuple=True)
+        moves = len(rows) > 0
+        if moves:
+            dest, src = dest[rows, cols], src[rows, cols]
         new_lens = self.lens + counts
         S_new = int(new_lens.max())
-        moves = (rows, dest[rows, j], src[rows, j]) if len(rows) else None
         for layer in self.cache.layers:
             for name in ("keys", "values"):
                 t = getattr(layer, name)
-                if moves is not None:
-                    t[moves[0], :, moves[1]] = t[moves[0], :, moves[2]]
+                if moves:
+                    t[rows, :, dest] = t[rows, :, src]
                 setattr(layer, name, t[:, :, :S_new])
         self.lens = new_lens
 

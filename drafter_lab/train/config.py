@@ -8,6 +8,10 @@ SPEED_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_mb")
 """TrainConfig fields that change how fast a run goes or when bad input is caught, never its
 results: a resume may change them, and cache keys leave them out."""
 
+UNKEYED_DEFAULTS = {"accumulation_steps": 1}
+"""TrainConfig fields added after drafters were cached, at the value that computes what the code
+before them did, bit for bit: there cache keys leave them out, so cached drafters stay valid."""
+
 
 @dataclass
 class TrainConfig:
@@ -35,6 +39,11 @@ class TrainConfig:
     """Sequences per optimizer step (global, over all ranks); ignored when batch_tokens is set."""
     batch_tokens: int = 0
     """If > 0, batches hold as many sequences as fit this many padded tokens (global) instead."""
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step: each rank runs its share of the step's batch in this many
+    parts, one after another, and their gradients add up to the whole batch's (only the rounding
+    differs). Memory then holds one part's activations; batch_size stays the optimizer step's
+    (SpecForge's --draft-accumulation-steps multiplies its per-GPU batch instead)."""
     max_length: int = 1024
     """Sequences are truncated to this many tokens."""
     scan_features: bool = True

@@ -149,6 +149,15 @@ def plan_epoch(lengths: list[int], batch_size: int, batch_tokens: int, seed: int
     return [batches[i] for i in perm]
 
 
+def micro_batches(rows: list[int], n: int) -> list[list[int]]:
+    """`rows` cut in order into min(n, len(rows)) parts whose sizes differ by at most one (a
+    batch's rows come sorted by length, so each part pads little)."""
+    n = max(1, min(n, len(rows)))
+    size, extra = divmod(len(rows), n)
+    bounds = [i * size + min(i, extra) for i in range(n + 1)]
+    return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 def shard_batch(batch: list[int], rank: int, world: int) -> list[int]:
     """This rank's part of a global batch (may be empty when the batch has fewer rows than ranks)."""
     return batch[rank::world]

@@ -29,7 +29,15 @@ from drafter_lab.progress import console, log, progress
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
-from drafter_lab.train.data import Batch, Examples, Prefetcher, collate, plan_epoch, shard_batch
+from drafter_lab.train.data import (
+    Batch,
+    Examples,
+    Prefetcher,
+    collate,
+    micro_batches,
+    plan_epoch,
+    shard_batch,
+)
 from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
 from drafter_lab.train.metrics_log import METRICS, MetricsLog, read_metrics
 from drafter_lab.train.schedule import lr_factor
@@ -40,8 +48,10 @@ from drafter_lab.train.watch import WatchConfig, judge, read_run, unequal_batche
 WATCH_FILE = "watch.json"
 """Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
 
-# Fields that may change between a run and its --resume without changing its results.
-RESUMABLE_CHANGES = ("device", "tensorboard", *SPEED_FIELDS)
+# Fields that may change between a run and its --resume without changing what it computes (a
+# device or a micro-batching changes only the rounding: a run that ran out of memory resumes with
+# more accumulation steps).
+RESUMABLE_CHANGES = ("device", "tensorboard", "accumulation_steps", *SPEED_FIELDS)
 
 
 def _autocast(device: torch.device, bf16: bool):
@@ -193,6 +203,8 @@ class _Run:
         self.stop_reason: str | None = None
         if cfg.ttt_steps < 1:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
+        if cfg.accumulation_steps < 1:
+            raise LabError(f"accumulation_steps must be >= 1, got {cfg.accumulation_steps}")
         writer_cls = None
         if cfg.tensorboard and d.main:
             try:
@@ -216,6 +228,7 @@ class _Run:
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)
 
+        self.t2d = t2d  # on the CPU, where a step's loss counts are taken from its micro-batches
         self.drafter = drafter = _new_drafter(cfg, dcfg, target, d2t, t2d)
         self.own_embed = dcfg.hidden_size != dcfg.target_hidden_size
         self.report: TransferReport | None = None
@@ -342,26 +355,34 @@ class _Run:
         })
 
     # ---- training -------------------------------------------------------------------------------
-    def load_batch(self, rows: list[int]) -> Batch:
-        """This rank's share of global batch `rows`, collated on the CPU (pinned for a GPU)."""
-        mine = shard_batch(rows, self.d.rank, self.d.world)
-        batch = collate(self.train_ex.take(mine or rows[:1]))  # a rank without rows computes on a stand-in
-        return batch.pin() if self.d.device.type == "cuda" else batch
+    def load_batch(self, rows: list[int]) -> list[Batch]:
+        """This rank's share of global batch `rows` as its micro-batches, collated on the CPU
+        (pinned for a GPU); an online run's target computes them one at a time too."""
+        mine = shard_batch(rows, self.d.rank, self.d.world) or rows[:1]  # a rank without rows computes on a stand-in
+        parts = [collate(self.train_ex.take(part)) for part in micro_batches(mine, self.cfg.accumulation_steps)]
+        return [b.pin() for b in parts] if self.d.device.type == "cuda" else parts
 
-    def train_step(self, rows: list[int], batch: Batch) -> None:
-        """One optimizer step on global batch `rows`, whose share for this rank is `batch`."""
+    def train_step(self, rows: list[int], parts: list[Batch]) -> None:
+        """One optimizer step on global batch `rows`, whose share for this rank is the micro-batches
+        `parts`: their gradients are added up, and only one of them is on the device at a time."""
         c, d = self.cfg, self.d
         weight = 1.0 if shard_batch(rows, d.rank, d.world) else 0.0  # a rank without rows still joins the all-reduce
-        batch = batch.to(d.device)
         # Loss = sum over the GLOBAL batch / global counts: DDP's gradient mean times world size.
-        den = d.sum(loss_denominators(*step_masks(batch, self.drafter.t2d, c.ttt_steps)) * weight)
-        with self.autocast:
-            loss, counts = self.model(batch, den, d.world * weight)
-        if self.anchors:
-            loss = loss + self.l2sp * sum(((p - self.anchors[n]) ** 2).sum()
-                                          for n, p in self.drafter.named_parameters() if n in self.anchors)
+        # Every micro-batch divides by the whole step's counts, so their gradients sum to the batch's.
+        den = sum(loss_denominators(*step_masks(b, self.t2d, c.ttt_steps)) for b in parts)
+        den = d.sum(den.to(d.device) * weight)
         self.optim.zero_grad(set_to_none=True)
-        loss.backward()
+        for j, batch in enumerate(parts):
+            last = j == len(parts) - 1
+            # DDP all-reduces the summed gradients in the last backward only.
+            with self.model.no_sync() if d.active and not last else contextlib.nullcontext():
+                with self.autocast:
+                    loss, counts = self.model(batch.to(d.device), den, d.world * weight)
+                if self.anchors and last:
+                    loss = loss + self.l2sp * sum(((p - self.anchors[n]) ** 2).sum()
+                                                  for n, p in self.drafter.named_parameters() if n in self.anchors)
+                loss.backward()
+            self.log_counts += counts * weight
         if c.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), c.grad_clip)
         self.optim.step()
@@ -369,7 +390,6 @@ class _Run:
         self.step += 1
         self.cursor += 1
         self.tokens += sum(self.lengths[i] for i in rows)
-        self.log_counts += counts * weight
 
     def fit(self) -> dict:
         c, d = self.cfg, self.d

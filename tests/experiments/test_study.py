@@ -9,7 +9,7 @@ import torch
 
 from drafter_lab.experiments import report, study
 from drafter_lab.experiments.config import get_config
-from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.config import UNKEYED_DEFAULTS, TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.metrics_log import read_metrics
 
@@ -59,7 +59,7 @@ def test_train_config_of_the_study():
     assert (t.max_steps, t.threads, t.eval_at_start, t.seed) == (cfg.arm_steps, cfg.threads, True, cfg.seed)
 
 
-def test_source_key_ignores_speed_only(tmp_path):
+def test_source_key_ignores_speed_only(tmp_path, monkeypatch):
     cfg = get_config("tiny-cpu")
     feats = tmp_path / "abc"
     key = study._source_key(feats, cfg)
@@ -67,5 +67,8 @@ def test_source_key_ignores_speed_only(tmp_path):
     # source drafter (scan_features once did). Change the pin only with a field that does.
     assert key == "ef3c404f52294185"
     assert study._source_key(feats, type(cfg)(**{**cfg.__dict__, "threads": 2})) == key
+    assert all(getattr(study._train_config(cfg, 1), k) == v for k, v in UNKEYED_DEFAULTS.items())
+    monkeypatch.setattr(study, "UNKEYED_DEFAULTS", {})  # keyed, those fields would retrain every cached source
+    assert study._source_key(feats, cfg) != key
     assert study._source_key(feats, type(cfg)(**{**cfg.__dict__, "source_steps": cfg.source_steps + 1})) != key
     assert study._source_key(tmp_path / "abd", cfg) != key

@@ -1,4 +1,5 @@
-"""Real processes: SIGKILL mid-epoch + --resume equals an uninterrupted run; torchrun DDP equals 1 process."""
+"""Real processes: SIGKILL mid-epoch + --resume equals an uninterrupted run; torchrun DDP (with gradient
+accumulation too) equals 1 process."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def test_torchrun_two_processes_match_one(peaked_llama, features, tmp_path, onli
     features = data_args(features, online)  # online: each rank's target computes its rows of a batch
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "-m", "drafter_lab")
-    ddp = cli(peaked_llama, features, tmp_path / "ddp", launcher=launcher)
+    parts = () if online else ("--accumulation-steps", "2")  # captured: each rank's rows one at a time
+    ddp = cli(peaked_llama, features, tmp_path / "ddp", *parts, launcher=launcher)
     one = cli(peaked_llama, features, tmp_path / "one")
     finish(ddp)
     finish(one)

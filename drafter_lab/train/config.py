@@ -40,10 +40,11 @@ class TrainConfig:
     batch_tokens: int = 0
     """If > 0, batches hold as many sequences as fit this many padded tokens (global) instead."""
     accumulation_steps: int = 1
-    """Micro-batches per optimizer step: each rank runs its share of the step's batch in this many
-    parts, one after another, and their gradients add up to the whole batch's (only the rounding
-    differs). Memory then holds one part's activations; batch_size stays the optimizer step's
-    (SpecForge's --draft-accumulation-steps multiplies its per-GPU batch instead)."""
+    """Micro-batches per optimizer step: each rank runs its share of the step's batch in at most
+    this many parts (balanced in padded tokens), one after another, and their gradients add up to
+    the whole batch's (only the rounding differs). Memory then holds one part's activations;
+    batch_size stays the optimizer step's (SpecForge's --draft-accumulation-steps multiplies its
+    per-GPU batch instead)."""
     max_length: int = 1024
     """Sequences are truncated to this many tokens."""
     scan_features: bool = True

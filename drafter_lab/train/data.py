@@ -130,32 +130,44 @@ def plan_epoch(lengths: list[int], batch_size: int, batch_tokens: int, seed: int
     sorted_order = []
     for a in range(0, len(order), window):
         sorted_order += sorted(order[a:a + window], key=lambda i: lengths[i])
-    batches: list[list[int]] = []
     if batch_tokens > 0:
-        cur: list[int] = []
-        longest = 0
-        for i in sorted_order:
-            longest_if = max(longest, lengths[i])
-            if cur and longest_if * (len(cur) + 1) > batch_tokens:
-                batches.append(cur)
-                cur, longest_if = [], lengths[i]
-            cur.append(i)
-            longest = longest_if
-        if cur:
-            batches.append(cur)
+        batches = pack_padded(sorted_order, lengths, batch_tokens)
     else:
         batches = [sorted_order[a:a + batch_size] for a in range(0, len(sorted_order), batch_size)]
     perm = torch.randperm(len(batches), generator=g).tolist()
     return [batches[i] for i in perm]
 
 
-def micro_batches(rows: list[int], n: int) -> list[list[int]]:
-    """`rows` cut in order into min(n, len(rows)) parts whose sizes differ by at most one (a
-    batch's rows come sorted by length, so each part pads little)."""
-    n = max(1, min(n, len(rows)))
-    size, extra = divmod(len(rows), n)
-    bounds = [i * size + min(i, extra) for i in range(n + 1)]
-    return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
+def pack_padded(rows: list[int], lengths: list[int], cap: int) -> list[list[int]]:
+    """`rows` cut in order into as few parts as hold at most `cap` padded tokens each (rows x the
+    part's longest; a row longer than `cap` stands alone)."""
+    parts: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in rows:
+        longest_if = max(longest, lengths[i])
+        if cur and longest_if * (len(cur) + 1) > cap:
+            parts.append(cur)
+            cur, longest_if = [], lengths[i]
+        cur.append(i)
+        longest = longest_if
+    if cur:
+        parts.append(cur)
+    return parts
+
+
+def micro_batches(rows: list[int], lengths: list[int], n: int) -> list[list[int]]:
+    """`rows` cut in order into at most n parts, the largest as small in padded tokens as any such
+    cut allows (memory holds one part's activations at a time)."""
+    longest = max(lengths[i] for i in rows)
+    lo, hi = longest, len(rows) * longest  # a cap of hi fits one part; below lo, no row fits
+    while lo < hi:  # the smallest cap that packs into n parts (fewer parts never need a larger cap)
+        mid = (lo + hi) // 2
+        if len(pack_padded(rows, lengths, mid)) <= n:
+            hi = mid
+        else:
+            lo = mid + 1
+    return pack_padded(rows, lengths, lo)
 
 
 def shard_batch(batch: list[int], rank: int, world: int) -> list[int]:

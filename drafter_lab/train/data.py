@@ -160,7 +160,7 @@ def micro_batches(rows: list[int], lengths: list[int], n: int) -> list[list[int]
     """`rows` cut in order into at most n parts, the largest as small in padded tokens as any such
     cut allows (memory holds one part's activations at a time)."""
     longest = max(lengths[i] for i in rows)
-    lo, hi = longest, len(rows) * longest  # a cap of hi fits one part; below lo, no row fits
+    lo, hi = longest, len(rows) * longest  # hi: all rows in one part; under lo the longest row fits nowhere
     while lo < hi:  # the smallest cap that packs into n parts (fewer parts never need a larger cap)
         mid = (lo + hi) // 2
         if len(pack_padded(rows, lengths, mid)) <= n:

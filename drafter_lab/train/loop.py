@@ -359,7 +359,8 @@ class _Run:
         """This rank's share of global batch `rows` as its micro-batches, collated on the CPU
         (pinned for a GPU); an online run's target computes them one at a time too."""
         mine = shard_batch(rows, self.d.rank, self.d.world) or rows[:1]  # a rank without rows computes on a stand-in
-        parts = [collate(self.train_ex.take(part)) for part in micro_batches(mine, self.lengths, self.cfg.accumulation_steps)]
+        cut = micro_batches(mine, self.lengths, self.cfg.accumulation_steps)
+        parts = [collate(self.train_ex.take(part)) for part in cut]
         return [b.pin() for b in parts] if self.d.device.type == "cuda" else parts
 
     def train_step(self, rows: list[int], parts: list[Batch]) -> None:

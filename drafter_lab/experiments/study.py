@@ -36,7 +36,7 @@ from drafter_lab.spec.costmodel import PRESETS, CostModel
 from drafter_lab.spec.ngram_config import NgramConfig
 from drafter_lab.targets.build import build_pair
 from drafter_lab.threads import torch_threads
-from drafter_lab.train.config import SPEED_FIELDS, UNKEYED_DEFAULTS, TrainConfig
+from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
 from drafter_lab.train.loop import train
 
 
@@ -88,10 +88,10 @@ def _train_config(cfg: ExperimentConfig, steps: int) -> TrainConfig:
 
 
 def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
-    """Cache key of the source drafter: its data and training config, less SPEED_FIELDS (and
+    """Cache key of the source drafter: its data and training config, less RESULT_FREE_FIELDS (and
     UNKEYED_DEFAULTS at their defaults)."""
     train_cfg = {k: v for k, v in to_dict(_train_config(cfg, cfg.source_steps)).items()
-                 if k not in SPEED_FIELDS and (k not in UNKEYED_DEFAULTS or UNKEYED_DEFAULTS[k] != v)}
+                 if k not in RESULT_FREE_FIELDS and (k not in UNKEYED_DEFAULTS or UNKEYED_DEFAULTS[k] != v)}
     return atomic.sha256_json([base_feats.name, train_cfg])[:16]
 
 

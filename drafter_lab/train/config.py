@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPEED_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_mb")
-"""TrainConfig fields that change how fast a run goes or when bad input is caught, never its
-results: a resume may change them, and cache keys leave them out."""
+RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_mb", "keep_best")
+"""TrainConfig fields that change how fast a run goes, when bad input is caught or what else it
+keeps, never its results: a resume may change them, and cache keys leave them out."""
 
 UNKEYED_DEFAULTS = {"accumulation_steps": 1}
 """TrainConfig fields added after drafters were cached, at the value that computes what the code
@@ -86,6 +86,12 @@ class TrainConfig:
     faster than 2: OpenMP threads spin-wait when another process holds a core."""
     tensorboard: bool = False
     """Also log to TensorBoard under <out>/tensorboard (needs the tensorboard package)."""
+    keep_best: str = ""
+    """Also keep the drafter of the best validation so far by this metric in <out>/best, a drafter
+    directory like <out> whose best.json names the step: "simulated_accept_len" or "cond_acc_0"
+    (higher is better), a loss (lower is better), or any other validation metric. "" keeps only the
+    last weights. A resume may set or change it (a new metric's best counts from the resumed
+    validations on)."""
     drafter_hidden_size: int = 0
     """Drafter width H (0: the target's). H != H_target gives the drafter its own trained embedding."""
     drafter_intermediate_size: int = 0

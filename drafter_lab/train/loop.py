@@ -2,8 +2,8 @@
 
 A run's output directory is an SGLang-loadable drafter (config.json + model.safetensors) with
 train_state/, metrics.jsonl, run.json and, for a transfer, transfer.json beside it (and watch.json
-when the watch stopped it). Every input is checked before anything is written, so bad input leaves
-no partial directory behind.
+when the watch stopped it, best/ with keep_best). Every input is checked before anything is
+written, so bad input leaves no partial directory behind.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, progress
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
-from drafter_lab.train.config import SPEED_FIELDS, TrainConfig
+from drafter_lab.train.config import RESULT_FREE_FIELDS, TrainConfig
 from drafter_lab.train.data import (
     Batch,
     Examples,
@@ -38,20 +39,24 @@ from drafter_lab.train.data import (
     plan_epoch,
     shard_batch,
 )
-from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
+from drafter_lab.train.metrics import eval_counts, metric_names, summarize, weighted_loss
 from drafter_lab.train.metrics_log import METRICS, MetricsLog, read_metrics
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
-from drafter_lab.train.watch import WatchConfig, judge, read_run, unequal_batches
+from drafter_lab.train.watch import WatchConfig, judge, lower_is_better, read_run, unequal_batches
 
 WATCH_FILE = "watch.json"
 """Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
+RUN_FILE = "run.json"
+"""The run's record: config, drafter shape, target (with its fingerprint), data, planned length."""
+BEST_DIR, BEST_FILE = "best", "best.json"
+"""keep_best's drafter directory, and the file in it naming its validation (metric, value, step)."""
 
 # Fields that may change between a run and its --resume without changing what it computes (a
 # device or a micro-batching changes only the rounding: a run that ran out of memory resumes with
 # more accumulation steps).
-RESUMABLE_CHANGES = ("device", "tensorboard", "accumulation_steps", *SPEED_FIELDS)
+RESUMABLE_CHANGES = ("device", "tensorboard", "accumulation_steps", *RESULT_FREE_FIELDS)
 
 
 def _autocast(device: torch.device, bf16: bool):
@@ -205,6 +210,9 @@ class _Run:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
         if cfg.accumulation_steps < 1:
             raise LabError(f"accumulation_steps must be >= 1, got {cfg.accumulation_steps}")
+        if cfg.keep_best and cfg.keep_best not in metric_names(cfg.ttt_steps):
+            raise LabError(f"keep_best: {cfg.keep_best!r} is not a validation metric; one of "
+                           f"{', '.join(metric_names(cfg.ttt_steps))}")
         writer_cls = None
         if cfg.tensorboard and d.main:
             try:
@@ -266,6 +274,7 @@ class _Run:
         self.step = self.epoch = self.cursor = self.tokens = 0
         self.log_counts = torch.zeros(cfg.ttt_steps, N_COLS, dtype=torch.float64, device=dev)
         self.last_val: dict | None = None
+        self.best: dict | None = None  # keep_best's validation so far: metric, value, step, epoch
         self.info = {
             "config": labconfig.to_dict(cfg),
             "drafter": dataclasses.asdict(dcfg),
@@ -294,6 +303,7 @@ class _Run:
         self.tokens = _tokens_before(self.cfg, self.lengths, self.epoch, self.cursor)
         self.log_counts = s["log_counts"].to(self.d.device)
         self.last_val = s.get("last_val")
+        self.best = _kept_best(self.out_dir, self.cfg.keep_best)
         self.metrics.truncate(s["metrics_bytes"])
         state.set_rng_state(s["rng"])
 
@@ -315,9 +325,26 @@ class _Run:
         m["weighted_loss"] = weighted_loss(m, self.cfg.ttt_steps, self.cfg.loss_decay)
         self.record("val", m)
         self.last_val = {"step": self.step, "epoch": self.epoch, **m}
+        self.keep_if_best(m)
         if self.watch and self.step < self.total:
             self.check_watch()
         return self.last_val
+
+    def keep_if_best(self, m: dict) -> None:
+        """With keep_best, a validation better than every one before it puts the drafter in
+        <out>/best, whole."""
+        name = self.cfg.keep_best
+        if not name or not self.d.main or math.isnan(m[name]):
+            return
+        if self.best is not None:
+            gain = m[name] - self.best["value"]
+            if (-gain if lower_is_better(name) else gain) <= 0:  # a tie keeps the earlier drafter
+                return
+        self.best = {"metric": name, "value": m[name], "step": self.step, "epoch": self.epoch}
+        with atomic.atomic_dir(self.out_dir / BEST_DIR) as tmp:
+            save_drafter(self.drafter, tmp)
+            atomic.write_json(tmp / RUN_FILE, self.info)  # its target fingerprint, for eval's pairing check
+            atomic.write_json(tmp / BEST_FILE, {**self.best, "validation": m})
 
     def check_watch(self) -> None:
         """Rank 0 judges (it holds metrics.jsonl, and the baseline may still be growing); every rank
@@ -410,7 +437,7 @@ class _Run:
             if self.report is not None:
                 console.print(self.report.table())
                 atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
-            atomic.write_json(self.out_dir / "run.json", self.info)
+            atomic.write_json(self.out_dir / RUN_FILE, self.info)
         self.tb = self.writer_cls(str(self.out_dir / "tensorboard")) if self.writer_cls else None
         if self.watch and self.watch_note and d.main:
             log(f"[yellow]watch:[/] {self.watch_note}")
@@ -457,7 +484,21 @@ class _Run:
             log(f"trained {self.step} steps in {time.time() - self.t0:.0f}s: val cond_acc_0={v['cond_acc_0']:.3f}"
                 + (f" cond_acc_1={v['cond_acc_1']:.3f}" if c.ttt_steps > 1 else "")
                 + f" simulated_accept_len={v['simulated_accept_len']:.3f} -> {self.out_dir}")
+            if self.best is not None:
+                b = self.best
+                log(f"best {b['metric']}={b['value']:.4g} at step {b['step']} -> {self.out_dir / BEST_DIR}")
         return v
+
+
+def _kept_best(out_dir: Path, metric: str) -> dict | None:
+    """The record of the drafter kept in <out>/best, if it was kept by `metric`. A resume continues
+    from it even when a killed attempt wrote it after the last checkpoint: its weights are the ones
+    that validation measured, and a replay of that validation would write the same."""
+    path = out_dir / BEST_DIR / BEST_FILE
+    if not metric or not path.exists():
+        return None
+    kept = atomic.read_json(path, "")
+    return kept if kept.get("metric") == metric else None
 
 
 def stopped_at(out_dir: Path) -> int | None:

@@ -39,6 +39,10 @@ def weighted_loss(metrics: dict, ttt_steps: int, decay: float) -> float:
     return sum(decay ** k * metrics[f"loss_{k}"] for k in range(ttt_steps))
 
 
+def metric_names(ttt_steps: int) -> list[str]:
+    """The float metrics of a validation line in metrics.jsonl."""
+    return [k for k, v in summarize(torch.zeros(ttt_steps, N_COLS)).items() if isinstance(v, float)] + ["weighted_loss"]
+
 
 @torch.no_grad()
 def eval_counts(obj: TTTObjective, examples: Examples, batch_size: int, d, autocast) -> torch.Tensor:

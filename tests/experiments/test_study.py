@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -59,7 +60,7 @@ def test_train_config_of_the_study():
     assert (t.max_steps, t.threads, t.eval_at_start, t.seed) == (cfg.arm_steps, cfg.threads, True, cfg.seed)
 
 
-def test_source_key_ignores_speed_only(tmp_path, monkeypatch):
+def test_source_key_ignores_what_does_not_change_results(tmp_path, monkeypatch):
     cfg = get_config("tiny-cpu")
     feats = tmp_path / "abc"
     key = study._source_key(feats, cfg)
@@ -67,6 +68,10 @@ def test_source_key_ignores_speed_only(tmp_path, monkeypatch):
     # source drafter (scan_features once did). Change the pin only with a field that does.
     assert key == "ef3c404f52294185"
     assert study._source_key(feats, type(cfg)(**{**cfg.__dict__, "threads": 2})) == key
+    kept = dataclasses.replace(study._train_config(cfg, cfg.source_steps), keep_best="loss_0")
+    with monkeypatch.context() as m:
+        m.setattr(study, "_train_config", lambda *_: kept)
+        assert study._source_key(feats, cfg) == key
     assert all(getattr(study._train_config(cfg, 1), k) == v for k, v in UNKEYED_DEFAULTS.items())
     monkeypatch.setattr(study, "UNKEYED_DEFAULTS", {})  # keyed, those fields would retrain every cached source
     assert study._source_key(feats, cfg) != key

@@ -79,8 +79,12 @@ def test_a_killed_run_resumes_to_the_same_best(monkeypatch, tmp_path, peaked_lla
         _scripted(m, script, kill_at=6)
         with pytest.raises(_Killed):
             train(cfg, peaked_llama, features, tmp_path / "run")
+    stale = tmp_path / "run" / ".best.k1ll3d.tmp"  # as a kill inside the write of best/ leaves it
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
     _scripted(monkeypatch, script)
     train(cfg, peaked_llama, features, tmp_path / "run", resume=True)
+    assert not stale.exists()
     best = _best(tmp_path / "run")
     assert best == _best(tmp_path / "full") and best["step"] == max(script, key=script.get)
     for name in ("model.safetensors", "config.json", "run.json"):

@@ -13,8 +13,7 @@ import torch
 
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids
-
-RUN_RECORD = "run.json"  # written beside a trained drafter; its target.fingerprint names the target
+from drafter_lab.train.metrics_log import RUN_FILE
 
 
 def check_config(cfg, target, where) -> None:
@@ -66,8 +65,8 @@ def check_pair(target, drafter, where=None) -> None:
 
 
 def recorded_fingerprint(drafter_dir) -> str | None:
-    """The fingerprint of the target a drafter was trained on, from `run.json` beside it, if any."""
-    path = Path(drafter_dir) / RUN_RECORD
+    """The fingerprint of the target a drafter was trained on, from the run record beside it, if any."""
+    path = Path(drafter_dir) / RUN_FILE
     if not path.exists():
         return None
     try:

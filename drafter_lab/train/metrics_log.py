@@ -10,6 +10,9 @@ import os
 from pathlib import Path
 
 METRICS = "metrics.jsonl"
+RUN_FILE = "run.json"
+"""The run's record beside its metrics: config, drafter shape, target (with its fingerprint), data,
+planned length."""
 
 
 class MetricsLog:

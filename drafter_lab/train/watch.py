@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drafter_lab.errors import LabError
-from drafter_lab.train.metrics_log import METRICS, read_metrics
+from drafter_lab.train.metrics_log import METRICS, RUN_FILE, read_metrics
 
 STOP_EXIT = 3
 """`drafter-lab watch` exit status when the verdict is "stop" (0: keep training)."""
@@ -188,7 +188,7 @@ def read_run(run_dir) -> tuple[list[dict], dict]:
         rows = read_metrics(path)
     except json.JSONDecodeError as e:
         raise LabError(f"not a metrics log ({e})", path) from None
-    info = run_dir / "run.json"
+    info = run_dir / RUN_FILE
     return rows, json.loads(info.read_text()) if info.exists() else {}
 
 

@@ -28,6 +28,9 @@ def register(sub) -> None:
                    help="with --conversations: three HF hidden_states indices (default 2,L//2,L-3)")
     p.add_argument("--val-fraction", type=float, default=CaptureConfig.val_fraction,
                    help="with --conversations: fraction held out for validation (capture's hash split)")
+    p.add_argument("--val-data", metavar="PATH",
+                   help="validate on this set instead of the data's val split: every sequence of a feature directory "
+                        "captured from the same target, or (with --conversations) of a conversations file")
     p.add_argument("--out", required=True, help="output drafter directory (SGLang layout + train_state/)")
     p.add_argument("--config", help="TOML file with TrainConfig fields (top level or a [train] table)")
     p.add_argument("--draft-config", metavar="CONFIG.json",
@@ -91,7 +94,7 @@ def run(args) -> int:
     result = train(
         cfg, args.target, args.data or args.conversations, args.out, resume=args.resume, init_from=args.init_from,
         remap=not args.no_remap, l2sp=args.l2sp, transfer_lr_scale=args.transfer_lr_scale, online=online,
-        stop_if_behind=args.stop_if_behind, watch=watch_cfg,
+        stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
     )
     print(json.dumps(result))
     return STOP_EXIT if args.stop_if_behind and stopped_at(Path(args.out)) == result["step"] else 0
@@ -118,7 +121,7 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
 
 def watch(args) -> int:
     from drafter_lab.train.metrics_log import METRICS
-    from drafter_lab.train.watch import AXES, judge, read_run, unequal_batches
+    from drafter_lab.train.watch import AXES, comparison_note, judge, read_run
 
     cfg = labconfig.apply_cli_args(WatchConfig(), args)
     shown, waiting = 0, False
@@ -140,7 +143,7 @@ def watch(args) -> int:
             shown = len(verdict.rows)
             print(f"step {verdict.rows[-1]['step']}: keep training ({verdict.reason})", flush=True)
         time.sleep(args.follow)
-    note = unequal_batches(info, base_info) if cfg.watch_axis == "step" else None
+    note = comparison_note(info, base_info, cfg.watch_axis)
     if args.json:
         print(json.dumps({"run": args.run, "baseline": args.baseline, "axis": cfg.watch_axis, "total": total,
                           "note": note,

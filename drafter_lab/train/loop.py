@@ -45,7 +45,7 @@ from drafter_lab.train.metrics_log import METRICS, RUN_FILE, MetricsLog, read_me
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
-from drafter_lab.train.watch import WatchConfig, judge, lower_is_better, read_run, unequal_batches
+from drafter_lab.train.watch import WatchConfig, comparison_note, judge, lower_is_better, read_run
 
 WATCH_FILE = "watch.json"
 """Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
@@ -151,13 +151,14 @@ def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
 def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = False, init_from=None,
           remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None,
           online: CaptureConfig | None = None, target=None, stop_if_behind=None,
-          watch: WatchConfig | None = None) -> dict:
+          watch: WatchConfig | None = None, val_data=None) -> dict:
     """Train a drafter on `data_dir` features of `target_dir`; returns the final validation metrics.
 
     With `online` (capture settings; its max_length is cfg.max_length), `data_dir` is a
     conversations file instead, and the target computes each batch's states (train.sources.Online).
     Otherwise `target` may be `target_dir`'s TargetHead, loaded already (the probe's), so that it is
-    not read and held twice.
+    not read and held twice. `val_data` validates on a set of its own instead of the data's val
+    split: a feature directory captured from the same target or, online, a conversations file.
 
     `resume` continues the run in `out_dir` exactly (a directory without a train state starts
     fresh). `init_from` starts from another drafter (drafter.transfer rules; `remap=False` is the
@@ -169,14 +170,15 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     (train.watch, settings `watch`): after each validation the run stops, checkpointed, when it has
     fallen behind the baseline at equal steps and is not catching up.
     """
+    val = None if val_data is None else Path(val_data)
     d = distributed.setup(cfg.device)
     try:
         with torch_threads(cfg.threads):
             def open_source() -> Captured | Online:
                 if online is None:
-                    return Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target)
+                    return Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target, val)
                 return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
-                              d.device, cfg.online_val_cache_mb)
+                              d.device, cfg.online_val_cache_mb, val, cfg.scan_features, d.rank, d.world)
 
             run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab,
                        stop_if_behind, watch or WatchConfig())
@@ -202,8 +204,6 @@ class _Run:
             base_rows, base_info = read_run(baseline)
             judge([], base_rows, watch, None, base_where=baseline)  # a baseline that cannot be read fails now
             self.watch = (baseline, watch)
-            if watch.watch_axis == "step":
-                self.watch_note = unequal_batches({"config": labconfig.to_dict(cfg)}, base_info)
         self.stop_reason: str | None = None
         if cfg.ttt_steps < 1:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
@@ -229,8 +229,12 @@ class _Run:
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)
-            if self.saved.get("data", self.data) != self.data:  # states saved before it was kept lack it
-                raise LabError(f"--resume with other training data ({self.saved['data']} there, {self.data} now): "
+            saved = self.saved.get("data", self.data)  # states saved before it was kept lack it
+            if saved != self.data:
+                same_training = {k: v for k, v in saved.items() if k != "val"} == \
+                    {k: v for k, v in self.data.items() if k != "val"}
+                which = "validation" if same_training else "training"
+                raise LabError(f"--resume with other {which} data ({saved} there, {self.data} now): "
                                "the run would not be the same", out_dir)
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)
@@ -245,7 +249,7 @@ class _Run:
         self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
                         if n in transferred} if l2sp > 0 else {}
         lm_head = target.lm_head_weight().detach().float().to(d.device)  # one copy for top-1 and teacher
-        self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.read)
+        self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.reads[s])
                                       for s in ("train", "val"))
         if not self.train_ex or not self.val_ex:
             raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", source.where)
@@ -286,6 +290,8 @@ class _Run:
             "world_size": d.world,
             "own_embedding": self.own_embed,
         }
+        if self.watch:
+            self.watch_note = comparison_note(self.info, base_info, watch.watch_axis)
         self.writer_cls = writer_cls
         self.t0 = time.time()
 

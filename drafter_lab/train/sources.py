@@ -27,50 +27,103 @@ from drafter_lab.data.capture import (
     tokenize_conversations,
 )
 from drafter_lab.data.conversations import read_conversations
-from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence
+from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence, SequenceRef
 from drafter_lab.data.vocab import count_train_tokens
 from drafter_lab.errors import LabError
 from drafter_lab.progress import maybe_progress
 from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, load_target, load_target_head
 
 
+def _open_features(data_dir: Path, target, target_dir: Path) -> FeatureSet:
+    fs = FeatureSet(data_dir)
+    fs.check_target(target.fingerprint, target_dir)
+    if fs.hidden_size != target.hidden_size:
+        raise LabError(f"features have hidden size {fs.hidden_size}, the target {target.hidden_size}: "
+                       "they do not fit", data_dir)
+    return fs
+
+
+def _scan(sets: list[FeatureSet], rank: int, world: int) -> None:
+    """Every shard read once before anything is written; ranks split the shards."""
+    shards = [(fs, fs.dir / r["file"]) for fs in sets for split in SPLITS for r in fs.manifest.shards.get(split, [])]
+    with maybe_progress("check features", len(shards[rank::world]), rank == 0) as advance:
+        for fs, path in shards[rank::world]:
+            fs.reader.scan(path)
+            advance(1)
+
+
+class HeldOutFeatures:
+    """A validation set of its own: every sequence (both splits) of a feature directory captured
+    from the training target with the same aux layers."""
+
+    def __init__(self, val_dir: Path, target, target_dir: Path, aux_layer_ids: list[int]):
+        self.features = fs = _open_features(val_dir, target, target_dir)
+        if fs.manifest.aux_layer_ids != aux_layer_ids:
+            raise LabError(f"validation features hold aux layers {fs.manifest.aux_layer_ids}, the training data "
+                           f"{aux_layer_ids}: they do not fit", val_dir)
+        if not any(fs.manifest.counts(s)["loss_tokens"] for s in SPLITS):
+            raise LabError("no sequences with loss tokens: nothing to validate on", val_dir)
+        self.items: list[SequenceRef] = [ref for s in SPLITS for ref in fs.index(s)]
+
+    def identity(self) -> dict:
+        return {"manifest_sha256": atomic.sha256_file(self.features.dir / "manifest.json")}
+
+    def describe(self) -> dict:
+        return {"val_data": str(self.features.dir)}
+
+
+@dataclass
+class HeldOutConversations:
+    """A validation set of its own for an online run: every conversation of a file, tokenized as
+    the training ones (Online._prompts)."""
+
+    path: Path
+    items: list[Prompt]
+    skipped: dict
+
+    def identity(self) -> dict:
+        return {"sha256": atomic.sha256_file(self.path)}
+
+    def describe(self) -> dict:
+        return {"val_data": str(self.path), "val_skipped": self.skipped}
+
+
 class Captured:
     """Features captured from the target beforehand, located now and read per batch."""
 
-    def __init__(self, target_dir: Path, data_dir: Path, scan: bool, rank: int = 0, world: int = 1, target=None):
+    def __init__(self, target_dir: Path, data_dir: Path, scan: bool, rank: int = 0, world: int = 1, target=None,
+                 val_data: Path | None = None):
         self.where = data_dir
         # Embedding + lm_head (the layers never run here), unless the caller has them loaded already.
         self.target = target or load_target_head(target_dir)
-        fs = self.features = FeatureSet(data_dir)
-        fs.check_target(self.target.fingerprint, target_dir)
-        if fs.hidden_size != self.target.hidden_size:
-            raise LabError(f"features have hidden size {fs.hidden_size}, the target {self.target.hidden_size}: "
-                           "they do not fit", data_dir)
+        fs = self.features = _open_features(data_dir, self.target, target_dir)
         self.aux_layer_ids = fs.manifest.aux_layer_ids
-        self.items = {s: fs.require(s) for s in SPLITS}  # located, not read
-        self.read = None  # Examples reads the shards itself
+        self.held_out = None
+        if val_data is not None:
+            if val_data.is_file():
+                raise LabError("a run on captured features validates on a feature directory, not a file: "
+                               "capture it with `data prepare`", val_data)
+            self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
+        elif not fs.manifest.counts("val")["loss_tokens"]:
+            raise LabError("no val sequences with loss tokens, nothing to validate on: capture some "
+                           "(`data prepare --val-fraction`), or pass --val-data", data_dir)
+        self.items = {"train": fs.require("train"),  # located, not read
+                      "val": self.held_out.items if self.held_out else fs.require("val")}
+        self.reads = {"train": None, "val": None}  # Examples reads the shards itself
         if scan:
-            self._scan(rank, world)
-
-    def _scan(self, rank: int, world: int) -> None:
-        """Every shard read once before anything is written; ranks split the shards."""
-        fs = self.features
-        rows = [r for split in SPLITS for r in fs.manifest.shards.get(split, [])][rank::world]
-        with maybe_progress("check features", len(rows), rank == 0) as advance:
-            for r in rows:
-                fs.reader.scan(fs.dir / r["file"])
-                advance(1)
+            _scan([fs, *([self.held_out.features] if self.held_out else [])], rank, world)
 
     def token_counts(self) -> torch.Tensor:
         return count_train_tokens(self.where)
 
     def identity(self) -> dict:
         """What the run's data is, without where it lies: a resume must see the same."""
-        return {"manifest_sha256": atomic.sha256_file(self.features.dir / "manifest.json")}
+        out = {"manifest_sha256": atomic.sha256_file(self.features.dir / "manifest.json")}
+        return {**out, "val": self.held_out.identity()} if self.held_out else out
 
     def describe(self) -> dict:
         """Where the data lies (for run.json, beside its identity)."""
-        return {"dir": str(self.where)}
+        return {"dir": str(self.where), **(self.held_out.describe() if self.held_out else {})}
 
 
 @dataclass(frozen=True)
@@ -89,7 +142,8 @@ class Online:
     """Conversations run through the whole target, a batch at a time, as training reads them."""
 
     def __init__(self, target_dir: Path, conversations: Path, capture: CaptureConfig, device: torch.device,
-                 val_cache_mb: float = 0.0):
+                 val_cache_mb: float = 0.0, val_data: Path | None = None, scan: bool = True, rank: int = 0,
+                 world: int = 1):
         check_config(capture)
         if capture.regenerate:
             raise LabError("online training does not regenerate: run `data regenerate` first, then train on its output")
@@ -99,30 +153,53 @@ class Online:
         n = self.target.num_layers
         self.aux_layer_ids = check_aux_layer_ids(
             capture.aux_layer_ids if capture.aux_layer_ids is not None else default_aux_layer_ids(n), n, target_dir)
-        convs, skipped = read_conversations(conversations, strict=capture.strict)
-        items = tokenize_conversations(self.target.tokenizer, convs, capture, conversations, skipped)
-        if not items:
-            raise LabError(f"no conversation keeps an assistant token within max_length={capture.max_length}",
-                           conversations)
-        self.items = {s: [Prompt(*it) for it in items if split_of(it[0], capture.val_fraction) == s] for s in SPLITS}
-        self.skipped = skipped
+        self.skipped: dict = {}
+        items = self._prompts(conversations, self.skipped)
+        self.items = {s: [p for p in items if split_of(p.seq_id, capture.val_fraction) == s] for s in SPLITS}
+        self.held_out: HeldOutFeatures | HeldOutConversations | None = None
+        if val_data is not None and val_data.is_dir():
+            self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
+            if scan:
+                _scan([self.held_out.features], rank, world)
+        elif val_data is not None:
+            val_skipped: dict = {}
+            self.held_out = HeldOutConversations(val_data, self._prompts(val_data, val_skipped), val_skipped)
+        elif not self.items["val"]:
+            raise LabError(f"no conversation falls in the val split (--val-fraction {capture.val_fraction}), nothing "
+                           "to validate on: raise it, or pass --val-data", conversations)
+        if self.held_out:
+            self.items["val"] = self.held_out.items
+        # Held-out features are read from their shards; conversations go through the target.
+        self.reads = {"train": self.read, "val": None if isinstance(self.held_out, HeldOutFeatures) else self.read_val}
         # Validation reads the same batches every time: their states, once computed, can be kept.
         val_bytes = sum(map(len, self.items["val"])) * 4 * self.target.hidden_size * self.dtype.itemsize
         self.kept: dict[str, Sequence] | None = {} if 0 < val_bytes <= val_cache_mb * 2**20 else None
-        self._val_ids = {p.seq_id for p in self.items["val"]}
+
+    def _prompts(self, path: Path, skipped: dict) -> list[Prompt]:
+        convs, counts = read_conversations(path, strict=self.capture.strict)
+        skipped.update(counts)
+        items = tokenize_conversations(self.target.tokenizer, convs, self.capture, path, skipped)
+        if not items:
+            raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
+                           path)
+        return [Prompt(*it) for it in items]
 
     def read(self, prompts: list[Prompt]) -> list[Sequence]:
-        """The prompts' states, from one target forward over all of them (capture's batching), or
-        from memory for a validation batch computed before."""
-        kept = self.kept
-        if kept is not None and prompts and all(p.seq_id in kept for p in prompts):
-            return [kept[p.seq_id] for p in prompts]
+        """The prompts' states, from one target forward over all of them (capture's batching)."""
         out: list[Sequence | None] = [None] * len(prompts)
         items = [(p.seq_id, p.input_ids, p.loss_mask) for p in prompts]
         capture_states(self.target, items, self.aux_layer_ids, self.dtype, max(len(items), 1),
                        lambda *_, **__: None, out.__setitem__)
+        return out
+
+    def read_val(self, prompts: list[Prompt]) -> list[Sequence]:
+        """`read` for validation batches, from memory for one computed before (when they fit)."""
+        kept = self.kept
+        if kept is not None and prompts and all(p.seq_id in kept for p in prompts):
+            return [kept[p.seq_id] for p in prompts]
+        out = self.read(prompts)
         if kept is not None:
-            kept.update((seq.seq_id, seq) for seq in out if seq.seq_id in self._val_ids)
+            kept.update((seq.seq_id, seq) for seq in out)
         return out
 
     def token_counts(self) -> torch.Tensor:
@@ -137,9 +214,10 @@ class Online:
     def identity(self) -> dict:
         """What the run's data is, without where it lies: a resume must see the same."""
         c = self.capture
-        return {"sha256": atomic.sha256_file(self.where), "max_length": c.max_length, "dtype": c.dtype,
-                "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction}
+        out = {"sha256": atomic.sha256_file(self.where), "max_length": c.max_length, "dtype": c.dtype,
+               "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction}
+        return {**out, "val": self.held_out.identity()} if self.held_out else out
 
     def describe(self) -> dict:
         """Where the data lies and what was skipped (for run.json, beside its identity)."""
-        return {"online": str(self.where), "skipped": self.skipped}
+        return {"online": str(self.where), "skipped": self.skipped, **(self.held_out.describe() if self.held_out else {})}

@@ -197,3 +197,19 @@ def unequal_batches(run_info: dict, base_info: dict) -> str | None:
     a, b = run_info.get("config", {}), base_info.get("config", {})
     diff = [f"{k} {a.get(k)} vs {b.get(k)}" for k in ("batch_size", "batch_tokens") if a.get(k) != b.get(k)]
     return f"the runs' batches differ ({', '.join(diff)}): equal steps are not equal data; --watch-axis train_tokens compares equal data" if diff else None
+
+
+def unequal_validation(run_info: dict, base_info: dict) -> str | None:
+    """Metrics compare only on one validation set: a note when one run validates on a set of its own
+    (`--val-data`) and the other on its data's val split, or both on sets of their own that differ."""
+    a, b = (info.get("features", {}) for info in (run_info, base_info))
+    if a.get("val") == b.get("val"):
+        return None
+    where = [f.get("val_data", "its data's val split") for f in (a, b)]
+    return f"the runs validate on different sets ({where[0]} vs {where[1]}): their metrics do not compare"
+
+
+def comparison_note(run_info: dict, base_info: dict, axis: str) -> str | None:
+    """What makes a run's validations and its baseline's unequal, if anything (for the verdict)."""
+    notes = [unequal_batches(run_info, base_info) if axis == "step" else None, unequal_validation(run_info, base_info)]
+    return "; ".join(n for n in notes if n) or None

@@ -50,3 +50,14 @@ def features(peaked_llama, tmp_path_factory) -> Path:
     out = root / "features"
     prepare_features(peaked_llama, convs, out, max_length=96, val_fraction=0.25, batch_size=16)
     return out
+
+
+@pytest.fixture(scope="session")
+def held_out(peaked_llama, tmp_path_factory) -> tuple[Path, Path]:
+    """Conversations apart from the `features` ones (other stdlib files), and their features."""
+    from drafter_lab.data.capture import prepare_features
+
+    root = tmp_path_factory.mktemp("held_out")
+    convs = write_conversations(root / "held_out.jsonl", 12, seed=20)
+    prepare_features(peaked_llama, convs, root / "features", max_length=96, val_fraction=0.25, batch_size=16)
+    return convs, root / "features"

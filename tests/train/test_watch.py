@@ -13,7 +13,15 @@ from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import WATCH_FILE, train
 from drafter_lab.train.metrics_log import read_metrics
-from drafter_lab.train.watch import STOP_EXIT, WatchConfig, judge, replay, unequal_batches, value_at
+from drafter_lab.train.watch import (
+    STOP_EXIT,
+    WatchConfig,
+    comparison_note,
+    judge,
+    replay,
+    unequal_batches,
+    value_at,
+)
 
 
 def curve(points: dict[int, float], metric: str = "cond_acc_0") -> list[dict]:
@@ -105,6 +113,19 @@ def test_runs_with_other_batches_are_flagged():
     assert unequal_batches(a, a) is None
     assert unequal_batches(a, b) == ("the runs' batches differ (batch_size 8 vs 16): equal steps are not equal data; "
                                      "--watch-axis train_tokens compares equal data")
+
+
+def test_runs_validated_on_other_sets_are_flagged():
+    split = {"config": {"batch_size": 8}, "features": {"manifest_sha256": "aa"}}
+    held = {"config": {"batch_size": 8}, "features": {"manifest_sha256": "aa", "val_data": "/v", "val": {"m": "bb"}}}
+    other = {"config": {"batch_size": 16}, "features": {"val_data": "/w", "val": {"m": "cc"}}}
+    assert comparison_note(held, held, "step") is None and comparison_note(split, split, "step") is None
+    assert comparison_note(held, split, "step") == ("the runs validate on different sets (/v vs its data's val split): "
+                                                     "their metrics do not compare")
+    assert comparison_note(held, other, "train_tokens") == "the runs validate on different sets (/v vs /w): their metrics do not compare"
+    assert comparison_note(held, other, "step").startswith("the runs' batches differ (batch_size 8 vs 16)")
+    assert comparison_note(held, other, "step").endswith("; the runs validate on different sets (/v vs /w): "
+                                                         "their metrics do not compare")
 
 
 def test_a_half_written_last_line_is_left_out(tmp_path):

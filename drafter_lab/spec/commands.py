@@ -126,7 +126,8 @@ def register(sub) -> None:
     c.add_argument("--inputs", action="append", default=[],
                    help="measured inputs JSON: a benchmark's (allreduce_us, draft_step_us, verify_ms, decode_ms, "
                         "accept_length) or an `eval --json` (served accept length, and from a chain eval the "
-                        "draft-steps table; from a sweep, a row per setting and the best); repeat to combine several")
+                        "draft-steps table; from a sweep, a row per setting and the best), or a `train` run directory "
+                        "(or its best/): the accept length its validation predicts at each depth; repeat to combine several")
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw tok/s against accept length (and draft depth) per all-reduce latency")

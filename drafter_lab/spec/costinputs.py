@@ -19,6 +19,7 @@ any of these keys (others are ignored, so a benchmark can write its full results
     "decode_ms":     number, replaces decode_ms
     "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
     "accept_length": number or list of numbers (served), added to the table's columns
+    "accept_by_steps": list of numbers, the served accept length with 1, 2, ... draft steps (chain)
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
 its draft steps, draft tokens, batch (a served eval's requests in flight, `batch_of`) and topk set
@@ -27,6 +28,9 @@ length at every depth s <= S: a verify step that emitted n tokens at S (n - 1 dr
 min(n - 1, s) + 1 at s, since a chain's first s drafts do not depend on how many follow. From
 these the draft-steps table finds the depth that maximises tok/s: more steps raise the accept
 length, but each costs a draft step and one more verify token on the wire.
+
+A `train` run directory (or its `best/`) stands for the accept lengths its validation predicts at
+every depth, before any decode (`predicted_by_steps`).
 """
 
 from __future__ import annotations
@@ -61,17 +65,56 @@ def accept_by_steps(histogram, path) -> list[float]:
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
 
 
+def predicted_by_steps(validation: dict) -> list[float]:
+    """Served accept length at depths 1..K that a validation predicts (chain, greedy): draft k is
+    accepted when drafts 0..k all equal the target's top-1, which happens with probability
+    prod_{j<=k} cond_acc_j, so s steps emit 1 + sum_{k<s} prod_{j<=k} cond_acc_j tokens per verify
+    step (the bonus included; `simulated_accept_len` is that sum at s = K without it). Teacher-forced,
+    it predicts serving as well as the validation set resembles the served text."""
+    out, p = [], 1.0
+    while f"cond_acc_{len(out)}" in validation:
+        p *= validation[f"cond_acc_{len(out)}"]
+        out.append((out[-1] if out else 1.0) + p)
+    return out
+
+
+def run_inputs(path: Path) -> dict:
+    """`predicted_by_steps` of a training run: a run directory's last validation, or the kept one of
+    its best/ (`train --keep-best`)."""
+    from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
+
+    if (path / BEST_FILE).exists():
+        val = atomic.read_json(path / BEST_FILE, "")["validation"]
+    elif (path / METRICS).exists():
+        rows = [r for r in read_metrics(path) if r.get("split") == "val"]
+        if not rows:
+            raise LabError("the run has not validated yet: nothing to predict accept lengths from", path)
+        val = rows[-1]
+    else:
+        raise LabError(f"neither a training run ({METRICS}) nor its best drafter ({BEST_FILE}): "
+                       "no validation to predict accept lengths from", path)
+    by_steps = predicted_by_steps(val)
+    if not by_steps:
+        raise LabError("its validation has no cond_acc_k: nothing to predict accept lengths from", path)
+    log(f"{path}: served accept lengths predicted from the validation at step {val.get('step', '?')} "
+        f"(teacher-forced, greedy chain): {', '.join(f'{a:.2f}' for a in by_steps)} at 1..{len(by_steps)} steps")
+    return {"accept_by_steps": by_steps}
+
+
 KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "draft_extend_us_by_batch", "verify_ms",
                 "verify_ms_by_tokens", "deployment", "decode_ms", "no_draft_share", "accept_length",
-                "served_accept_len", "accept_histogram")
+                "served_accept_len", "accept_histogram", "accept_by_steps")
 DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per_layer", "cycle_overhead_ms",
                      "decode_overhead_ms")
 OVERHEADS = ("cycle_overhead_ms", "decode_overhead_ms")
 
 
 def read_inputs(path) -> dict:
-    """A measured-inputs JSON: an object with any of KNOWN_INPUTS, or an eval sweep's {"sweep": [eval, ...]}."""
+    """A measured-inputs JSON: an object with any of KNOWN_INPUTS, or an eval sweep's {"sweep": [eval, ...]};
+    or a training run's directory (`run_inputs`)."""
     path = Path(path)
+    if path.is_dir():
+        return run_inputs(path)
     data = atomic.read_json(path, "cost model inputs file not found")
     if isinstance(data, dict) and "sweep" in data:
         rows = data["sweep"]
@@ -150,6 +193,11 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
         extra.append(round(positive(data["served_accept_len"], "served_accept_len", path), 2))
     if extra:
         over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
+    if "accept_by_steps" in data:
+        given = data["accept_by_steps"]
+        if not isinstance(given, list) or not given:
+            raise LabError(f"accept_by_steps must be a list of served accept lengths, got {given!r}", path)
+        over["accept_by_steps"] = [positive(a, f"accept_by_steps[{i}]", path) for i, a in enumerate(given)]
     if data.get("accept_histogram") is not None:
         topk = (data.get("config") or {}).get("topk", 1)
         if topk == 1:

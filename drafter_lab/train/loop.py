@@ -41,7 +41,7 @@ from drafter_lab.train.data import (
     shard_batch,
 )
 from drafter_lab.train.metrics import eval_counts, metric_names, summarize, weighted_loss
-from drafter_lab.train.metrics_log import METRICS, RUN_FILE, MetricsLog, read_metrics
+from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, RUN_FILE, MetricsLog, read_metrics
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
@@ -49,8 +49,6 @@ from drafter_lab.train.watch import WatchConfig, comparison_note, judge, lower_i
 
 WATCH_FILE = "watch.json"
 """Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
-BEST_DIR, BEST_FILE = "best", "best.json"
-"""keep_best's drafter directory, and the file in it naming its validation (metric, value, step)."""
 
 # Fields that may change between a run and its --resume without changing what it computes (a
 # device or a micro-batching changes only the rounding: a run that ran out of memory resumes with

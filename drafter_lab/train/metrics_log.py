@@ -13,6 +13,8 @@ METRICS = "metrics.jsonl"
 RUN_FILE = "run.json"
 """The run's record beside its metrics: config, drafter shape, target (with its fingerprint), data,
 planned length."""
+BEST_DIR, BEST_FILE = "best", "best.json"
+"""keep_best's drafter directory, and the file in it naming its validation (metric, value, step)."""
 
 
 class MetricsLog:

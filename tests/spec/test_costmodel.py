@@ -6,12 +6,16 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
-from drafter_lab.spec.costinputs import apply_inputs
+from drafter_lab.spec.costinputs import apply_inputs, predicted_by_steps
 from drafter_lab.spec.costmodel import PRESETS, CostModel, interpolate_latency, latency_at
 from drafter_lab.spec.costreport import report, settings_table, steps_table
+from drafter_lab.train.metrics import summarize
+from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, MetricsLog
+from drafter_lab.train.ttt import COND_DEN, COND_NUM, N_COLS
 
 SEEDS = "seeds-kimi-k2.5-8x-pcie"
 
@@ -143,6 +147,47 @@ def test_draft_steps_from_an_eval_histogram(tmp_path):
     assert r["best_steps"] == max(rows, key=lambda row: row["spec_tok_s"])
     assert r["whatif"][-1]["best_steps"] == max(sized, key=lambda row: row["spec_tok_s"])
 
+
+
+def test_a_validation_predicts_the_accept_length_at_every_depth():
+    """Draft k is accepted when drafts 0..k are all right: 1 + 0.8, + 0.8 * 0.5, + 0.8 * 0.5 * 0.25."""
+    assert predicted_by_steps({"cond_acc_0": 0.8, "cond_acc_1": 0.5, "cond_acc_2": 0.25, "acc_3": 0.9}) == \
+        pytest.approx([1.8, 2.2, 2.3])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):  # at the TTT depth: the simulated accept length plus the bonus token, on fresh counts
+        counts = torch.rand(5, N_COLS, generator=g, dtype=torch.float64) * 100
+        counts[:, COND_NUM] = counts[:, COND_DEN] * torch.rand(5, generator=g, dtype=torch.float64)
+        row = summarize(counts)
+        assert predicted_by_steps(row)[-1] == pytest.approx(1 + row["simulated_accept_len"], rel=1e-12)
+
+
+def test_a_training_run_prices_its_drafter_before_any_decode(tmp_path, capsys):
+    run = tmp_path / "run"
+    log = MetricsLog(run / METRICS)
+    run.mkdir()
+    log.write({"split": "train", "step": 2, "cond_acc_0": 0.1})
+    log.write({"split": "val", "step": 2, "cond_acc_0": 0.5, "cond_acc_1": 0.5})
+    log.write({"split": "val", "step": 4, "cond_acc_0": 0.8, "cond_acc_1": 0.5})  # the last validation counts
+    cfg, _ = apply_inputs(PRESETS[SEEDS], run)
+    assert cfg.accept_by_steps == pytest.approx([1.8, 2.2]) and len(steps_table(cfg)) == 2
+    assert "served accept lengths predicted from the validation at step 4" in " ".join(capsys.readouterr().err.split())
+    best = run / BEST_DIR  # train --keep-best's drafter: the kept validation, not the last one
+    best.mkdir()
+    (best / BEST_FILE).write_text(json.dumps({"metric": "cond_acc_0", "value": 0.9, "step": 3,
+                                              "validation": {"step": 3, "cond_acc_0": 0.9}}))
+    cfg, _ = apply_inputs(PRESETS[SEEDS], best)
+    assert cfg.accept_by_steps == pytest.approx([1.9])
+    (tmp_path / "starting").mkdir()
+    MetricsLog(tmp_path / "starting" / METRICS).write({"split": "train", "step": 1, "cond_acc_0": 0.1})
+    for where, match in ((tmp_path / "starting", "has not validated yet"), (tmp_path, "neither a training run")):
+        with pytest.raises(LabError, match=match):
+            apply_inputs(PRESETS[SEEDS], where)
+    f = tmp_path / "given.json"  # the same key in an inputs file
+    f.write_text(json.dumps({"accept_by_steps": [1.7, 2.1, 2.3]}))
+    assert apply_inputs(PRESETS[SEEDS], f)[0].accept_by_steps == [1.7, 2.1, 2.3]
+    f.write_text(json.dumps({"accept_by_steps": []}))
+    with pytest.raises(LabError, match="must be a list of served accept lengths"):
+        apply_inputs(PRESETS[SEEDS], f)
 
 
 @pytest.mark.parametrize("topk, what", [(4, "tree drafting (topk 4)"), (None, "drafting of unknown topk")])

@@ -33,7 +33,8 @@ def _probe(args) -> int:
         torch.set_num_threads(args.threads)
         recipe = dataclasses.replace(recipe, threads=args.threads)
     result = probe(args.drafter, args.target, args.data, args.source_target, cfg=cfg, thresholds=th,
-                   pilot_recipe=recipe, pilot_dir=args.pilot_dir, transfer_lr_scale=args.transfer_lr_scale)
+                   pilot_recipe=recipe, pilot_dir=args.pilot_dir, transfer_lr_scale=args.transfer_lr_scale,
+                   val_data=args.val_data)
     if args.json:
         atomic.write_json(args.json, result)
     con = Console()
@@ -79,6 +80,9 @@ def register(sub) -> None:
     p.add_argument("--target", required=True, help="the new target (HF model dir)")
     p.add_argument("--data", required=True, help="features of the new target (`data prepare` output)")
     p.add_argument("--source-target", help="the target the drafter was trained for (enables aux CKA)")
+    p.add_argument("--val-data", metavar="DIR",
+                   help="measure every signal on this feature directory of the new target (e.g. the prompts it will "
+                        "serve) instead of --data's val split")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0 = torch's default); tiny models run best on 1 when cores are shared")

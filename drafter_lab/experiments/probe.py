@@ -1,6 +1,7 @@
 """The Phase-0 probe: minutes to tell whether an existing drafter will pay on a new target.
 
-Signals, all on the new target's held-out features:
+Signals, all on the new target's held-out features (its data's val split, or with `val_data` a
+feature directory of its own, e.g. captured from the prompts it will serve):
 - zero-shot acceptance: offline `cond_acc_k` and the simulated accept length of the drafter as is
   (its lm_head re-indexed to nothing: it runs with its own d2t, exactly as it would be served);
 - home acceptance: the same drafter on the *source* target's features for the same tokens (when
@@ -22,6 +23,7 @@ Verdict (thresholds in `ProbeThresholds`, justified by the drift sweep in the RE
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -34,6 +36,7 @@ from drafter_lab.targets.drift import linear_cka
 from drafter_lab.targets.hf import Target, load_target, load_target_head
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.metrics import evaluate
+from drafter_lab.train.sources import HeldOutFeatures
 
 VERDICTS = ("reuse as is", "transfer with remap", "train from scratch")
 
@@ -110,15 +113,21 @@ def _at_home(drafter, source_target_dir, val: list[Sequence], cfg: ProbeConfig, 
 
 def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: ProbeConfig | None = None,
           thresholds: ProbeThresholds | None = None, device="cpu", pilot_recipe: TrainConfig | None = None,
-          pilot_dir=None, transfer_lr_scale: float = 1.0) -> dict:
+          pilot_dir=None, transfer_lr_scale: float = 1.0, val_data=None) -> dict:
     """All signals and the verdict. The pilot (cfg.pilot_steps > 0) trains with `pilot_recipe`
-    (default TrainConfig()) cut to the pilot's steps, keeping its arms in `pilot_dir` if given."""
+    (default TrainConfig()) cut to the pilot's steps, keeping its arms in `pilot_dir` if given.
+    `val_data` (a feature directory of the new target) replaces the data's val split for every
+    signal, the pilot's validations included."""
     cfg = cfg or ProbeConfig()
     th = thresholds or ProbeThresholds()
     target = load_target_head(target_dir, device=device)  # features are given: no layer runs
     features = FeatureSet(data_dir)
     features.check_target(target.fingerprint, target_dir)
-    val = features.read(features.require("val")[: cfg.max_sequences])
+    if val_data is not None:
+        held = HeldOutFeatures(Path(val_data), target, Path(target_dir), features.manifest.aux_layer_ids)
+        val = held.features.read(held.items[: cfg.max_sequences])
+    else:
+        val = features.read(features.require("val")[: cfg.max_sequences])
     drafter = load_drafter(drafter_dir, target=target, device=device)
     lm_head = target.lm_head_weight()
 
@@ -133,7 +142,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     pilot = None
     if cfg.pilot_steps > 0:
         recipe = pilot_config(pilot_recipe or TrainConfig(), cfg.pilot_steps, drafter.config)
-        pilot = run_pilot(drafter_dir, target_dir, data_dir, recipe, pilot_dir, transfer_lr_scale, target)
+        pilot = run_pilot(drafter_dir, target_dir, data_dir, recipe, pilot_dir, transfer_lr_scale, target, val_data)
 
     verdict, reason = decide(
         zero["simulated_accept_len"], home["simulated_accept_len"] if home else None, ckas, th, pilot
@@ -143,6 +152,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
         "target": target.describe(),
         "source_target": str(source_target_dir) if source_target_dir else None,
         "held_out_sequences": len(val),
+        "val_data": None if val_data is None else str(val_data),
         "zero_shot": zero,
         "home": home,
         "vocab": vocab,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 
-def _conversations(path: Path, n: int) -> Path:
-    lines = [ln for ln in (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text().splitlines() if ln.strip()]
+def _conversations(path: Path, n: int, module: str = "textwrap.py") -> Path:
+    lines = [ln for ln in (Path(sysconfig.get_paths()["stdlib"]) / module).read_text().splitlines() if ln.strip()]
     with open(path, "w") as f:
         for i in range(n):
             a = (i * 5) % (len(lines) - 8)
@@ -27,5 +27,17 @@ def features(random_llama, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("study-features")
     out = root / "features"
     prepare_features(random_llama, _conversations(root / "convs.jsonl", 40), out, max_length=64,
+                     val_fraction=0.25, batch_size=12)
+    return out
+
+
+@pytest.fixture(scope="module")
+def held_out(random_llama, tmp_path_factory) -> Path:
+    """Features of other conversations (from another stdlib module), both splits a validation set."""
+    from drafter_lab.data.capture import prepare_features
+
+    root = tmp_path_factory.mktemp("held-out-features")
+    out = root / "features"
+    prepare_features(random_llama, _conversations(root / "convs.jsonl", 12, "shlex.py"), out, max_length=64,
                      val_fraction=0.25, batch_size=12)
     return out

@@ -9,12 +9,15 @@ import sys
 
 import pytest
 
+from drafter_lab.data.shards import FeatureSet
+from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.experiments.pilot import closing, lead_text
 from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, decide, probe
 from drafter_lab.targets.hf import load_target_head
 from drafter_lab.train import sources
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
+from drafter_lab.train.metrics import evaluate
 from drafter_lab.train.metrics_log import read_metrics
 
 RECIPE = TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
@@ -86,6 +89,24 @@ def test_pilot_trains_both_arms_with_one_recipe(source, random_llama, tmp_path, 
     assert pilot["gain"] == vals["transfer"][8] - vals["scratch"][8]
     assert out["reason"] == decide(out["zero_shot"]["simulated_accept_len"], out["home"]["simulated_accept_len"],
                                    out["aux_cka"], ProbeThresholds(), pilot)[1]
+
+
+def test_every_signal_can_be_measured_on_a_validation_set_of_its_own(source, held_out, random_llama, tmp_path):
+    src, feats = source
+    cfg = ProbeConfig(max_sequences=8, cka_tokens=256, ttt_steps=2, pilot_steps=4)
+    out = probe(src, random_llama, feats, random_llama, cfg=cfg, pilot_recipe=RECIPE, pilot_dir=tmp_path,
+                val_data=held_out)
+    fs = FeatureSet(held_out)
+    refs = (fs.index("train") + fs.index("val"))[:8]
+    assert out["held_out_sequences"] == len(refs) and fs.index("val") and out["val_data"] == str(held_out)
+    target = load_target_head(random_llama)
+    drafter = load_drafter(src, target=target)
+    zero = evaluate(drafter, target.lm_head_weight(), fs.read(refs), 2, cfg.batch_size)
+    assert out["zero_shot"] == zero
+    split = evaluate(drafter, target.lm_head_weight(), FeatureSet(feats).sequences("val")[:8], 2, cfg.batch_size)
+    assert out["zero_shot"]["positions"] != split["positions"]  # not the data's val split
+    for arm in ("scratch", "transfer"):
+        assert json.loads((tmp_path / arm / "run.json").read_text())["features"]["val_data"] == str(held_out)
 
 
 def test_cli_without_source_target_takes_the_pilots_verdict(source, random_llama, tmp_path):

@@ -84,7 +84,10 @@ def run_inputs(path: Path) -> dict:
     from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
 
     if (path / BEST_FILE).exists():
-        val = atomic.read_json(path / BEST_FILE, "")["validation"]
+        best = atomic.read_json(path / BEST_FILE, "")
+        val = best.get("validation") if isinstance(best, dict) else None
+        if not isinstance(val, dict):
+            raise LabError(f"{BEST_FILE} holds no validation: nothing to predict accept lengths from", path)
     elif (path / METRICS).exists():
         rows = [r for r in read_metrics(path) if r.get("split") == "val"]
         if not rows:

@@ -177,6 +177,9 @@ def test_a_training_run_prices_its_drafter_before_any_decode(tmp_path, capsys):
                                               "validation": {"step": 3, "cond_acc_0": 0.9}}))
     cfg, _ = apply_inputs(PRESETS[SEEDS], best)
     assert cfg.accept_by_steps == pytest.approx([1.9])
+    (best / BEST_FILE).write_text(json.dumps({"metric": "cond_acc_0"}))
+    with pytest.raises(LabError, match="best.json holds no validation"):
+        apply_inputs(PRESETS[SEEDS], best)
     (tmp_path / "starting").mkdir()
     MetricsLog(tmp_path / "starting" / METRICS).write({"split": "train", "step": 1, "cond_acc_0": 0.1})
     for where, match in ((tmp_path / "starting", "has not validated yet"), (tmp_path, "neither a training run")):

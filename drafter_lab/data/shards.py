@@ -296,7 +296,9 @@ class FeatureSet:
         """`index(split)`, refused when the manifest counts no loss token in it."""
         refs = self.index(split)
         if not refs or not self.manifest.counts(split)["loss_tokens"]:
-            raise LabError(f"no {split} sequences with loss tokens: nothing to train or evaluate on", self.dir)
+            what = ("nothing to validate on: capture some (`data prepare --val-fraction`), or pass --val-data"
+                    if split == "val" else "nothing to train on")
+            raise LabError(f"no {split} sequences with loss tokens, {what}", self.dir)
         return refs
 
     def read(self, refs: list[SequenceRef]) -> list[Sequence]:

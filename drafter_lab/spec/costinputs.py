@@ -43,6 +43,7 @@ from drafter_lab import atomic
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
 from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, with_verify_tokens
+from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
 
 
 def positive(value, key: str, path) -> float:
@@ -81,8 +82,6 @@ def predicted_by_steps(validation: dict) -> list[float]:
 def run_inputs(path: Path) -> dict:
     """`predicted_by_steps` of a training run: a run directory's last validation, or the kept one of
     its best/ (`train --keep-best`)."""
-    from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
-
     if (path / BEST_FILE).exists():
         best = atomic.read_json(path / BEST_FILE, "")
         val = best.get("validation") if isinstance(best, dict) else None

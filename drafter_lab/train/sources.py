@@ -104,9 +104,6 @@ class Captured:
                 raise LabError("a run on captured features validates on a feature directory, not a file: "
                                "capture it with `data prepare`", val_data)
             self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
-        elif not fs.manifest.counts("val")["loss_tokens"]:
-            raise LabError("no val sequences with loss tokens, nothing to validate on: capture some "
-                           "(`data prepare --val-fraction`), or pass --val-data", data_dir)
         self.items = {"train": fs.require("train"),  # located, not read
                       "val": self.held_out.items if self.held_out else fs.require("val")}
         self.reads = {"train": None, "val": None}  # Examples reads the shards itself
@@ -173,7 +170,8 @@ class Online:
         self.reads = {"train": self.read, "val": None if isinstance(self.held_out, HeldOutFeatures) else self.read_val}
         # Validation reads the same batches every time: their states, once computed, can be kept.
         val_bytes = sum(map(len, self.items["val"])) * 4 * self.target.hidden_size * self.dtype.itemsize
-        self.kept: dict[str, Sequence] | None = {} if 0 < val_bytes <= val_cache_mb * 2**20 else None
+        keep = self.reads["val"] is not None and 0 < val_bytes <= val_cache_mb * 2**20
+        self.kept: dict[str, Sequence] | None = {} if keep else None
 
     def _prompts(self, path: Path, skipped: dict) -> list[Prompt]:
         convs, counts = read_conversations(path, strict=self.capture.strict)

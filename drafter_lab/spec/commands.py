@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
@@ -128,6 +129,9 @@ def register(sub) -> None:
                         "accept_length) or an `eval --json` (served accept length, and from a chain eval the "
                         "draft-steps table; from a sweep, a row per setting and the best), or a `train` run directory "
                         "(or its best/): the accept length its validation predicts at each depth; repeat to combine several")
+    c.add_argument("--sampled", action="store_true",
+                   help="a train run's prediction for a sampled chain (its validations' sampled_acc_k, from "
+                        "`train --val-temperature T`) instead of the greedy one")
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw tok/s against accept length (and draft depth) per all-reduce latency")
@@ -150,8 +154,6 @@ def _device(name: str):
 
 def _prompt_sets(args) -> dict[str, tuple[str, list]]:
     """Each --prompts file's conversations (cut to --max-prompts), named by the file's stem."""
-    from pathlib import Path
-
     from drafter_lab.data.conversations import read_conversations
     from drafter_lab.progress import log
 
@@ -405,8 +407,10 @@ def run_costmodel(args) -> int:
     cfg = PRESETS[args.preset]
     measured = None
     sweeps = []
+    if args.sampled and not any(Path(p).is_dir() for p in args.inputs):
+        raise LabError("--sampled prices a train run's sampled prediction: give the run's directory with --inputs")
     for path in args.inputs:
-        data = read_inputs(path)
+        data = read_inputs(path, args.sampled)
         if "sweep" in data:  # priced row by row below, on the config the other inputs make
             sweeps.append((path, data["sweep"]))
             continue

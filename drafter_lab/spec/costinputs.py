@@ -30,7 +30,8 @@ these the draft-steps table finds the depth that maximises tok/s: more steps rai
 length, but each costs a draft step and one more verify token on the wire.
 
 A `train` run directory (or its `best/`) stands for the accept lengths its validation predicts at
-every depth, before any decode (`predicted_by_steps`).
+every depth, before any decode (`predicted_by_steps`): a greedy chain's, or with `sampled` a sampled
+chain's at the run's `val_temperature`.
 """
 
 from __future__ import annotations
@@ -66,20 +67,22 @@ def accept_by_steps(histogram, path) -> list[float]:
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
 
 
-def predicted_by_steps(validation: dict) -> list[float]:
-    """Served accept length at depths 1..K that a validation predicts (chain, greedy): draft k is
+def predicted_by_steps(validation: dict, sampled: bool = False) -> list[float]:
+    """Served accept length at depths 1..K that a validation predicts (chain): greedy, draft k is
     accepted when drafts 0..k all equal the target's top-1, which happens with probability
     prod_{j<=k} cond_acc_j, so s steps emit 1 + sum_{k<s} prod_{j<=k} cond_acc_j tokens per verify
-    step (the bonus included; `simulated_accept_len` is that sum at s = K without it). Teacher-forced,
-    it predicts serving as well as the validation set resembles the served text."""
+    step (the bonus included; `simulated_accept_len` is that sum at s = K without it). `sampled`:
+    the same from sampled_acc_j, a sampled chain's acceptance at the validation's temperature.
+    Teacher-forced, it predicts serving as well as the validation set resembles the served text."""
+    name = "sampled_acc" if sampled else "cond_acc"
     out, p = [], 1.0
-    while f"cond_acc_{len(out)}" in validation:
-        p *= validation[f"cond_acc_{len(out)}"]
+    while f"{name}_{len(out)}" in validation:
+        p *= validation[f"{name}_{len(out)}"]
         out.append((out[-1] if out else 1.0) + p)
     return out
 
 
-def run_inputs(path: Path) -> dict:
+def run_inputs(path: Path, sampled: bool = False) -> dict:
     """`predicted_by_steps` of a training run: a run directory's last validation, or the kept one of
     its best/ (`train --keep-best`)."""
     if (path / BEST_FILE).exists():
@@ -95,11 +98,14 @@ def run_inputs(path: Path) -> dict:
     else:
         raise LabError(f"neither a training run ({METRICS}) nor its best drafter ({BEST_FILE}): "
                        "no validation to predict accept lengths from", path)
-    by_steps = predicted_by_steps(val)
+    by_steps = predicted_by_steps(val, sampled)
     if not by_steps:
-        raise LabError("its validation has no cond_acc_k: nothing to predict accept lengths from", path)
+        missing = ("sampled_acc_k: train with --val-temperature T to predict a sampled chain" if sampled
+                   else "cond_acc_k: nothing to predict accept lengths from")
+        raise LabError(f"its validation has no {missing}", path)
+    chain = "sampled chain" if sampled else "greedy chain"
     log(f"{path}: served accept lengths predicted from the validation at step {val.get('step', '?')} "
-        f"(teacher-forced, greedy chain): {', '.join(f'{a:.2f}' for a in by_steps)} at 1..{len(by_steps)} steps")
+        f"(teacher-forced, {chain}): {', '.join(f'{a:.2f}' for a in by_steps)} at 1..{len(by_steps)} steps")
     return {"accept_by_steps": by_steps}
 
 
@@ -111,12 +117,12 @@ DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per
 OVERHEADS = ("cycle_overhead_ms", "decode_overhead_ms")
 
 
-def read_inputs(path) -> dict:
+def read_inputs(path, sampled: bool = False) -> dict:
     """A measured-inputs JSON: an object with any of KNOWN_INPUTS, or an eval sweep's {"sweep": [eval, ...]};
-    or a training run's directory (`run_inputs`)."""
+    or a training run's directory (`run_inputs`, greedy or `sampled`)."""
     path = Path(path)
     if path.is_dir():
-        return run_inputs(path)
+        return run_inputs(path, sampled)
     data = atomic.read_json(path, "cost model inputs file not found")
     if isinstance(data, dict) and "sweep" in data:
         rows = data["sweep"]

@@ -33,7 +33,7 @@ from drafter_lab.spec.accept import greedy_walk, sampled_walk
 from drafter_lab.spec.drafting import DrafterRunner
 from drafter_lab.spec.ngram import NgramDrafter
 from drafter_lab.spec.phases import PhaseClock
-from drafter_lab.spec.sampling import probs_from_logits, sample
+from drafter_lab.spec.sampling import SAMPLE_TOPK, probs_from_logits, sample
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import DraftTree, chain
 
@@ -51,7 +51,7 @@ class SpecConfig:
     capped at the number of candidates. A chain always verifies its S tokens."""
     temperature: float = 0.0
     """0 = greedy; > 0 = sampling at this temperature with lossless rejection."""
-    sample_topk: int = 8
+    sample_topk: int = SAMPLE_TOPK
     """Sampled chains: the drafter proposes from its top-k distribution renormalised (q)."""
     use_fused: bool | None = None
     """Draft step: True = fused op, False = PyTorch reference, None = fused when built and on CUDA."""

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import torch
 
+SAMPLE_TOPK = 8
+"""A sampled chain's proposal q: the drafter's top-8 renormalised at the temperature (the engine
+drafts from it, and a validation's sampled acceptance assumes it)."""
+
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / temperature) in fp32 (temperature > 0)."""

@@ -8,7 +8,7 @@ RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_
 """TrainConfig fields that change how fast a run goes, when bad input is caught or what else it
 keeps, never its results: a resume may change them, and cache keys leave them out."""
 
-UNKEYED_DEFAULTS = {"accumulation_steps": 1}
+UNKEYED_DEFAULTS = {"accumulation_steps": 1, "val_temperature": 0.0}
 """TrainConfig fields added after drafters were cached, at the value that computes what the code
 before them did, bit for bit: there cache keys leave them out, so cached drafters stay valid."""
 
@@ -69,6 +69,10 @@ class TrainConfig:
     starting loss next to a fresh drafter's)."""
     eval_batch_size: int = 16
     """Sequences per validation batch."""
+    val_temperature: float = 0.0
+    """> 0: each validation also predicts a sampled chain served at this temperature (drafts drawn
+    from the drafter's top-8, verified by lossless rejection): sampled_acc_k, sampled_accept_len.
+    0: the greedy metrics only. Training is the same either way."""
     checkpoint_every: int = 0
     """Also write the train state every this many steps (0: at epoch ends and at the end)."""
     log_every: int = 10

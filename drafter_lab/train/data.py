@@ -3,9 +3,10 @@
 Examples are read per batch (`Examples.take`), so a run holds the batch in hand, not the feature
 set: a real target's features are terabytes. Each sequence is truncated to max_length, and the
 target's top-1 over the FULL vocabulary, which accuracy is measured against, is computed from
-`final_hidden` the first time the sequence is read and kept (4 bytes a token). The teacher
-distribution restricted to the draft vocab is recomputed per batch (one matmul with the draft
-vocab's lm_head rows), cheaper than caching [tokens, N] floats.
+`final_hidden` the first time the sequence is read and kept (4 bytes a token), with, for a
+validation that measures sampled acceptance, the log-partition of the target's full-vocab logits at
+its temperature (4 bytes more). The teacher distribution restricted to the draft vocab is recomputed
+per batch (one matmul with the draft vocab's lm_head rows), cheaper than caching [tokens, N] floats.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Example:
     aux_hidden: torch.Tensor  # [T, 3*H_t]
     final_hidden: torch.Tensor  # [T, H_t]
     top1: torch.Tensor  # int64 [T]: target argmax over its full vocab at each position
+    logz: torch.Tensor | None = None  # fp32 [T]: logsumexp of those logits / temperature (sampled validation)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -37,22 +39,30 @@ class Batch:
     aux_hidden: torch.Tensor  # [B, T, 3*H_t]
     final_hidden: torch.Tensor  # [B, T, H_t]
     top1: torch.Tensor  # [B, T]
+    logz: torch.Tensor | None = None  # [B, T], when the examples carry it
 
     def to(self, device) -> Batch:
-        return Batch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
+        return Batch(*(t if t is None else t.to(device, non_blocking=True) for t in vars(self).values()))
 
     def pin(self) -> Batch:
         """In page-locked memory, so that `to(cuda)` copies asynchronously."""
-        return Batch(*(t.pin_memory() for t in vars(self).values()))
+        return Batch(*(t if t is None else t.pin_memory() for t in vars(self).values()))
 
 
 @torch.no_grad()
-def target_top1(final_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
-    out = torch.empty(len(final_hidden), dtype=torch.long)
+def target_top1(final_hidden: torch.Tensor, lm_head: torch.Tensor, temperature: float = 0.0,
+                chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's argmax over its full vocab at each position and, at temperature > 0, the
+    log-partition logsumexp(logits / temperature) that normalises its sampling distribution."""
+    top1 = torch.empty(len(final_hidden), dtype=torch.long)
+    logz = torch.empty(len(final_hidden)) if temperature > 0 else None
     w = lm_head.float()
     for a in range(0, len(final_hidden), chunk):
-        out[a:a + chunk] = (final_hidden[a:a + chunk].to(w) @ w.T).argmax(-1).cpu()
-    return out
+        logits = final_hidden[a:a + chunk].to(w) @ w.T
+        top1[a:a + chunk] = logits.argmax(-1).cpu()
+        if logz is not None:
+            logz[a:a + chunk] = torch.logsumexp(logits / temperature, -1).cpu()
+    return top1, logz
 
 
 def _tokens(item) -> int:
@@ -63,12 +73,13 @@ class Examples:
     """Sequences (in memory, or located in shards and read on demand) as training examples.
 
     `read(items) -> Sequences` replaces the reading for items of another kind (an online run's
-    prompts, whose states the target computes per batch). The full-vocab top-1 is computed on
-    `device` (the run's), where a real target's lm_head matmul belongs; the features themselves
-    stay on the CPU until their batch is collated."""
+    prompts, whose states the target computes per batch). The full-vocab top-1 (and at
+    `temperature` > 0 the log-partition there) is computed on `device` (the run's), where a real
+    target's lm_head matmul belongs; the features themselves stay on the CPU until their batch is
+    collated."""
 
     def __init__(self, items: list, lm_head_weight: torch.Tensor, max_length: int,
-                 device: torch.device | str = "cpu", read=None):
+                 device: torch.device | str = "cpu", read=None, temperature: float = 0.0):
         lengths = [min(_tokens(it), max_length) for it in items]
         self.items = [it for it, n in zip(items, lengths) if n >= 3]
         self.lengths = [n for n in lengths if n >= 3]
@@ -76,7 +87,8 @@ class Examples:
         self.reader, self.max_length = ShardReader(), max_length
         self.read = read or self._read
         self.lm_head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
-        self._top1: dict[int, torch.Tensor] = {}
+        self.temperature = temperature
+        self._target: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -89,10 +101,12 @@ class Examples:
         for i, s in zip(ids, self.read([self.items[i] for i in ids]), strict=True):
             n = self.lengths[i]
             final = s.final_hidden[:n]
-            if i not in self._top1:
-                self._top1[i] = target_top1(final, self.lm_head).int()
+            if i not in self._target:
+                top1, logz = target_top1(final, self.lm_head, self.temperature)
+                self._target[i] = top1.int(), logz
+            top1, logz = self._target[i]
             out.append(Example(input_ids=s.input_ids[:n].long(), loss_mask=s.loss_mask[:n].bool(),
-                               aux_hidden=s.aux_hidden[:n], final_hidden=final, top1=self._top1[i].long()))
+                               aux_hidden=s.aux_hidden[:n], final_hidden=final, top1=top1.long(), logz=logz))
         return out
 
 
@@ -107,6 +121,7 @@ def collate(examples: list[Example]) -> Batch:
         aux_hidden=torch.zeros(B, T, aux_w, dtype=dtype),
         final_hidden=torch.zeros(B, T, fin_w, dtype=dtype),
         top1=torch.zeros(B, T, dtype=torch.long),
+        logz=None if examples[0].logz is None else torch.zeros(B, T),
     )
     for i, e in enumerate(examples):
         n = len(e)
@@ -115,6 +130,8 @@ def collate(examples: list[Example]) -> Batch:
         batch.aux_hidden[i, :n] = e.aux_hidden
         batch.final_hidden[i, :n] = e.final_hidden
         batch.top1[i, :n] = e.top1
+        if batch.logz is not None:
+            batch.logz[i, :n] = e.logz
     return batch
 
 

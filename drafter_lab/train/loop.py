@@ -30,7 +30,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, progress
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
-from drafter_lab.train.config import RESULT_FREE_FIELDS, TrainConfig
+from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
 from drafter_lab.train.data import (
     Batch,
     Examples,
@@ -141,7 +141,8 @@ def _tokens_before(cfg: TrainConfig, lengths: list[int], epoch: int, cursor: int
 
 def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
     now = labconfig.to_dict(cfg)
-    diff = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k])
+    # a field added after the run was saved computes what the code before it did at its unkeyed default
+    diff = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k, UNKEYED_DEFAULTS.get(k)) != now[k])
     if diff:
         raise LabError(f"--resume with a different config ({', '.join(diff)}): the run would not be the same", out_dir)
 
@@ -207,9 +208,11 @@ class _Run:
             raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
         if cfg.accumulation_steps < 1:
             raise LabError(f"accumulation_steps must be >= 1, got {cfg.accumulation_steps}")
-        if cfg.keep_best and cfg.keep_best not in metric_names(cfg.ttt_steps):
-            raise LabError(f"keep_best: {cfg.keep_best!r} is not a validation metric; one of "
-                           f"{', '.join(metric_names(cfg.ttt_steps))}")
+        if cfg.val_temperature < 0:
+            raise LabError(f"val_temperature must be >= 0, got {cfg.val_temperature}")
+        names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0)
+        if cfg.keep_best and cfg.keep_best not in names:
+            raise LabError(f"keep_best: {cfg.keep_best!r} is not a validation metric; one of {', '.join(names)}")
         writer_cls = None
         if cfg.tensorboard and d.main:
             try:
@@ -247,8 +250,8 @@ class _Run:
         self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
                         if n in transferred} if l2sp > 0 else {}
         lm_head = target.lm_head_weight().detach().float().to(d.device)  # one copy for top-1 and teacher
-        self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.reads[s])
-                                      for s in ("train", "val"))
+        self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.reads[s], t)
+                                      for s, t in (("train", 0.0), ("val", cfg.val_temperature)))
         if not self.train_ex or not self.val_ex:
             raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", source.where)
 
@@ -257,7 +260,7 @@ class _Run:
         drafter.to(dev)
         self.anchors = {n: a.to(dev) for n, a in self.anchors.items()}
         used = torch.arange(len(d2t)) + d2t
-        self.obj = TTTObjective(drafter, lm_head[used.to(dev)], cfg.ttt_steps, cfg.loss_decay)
+        self.obj = TTTObjective(drafter, lm_head[used.to(dev)], cfg.ttt_steps, cfg.loss_decay, cfg.val_temperature)
         self.model = self.obj
         if d.active:
             from torch.nn.parallel import DistributedDataParallel
@@ -307,7 +310,8 @@ class _Run:
         self.sched.load_state_dict(s["scheduler"])
         self.step, self.epoch, self.cursor = s["step"], s["epoch"], s["cursor"]
         self.tokens = _tokens_before(self.cfg, self.lengths, self.epoch, self.cursor)
-        self.log_counts = s["log_counts"].to(self.d.device)
+        saved = s["log_counts"]  # a state saved before the sampled columns existed has fewer
+        self.log_counts[:, :saved.shape[1]] = saved.to(self.d.device)
         self.last_val = s.get("last_val")
         self.best = _kept_best(self.out_dir, self.cfg.keep_best)
         self.metrics.truncate(s["metrics_bytes"])
@@ -326,7 +330,8 @@ class _Run:
 
     def validate(self) -> dict:
         self.drafter.eval()
-        m = summarize(eval_counts(self.obj, self.val_ex, self.cfg.eval_batch_size, self.d, self.autocast))
+        m = summarize(eval_counts(self.obj, self.val_ex, self.cfg.eval_batch_size, self.d, self.autocast),
+                      self.cfg.val_temperature > 0)
         self.drafter.train()
         m["weighted_loss"] = weighted_loss(m, self.cfg.ttt_steps, self.cfg.loss_decay)
         self.record("val", m)

@@ -15,22 +15,45 @@ from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 from drafter_lab.train import distributed
 from drafter_lab.train.data import Examples, collate
-from drafter_lab.train.ttt import CE_SUM, COND_DEN, COND_NUM, N_COLS, N_CORRECT, N_LOSS, N_VALID, TTTObjective
+from drafter_lab.train.ttt import (
+    CE_SUM,
+    COND_DEN,
+    COND_NUM,
+    N_COLS,
+    N_CORRECT,
+    N_LOSS,
+    N_VALID,
+    S_DEN,
+    S_NUM,
+    TTTObjective,
+)
 
 
-def summarize(counts: torch.Tensor) -> dict:
-    """loss_k, acc_k, cond_acc_k and simulated_accept_len from summed counts [K, N_COLS]."""
-    c = counts.double().cpu()
+def _chained(c: torch.Tensor, num: int, den: int, name: str, total: str) -> dict:
+    """Per step the ratio num/den (`name`_k), and `total` = sum_k prod_{j<=k} of them: the accept
+    length of a K-step chain whose step k passes with that conditional probability."""
     out: dict = {}
     accept, chain = 0.0, 1.0
     for k in range(c.shape[0]):
-        out[f"loss_{k}"] = float(c[k, CE_SUM] / c[k, N_LOSS]) if c[k, N_LOSS] > 0 else float("nan")
-        out[f"acc_{k}"] = float(c[k, N_CORRECT] / c[k, N_VALID]) if c[k, N_VALID] > 0 else 0.0
-        cond = float(c[k, COND_NUM] / c[k, COND_DEN]) if c[k, COND_DEN] > 0 else 0.0
-        out[f"cond_acc_{k}"] = cond
+        cond = float(c[k, num] / c[k, den]) if c[k, den] > 0 else 0.0
+        out[f"{name}_{k}"] = cond
         chain *= cond
         accept += chain
-    out["simulated_accept_len"] = accept
+    out[total] = accept
+    return out
+
+
+def summarize(counts: torch.Tensor, sampled: bool = False) -> dict:
+    """loss_k, acc_k, cond_acc_k and simulated_accept_len from summed counts [K, N_COLS]; `sampled`
+    (a validation at a temperature): also sampled_acc_k and sampled_accept_len (ttt.py's S_* columns)."""
+    c = counts.double().cpu()
+    out: dict = {}
+    for k in range(c.shape[0]):
+        out[f"loss_{k}"] = float(c[k, CE_SUM] / c[k, N_LOSS]) if c[k, N_LOSS] > 0 else float("nan")
+        out[f"acc_{k}"] = float(c[k, N_CORRECT] / c[k, N_VALID]) if c[k, N_VALID] > 0 else 0.0
+    out.update(_chained(c, COND_NUM, COND_DEN, "cond_acc", "simulated_accept_len"))
+    if sampled:
+        out.update(_chained(c, S_NUM, S_DEN, "sampled_acc", "sampled_accept_len"))
     out["positions"] = int(c[0, N_VALID])
     return out
 
@@ -39,9 +62,10 @@ def weighted_loss(metrics: dict, ttt_steps: int, decay: float) -> float:
     return sum(decay ** k * metrics[f"loss_{k}"] for k in range(ttt_steps))
 
 
-def metric_names(ttt_steps: int) -> list[str]:
+def metric_names(ttt_steps: int, sampled: bool = False) -> list[str]:
     """The float metrics of a validation line in metrics.jsonl."""
-    return [k for k, v in summarize(torch.zeros(ttt_steps, N_COLS)).items() if isinstance(v, float)] + ["weighted_loss"]
+    names = summarize(torch.zeros(ttt_steps, N_COLS), sampled)
+    return [k for k, v in names.items() if isinstance(v, float)] + ["weighted_loss"]
 
 
 @torch.no_grad()
@@ -58,9 +82,10 @@ def eval_counts(obj: TTTObjective, examples: Examples, batch_size: int, d, autoc
 
 
 def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: list[Sequence] | list[SequenceRef],
-             ttt_steps: int, batch_size: int = 16, max_length: int | None = None) -> dict:
+             ttt_steps: int, batch_size: int = 16, max_length: int | None = None, temperature: float = 0.0) -> dict:
     """Teacher-forced loss_k, acc_k, cond_acc_k and simulated accept length on `sequences` (in memory,
-    or `FeatureSet.index` refs, read a batch at a time).
+    or `FeatureSet.index` refs, read a batch at a time); at `temperature` > 0 also a sampled chain's
+    sampled_acc_k and sampled_accept_len there.
 
     `lm_head_weight` is the target's full lm_head [V, H_t]; the drafter's d2t/t2d give its vocab.
     """
@@ -68,14 +93,14 @@ def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: li
     used = (torch.arange(drafter.config.draft_vocab_size) + drafter.d2t.cpu()).long()
     head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
     examples = Examples(sequences, lm_head_weight, max_length or drafter.config.max_position_embeddings,
-                        device=device)
+                        device=device, temperature=temperature)
     if not examples:
         raise LabError("no sequences long enough to evaluate on")
-    obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8)
+    obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8, temperature)
     d = distributed.Dist(rank=0, world=1, local_rank=0, device=device)
     was_training = drafter.training
     drafter.eval()
     try:
-        return summarize(eval_counts(obj, examples, batch_size, d, contextlib.nullcontext()))
+        return summarize(eval_counts(obj, examples, batch_size, d, contextlib.nullcontext()), temperature > 0)
     finally:
         drafter.train(was_training)

@@ -11,6 +11,13 @@ At TTT step k (s = 1 + k), position t
   counts (as a miss) for accuracy, which compares the draft argmax mapped through d2t with the
   target's argmax over its FULL vocab.
 cond_acc_k counts only positions whose steps 0..k-1 were all right.
+
+Sampled acceptance (validation batches that carry the target's log-partition at a temperature T):
+a chain drafted at T draws step k's token from q, the drafter's top-SAMPLE_TOPK renormalised at T,
+and the target accepts it with probability a_k = sum_x min(p(x), q(x)), p the target's full-vocab
+distribution at T (`chain_accept_rate`). Position t's chain reaches step k with probability
+prod_{j<k} a_j; the S_* columns sum that over step k's loss positions, before and after step k, so
+their ratio is the sampled analogue of cond_acc_k (at T -> 0 it is cond_acc_k).
 """
 
 from __future__ import annotations
@@ -19,11 +26,26 @@ import torch
 from torch import nn
 
 from drafter_lab.drafter.model import Eagle3Drafter, upcast
+from drafter_lab.spec.sampling import SAMPLE_TOPK
 from drafter_lab.train.data import Batch
 
 # Per-step count columns; metrics are ratios of sums, so they add up exactly over batches/ranks.
-N_VALID, N_LOSS, CE_SUM, N_CORRECT, COND_DEN, COND_NUM = range(6)
-N_COLS = 6
+N_VALID, N_LOSS, CE_SUM, N_CORRECT, COND_DEN, COND_NUM, S_DEN, S_NUM = range(8)
+N_COLS = 8
+
+
+def chain_accept_rate(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """Per row, the probability that a sampled chain's draft is accepted: sum_x min(p(x), q(x)).
+
+    logits: the drafter's [M, N] over the draft vocab; target_logits: the target's [M, N] on the same
+    draft-vocab tokens; logz: [M] logsumexp of the target's full-vocab logits / temperature. q lives
+    on the drafter's top-SAMPLE_TOPK, so p is only needed there.
+    """
+    top, idx = logits.topk(min(SAMPLE_TOPK, logits.shape[-1]), -1)
+    q = torch.softmax(top / temperature, -1)
+    p = torch.exp(target_logits.gather(-1, idx) / temperature - logz[:, None])
+    return torch.minimum(p, q).sum(-1)
 
 
 def step_masks(batch: Batch, t2d: torch.Tensor, K: int):
@@ -56,12 +78,14 @@ class TTTObjective(nn.Module):
     A module (not a function) so that DistributedDataParallel can wrap it.
     """
 
-    def __init__(self, drafter: Eagle3Drafter, teacher_head: torch.Tensor, ttt_steps: int, loss_decay: float):
+    def __init__(self, drafter: Eagle3Drafter, teacher_head: torch.Tensor, ttt_steps: int, loss_decay: float,
+                 temperature: float = 0.0):
         super().__init__()
         self.drafter = drafter
         self.teacher_head = teacher_head  # [N, H_t] target lm_head rows of the draft vocab (not a buffer)
         self.ttt_steps = ttt_steps
         self.loss_decay = loss_decay
+        self.temperature = temperature  # of the sampled acceptance, in batches that carry logz
 
     def forward(self, batch: Batch, denominators: torch.Tensor | None = None, scale: float = 1.0):
         d = self.drafter
@@ -76,11 +100,14 @@ class TTTObjective(nn.Module):
         # (later steps' cond_acc needs step k's correctness there).
         need = valid.flip(0).cummax(0).values.flip(0)
         with torch.no_grad():
-            teacher = torch.log_softmax(upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T), -1)
+            target_logits = upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T)
+            teacher = torch.log_softmax(target_logits, -1)
         hidden = d.project(batch.aux_hidden)
         positions = torch.arange(T, device=dev).expand(B, T)
         cache: list = []
         prev_ok = torch.ones(B, T, dtype=torch.bool, device=dev)
+        sampled = batch.logz is not None
+        reach = torch.ones(B, T, dtype=torch.float64, device=dev)  # P(position t's sampled chain gets to step k)
         counts = torch.zeros(K, N_COLS, dtype=torch.float64, device=dev)
         loss = upcast(hidden.new_zeros(()))
         for k in range(K):
@@ -113,5 +140,12 @@ class TTTObjective(nn.Module):
                 ok = torch.zeros_like(prev_ok)
                 ok[:, :n][sel] = correct
                 prev_ok = prev_ok & ok
+                if sampled:
+                    rate = torch.zeros_like(reach)
+                    rate[:, :n][sel] = chain_accept_rate(logits, target_logits[:, s:s + n][sel],
+                                                         batch.logz[:, s:s + n][sel], self.temperature).double()
+                    counts[k, S_DEN] = reach[:, :n][sel][v].sum()
+                    reach = reach * rate
+                    counts[k, S_NUM] = reach[:, :n][sel][v].sum()
         return loss, counts
 

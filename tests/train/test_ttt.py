@@ -1,21 +1,24 @@
-"""The batched TTT objective against a position-by-position decode with draft_step."""
+"""The batched TTT objective against a position-by-position decode with draft_step, and its sampled
+acceptance against the speculative-sampling primitives on dense full-vocab distributions."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.spec.sampling import SAMPLE_TOPK, probs_from_logits, scatter_dist
 from drafter_lab.train.data import Example, collate, plan_epoch, target_top1
 from drafter_lab.train.metrics import summarize
-from drafter_lab.train.ttt import CE_SUM, TTTObjective
+from drafter_lab.train.ttt import CE_SUM, COND_DEN, COND_NUM, N_COLS, S_DEN, S_NUM, TTTObjective
 
 V, N, H, HT, K = 53, 17, 32, 24, 4
 
 
-def setup(seed=0):
+def setup(seed=0, temperature=0.0):
     cfg = DrafterConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=8, draft_vocab_size=N, target_vocab_size=V, target_hidden_size=HT,
                         aux_layer_ids=[2, 4, 5], rope_theta=100.0)
@@ -30,21 +33,25 @@ def setup(seed=0):
     examples = []
     for T in (13, 9, 11):
         final = torch.randn(T, HT, dtype=torch.float64)
+        top1, logz = target_top1(final, head, temperature)
         examples.append(Example(
             input_ids=torch.randint(0, V, (T,)),
             loss_mask=torch.rand(T) < 0.7,
             aux_hidden=torch.randn(T, 3 * HT, dtype=torch.float64),
             final_hidden=final,
-            top1=target_top1(final, head),
+            top1=top1,
+            logz=logz,
         ))
     return d, head, used, examples
 
 
 @torch.no_grad()
-def naive_counts(d: Eagle3Drafter, head: torch.Tensor, used: torch.Tensor, e: Example, decay: float):
-    """Decode every position with a KV cache, one draft step at a time."""
+def naive_counts(d: Eagle3Drafter, head: torch.Tensor, used: torch.Tensor, e: Example, decay: float,
+                 temperature: float = 0.0):
+    """Decode every position with a KV cache, one draft step at a time; at a temperature, a sampled
+    chain's acceptance from dense full-vocab p and q (the engine's primitives)."""
     T = len(e)
-    counts = torch.zeros(K, 6, dtype=torch.float64)
+    counts = torch.zeros(K, N_COLS, dtype=torch.float64)
     kc, vc = d.new_kv_cache(1, T + K)
     h0 = []
     for t in range(T - 1):  # prefill: step 0 at t embeds x_{t+1}
@@ -55,7 +62,7 @@ def naive_counts(d: Eagle3Drafter, head: torch.Tensor, used: torch.Tensor, e: Ex
         k2, v2 = kc.clone(), vc.clone()
         k2[:, :, t + 1:] = 0
         v2[:, :, t + 1:] = 0
-        h, prev_ok = h0[t], True
+        h, prev_ok, reach = h0[t], True, 1.0
         for k in range(K):
             s = 1 + k
             if t + s > T - 1:
@@ -69,9 +76,17 @@ def naive_counts(d: Eagle3Drafter, head: torch.Tensor, used: torch.Tensor, e: Ex
                 teacher = torch.log_softmax(e.final_hidden[t + s] @ head[used].T, -1)
                 in_vocab = bool(d.t2d[e.top1[t + s]])
                 ce = float(-(teacher.exp() * torch.log_softmax(logits, -1)).sum())
-                counts[k] += torch.tensor([1, in_vocab, ce * in_vocab, correct, prev_ok, prev_ok and correct],
-                                          dtype=torch.float64)
+                counts[k, :6] += torch.tensor([1, in_vocab, ce * in_vocab, correct, prev_ok, prev_ok and correct],
+                                              dtype=torch.float64)
             prev_ok = prev_ok and correct
+            if temperature > 0:
+                p = probs_from_logits(e.final_hidden[t + s] @ head.T, temperature)
+                top, idx = logits.topk(SAMPLE_TOPK)
+                q = scatter_dist(used[idx][None], torch.softmax(top / temperature, -1)[None], V)[0]
+                before, reach = reach, reach * float(torch.minimum(p, q).sum())
+                if t + s + 1 <= T - 1 and e.loss_mask[t + s + 1]:
+                    counts[k, S_DEN] += before
+                    counts[k, S_NUM] += reach
     return counts
 
 
@@ -80,13 +95,38 @@ def test_batched_objective_equals_decoding_position_by_position():
     obj = TTTObjective(d, head[used], K, 0.8)
     loss, counts = obj(collate(examples))
     want = sum(naive_counts(d, head, used, e, 0.8) for e in examples)
-    integer_cols = [c for c in range(6) if c != CE_SUM]
+    integer_cols = [c for c in range(N_COLS) if c != CE_SUM]
     assert torch.equal(counts[:, integer_cols], want[:, integer_cols])
     torch.testing.assert_close(counts[:, CE_SUM], want[:, CE_SUM], rtol=1e-9, atol=1e-9)
     want_loss = sum(0.8 ** k * want[k, CE_SUM] / want[k, 1] for k in range(K))
     assert math.isclose(loss.item(), float(want_loss), rel_tol=1e-9)
     assert want[:, 1].sum() < want[:, 0].sum()  # some positions dropped: target top-1 outside the vocab
     assert (want[:, 4] < want[:, 0]).any()  # cond_acc is conditional on something
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.0, 1.7])
+def test_sampled_acceptance_equals_dense_speculative_sampling_position_by_position(temperature):
+    d, head, used, examples = setup(seed=2, temperature=temperature)
+    obj = TTTObjective(d, head[used], K, 0.8, temperature)
+    _, counts = obj(collate(examples))
+    want = sum(naive_counts(d, head, used, e, 0.8, temperature) for e in examples)
+    torch.testing.assert_close(counts[:, :S_DEN], want[:, :S_DEN], rtol=1e-9, atol=1e-9)
+    # p and q are fp32 on both sides (target_top1's logits, probs_from_logits)
+    torch.testing.assert_close(counts[:, S_DEN:], want[:, S_DEN:], rtol=1e-5, atol=1e-6)
+    assert 0 < want[0, S_NUM] < want[0, S_DEN]  # some drafts are rejected, some accepted
+    assert (want[1:, S_DEN] < want[1:, 0]).all()  # deeper steps are reached with probability < 1
+    # Without the log-partition (training batches) nothing is measured.
+    plain = collate(examples)
+    plain.logz = None
+    assert not obj(plain)[1][:, [S_DEN, S_NUM]].any()
+
+
+def test_sampled_acceptance_tends_to_greedy_as_the_temperature_falls():
+    d, head, used, examples = setup(seed=3, temperature=1e-3)
+    _, counts = TTTObjective(d, head[used], K, 0.8, 1e-3)(collate(examples))
+    # counts over ~20 positions each; a near-tie between two logits still splits its position a little
+    torch.testing.assert_close(counts[:, [S_DEN, S_NUM]], counts[:, [COND_DEN, COND_NUM]], rtol=0, atol=1e-2)
+    assert counts[:, COND_NUM].sum() > 0
 
 
 def test_padding_does_not_leak():
@@ -98,7 +138,7 @@ def test_padding_does_not_leak():
 
 
 def test_summarize_is_ratios_of_sums():
-    c = torch.zeros(3, 6, dtype=torch.float64)
+    c = torch.zeros(3, N_COLS, dtype=torch.float64)
     c[:, 0] = torch.tensor([10, 10, 10])  # valid
     c[:, 1] = torch.tensor([8, 8, 8])  # in loss
     c[:, 2] = torch.tensor([16, 8, 4])  # ce sum
@@ -109,6 +149,13 @@ def test_summarize_is_ratios_of_sums():
     assert (m["loss_0"], m["loss_1"], m["loss_2"]) == (2.0, 1.0, 0.5)
     assert (m["acc_0"], m["cond_acc_1"], m["cond_acc_2"]) == (0.5, 0.8, 0.5)
     assert math.isclose(m["simulated_accept_len"], 0.5 + 0.5 * 0.8 + 0.5 * 0.8 * 0.5)
+    assert not any(k.startswith("sampled") for k in m)
+    c[:, S_DEN] = torch.tensor([10, 6, 5])
+    c[:, S_NUM] = torch.tensor([6, 3, 4])
+    m = summarize(c, sampled=True)
+    assert (m["sampled_acc_0"], m["sampled_acc_1"], m["sampled_acc_2"]) == (0.6, 0.5, 0.8)
+    assert math.isclose(m["sampled_accept_len"], 0.6 + 0.6 * 0.5 + 0.6 * 0.5 * 0.8)
+    assert m["cond_acc_1"] == 0.8  # the greedy metrics are unchanged
 
 
 def test_epoch_plan_is_deterministic_and_covers_every_sequence():

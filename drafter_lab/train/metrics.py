@@ -1,4 +1,5 @@
-"""Metrics from TTT counts (loss_k, acc_k, cond_acc_k, simulated accept length) and `evaluate`.
+"""Metrics from TTT counts (loss_k, acc_k, cond_acc_k, simulated accept length; at a temperature
+sampled_acc_k and sampled_accept_len) and `evaluate`.
 
 Counts are sums (see ttt.py's columns), so metrics over many batches or ranks are exact ratios of
 sums, not averages of per-batch ratios.

@@ -107,7 +107,7 @@ class TTTObjective(nn.Module):
         cache: list = []
         prev_ok = torch.ones(B, T, dtype=torch.bool, device=dev)
         sampled = batch.logz is not None
-        reach = torch.ones(B, T, dtype=torch.float64, device=dev)  # P(position t's sampled chain gets to step k)
+        reach = torch.ones(B, T, dtype=torch.float64, device=dev) if sampled else None  # P(t's chain gets to step k)
         counts = torch.zeros(K, N_COLS, dtype=torch.float64, device=dev)
         loss = upcast(hidden.new_zeros(()))
         for k in range(K):

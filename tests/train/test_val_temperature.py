@@ -4,6 +4,7 @@ sampled_accept_len), priced by `costmodel --inputs RUN --sampled`."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -22,7 +23,7 @@ from drafter_lab.train.metrics_log import read_metrics
 
 CFG = TrainConfig(draft_vocab_size=128, max_steps=6, batch_size=8, ttt_steps=3, lr=3e-3, warmup_steps=3,
                   log_every=1, eval_every=3, eval_batch_size=8, threads=1, max_length=96)
-SAMPLED = CFG.__class__(**{**vars(CFG), "val_temperature": 0.8, "keep_best": "sampled_accept_len"})
+SAMPLED = dataclasses.replace(CFG, val_temperature=0.8, keep_best="sampled_accept_len")
 
 
 def rows(out, split: str) -> list[dict]:
@@ -61,7 +62,7 @@ def test_a_run_validates_a_sampled_chain_too(peaked_llama, features, tmp_path, c
 
 
 def test_a_run_saved_before_the_sampled_columns_resumes(peaked_llama, features, tmp_path, monkeypatch):
-    cfg = CFG.__class__(**{**vars(CFG), "log_every": 3, "checkpoint_every": 2})
+    cfg = dataclasses.replace(CFG, log_every=3, checkpoint_every=2)
     full = train(cfg, peaked_llama, features, tmp_path / "full")
     mid, save = {}, state.save
     monkeypatch.setattr(state, "save", lambda out, s: (mid.setdefault("s", copy.deepcopy(s)), save(out, s)))
@@ -75,8 +76,7 @@ def test_a_run_saved_before_the_sampled_columns_resumes(peaked_llama, features, 
     assert train(cfg, peaked_llama, features, tmp_path / "run", resume=True) == full
     assert rows(tmp_path / "run", "train") == rows(tmp_path / "full", "train")
     with pytest.raises(LabError, match=r"--resume with a different config \(val_temperature\)"):
-        train(CFG.__class__(**{**vars(cfg), "val_temperature": 0.8}), peaked_llama, features, tmp_path / "run",
-              resume=True)
+        train(dataclasses.replace(cfg, val_temperature=0.8), peaked_llama, features, tmp_path / "run", resume=True)
 
 
 @pytest.mark.parametrize("over, message", [
@@ -85,6 +85,6 @@ def test_a_run_saved_before_the_sampled_columns_resumes(peaked_llama, features, 
 ])
 def test_bad_settings_are_refused_before_anything_is_written(peaked_llama, features, tmp_path, over, message):
     with pytest.raises(LabError, match=message):
-        train(CFG.__class__(**{**vars(CFG), **over}), peaked_llama, features, tmp_path / "out")
+        train(dataclasses.replace(CFG, **over), peaked_llama, features, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

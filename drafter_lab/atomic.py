@@ -1,7 +1,11 @@
 """Atomic writes (temp file in the same directory + fsync + rename), the matching JSON read, and
 content hashes.
 
-A killed run never leaves a half-written file: readers see the old version or the new one.
+A killed run never leaves a half-written file: readers see the old version or the new one. Its
+temp (a shard, a whole target directory) would stay behind, so each temp is named for its writer,
+`.<name>.<pid>@<host>.<random>.tmp`, and the next write of the same path on that host removes the
+temps of writers that are gone. A live writer's temp, another host's (a shared cache) and a name
+of another form are left alone.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -20,9 +26,41 @@ _UMASK = os.umask(0o22)
 os.umask(_UMASK)
 
 
+def _owner_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}@{socket.gethostname()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clear_stale_temps(path: Path) -> list[Path]:
+    """Remove the temps that writers of `path` on this host left when they were killed; returns them."""
+    own = re.compile(rf"{re.escape(f'.{path.name}.')}(\d+)@{re.escape(socket.gethostname())}\.[^.]+\.tmp")
+    gone = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in path.parent.iterdir():
+            m = own.fullmatch(entry.name)
+            if m and not _alive(int(m.group(1))):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        entry.unlink()
+                gone.append(entry)
+    return gone
+
+
 def _temp_beside(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    clear_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(tmp)
 
@@ -161,7 +199,8 @@ def atomic_dir(path: str | os.PathLike):
     """Yield a temp directory beside `path`; on success it replaces `path` whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    clear_stale_temps(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
     tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700
     try:
         yield tmp

@@ -1,8 +1,14 @@
-"""Atomic writes keep normal file modes; progress writes plain lines where no terminal is attached."""
+"""Atomic writes keep normal file modes and clear what killed writers left; progress writes plain lines
+where no terminal is attached."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +30,47 @@ def test_atomic_writes_get_the_umask_modes(tmp_path):
         (d / "f").write_text("y")
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o777 & ~umask
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left behind
+
+
+KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from drafter_lab import atomic
+with (atomic.atomic_dir if sys.argv[2] == "dir" else atomic.atomic_path)(Path(sys.argv[1])) as tmp:
+    (tmp / "part" if sys.argv[2] == "dir" else tmp).write_text("half")
+    print(tmp, flush=True)
+    time.sleep(600)
+"""
+
+
+def killed_writer(path: Path, kind: str) -> tuple[Path, int]:
+    """A real process killed (SIGKILL) while it writes `path`: the temp it leaves, and its pid."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path), kind], stdout=subprocess.PIPE, text=True)
+    tmp = Path(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    assert tmp.exists() and proc.returncode == -signal.SIGKILL
+    return tmp, proc.pid
+
+
+def test_the_next_write_clears_what_a_killed_writer_left(tmp_path):
+    host = socket.gethostname()
+    dir_tmp, dead = killed_writer(tmp_path / "x", "dir")
+    file_tmp, _ = killed_writer(tmp_path / "y.json", "file")
+    kept = [tmp_path / f".x.{os.getpid()}@{host}.abcd1234.tmp",  # a live writer's
+            tmp_path / f".x.{dead}@elsewhere.abcd1234.tmp",  # another host's, on a shared cache
+            tmp_path / f".x.5.{dead}@{host}.abcd1234.tmp",  # a temp of "x.5", not of "x"
+            tmp_path / ".x.abcd1234.tmp"]  # a name of another form
+    for k in kept:
+        k.mkdir()
+    with atomic.atomic_dir(tmp_path / "x") as d:
+        (d / "f").write_text("whole")
+    atomic.write_json(tmp_path / "y.json", {"whole": True})
+    assert not dir_tmp.exists() and not file_tmp.exists()
+    assert all(k.exists() for k in kept)
+    assert (tmp_path / "x" / "f").read_text() == "whole" and not (tmp_path / "x" / "part").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(k.name for k in kept), "x", "y.json"])
 
 
 def test_progress_logs_lines_without_a_terminal(capsys):

@@ -58,15 +58,6 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _clear_stale_temps(dest: Path, older_than_s: float = 6 * 3600) -> None:
-    """Remove temp dirs that killed builds of this stage left beside `dest` (old ones only, so a
-    concurrent build of the same stage keeps its own)."""
-    now = time.time()
-    for tmp in dest.parent.glob(f".{dest.name}.*.tmp"):
-        if now - tmp.stat().st_mtime > older_than_s:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _llama(cfg: TargetConfig, tok):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -320,12 +311,10 @@ def build_pair(
         if base_cached:
             log(f"base: cached ({base_dir})")
         else:
-            _clear_stale_temps(base_dir)
             _build_base(cfg, corpus, base_key, base_dir, device)
         if tuned_cached:
             log(f"tuned: cached ({tuned_dir})")
         else:
-            _clear_stale_temps(tuned_dir)
             _build_tuned(cfg, corpus, base_dir, tuned_key, tuned_dir, device)
 
     base_info = json.loads((base_dir / "build.json").read_text())

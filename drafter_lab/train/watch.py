@@ -199,10 +199,21 @@ def unequal_batches(run_info: dict, base_info: dict) -> str | None:
     return f"the runs' batches differ ({', '.join(diff)}): equal steps are not equal data; --watch-axis train_tokens compares equal data" if diff else None
 
 
+SPLIT_OF = ("manifest_sha256", "sha256", "val_fraction", "max_length")
+"""The identity keys that fix a run's val split: captured features (their manifest), or an online
+run's conversations file, its split and the length that decides which conversations it skips."""
+
+
 def unequal_validation(run_info: dict, base_info: dict) -> str | None:
     """Metrics compare only on one validation set: a note when one run validates on a set of its own
-    (`--val-data`) and the other on its data's val split, or both on sets of their own that differ."""
+    (`--val-data`) and the other on its data's val split, both on sets of their own that differ, or
+    both on the val splits of different data of one kind (two feature directories, two online files)."""
     a, b = (info.get("features", {}) for info in (run_info, base_info))
+    if "val" not in a and "val" not in b:
+        if all((k in a) == (k in b) for k in SPLIT_OF) and any(a.get(k) != b.get(k) for k in SPLIT_OF):
+            where = [f.get("dir", f.get("online")) for f in (a, b)]
+            return f"the runs validate on the val splits of different data ({where[0]} vs {where[1]}): their metrics do not compare"
+        return None
     if a.get("val") == b.get("val"):
         return None
     where = [f.get("val_data", "its data's val split") for f in (a, b)]

@@ -126,6 +126,16 @@ def test_runs_validated_on_other_sets_are_flagged():
     assert comparison_note(held, other, "step").startswith("the runs' batches differ (batch_size 8 vs 16)")
     assert comparison_note(held, other, "step").endswith("; the runs validate on different sets (/v vs /w): "
                                                          "their metrics do not compare")
+    # Both on their data's val split: equal only when the data are.
+    other_data = {"config": {"batch_size": 8}, "features": {"manifest_sha256": "dd", "dir": "/f2"}}
+    assert comparison_note({**split, "features": {**split["features"], "dir": "/f1"}}, other_data, "step") == (
+        "the runs validate on the val splits of different data (/f1 vs /f2): their metrics do not compare")
+    online = {"config": {"batch_size": 8}, "features": {"sha256": "ee", "val_fraction": 0.1, "online": "/c.jsonl"}}
+    assert comparison_note(online, online, "step") is None
+    resplit = {**online, "features": {**online["features"], "val_fraction": 0.2}}
+    assert comparison_note(online, resplit, "step") == ("the runs validate on the val splits of different data "
+                                                        "(/c.jsonl vs /c.jsonl): their metrics do not compare")
+    assert comparison_note(online, split, "step") is None  # online vs captured: the identities do not compare
 
 
 def test_a_half_written_last_line_is_left_out(tmp_path):

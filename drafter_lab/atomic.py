@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _clear_stale_temps(path: Path) -> None:
+def clear_stale_temps(path: Path) -> None:
     """Remove the temps that writers of `path` on this host left when they were killed."""
     own = re.compile(rf"{re.escape(f'.{path.name}.')}(\d+)@{re.escape(socket.gethostname())}\.[^.]+\.tmp")
     with contextlib.suppress(FileNotFoundError):
@@ -56,7 +56,7 @@ def _clear_stale_temps(path: Path) -> None:
 
 def _temp_beside(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _clear_stale_temps(path)
+    clear_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(tmp)
@@ -196,7 +196,7 @@ def atomic_dir(path: str | os.PathLike):
     """Yield a temp directory beside `path`; on success it replaces `path` whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _clear_stale_temps(path)
+    clear_stale_temps(path)
     tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
     tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700
     try:

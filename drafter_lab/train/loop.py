@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -299,8 +298,7 @@ class _Run:
     # ---- bookkeeping ----------------------------------------------------------------------------
     def restore(self) -> None:
         if self.d.main:  # a kill while best/ was written leaves its temp directory, a drafter's size
-            for stale in self.out_dir.glob(f".{BEST_DIR}.*.tmp"):
-                shutil.rmtree(stale, ignore_errors=True)
+            atomic.clear_stale_temps(self.out_dir / BEST_DIR)
         s = self.saved
         if s is None:
             self.metrics.truncate(0)  # a --resume that found no state: a killed first attempt's lines go

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -79,7 +82,9 @@ def test_a_killed_run_resumes_to_the_same_best(monkeypatch, tmp_path, peaked_lla
         _scripted(m, script, kill_at=6)
         with pytest.raises(_Killed):
             train(cfg, peaked_llama, features, tmp_path / "run")
-    stale = tmp_path / "run" / ".best.k1ll3d.tmp"  # as a kill inside the write of best/ leaves it
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    # as a killed writer of best/ leaves it (its process is gone)
+    stale = tmp_path / "run" / f".best.{int(gone.stdout)}@{socket.gethostname()}.k1ll3d_.tmp"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"partial")
     _scripted(monkeypatch, script)

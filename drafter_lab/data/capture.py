@@ -39,7 +39,7 @@ from drafter_lab import config as cfglib
 from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
 from drafter_lab.data.chat import encode_conversation
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
-from drafter_lab.data.regenerate import regenerate
+from drafter_lab.data.regenerate import SAMPLER, regenerate
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
@@ -96,6 +96,8 @@ def check_config(cfg: CaptureConfig) -> None:
         raise LabError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
     if cfg.temperature < 0:
         raise LabError(f"temperature must be >= 0, got {cfg.temperature}")
+    if cfg.token_exact and not cfg.regenerate:
+        raise LabError("token_exact keeps the tokens the target samples while regenerating: it needs regenerate")
 
 
 def resume_settings(target: dict, aux_ids: list[int], dtype: str, source: dict) -> dict:
@@ -164,7 +166,7 @@ def tokenize_conversations(tokenizer, convs, cfg: CaptureConfig, conversations_p
     items = []
     for conv in convs:
         try:
-            ids, mask = encode_conversation(tokenizer, conv.messages, cfg.max_length)
+            ids, mask = encode_conversation(tokenizer, conv.messages, cfg.max_length, cfg.token_exact)
         except LabError as e:
             raise LabError(f"conversation {conv.id}: {e}", conversations_path) from None
         if not mask.any():  # the assistant text lies past max_length
@@ -226,8 +228,16 @@ def _source(cfg: CaptureConfig, conversations_path: Path) -> dict:
         "val_fraction": cfg.val_fraction,
         "shard_size": cfg.shard_size,
         "batch_size": cfg.batch_size,  # padding inside a batch moves the low bits of the states
-        "regenerate": {k: getattr(cfg, k) for k in regen} if cfg.regenerate else None,
+        "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
+        **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
     }
+
+
+def sampled_at(source: dict) -> float | None:
+    """The temperature at which a manifest's assistant tokens are the target's own samples (a
+    token-exact regeneration), else None."""
+    regen = source.get("regenerate")
+    return float(regen["temperature"]) if source.get("token_exact") and regen else None
 
 
 def plan_shards(items: list[tuple], val_fraction: float, shard_size: int) -> dict[str, list[list[tuple]]]:

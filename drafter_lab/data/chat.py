@@ -8,6 +8,12 @@ and including the first special token: the end-of-turn token (`<|im_end|>`, `<|e
 `<end_of_turn>`, `</s>`), which the drafter must learn to propose too. Role headers, user and
 system turns stay unmasked. Templates that rewrite earlier turns (not prefix-stable) fall back to
 finding the assistant text itself in the render.
+
+Token-exact (`token_exact`): each assistant turn's text is replaced by the tokens the target
+sampled (`token_ids`, kept by regeneration) and the text around it is tokenized piece by piece, so
+the first turn follows its prompt exactly as a server tokenized and extended it. Re-tokenizing the
+whole text instead can split an answer into other tokens than the target wrote (at temperature 1,
+most answers of the tiny pair), which a replay of serving over the text cannot afford.
 """
 
 from __future__ import annotations
@@ -64,22 +70,62 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str) -> list[tup
     return spans
 
 
-def encode_conversation(tokenizer, messages: list[dict], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length."""
-    text = render(tokenizer, messages)
+def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
+    """Token ids of `text` and the character offset (plus `at`) where each starts."""
     try:
         enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
     except NotImplementedError:
         raise LabError("tokenizer gives no character offsets (a fast tokenizer is needed)") from None
-    ids = list(enc["input_ids"])
-    starts = [a for a, _ in enc["offset_mapping"]]
+    return list(enc["input_ids"]), [at + a for a, _ in enc["offset_mapping"]]
+
+
+def _spliced(tokenizer, messages: list[dict], text: str,
+             spans: list[tuple[int, int]]) -> tuple[list[int], list[int], list[bool]]:
+    """Ids and starts of `text` with each assistant turn's text replaced by its `token_ids` (all
+    starting at the turn's offset, so the span masks them), and which ids the target sampled."""
+    ids: list[int] = []
+    starts: list[int] = []
+    sampled: list[bool] = []
+    cursor = 0
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    for i, (start, _) in zip(turns, spans):
+        m = messages[i]
+        if "token_ids" not in m:
+            raise LabError(f"assistant turn {i} has no token_ids: a token-exact capture needs the target's own "
+                           "tokens (data prepare --regenerate)")
+        # Templates may trim an answer; the sampled ids stand for the whole of what was written.
+        content = next((c for c in (m["content"], m["content"].strip()) if text.startswith(c, start)), None)
+        if content is None:
+            raise LabError(f"chat template rewrites assistant turn {i}: cannot place the target's own tokens")
+        if any(t >= len(tokenizer) for t in m["token_ids"]):
+            raise LabError(f"assistant turn {i} holds token ids past the tokenizer's {len(tokenizer)}")
+        piece, at = _tokenize(tokenizer, text[cursor:start], cursor)
+        ids += piece + m["token_ids"]
+        starts += at + [start] * len(m["token_ids"])
+        sampled += [False] * len(piece) + [True] * len(m["token_ids"])
+        cursor = start + len(content)
+    piece, at = _tokenize(tokenizer, text[cursor:], cursor)
+    return ids + piece, starts + at, sampled + [False] * len(piece)
+
+
+def encode_conversation(tokenizer, messages: list[dict], max_length: int,
+                        token_exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
+    `token_exact`: assistant turns as their `token_ids`."""
+    text = render(tokenizer, messages)
+    spans = assistant_char_spans(tokenizer, messages, text)
+    if token_exact:
+        ids, starts, sampled = _spliced(tokenizer, messages, text, spans)
+    else:
+        ids, starts = _tokenize(tokenizer, text)
+        sampled = [False] * len(ids)
     special = special_token_ids(tokenizer)
     mask = [False] * len(ids)
-    for start, stop in assistant_char_spans(tokenizer, messages, text):
+    for start, stop in spans:
         t = bisect.bisect_left(starts, start)
         while t < len(ids) and starts[t] < stop:
             mask[t] = True
-            if ids[t] in special:  # the end-of-turn token closes the span
+            if ids[t] in special and not sampled[t]:  # the template's end-of-turn token closes the span
                 break
             t += 1
     ids, mask = ids[:max_length], mask[:max_length]

@@ -32,6 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
     p.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size, help=docs["regen_batch_size"])
     p.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
+    p.add_argument("--token-exact", action="store_true", help=docs["token_exact"])
     p.add_argument("--max-length", type=int, default=d.max_length, help=docs["max_length"])
     p.add_argument("--aux-layer-ids", type=aux_ids_arg, default=None, metavar="I,J,K", help=docs["aux_layer_ids"])
     p.add_argument("--dtype", default=d.dtype, choices=DTYPE_NAMES, help=docs["dtype"])
@@ -101,6 +102,7 @@ def _prepare(args) -> int:
         max_new_tokens=args.max_new_tokens,
         regen_batch_size=args.regen_batch_size,
         seed=args.seed,
+        token_exact=args.token_exact,
         strict=args.strict,
         device=args.device,
     )

@@ -5,6 +5,9 @@ Each line holds `conversations` (or `messages`): a list of turns written either 
 where `human` means user and `gpt` means assistant). An optional `id` names the conversation;
 without one the id is a hash of its turns, so the train/val split stays stable across reruns.
 
+An assistant turn the target regenerated locally also keeps `token_ids`, the tokens it sampled
+(regenerate.py), which a token-exact capture reads instead of tokenizing the text again.
+
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
 (an error under `strict`).
@@ -33,7 +36,8 @@ ROLES = {
 
 @dataclass
 class Conversation:
-    """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised)."""
+    """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; a
+    regenerated assistant turn also holds `token_ids`)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)
@@ -58,7 +62,13 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})", path)
     if not isinstance(content, str):
         raise LabError(f"{where}: turn content is {type(content).__name__}, not text", path)
-    return {"role": ROLES[str(role).lower()], "content": content}
+    out = {"role": ROLES[str(role).lower()], "content": content}
+    ids = turn.get("token_ids")
+    if ids is not None:
+        if not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
+            raise LabError(f"{where}: token_ids must be a list of token ids (integers >= 0)", path)
+        out["token_ids"] = ids
+    return out
 
 
 def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], dict]:

@@ -4,7 +4,9 @@ A drafter learns to predict the target; training on the target's own answers (th
 data) matches what it will see when serving. Turn k of every conversation is generated in round
 k, from the conversation as already regenerated (so later turns follow the target's earlier
 answers, as in a real chat). Prompts are batched with left padding and decoded with HF `generate`
-(KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. A journal
+(KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. Each answer
+keeps the token ids the target produced (`token_ids`, its end token left out) beside its text, so
+that a capture can use the target's own tokens (`data prepare --token-exact`). A journal
 (journal.py) records each batch as it finishes, so a killed run resumes.
 """
 
@@ -33,23 +35,37 @@ def stop_token_ids(target) -> list[int]:
     return ids
 
 
+# Every knob a model's generation_config.json may set that reshapes the distribution (Qwen2.5 ships
+# top_k 20, top_p 0.8, repetition_penalty 1.05), set to its neutral value: `generate` fills the knobs
+# left unset from that file and then from its own defaults (top_k 50), which would truncate.
+NEUTRAL_SAMPLING = dict(top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+                        repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
+
+
+SAMPLER = {"sampler": "plain"}
+"""Names the sampler in a regeneration's settings (argmax, or softmax(logits / T) over the whole
+vocabulary, nothing inherited from the model's generation config): data made before, when `generate`
+filled in top-k 50 and the model's own knobs, is other data, and a journal or manifest of it is refused."""
+
+
 def generation_config(target, temperature: float, max_new_tokens: int):
-    """HF generation settings: greedy at temperature 0, else plain sampling; stops at any end token."""
+    """HF generation settings: greedy at temperature 0, else softmax(logits / temperature) over the
+    whole vocabulary, as `eval --temperature` serves; stops at any end token."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None,
-        top_k=None,
-        top_p=None,
+        temperature=temperature if temperature > 0 else 1.0,
         eos_token_id=stop_token_ids(target),
         pad_token_id=target.tokenizer.pad_token_id,
+        **NEUTRAL_SAMPLING,
     )
 
 
-def generate_texts(target, prompts: list[str], gen_config) -> list[str]:
-    """One left-padded `generate` over rendered prompts; each answer's text up to its end token."""
+def generate_texts(target, prompts: list[str], gen_config) -> list[tuple[str, list[int]]]:
+    """One left-padded `generate` over rendered prompts; each answer's text and token ids up to its
+    end token."""
     tok = target.tokenizer
     side = tok.padding_side
     tok.padding_side = "left"  # generated tokens must follow each prompt directly
@@ -62,11 +78,11 @@ def generate_texts(target, prompts: list[str], gen_config) -> list[str]:
         out = target.model.generate(**enc, generation_config=gen_config)
     new = out[:, enc["input_ids"].shape[1]:].tolist()
     stops = set(gen_config.eos_token_id)
-    texts = []
+    answers = []
     for row in new:
         end = next((j for j, t in enumerate(row) if t in stops), len(row))
-        texts.append(tok.decode(row[:end], skip_special_tokens=True))
-    return texts
+        answers.append((tok.decode(row[:end], skip_special_tokens=True), row[:end]))
+    return answers
 
 
 def _rng_state(device: torch.device) -> dict:
@@ -108,7 +124,8 @@ def regenerate(
     turns = [c.assistant_turns() for c in convs]
     rounds = max((len(t) for t in turns), default=0)
     records = journal.records if journal is not None else []
-    recorded = {(r["round"], cid): text for r in records for cid, text in r["answers"].items()}
+    recorded = {(r["round"], cid): (text, r.get("token_ids", {}).get(cid)) for r in records
+                for cid, text in r["answers"].items()}
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
         torch.manual_seed(seed)
         if records and temperature > 0:  # replayed batches draw nothing: continue from the last one's state
@@ -123,15 +140,20 @@ def regenerate(
                     chunk = order[b : b + batch_size]
                     ids = [jobs[j][0].id for j in chunk]
                     if all((k, cid) in recorded for cid in ids):
-                        texts = [recorded[k, cid] for cid in ids]
+                        answers = [recorded[k, cid] for cid in ids]
                     else:
-                        texts = generate_texts(target, [prompts[j] for j in chunk], gen_config)
+                        answers = generate_texts(target, [prompts[j] for j in chunk], gen_config)
                         if journal is not None:
                             rng = {"rng": _rng_state(target.device)} if temperature > 0 else {}
-                            journal.append({"round": k, "answers": dict(zip(ids, texts)), **rng})
-                    for j, text in zip(chunk, texts):
+                            journal.append({"round": k, "answers": {c: a[0] for c, a in zip(ids, answers)},
+                                            "token_ids": {c: a[1] for c, a in zip(ids, answers)}, **rng})
+                    for j, (text, token_ids) in zip(chunk, answers):
                         conv, i = jobs[j]
                         conv.messages[i]["content"] = text
+                        if token_ids is not None:  # a journal written before ids were kept has none
+                            conv.messages[i]["token_ids"] = token_ids
+                        else:
+                            conv.messages[i].pop("token_ids", None)
                     advance(len(chunk), round=k + 1)
     return convs
 
@@ -140,4 +162,5 @@ def regeneration_settings(target, source: Path, temperature: float, max_new_toke
                           seed: int) -> dict:
     """Everything that decides a local regeneration's output: a journal made with other settings is refused."""
     return {"target": target.describe(), "conversations_sha256": atomic.sha256_file(source),
-            "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed}
+            "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
+            **SAMPLER}

@@ -12,7 +12,6 @@ file is removed.
 
 from __future__ import annotations
 
-import copy
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,7 +62,8 @@ def ask(cfg: ServerConfig, messages: list[dict]) -> str:
 
 
 def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
-    out = Conversation(id=conv.id, messages=copy.deepcopy(conv.messages))
+    # role and content only: a server gets no ids of ours, and ids of an earlier local regeneration go
+    out = Conversation(id=conv.id, messages=[{"role": m["role"], "content": m["content"]} for m in conv.messages])
     for i in out.assistant_turns():
         out.messages[i]["content"] = ask(cfg, out.messages[:i])
     return out

@@ -25,6 +25,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.config import to_dict
 from drafter_lab.data.capture import prepare_features
+from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.data.shards import Manifest
 from drafter_lab.errors import LabError
 from drafter_lab.experiments import plots, report
@@ -101,7 +102,7 @@ def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfi
 
     settings = dict(max_length=cfg.max_length, regenerate=True, temperature=cfg.regen_temperature,
                     max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
-    key = atomic.sha256_json([fingerprint(target_dir), atomic.sha256_file(prompts), settings])[:16]
+    key = atomic.sha256_json([fingerprint(target_dir), atomic.sha256_file(prompts), settings, SAMPLER])[:16]
     out = cache / "features" / key
     prepare_features(target_dir, prompts, out, **settings)
     return out

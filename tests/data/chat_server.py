@@ -31,7 +31,7 @@ class Handler(BaseHTTPRequestHandler):
         with open(log_file, "a") as f:
             f.write(json.dumps(req) + "\n")
         prompt = render(target.tokenizer, req["messages"], add_generation_prompt=True)
-        text = generate_texts(target, [prompt], generation_config(target, req["temperature"], req["max_tokens"]))[0]
+        text, _ = generate_texts(target, [prompt], generation_config(target, req["temperature"], req["max_tokens"]))[0]
         body = json.dumps({"object": "chat.completion",
                            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
         self.send_response(200)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -104,3 +105,60 @@ def test_template_that_rewrites_answers_is_refused(random_llama):
     tok.chat_template = LENGTH_HEADER.replace("{{ m['content'] }}", "{{ m['content'] | upper }}")
     with pytest.raises(LabError, match="chat template drops or rewrites assistant turn 2"):
         encode_conversation(tok, MESSAGES, max_length=10_000)
+
+
+def word_by_word(tok, text: str) -> list[int]:
+    """Ids of `text` tokenized one word (and one run of spaces) at a time: a split of the same text
+    that whole-text tokenization does not give, as a target's sampled tokens often are not."""
+    return [i for w in re.split(r"(\s+)", text) if w for i in tok(w, add_special_tokens=False)["input_ids"]]
+
+
+@pytest.mark.parametrize("template", [None, HEADER_WITH_SPECIAL, NO_HEADER, LENGTH_HEADER],
+                         ids=["chatml", "special-header", "no-header", "not-prefix-stable"])
+def test_token_exact_masks_the_sampled_tokens_and_tokenizes_the_rest_around_them(random_llama, template):
+    tok = load_tokenizer(random_llama)
+    if template is not None:
+        tok.chat_template = template
+    written = [ANSWERS[0], ANSWERS[1] + " \n"]  # the target also wrote a trailing newline, which a template may trim
+    sampled = [word_by_word(tok, a) for a in written]
+    assert any(s != tok(a, add_special_tokens=False)["input_ids"] for s, a in zip(sampled, written))
+    answers = iter(zip(written, sampled))
+    messages = [dict(m, **dict(zip(("content", "token_ids"), next(answers)))) if m["role"] == "assistant" else m
+                for m in MESSAGES]
+    ids, mask = encode_conversation(tok, messages, max_length=10_000, token_exact=True)
+    assert [ids[a:b].tolist() for a, b in spans(mask)] == [[*s, tok.eos_token_id] for s in sampled]
+    plain_ids, plain_mask = encode_conversation(tok, MESSAGES, max_length=10_000)
+    assert tok.decode(ids[~mask]) == tok.decode(plain_ids[~plain_mask])  # the same text around the answers
+    if template is None:  # the first answer follows its prompt as a server tokenized it
+        prompt = render(tok, MESSAGES[:2], add_generation_prompt=True)
+        assert ids[:spans(mask)[0][0]].tolist() == tok(prompt, add_special_tokens=False)["input_ids"]
+    short_ids, short_mask = encode_conversation(tok, messages, max_length=20, token_exact=True)
+    assert torch.equal(short_ids, ids[:20]) and torch.equal(short_mask, mask[:20])
+
+
+def test_token_exact_keeps_a_special_token_the_target_sampled_inside_its_answer(random_llama):
+    tok = load_tokenizer(random_llama)
+    inside = [*word_by_word(tok, ANSWERS[0]), tok.pad_token_id or 0, *word_by_word(tok, "more")]
+    messages = [dict(m, token_ids=inside if i == 2 else word_by_word(tok, m["content"])) if m["role"] == "assistant"
+                else m for i, m in enumerate(MESSAGES)]
+    ids, mask = encode_conversation(tok, messages, max_length=10_000, token_exact=True)
+    assert ids[spans(mask)[0][0]:spans(mask)[0][1]].tolist() == [*inside, tok.eos_token_id]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("drop", "assistant turn 4 has no token_ids: a token-exact capture needs the target's own tokens"),
+    ("past vocab", "assistant turn 2 holds token ids past the tokenizer's"),
+    ("rewriting template", "chat template rewrites assistant turn 2: cannot place the target's own tokens"),
+])
+def test_token_exact_refuses_turns_it_cannot_place(random_llama, change, message):
+    tok = load_tokenizer(random_llama)
+    messages = [dict(m, token_ids=word_by_word(tok, m["content"])) if m["role"] == "assistant" else m
+                for m in MESSAGES]
+    if change == "drop":
+        del messages[4]["token_ids"]
+    elif change == "past vocab":
+        messages[2]["token_ids"] = [len(tok)]
+    else:  # prefix-stable, so the answer's place is known, but its text is not what the target wrote
+        tok.chat_template = HEADER_WITH_SPECIAL.replace("m['content'] | trim", "m['content'] | upper")
+    with pytest.raises(LabError, match=message):
+        encode_conversation(tok, messages, max_length=10_000, token_exact=True)

@@ -53,6 +53,10 @@ def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
         ('{"conversations": [{"role": "robot", "content": "x"}]}', "line 3: unknown role 'robot'"),
         ('{"conversations": [{"role": "user"}]}', "line 3: a turn lacks role/content"),
         ('{"text": "no turns"}', "line 3: no `conversations`"),
+        ('{"conversations": [{"role": "assistant", "content": "x", "token_ids": [1, -2]}]}',
+         "line 3: token_ids must be a list of token ids"),
+        ('{"conversations": [{"role": "assistant", "content": "x", "token_ids": "1 2"}]}',
+         "line 3: token_ids must be a list of token ids"),
     ],
 )
 def test_bad_line_names_file_and_line(tmp_path, bad, message):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
@@ -16,20 +19,21 @@ from drafter_lab.targets.hf import load_target
 NEW_TOKENS = 6
 
 
-def greedy_reference(target, messages, upto: int) -> str:
-    """Token-by-token argmax with full recomputation: no padding, no KV cache, no `generate`."""
+def greedy_reference(target, messages, upto: int, new_tokens: int = NEW_TOKENS) -> tuple[str, list[int]]:
+    """Token-by-token argmax with full recomputation: no padding, no KV cache, no `generate`; the
+    answer's text and token ids."""
     tok = target.tokenizer
     ids = tok(render(tok, messages[:upto], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
     ids, new = torch.tensor([ids]), []
     stops = set(stop_token_ids(target))
-    for _ in range(NEW_TOKENS):
+    for _ in range(new_tokens):
         with torch.no_grad():
             nxt = int(target.model(ids).logits[0, -1].argmax())
         if nxt in stops:
             break
         new.append(nxt)
         ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-    return tok.decode(new, skip_special_tokens=True)
+    return tok.decode(new, skip_special_tokens=True), new
 
 
 def test_greedy_regeneration_is_the_targets_own_and_deterministic(random_llama, tmp_path):
@@ -46,7 +50,32 @@ def test_greedy_regeneration_is_the_targets_own_and_deterministic(random_llama, 
                 assert a == b
             else:  # turn 2 is generated after the target's own turn 1, as in a real chat
                 assert b["content"] != a["content"]
-                assert b["content"] == greedy_reference(target, new.messages, i)
+                assert (b["content"], b["token_ids"]) == greedy_reference(target, new.messages, i)
+
+
+def test_the_models_own_generation_config_reshapes_nothing(random_llama, tmp_path):
+    """A generation_config.json that would truncate and penalise (as Qwen2.5's does, only harder):
+    greedy answers stay the plain argmax, and sampling at T = 1 still draws tokens outside its top-1."""
+    model = tmp_path / "opinionated"
+    shutil.copytree(random_llama, model)
+    (model / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.05, "top_k": 1, "top_p": 0.05, "min_p": 0.9, "typical_p": 0.05,
+        "repetition_penalty": 50.0, "no_repeat_ngram_size": 1, "eos_token_id": 2}))
+    target = load_target(model)
+    assert target.model.generation_config.top_k == 1  # the file is read
+    convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", make_conversations(3)))
+    greedy = regenerate(target, convs, max_new_tokens=12, batch_size=2)
+    repeats = 0
+    for conv in greedy:
+        for i, m in enumerate(conv.messages):
+            if m["role"] == "assistant":
+                assert (m["content"], m["token_ids"]) == greedy_reference(target, conv.messages, i, 12)
+                repeats += len(m["token_ids"]) - len(set(m["token_ids"]))
+    assert repeats > 0  # the argmax repeats itself: a repetition penalty would have changed it
+    sampled = regenerate(target, convs, temperature=1.0, max_new_tokens=12, batch_size=2, seed=3)
+    tokens = [t for c in sampled for m in c.messages if m["role"] == "assistant" for t in m["token_ids"]]
+    argmax = [t for c in greedy for m in c.messages if m["role"] == "assistant" for t in m["token_ids"]]
+    assert tokens != argmax and len(set(tokens)) > len(tokens) // 2
 
 
 def test_sampling_follows_the_seed(random_llama, tmp_path):
@@ -74,6 +103,38 @@ def test_prepare_with_regenerate_captures_the_generations(random_llama, tmp_path
         answers = [m["content"] for m in regenerated[seq.seq_id].messages if m["role"] == "assistant"]
         masked = target.tokenizer.decode(seq.input_ids[seq.loss_mask])
         assert masked == "".join(a + "<|im_end|>" for a in answers)
+
+
+def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, tmp_path, capsys):
+    """Each answer's loss tokens are the ids the target sampled (then the template's end token), and
+    everything before the first answer is its prompt as a server tokenizes it."""
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
+    out = tmp_path / "feat"
+    args = ("data", "prepare", "--target", random_llama, "--conversations", convs, "--out", out, "--regenerate",
+            "--val-fraction", "0", "--temperature", "1.0", "--max-new-tokens", "12", "--seed", "5")
+    assert run_cli(*args, "--token-exact") == 0
+    (cache,) = out.glob("regenerated-*.jsonl")
+    regenerated = {c.id: c.messages for c in read_conversations(cache)[0]}
+    tok = load_target(random_llama).tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    retokenized = 0
+    for seq in FeatureSet(out).sequences("train"):
+        messages = regenerated[seq.seq_id]
+        answers = [m["token_ids"] for m in messages if m["role"] == "assistant"]
+        assert seq.input_ids[seq.loss_mask].tolist() == [t for ids in answers for t in [*ids, end]]
+        first = int(seq.loss_mask.int().argmax())
+        prompt = render(tok, messages[:messages.index(next(m for m in messages if m["role"] == "assistant"))],
+                        add_generation_prompt=True)
+        assert seq.input_ids[:first].tolist() == tok(prompt, add_special_tokens=False)["input_ids"]
+        retokenized += sum(tok(tok.decode(ids), add_special_tokens=False)["input_ids"] != ids for ids in answers)
+    assert retokenized > 0  # the text of some answers tokenizes otherwise: the test tells the two apart
+    assert FeatureSet(out).manifest.source["token_exact"] is True
+    assert run_cli(*args, "--out", tmp_path / "other") == 0  # without the flag: the text, tokenized again
+    assert "token_exact" not in FeatureSet(tmp_path / "other").manifest.source
+    assert run_cli(*args[:6], "--out", tmp_path / "bad", "--token-exact") == 2
+    assert "token_exact keeps the tokens the target samples while regenerating: it needs regenerate" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from data_helpers import make_conversations, run_cli, write_jsonl
 
-from drafter_lab.data.conversations import read_conversations
+from drafter_lab.data.conversations import Conversation
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.journal import Journal
 
@@ -45,16 +45,20 @@ def test_server_regeneration_equals_local_and_resumes(random_llama, server, tmp_
                    "--target", random_llama, "--batch-size", "1", *GEN) == 0
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "served.jsonl",
                    "--server", url, "--concurrency", "3", *GEN) == 0
-    local = (tmp_path / "local.jsonl").read_text()
+    rows = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
+    assert all("token_ids" in m for r in rows for m in r["conversations"] if m["role"] == "assistant")
+    for m in (m for r in rows for m in r["conversations"]):  # a server sends text only
+        m.pop("token_ids", None)
+    local = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     assert (tmp_path / "served.jsonl").read_text() == local  # same answers, same order, same bytes
     assert not (tmp_path / "served.jsonl.partial").exists()
     sent = requests(log)
     assert len(sent) == 12 and all(r["max_tokens"] == 6 and r["temperature"] == 0.0 for r in sent)
     # Turn 2 is asked with turn 1 as regenerated, not as written.
-    regenerated = {c.id: c for c in read_conversations(tmp_path / "local.jsonl")[0]}
+    regenerated = [Conversation(r["id"], r["conversations"]) for r in rows]
     second = [r["messages"] for r in sent if sum(m["role"] == "assistant" for m in r["messages"]) == 1]
     for messages in second:
-        (conv,) = [c for c in regenerated.values() if c.messages[: len(messages)][:-1] == messages[:-1]]
+        (conv,) = [c for c in regenerated if c.messages[: len(messages)][:-1] == messages[:-1]]
         assert messages[-1]["content"] == conv.messages[len(messages) - 1]["content"]
 
     # A run killed after 2 conversations, mid-way through writing a third line.
@@ -70,6 +74,14 @@ def test_server_regeneration_equals_local_and_resumes(random_llama, server, tmp_
                    "--server", url, *GEN) == 0
     assert (tmp_path / "resumed.jsonl").read_text() == local
     assert len(requests(log)) == 8  # the 4 conversations left, 2 turns each
+
+    # Conversations carrying a local regeneration's token ids: the server is sent text only, and the
+    # ids of the answers it replaces go.
+    log.unlink()
+    assert run_cli("data", "regenerate", "--conversations", tmp_path / "local.jsonl", "--out", tmp_path / "again.jsonl",
+                   "--server", url, *GEN) == 0
+    assert "token_ids" not in (tmp_path / "again.jsonl").read_text()
+    assert len(requests(log)) == 12 and not any("token_ids" in m for r in requests(log) for m in r["messages"])
 
 
 def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):

@@ -130,8 +130,9 @@ def register(sub) -> None:
                         "draft-steps table; from a sweep, a row per setting and the best), or a `train` run directory "
                         "(or its best/): the accept length its validation predicts at each depth; repeat to combine several")
     c.add_argument("--sampled", action="store_true",
-                   help="a train run's prediction for a sampled chain (its validations' sampled_acc_k, from "
-                        "`train --val-temperature T`) instead of the greedy one")
+                   help="a train run's prediction for a sampled chain (from `train --val-temperature T`: its "
+                        "replay_accept_len_k where it replayed the target's own tokens, else its sampled_acc_k) "
+                        "instead of the greedy one")
     c.add_argument("--json", default=None, help="write the model's numbers to this JSON file")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw tok/s against accept length (and draft depth) per all-reduce latency")

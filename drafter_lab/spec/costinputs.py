@@ -31,7 +31,8 @@ length, but each costs a draft step and one more verify token on the wire.
 
 A `train` run directory (or its `best/`) stands for the accept lengths its validation predicts at
 every depth, before any decode (`predicted_by_steps`): a greedy chain's, or with `sampled` a sampled
-chain's at the run's `val_temperature`.
+chain's at the run's `val_temperature` (its replay over the target's own tokens where the validation
+has one).
 """
 
 from __future__ import annotations
@@ -72,10 +73,16 @@ def predicted_by_steps(validation: dict, sampled: bool = False) -> list[float]:
     accepted when drafts 0..k all equal the target's top-1, which happens with probability
     prod_{j<=k} cond_acc_j, so s steps emit 1 + sum_{k<s} prod_{j<=k} cond_acc_j tokens per verify
     step (the bonus included; `simulated_accept_len` is that sum at s = K without it). `sampled`:
-    the same from sampled_acc_j, a sampled chain's acceptance at the validation's temperature.
+    replay_accept_len_k where the validation replayed a sampled server over the target's own tokens,
+    else the same sum from sampled_acc_j, a sampled chain's acceptance at the validation's temperature.
     Teacher-forced, it predicts serving as well as the validation set resembles the served text."""
+    out: list[float] = []
+    if sampled and "replay_accept_len_0" in validation:
+        while f"replay_accept_len_{len(out)}" in validation:
+            out.append(validation[f"replay_accept_len_{len(out)}"])
+        return out
     name = "sampled_acc" if sampled else "cond_acc"
-    out, p = [], 1.0
+    p = 1.0
     while f"{name}_{len(out)}" in validation:
         p *= validation[f"{name}_{len(out)}"]
         out.append((out[-1] if out else 1.0) + p)
@@ -103,7 +110,8 @@ def run_inputs(path: Path, sampled: bool = False) -> dict:
         missing = ("sampled_acc_k: train with --val-temperature T to predict a sampled chain" if sampled
                    else "cond_acc_k: nothing to predict accept lengths from")
         raise LabError(f"its validation has no {missing}", path)
-    chain = "sampled chain" if sampled else "greedy chain"
+    chain = ("sampled chain, replayed over the target's own tokens" if sampled and "replay_accept_len_0" in val
+             else "sampled chain" if sampled else "greedy chain")
     log(f"{path}: served accept lengths predicted from the validation at step {val.get('step', '?')} "
         f"(teacher-forced, {chain}): {', '.join(f'{a:.2f}' for a in by_steps)} at 1..{len(by_steps)} steps")
     return {"accept_by_steps": by_steps}

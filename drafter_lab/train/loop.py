@@ -138,6 +138,20 @@ def _tokens_before(cfg: TrainConfig, lengths: list[int], epoch: int, cursor: int
     return done
 
 
+def _replays(val_temperature: float, sampled_at: float | None, main: bool) -> bool:
+    """Whether validation replays a sampled server: only over the target's own tokens sampled at the
+    validation's temperature (on re-tokenized text the replay is worse than the position average)."""
+    if val_temperature <= 0:
+        return False
+    if sampled_at == val_temperature:
+        return True
+    if main:
+        why = ("is not the target's own tokens (capture it with data prepare --regenerate --token-exact)"
+               if sampled_at is None else f"was sampled at temperature {sampled_at}")
+        log(f"validation: no replay_accept_len_k at temperature {val_temperature}: the validation text {why}")
+    return False
+
+
 def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
     now = labconfig.to_dict(cfg)
     # a field added after the run was saved computes what the code before it did at its unkeyed default
@@ -259,7 +273,9 @@ class _Run:
         drafter.to(dev)
         self.anchors = {n: a.to(dev) for n, a in self.anchors.items()}
         used = torch.arange(len(d2t)) + d2t
-        self.obj = TTTObjective(drafter, lm_head[used.to(dev)], cfg.ttt_steps, cfg.loss_decay, cfg.val_temperature)
+        self.replay = _replays(cfg.val_temperature, source.val_sampled_at, d.main)
+        self.obj = TTTObjective(drafter, lm_head[used.to(dev)], cfg.ttt_steps, cfg.loss_decay, cfg.val_temperature,
+                                self.replay)
         self.model = self.obj
         if d.active:
             from torch.nn.parallel import DistributedDataParallel
@@ -329,7 +345,7 @@ class _Run:
     def validate(self) -> dict:
         self.drafter.eval()
         m = summarize(eval_counts(self.obj, self.val_ex, self.cfg.eval_batch_size, self.d, self.autocast),
-                      self.cfg.val_temperature > 0)
+                      self.cfg.val_temperature > 0, self.replay)
         self.drafter.train()
         m["weighted_loss"] = weighted_loss(m, self.cfg.ttt_steps, self.cfg.loss_decay)
         self.record("val", m)

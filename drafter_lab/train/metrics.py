@@ -1,5 +1,5 @@
 """Metrics from TTT counts (loss_k, acc_k, cond_acc_k, simulated accept length; at a temperature
-sampled_acc_k and sampled_accept_len) and `evaluate`.
+sampled_acc_k and sampled_accept_len, and on the target's own tokens replay_accept_len_k) and `evaluate`.
 
 Counts are sums (see ttt.py's columns), so metrics over many batches or ranks are exact ratios of
 sums, not averages of per-batch ratios.
@@ -24,6 +24,8 @@ from drafter_lab.train.ttt import (
     N_CORRECT,
     N_LOSS,
     N_VALID,
+    R_CYC,
+    R_TOK,
     S_DEN,
     S_NUM,
     TTTObjective,
@@ -44,9 +46,12 @@ def _chained(c: torch.Tensor, num: int, den: int, name: str, total: str) -> dict
     return out
 
 
-def summarize(counts: torch.Tensor, sampled: bool = False) -> dict:
+def summarize(counts: torch.Tensor, sampled: bool = False, replay: bool = False) -> dict:
     """loss_k, acc_k, cond_acc_k and simulated_accept_len from summed counts [K, N_COLS]; `sampled`
-    (a validation at a temperature): also sampled_acc_k and sampled_accept_len (ttt.py's S_* columns)."""
+    (a validation at a temperature): also sampled_acc_k and sampled_accept_len (ttt.py's S_* columns);
+    `replay`: also replay_accept_len_k, the tokens per verify step (bonus included, as `eval` counts
+    them) of a (k + 1)-step sampled chain replayed over the target's own tokens, and
+    replay_accept_len, the same at K steps."""
     c = counts.double().cpu()
     out: dict = {}
     for k in range(c.shape[0]):
@@ -55,6 +60,10 @@ def summarize(counts: torch.Tensor, sampled: bool = False) -> dict:
     out.update(_chained(c, COND_NUM, COND_DEN, "cond_acc", "simulated_accept_len"))
     if sampled:
         out.update(_chained(c, S_NUM, S_DEN, "sampled_acc", "sampled_accept_len"))
+    if replay:
+        for k in range(c.shape[0]):
+            out[f"replay_accept_len_{k}"] = float(c[k, R_TOK] / c[k, R_CYC]) if c[k, R_CYC] > 0 else 0.0
+        out["replay_accept_len"] = out[f"replay_accept_len_{c.shape[0] - 1}"]
     out["positions"] = int(c[0, N_VALID])
     return out
 
@@ -63,9 +72,9 @@ def weighted_loss(metrics: dict, ttt_steps: int, decay: float) -> float:
     return sum(decay ** k * metrics[f"loss_{k}"] for k in range(ttt_steps))
 
 
-def metric_names(ttt_steps: int, sampled: bool = False) -> list[str]:
+def metric_names(ttt_steps: int, sampled: bool = False, replay: bool = False) -> list[str]:
     """The float metrics of a validation line in metrics.jsonl."""
-    names = summarize(torch.zeros(ttt_steps, N_COLS), sampled)
+    names = summarize(torch.zeros(ttt_steps, N_COLS), sampled, replay)
     return [k for k, v in names.items() if isinstance(v, float)] + ["weighted_loss"]
 
 
@@ -83,10 +92,12 @@ def eval_counts(obj: TTTObjective, examples: Examples, batch_size: int, d, autoc
 
 
 def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: list[Sequence] | list[SequenceRef],
-             ttt_steps: int, batch_size: int = 16, max_length: int | None = None, temperature: float = 0.0) -> dict:
+             ttt_steps: int, batch_size: int = 16, max_length: int | None = None, temperature: float = 0.0,
+             replay: bool = False) -> dict:
     """Teacher-forced loss_k, acc_k, cond_acc_k and simulated accept length on `sequences` (in memory,
     or `FeatureSet.index` refs, read a batch at a time); at `temperature` > 0 also a sampled chain's
-    sampled_acc_k and sampled_accept_len there.
+    sampled_acc_k and sampled_accept_len there, and with `replay` (sequences of the target's own
+    tokens sampled at that temperature) replay_accept_len_k.
 
     `lm_head_weight` is the target's full lm_head [V, H_t]; the drafter's d2t/t2d give its vocab.
     """
@@ -97,11 +108,13 @@ def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: li
                         device=device, temperature=temperature)
     if not examples:
         raise LabError("no sequences long enough to evaluate on")
-    obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8, temperature)
+    if replay and temperature <= 0:
+        raise LabError("the replay needs the temperature the target's tokens were sampled at")
+    obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8, temperature, replay)
     d = distributed.Dist(rank=0, world=1, local_rank=0, device=device)
     was_training = drafter.training
     drafter.eval()
     try:
-        return summarize(eval_counts(obj, examples, batch_size, d, contextlib.nullcontext()), temperature > 0)
+        return summarize(eval_counts(obj, examples, batch_size, d, contextlib.nullcontext()), temperature > 0, replay)
     finally:
         drafter.train(was_training)

@@ -23,6 +23,7 @@ from drafter_lab.data.capture import (
     CaptureConfig,
     capture_states,
     check_config,
+    sampled_at,
     split_of,
     tokenize_conversations,
 )
@@ -64,6 +65,8 @@ class HeldOutFeatures:
         if not any(fs.manifest.counts(s)["loss_tokens"] for s in SPLITS):
             raise LabError("no sequences with loss tokens: nothing to validate on", val_dir)
         self.items: list[SequenceRef] = [ref for s in SPLITS for ref in fs.index(s)]
+        self.sampled_at = sampled_at(fs.manifest.source)
+        """The temperature its assistant tokens were sampled at by the target itself, else None."""
 
     def identity(self) -> dict:
         return {"manifest_sha256": atomic.sha256_file(self.features.dir / "manifest.json")}
@@ -107,6 +110,8 @@ class Captured:
         self.items = {"train": fs.require("train"),  # located, not read
                       "val": self.held_out.items if self.held_out else fs.require("val")}
         self.reads = {"train": None, "val": None}  # Examples reads the shards itself
+        self.val_sampled_at = self.held_out.sampled_at if self.held_out else sampled_at(fs.manifest.source)
+        """The temperature the val sequences' assistant tokens were sampled at by the target, else None."""
         if scan:
             _scan([fs, *([self.held_out.features] if self.held_out else [])], rank, world)
 
@@ -168,6 +173,7 @@ class Online:
             self.items["val"] = self.held_out.items
         # Held-out features are read from their shards; conversations go through the target.
         self.reads = {"train": self.read, "val": None if isinstance(self.held_out, HeldOutFeatures) else self.read_val}
+        self.val_sampled_at = self.held_out.sampled_at if isinstance(self.held_out, HeldOutFeatures) else None
         # Validation reads the same batches every time: their states, once computed, can be kept.
         val_bytes = sum(map(len, self.items["val"])) * 4 * self.target.hidden_size * self.dtype.itemsize
         keep = self.reads["val"] is not None and 0 < val_bytes <= val_cache_mb * 2**20

@@ -18,6 +18,15 @@ and the target accepts it with probability a_k = sum_x min(p(x), q(x)), p the ta
 distribution at T (`chain_accept_rate`). Position t's chain reaches step k with probability
 prod_{j<k} a_j; the S_* columns sum that over step k's loss positions, before and after step k, so
 their ratio is the sampled analogue of cond_acc_k (at T -> 0 it is cond_acc_k).
+
+Replay (`replay=True`, on held-out sequences of the target's own sampled tokens, `data prepare
+--token-exact`): the served process itself, run over those tokens. A cycle rooted at t (tokens up to
+x_{t+1} known) has its step-k draft accepted, given that x_{t+k+2} came out, with probability
+r_k = min(p, q)(x_{t+k+2}) / p(x_{t+k+2}) (exact for lossless rejection sampling); j accepted drafts
+and the target's own token make the next root t + j + 1. `replay_roots` carries each position's
+probability of being a root through every assistant span, so the R_* columns count, per depth,
+the tokens the verify steps emitted and the expected number of verify steps: the positions a
+chain averages over are weighted as serving visits them (cycles start after rejections).
 """
 
 from __future__ import annotations
@@ -30,8 +39,17 @@ from drafter_lab.spec.sampling import SAMPLE_TOPK
 from drafter_lab.train.data import Batch
 
 # Per-step count columns; metrics are ratios of sums, so they add up exactly over batches/ranks.
-N_VALID, N_LOSS, CE_SUM, N_CORRECT, COND_DEN, COND_NUM, S_DEN, S_NUM = range(8)
-N_COLS = 8
+# R_TOK and R_CYC: row k counts a chain of k + 1 steps.
+N_VALID, N_LOSS, CE_SUM, N_CORRECT, COND_DEN, COND_NUM, S_DEN, S_NUM, R_TOK, R_CYC = range(10)
+N_COLS = 10
+
+
+def _proposal(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor, temperature: float):
+    """(idx, q, p) on the drafter's top-SAMPLE_TOPK: its draft-vocab indices, q renormalised there at
+    the temperature, and the target's full-vocab p at the same tokens."""
+    top, idx = logits.topk(min(SAMPLE_TOPK, logits.shape[-1]), -1)
+    q = torch.softmax(top / temperature, -1)
+    return idx, q, torch.exp(target_logits.gather(-1, idx) / temperature - logz[:, None])
 
 
 def chain_accept_rate(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor,
@@ -42,10 +60,49 @@ def chain_accept_rate(logits: torch.Tensor, target_logits: torch.Tensor, logz: t
     draft-vocab tokens; logz: [M] logsumexp of the target's full-vocab logits / temperature. q lives
     on the drafter's top-SAMPLE_TOPK, so p is only needed there.
     """
-    top, idx = logits.topk(min(SAMPLE_TOPK, logits.shape[-1]), -1)
-    q = torch.softmax(top / temperature, -1)
-    p = torch.exp(target_logits.gather(-1, idx) / temperature - logz[:, None])
+    _, q, p = _proposal(logits, target_logits, logz, temperature)
     return torch.minimum(p, q).sum(-1)
+
+
+def realized_accept_rate(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor,
+                         realized: torch.Tensor, used: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per row, the probability that the draft was accepted given that the target's sampled token
+    was `realized` (target ids, [M]): min(p, q)(x) / p(x), 0 when x is outside the drafter's top-K.
+
+    `used` maps draft-vocab index to target id; the other arguments as in `chain_accept_rate`.
+    """
+    idx, q, p = _proposal(logits, target_logits, logz, temperature)
+    hit = used[idx] == realized[:, None]
+    rate = torch.where(hit, torch.minimum(p, q) / p.clamp_min(torch.finfo(p.dtype).tiny), 0.0)
+    return rate.sum(-1).clamp_max(1.0)  # at most one hit; min(p, q) / p <= 1 up to rounding
+
+
+def replay_roots(rates: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens emitted, expected verify steps), each [K]: entry d for a chain of d + 1 steps.
+
+    rates: [K, B, T] float64, r_k at each root (0 where step k's token is past its span); a span's
+    first root is the position before its first token (the token prefill emits), and generation
+    ends at its last token.
+    """
+    K, B, T = rates.shape
+    m = loss_mask.double()
+    m[:, 0] = 0  # a sequence's first token is never generated: no root precedes it
+    active = torch.zeros(B, T, dtype=torch.float64, device=rates.device)  # x_{t+1} in a span, not its end
+    active[:, :T - 2] = m[:, 1:T - 1] * m[:, 2:]
+    start = torch.zeros_like(active)
+    start[:, :T - 1] = m[:, 1:] * (1 - m[:, :-1])
+    # reach[j]: drafts 0..j-1 accepted; leave[d, ..., j]: a depth-(d+1) cycle accepts exactly j drafts.
+    reach = torch.cat([torch.ones_like(rates[:1]), rates.cumprod(0)])
+    leave = torch.zeros(K, B, T, K + 1, dtype=torch.float64, device=rates.device)
+    for d in range(K):
+        leave[d, ..., :d + 1] = (reach[:d + 1] * (1 - rates[:d + 1])).permute(1, 2, 0)
+        leave[d, ..., d + 1] = reach[d + 1]
+    roots = torch.zeros(K, B, T + K + 1, dtype=torch.float64, device=rates.device)
+    roots[:, :, :T] = start
+    live = active.any(0).nonzero().flatten().tolist()
+    for t in live:  # a root's probability is final once every earlier root has passed its mass on
+        roots[:, :, t + 1:t + K + 2] += (roots[:, :, t] * active[:, t])[..., None] * leave[:, :, t]
+    return active.sum().expand(K), (roots[:, :, :T] * active).sum((1, 2))
 
 
 def step_masks(batch: Batch, t2d: torch.Tensor, K: int):
@@ -79,13 +136,14 @@ class TTTObjective(nn.Module):
     """
 
     def __init__(self, drafter: Eagle3Drafter, teacher_head: torch.Tensor, ttt_steps: int, loss_decay: float,
-                 temperature: float = 0.0):
+                 temperature: float = 0.0, replay: bool = False):
         super().__init__()
         self.drafter = drafter
         self.teacher_head = teacher_head  # [N, H_t] target lm_head rows of the draft vocab (not a buffer)
         self.ttt_steps = ttt_steps
         self.loss_decay = loss_decay
         self.temperature = temperature  # of the sampled acceptance, in batches that carry logz
+        self.replay = replay  # those batches hold the target's own sampled tokens: replay the served process
 
     def forward(self, batch: Batch, denominators: torch.Tensor | None = None, scale: float = 1.0):
         d = self.drafter
@@ -108,6 +166,7 @@ class TTTObjective(nn.Module):
         prev_ok = torch.ones(B, T, dtype=torch.bool, device=dev)
         sampled = batch.logz is not None
         reach = torch.ones(B, T, dtype=torch.float64, device=dev) if sampled else None  # P(t's chain gets to step k)
+        replay = torch.zeros(K, B, T, dtype=torch.float64, device=dev) if sampled and self.replay else None
         counts = torch.zeros(K, N_COLS, dtype=torch.float64, device=dev)
         loss = upcast(hidden.new_zeros(()))
         for k in range(K):
@@ -147,5 +206,11 @@ class TTTObjective(nn.Module):
                     counts[k, S_DEN] = reach[:, :n][sel][v].sum()
                     reach = reach * rate
                     counts[k, S_NUM] = reach[:, :n][sel][v].sum()
+                if replay is not None:
+                    replay[k, :, :n][sel] = realized_accept_rate(
+                        logits, target_logits[:, s:s + n][sel], batch.logz[:, s:s + n][sel],
+                        batch.input_ids[:, s + 1:][sel], used, self.temperature).double() * v
+        if replay is not None:
+            counts[:, R_TOK], counts[:, R_CYC] = replay_roots(replay, batch.loss_mask)
         return loss, counts
 

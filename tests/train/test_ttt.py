@@ -10,15 +10,34 @@ import torch
 
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
-from drafter_lab.spec.sampling import SAMPLE_TOPK, probs_from_logits, scatter_dist
+from drafter_lab.spec.sampling import (
+    SAMPLE_TOPK,
+    accept_probability,
+    probs_from_logits,
+    residual,
+    scatter_dist,
+)
 from drafter_lab.train.data import Example, collate, plan_epoch, target_top1
 from drafter_lab.train.metrics import summarize
-from drafter_lab.train.ttt import CE_SUM, COND_DEN, COND_NUM, N_COLS, S_DEN, S_NUM, TTTObjective
+from drafter_lab.train.ttt import (
+    CE_SUM,
+    COND_DEN,
+    COND_NUM,
+    N_COLS,
+    R_CYC,
+    R_TOK,
+    S_DEN,
+    S_NUM,
+    TTTObjective,
+    realized_accept_rate,
+)
 
 V, N, H, HT, K = 53, 17, 32, 24, 4
 
 
-def setup(seed=0, temperature=0.0):
+def setup(seed=0, temperature=0.0, own_tokens=False):
+    """A random drafter and examples; `own_tokens`: each token sampled from the target at `temperature`
+    (the held-out text a replay reads), else uniform."""
     cfg = DrafterConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=8, draft_vocab_size=N, target_vocab_size=V, target_hidden_size=HT,
                         aux_layer_ids=[2, 4, 5], rope_theta=100.0)
@@ -34,8 +53,11 @@ def setup(seed=0, temperature=0.0):
     for T in (13, 9, 11):
         final = torch.randn(T, HT, dtype=torch.float64)
         top1, logz = target_top1(final, head, temperature)
+        ids = torch.randint(0, V, (T,))
+        if own_tokens:
+            ids[1:] = torch.multinomial(probs_from_logits(final[:-1] @ head.T, temperature), 1)[:, 0]
         examples.append(Example(
-            input_ids=torch.randint(0, V, (T,)),
+            input_ids=ids,
             loss_mask=torch.rand(T) < 0.7,
             aux_hidden=torch.randn(T, 3 * HT, dtype=torch.float64),
             final_hidden=final,
@@ -47,9 +69,10 @@ def setup(seed=0, temperature=0.0):
 
 @torch.no_grad()
 def naive_counts(d: Eagle3Drafter, head: torch.Tensor, used: torch.Tensor, e: Example, decay: float,
-                 temperature: float = 0.0):
+                 temperature: float = 0.0, realized: dict | None = None):
     """Decode every position with a KV cache, one draft step at a time; at a temperature, a sampled
-    chain's acceptance from dense full-vocab p and q (the engine's primitives)."""
+    chain's acceptance from dense full-vocab p and q (the engine's primitives), and in `realized`
+    {(k, t): min(p, q)(x) / p(x)} at each loss token x."""
     T = len(e)
     counts = torch.zeros(K, N_COLS, dtype=torch.float64)
     kc, vc = d.new_kv_cache(1, T + K)
@@ -87,6 +110,9 @@ def naive_counts(d: Eagle3Drafter, head: torch.Tensor, used: torch.Tensor, e: Ex
                 if t + s + 1 <= T - 1 and e.loss_mask[t + s + 1]:
                     counts[k, S_DEN] += before
                     counts[k, S_NUM] += reach
+                    if realized is not None:
+                        x = e.input_ids[t + s + 1]
+                        realized[k, t] = float(torch.minimum(p, q)[x] / p[x])
     return counts
 
 
@@ -127,6 +153,79 @@ def test_sampled_acceptance_tends_to_greedy_as_the_temperature_falls():
     # counts over ~20 positions each; a near-tie between two logits still splits its position a little
     torch.testing.assert_close(counts[:, [S_DEN, S_NUM]], counts[:, [COND_DEN, COND_NUM]], rtol=0, atol=1e-2)
     assert counts[:, COND_NUM].sum() > 0
+
+
+def _cycles(t: int, end: int, realized: dict, steps: int, memo: dict) -> float:
+    """Expected verify steps from root t until the span's last token `end` is out."""
+    if t >= end - 1:
+        return 0.0
+    if t not in memo:
+        out, reach = 1.0, 1.0
+        for j in range(steps):
+            r = realized.get((j, t), 0.0)
+            out += reach * (1 - r) * _cycles(t + j + 1, end, realized, steps, memo)
+            reach *= r
+        memo[t] = out + reach * _cycles(t + steps + 1, end, realized, steps, memo)
+    return memo[t]
+
+
+def expected_verify_steps(realized: dict, mask: list[bool], steps: int) -> tuple[int, float]:
+    """(tokens, expected verify steps) of a `steps`-step chain served over one sequence, by backward
+    recursion over each assistant span: steps(t) = 1 + sum_j P(j accepted | root t) steps(t + j + 1)."""
+    spans, a = [], None
+    for i, m in enumerate([*mask, False]):
+        if m and a is None:
+            a = max(i, 1)  # the first token of a sequence is never generated
+        elif not m and a is not None:
+            spans.append((a, i - 1))
+            a = None
+    tokens, total = 0, 0.0
+    for a, e in spans:
+        tokens += max(e - a, 0)
+        total += _cycles(a - 1, e, realized, steps, {})
+    return tokens, total
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_replay_equals_the_served_process_recursed_span_by_span(temperature):
+    d, head, used, examples = setup(seed=4, temperature=temperature, own_tokens=True)
+    with torch.no_grad():
+        d.lm_head.weight.mul_(0.05)  # q near uniform over its top-8: drafts accepted often enough to chain
+    for e in examples[:2]:  # spans one token apart: a chain stops at its span's end, not in the next span
+        n = torch.arange(len(e))
+        e.loss_mask = (n % 5 != 0) & (n >= 2)
+    _, counts = TTTObjective(d, head[used], K, 0.8, temperature, replay=True)(collate(examples))
+    want = torch.zeros(K, 2, dtype=torch.float64)
+    for e in examples:
+        realized: dict = {}
+        naive_counts(d, head, used, e, 0.8, temperature, realized)
+        for k in range(K):
+            want[k] += torch.tensor(expected_verify_steps(realized, e.loss_mask.tolist(), k + 1), dtype=torch.float64)
+    torch.testing.assert_close(counts[:, [R_TOK, R_CYC]], want, rtol=1e-5, atol=1e-6)
+    assert (want[:, 1] < want[:, 0]).all() and (want[1:, 1] <= want[:-1, 1]).all()  # deeper chains: fewer steps
+    assert want[2, 1] < want[1, 1] < want[0, 1]
+    # Sampled validation without the replay, and training batches, count none.
+    assert not TTTObjective(d, head[used], K, 0.8, temperature)(collate(examples))[1][:, R_TOK:].any()
+
+
+def test_realized_rate_is_the_chance_a_draft_was_accepted_given_the_token_that_came_out():
+    """Lossless speculative sampling run many times with the engine's primitives: among the rounds
+    that emitted x, the share whose draft was accepted is min(p, q)(x) / p(x)."""
+    g = torch.Generator().manual_seed(0)
+    temperature, n = 0.8, 400_000
+    logits, target = torch.randn(1, 6, generator=g) * 2, torch.randn(1, 6, generator=g) * 2
+    p, q = probs_from_logits(target, temperature)[0], torch.softmax(logits / temperature, -1)[0]
+    drafts = torch.multinomial(q, n, replacement=True, generator=g)
+    accepted = torch.rand(n, generator=g) < accept_probability(p.expand(n, 6), q.expand(n, 6), drafts)
+    resampled = torch.multinomial(residual(p[None], q[None])[0], n, replacement=True, generator=g)
+    out = torch.where(accepted, drafts, resampled)
+    x = torch.arange(6)
+    want = realized_accept_rate(logits.expand(6, 6), target.expand(6, 6),
+                                torch.logsumexp(target[0] / temperature, -1).expand(6), x, x, temperature)
+    got = torch.stack([accepted[out == i].double().mean() for i in x])
+    torch.testing.assert_close(got, want.double(), rtol=0, atol=0.01)
+    torch.testing.assert_close(torch.bincount(out, minlength=6) / n, p, rtol=0, atol=0.005)  # lossless
+    assert want.min() < 0.5 < want.max()
 
 
 def test_padding_does_not_leak():

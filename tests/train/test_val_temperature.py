@@ -88,3 +88,44 @@ def test_bad_settings_are_refused_before_anything_is_written(peaked_llama, featu
         train(dataclasses.replace(CFG, **over), peaked_llama, features, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
+
+
+@pytest.fixture(scope="module")
+def own_tokens(peaked_llama, held_out, tmp_path_factory):
+    """Held-out features of the target's own answers, sampled at SAMPLED's temperature, token for token."""
+    from drafter_lab.data.capture import prepare_features
+
+    root = tmp_path_factory.mktemp("own_tokens")
+    prepare_features(peaked_llama, held_out[0], root / "features", max_length=96, val_fraction=0.0, batch_size=16,
+                     regenerate=True, token_exact=True, temperature=SAMPLED.val_temperature, max_new_tokens=48, seed=1)
+    return root / "features"
+
+
+def test_a_run_on_the_targets_own_tokens_replays_the_sampled_server(peaked_llama, features, own_tokens, tmp_path,
+                                                                      capsys):
+    out = tmp_path / "run"
+    final = train(SAMPLED, peaked_llama, features, out, val_data=own_tokens)
+    drafter = load_drafter(out)
+    again = evaluate(drafter, load_target(peaked_llama, tokenizer=False).lm_head_weight(),
+                     FeatureSet(own_tokens).index("train"), CFG.ttt_steps, CFG.eval_batch_size,
+                     max_length=CFG.max_length, temperature=SAMPLED.val_temperature, replay=True)
+    replay = [final[f"replay_accept_len_{k}"] for k in range(CFG.ttt_steps)]
+    assert replay == pytest.approx([again[f"replay_accept_len_{k}"] for k in range(CFG.ttt_steps)], rel=1e-6)
+    assert final["replay_accept_len"] == replay[-1]
+    assert 1 < replay[0] < replay[1] < replay[2] < 1 + CFG.ttt_steps  # deeper chains emit more per verify step
+    # The cost model prices the replay, not the position average, for a sampled server.
+    assert read_inputs(out, sampled=True)["accept_by_steps"] == replay
+    assert read_inputs(out)["accept_by_steps"] == predicted_by_steps(final)
+    capsys.readouterr()
+    assert main(["costmodel", "--inputs", str(out), "--sampled"]) == 0
+    assert "(teacher-forced, sampled chain, replayed over the target's own tokens)" in \
+        " ".join(capsys.readouterr().err.split())
+    # At another temperature than the tokens were sampled at, or on text tokenized again, no replay.
+    other = train(dataclasses.replace(SAMPLED, val_temperature=0.5), peaked_llama, features, tmp_path / "other",
+                  val_data=own_tokens)
+    assert "sampled_accept_len" in other and not any(k.startswith("replay") for k in other)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no replay_accept_len_k at temperature 0.5: the validation text was sampled at temperature 0.8" in err
+    with pytest.raises(LabError, match="the replay needs the temperature the target's tokens were sampled at"):
+        evaluate(drafter, load_target(peaked_llama, tokenizer=False).lm_head_weight(),
+                 FeatureSet(own_tokens).index("train"), CFG.ttt_steps, replay=True)

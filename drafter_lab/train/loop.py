@@ -223,7 +223,7 @@ class _Run:
             raise LabError(f"accumulation_steps must be >= 1, got {cfg.accumulation_steps}")
         if cfg.val_temperature < 0:
             raise LabError(f"val_temperature must be >= 0, got {cfg.val_temperature}")
-        names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0)
+        names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0, cfg.val_temperature > 0)  # replay: checked below
         if cfg.keep_best and cfg.keep_best not in names:
             raise LabError(f"keep_best: {cfg.keep_best!r} is not a validation metric; one of {', '.join(names)}")
         writer_cls = None
@@ -240,6 +240,10 @@ class _Run:
         dcfg = _drafter_config(cfg, target, len(d2t), source.aux_layer_ids)
         self.saved = None
         self.data = source.identity()
+        self.replay = _replays(cfg.val_temperature, source.val_sampled_at, d.main)
+        if cfg.keep_best.startswith("replay") and not self.replay:
+            raise LabError(f"keep_best: {cfg.keep_best!r} needs validation text of the target's own tokens sampled "
+                           f"at {cfg.val_temperature} (data prepare --regenerate --token-exact)")
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)
@@ -273,7 +277,6 @@ class _Run:
         drafter.to(dev)
         self.anchors = {n: a.to(dev) for n, a in self.anchors.items()}
         used = torch.arange(len(d2t)) + d2t
-        self.replay = _replays(cfg.val_temperature, source.val_sampled_at, d.main)
         self.obj = TTTObjective(drafter, lm_head[used.to(dev)], cfg.ttt_steps, cfg.loss_decay, cfg.val_temperature,
                                 self.replay)
         self.model = self.obj

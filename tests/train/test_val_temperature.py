@@ -104,7 +104,11 @@ def own_tokens(peaked_llama, held_out, tmp_path_factory):
 def test_a_run_on_the_targets_own_tokens_replays_the_sampled_server(peaked_llama, features, own_tokens, tmp_path,
                                                                       capsys):
     out = tmp_path / "run"
-    final = train(SAMPLED, peaked_llama, features, out, val_data=own_tokens)
+    final = train(dataclasses.replace(SAMPLED, keep_best="replay_accept_len"), peaked_llama, features, out,
+                  val_data=own_tokens)
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert best["metric"] == "replay_accept_len"
+    assert best["value"] == max(r["replay_accept_len"] for r in rows(out, "val"))
     drafter = load_drafter(out)
     again = evaluate(drafter, load_target(peaked_llama, tokenizer=False).lm_head_weight(),
                      FeatureSet(own_tokens).index("train"), CFG.ttt_steps, CFG.eval_batch_size,
@@ -126,6 +130,9 @@ def test_a_run_on_the_targets_own_tokens_replays_the_sampled_server(peaked_llama
     assert "sampled_accept_len" in other and not any(k.startswith("replay") for k in other)
     err = " ".join(capsys.readouterr().err.split())
     assert "no replay_accept_len_k at temperature 0.5: the validation text was sampled at temperature 0.8" in err
+    with pytest.raises(LabError, match="keep_best: 'replay_accept_len' needs validation text of the target's own"):
+        train(dataclasses.replace(SAMPLED, keep_best="replay_accept_len"), peaked_llama, features, tmp_path / "none")
+    assert not (tmp_path / "none").exists()
     with pytest.raises(LabError, match="the replay needs the temperature the target's tokens were sampled at"):
         evaluate(drafter, load_target(peaked_llama, tokenizer=False).lm_head_weight(),
                  FeatureSet(own_tokens).index("train"), CFG.ttt_steps, replay=True)

@@ -18,6 +18,8 @@ start=$SECONDS
 python3 -m nox -s container
 built=$SECONDS
 runs=$(mktemp -d -t drafter-lab-ci-XXXXXX)
+# A green run leaves nothing behind; a red one keeps its runs for a look.
+trap 'rc=$?; if [ $rc = 0 ]; then rm -rf "$runs"; else echo "containers/ci.sh: runs kept in $runs" >&2; fi' EXIT
 python3 -m nox -s container -- smoke --runs "$runs"
 smoked=$SECONDS
 # The image's run must reproduce on the host too: same pinned corpus, same locked torch.

@@ -124,8 +124,8 @@ def regenerate(
     turns = [c.assistant_turns() for c in convs]
     rounds = max((len(t) for t in turns), default=0)
     records = journal.records if journal is not None else []
-    recorded = {(r["round"], cid): (text, r.get("token_ids", {}).get(cid)) for r in records
-                for cid, text in r["answers"].items()}
+    # A journal from before ids were kept names no sampler in its settings, so it never gets here.
+    recorded = {(r["round"], cid): (text, r["token_ids"][cid]) for r in records for cid, text in r["answers"].items()}
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
         torch.manual_seed(seed)
         if records and temperature > 0:  # replayed batches draw nothing: continue from the last one's state
@@ -149,11 +149,7 @@ def regenerate(
                                             "token_ids": {c: a[1] for c, a in zip(ids, answers)}, **rng})
                     for j, (text, token_ids) in zip(chunk, answers):
                         conv, i = jobs[j]
-                        conv.messages[i]["content"] = text
-                        if token_ids is not None:  # a journal written before ids were kept has none
-                            conv.messages[i]["token_ids"] = token_ids
-                        else:
-                            conv.messages[i].pop("token_ids", None)
+                        conv.messages[i].update(content=text, token_ids=token_ids)
                     advance(len(chunk), round=k + 1)
     return convs
 

@@ -44,34 +44,31 @@ N_VALID, N_LOSS, CE_SUM, N_CORRECT, COND_DEN, COND_NUM, S_DEN, S_NUM, R_TOK, R_C
 N_COLS = 10
 
 
-def _proposal(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor, temperature: float):
-    """(idx, q, p) on the drafter's top-SAMPLE_TOPK: its draft-vocab indices, q renormalised there at
-    the temperature, and the target's full-vocab p at the same tokens."""
+def proposal(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor, temperature: float):
+    """(idx, q, p) of a sampled chain's draft: the drafter's top-SAMPLE_TOPK draft-vocab indices, q
+    renormalised there at the temperature, and the target's full-vocab p at the same tokens.
+
+    logits: the drafter's [M, N] over the draft vocab; target_logits: the target's [M, N] on the same
+    draft-vocab tokens; logz: [M] logsumexp of the target's full-vocab logits / temperature. q lives
+    on the top-SAMPLE_TOPK, so p is only needed there.
+    """
     top, idx = logits.topk(min(SAMPLE_TOPK, logits.shape[-1]), -1)
     q = torch.softmax(top / temperature, -1)
     return idx, q, torch.exp(target_logits.gather(-1, idx) / temperature - logz[:, None])
 
 
-def chain_accept_rate(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor,
-                      temperature: float) -> torch.Tensor:
-    """Per row, the probability that a sampled chain's draft is accepted: sum_x min(p(x), q(x)).
-
-    logits: the drafter's [M, N] over the draft vocab; target_logits: the target's [M, N] on the same
-    draft-vocab tokens; logz: [M] logsumexp of the target's full-vocab logits / temperature. q lives
-    on the drafter's top-SAMPLE_TOPK, so p is only needed there.
-    """
-    _, q, p = _proposal(logits, target_logits, logz, temperature)
+def chain_accept_rate(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Per row, the probability that the draft is accepted: sum_x min(p(x), q(x)) (`proposal`'s q, p)."""
     return torch.minimum(p, q).sum(-1)
 
 
-def realized_accept_rate(logits: torch.Tensor, target_logits: torch.Tensor, logz: torch.Tensor,
-                         realized: torch.Tensor, used: torch.Tensor, temperature: float) -> torch.Tensor:
+def realized_accept_rate(idx: torch.Tensor, q: torch.Tensor, p: torch.Tensor, realized: torch.Tensor,
+                         used: torch.Tensor) -> torch.Tensor:
     """Per row, the probability that the draft was accepted given that the target's sampled token
     was `realized` (target ids, [M]): min(p, q)(x) / p(x), 0 when x is outside the drafter's top-K.
 
-    `used` maps draft-vocab index to target id; the other arguments as in `chain_accept_rate`.
+    `used` maps draft-vocab index to target id; idx, q, p are `proposal`'s.
     """
-    idx, q, p = _proposal(logits, target_logits, logz, temperature)
     hit = used[idx] == realized[:, None]
     rate = torch.where(hit, torch.minimum(p, q) / p.clamp_min(torch.finfo(p.dtype).tiny), 0.0)
     return rate.sum(-1).clamp_max(1.0)  # at most one hit; min(p, q) / p <= 1 up to rounding
@@ -200,16 +197,16 @@ class TTTObjective(nn.Module):
                 ok[:, :n][sel] = correct
                 prev_ok = prev_ok & ok
                 if sampled:
+                    idx, q, p = proposal(logits, target_logits[:, s:s + n][sel], batch.logz[:, s:s + n][sel],
+                                         self.temperature)
                     rate = torch.zeros_like(reach)
-                    rate[:, :n][sel] = chain_accept_rate(logits, target_logits[:, s:s + n][sel],
-                                                         batch.logz[:, s:s + n][sel], self.temperature).double()
+                    rate[:, :n][sel] = chain_accept_rate(q, p).double()
                     counts[k, S_DEN] = reach[:, :n][sel][v].sum()
                     reach = reach * rate
                     counts[k, S_NUM] = reach[:, :n][sel][v].sum()
                 if replay is not None:
-                    replay[k, :, :n][sel] = realized_accept_rate(
-                        logits, target_logits[:, s:s + n][sel], batch.logz[:, s:s + n][sel],
-                        batch.input_ids[:, s + 1:][sel], used, self.temperature).double() * v
+                    replay[k, :, :n][sel] = realized_accept_rate(idx, q, p, batch.input_ids[:, s + 1:][sel],
+                                                                 used).double() * v
         if replay is not None:
             counts[:, R_TOK], counts[:, R_CYC] = replay_roots(replay, batch.loss_mask)
         return loss, counts

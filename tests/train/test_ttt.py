@@ -29,6 +29,7 @@ from drafter_lab.train.ttt import (
     S_DEN,
     S_NUM,
     TTTObjective,
+    proposal,
     realized_accept_rate,
 )
 
@@ -220,8 +221,9 @@ def test_realized_rate_is_the_chance_a_draft_was_accepted_given_the_token_that_c
     resampled = torch.multinomial(residual(p[None], q[None])[0], n, replacement=True, generator=g)
     out = torch.where(accepted, drafts, resampled)
     x = torch.arange(6)
-    want = realized_accept_rate(logits.expand(6, 6), target.expand(6, 6),
-                                torch.logsumexp(target[0] / temperature, -1).expand(6), x, x, temperature)
+    drafted = proposal(logits.expand(6, 6), target.expand(6, 6), torch.logsumexp(target[0] / temperature, -1).expand(6),
+                       temperature)
+    want = realized_accept_rate(*drafted, x, x)
     got = torch.stack([accepted[out == i].double().mean() for i in x])
     torch.testing.assert_close(got, want.double(), rtol=0, atol=0.01)
     torch.testing.assert_close(torch.bincount(out, minlength=6) / n, p, rtol=0, atol=0.005)  # lossless

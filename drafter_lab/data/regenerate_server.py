@@ -18,6 +18,7 @@ from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab.data.conversations import Conversation, write_conversations
+from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json
 from drafter_lab.journal import Journal
@@ -46,15 +47,24 @@ class ServerConfig:
     """Retries of a request that failed to connect or got a 5xx answer, 1, 2, 4, ... s apart."""
 
 
+# A server fills each knob a request leaves unset from the model's generation_config.json (vLLM's
+# default `--generation-config auto`, SGLang's model sampling defaults): Qwen2.5's top-k 20, top-p 0.8
+# and repetition penalty 1.05 would reshape every answer, greedy ones too. So every request sets each
+# to its neutral value, by the names both servers take (top_k -1: every token), and the answers are
+# the plain argmax or softmax(logits / T), as a local regeneration's are.
+PLAIN_REQUEST = {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+                 "presence_penalty": 0.0}
+
+
 def _endpoint(cfg: ServerConfig) -> str:
     return cfg.url.rstrip("/") + "/v1/chat/completions"
 
 
 def ask(cfg: ServerConfig, messages: list[dict]) -> str:
     """The server's answer to `messages`; a failure that retries do not cure is a LabError naming the URL."""
-    answer = request_json(_endpoint(cfg), {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
-                                           "temperature": cfg.temperature, "seed": cfg.seed},
-                          timeout_s=cfg.timeout_s, retries=cfg.retries)
+    request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
+               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN_REQUEST}
+    answer = request_json(_endpoint(cfg), request, timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
         return answer["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
@@ -71,7 +81,7 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
 
 def _settings(cfg: ServerConfig, source: Path) -> dict:
     keep = {k: v for k, v in asdict(cfg).items() if k not in ("url", "concurrency", "timeout_s", "retries")}
-    return {**keep, "conversations_sha256": atomic.sha256_file(source)}
+    return {**keep, **SAMPLER, "conversations_sha256": atomic.sha256_file(source)}
 
 
 def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,

@@ -1,6 +1,7 @@
 """An OpenAI-compatible chat server over a local HF model, for the regeneration tests: a real HTTP
 server in its own process, answering /v1/chat/completions as SGLang does (through the lab's own
-chat template rendering and `generate`, one request at a time). Each request's messages are
+chat template rendering and `generate`, one request at a time). As vLLM and SGLang do, a sampling
+knob the request leaves unset comes from the model's generation_config.json. Each request is
 appended to LOG_FILE; the bound port is written to PORT_FILE once the server listens.
 
     python chat_server.py MODEL_DIR PORT_FILE LOG_FILE
@@ -20,6 +21,18 @@ from drafter_lab.targets.hf import load_target
 torch.set_num_threads(1)
 target = load_target(sys.argv[1])
 port_file, log_file = Path(sys.argv[2]), Path(sys.argv[3])
+model_file = Path(sys.argv[1]) / "generation_config.json"
+model_defaults = json.loads(model_file.read_text()) if model_file.exists() else {}
+KNOBS = ("top_k", "top_p", "min_p", "repetition_penalty")  # those both servers read from the file
+
+
+def sampling(req: dict):
+    gen = generation_config(target, req["temperature"], req["max_tokens"])
+    for knob in KNOBS:
+        value = req.get(knob, model_defaults.get(knob))
+        if value is not None:
+            setattr(gen, knob, 0 if knob == "top_k" and value == -1 else value)  # -1: every token
+    return gen
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -31,7 +44,10 @@ class Handler(BaseHTTPRequestHandler):
         with open(log_file, "a") as f:
             f.write(json.dumps(req) + "\n")
         prompt = render(target.tokenizer, req["messages"], add_generation_prompt=True)
-        text, _ = generate_texts(target, [prompt], generation_config(target, req["temperature"], req["max_tokens"]))[0]
+        if req.get("frequency_penalty", 0) or req.get("presence_penalty", 0):
+            self.send_error(400, "frequency and presence penalties are not served here")
+            return
+        text, _ = generate_texts(target, [prompt], sampling(req))[0]
         body = json.dumps({"object": "chat.completion",
                            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
         self.send_response(200)

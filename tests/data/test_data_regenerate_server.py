@@ -4,34 +4,44 @@ as regenerating locally, a killed run resumes without asking again, and failures
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from data_helpers import make_conversations, run_cli, write_jsonl
 
 from drafter_lab.data.conversations import Conversation
-from drafter_lab.data.regenerate_server import ServerConfig, _settings
+from drafter_lab.data.regenerate_server import PLAIN_REQUEST, ServerConfig, _settings
 from drafter_lab.journal import Journal
 
 SERVER = Path(__file__).with_name("chat_server.py")
 GEN = ("--max-new-tokens", "6", "--seed", "0")
 
 
+@contextmanager
+def serving(model: Path, tmp_path: Path):
+    """(base URL, file of the requests it got) of a chat server over `model`."""
+    port_file, log = tmp_path / "port", tmp_path / "requests.jsonl"
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(model), str(port_file), str(log)])
+    try:
+        deadline = time.time() + 120
+        while not port_file.exists():
+            assert proc.poll() is None and time.time() < deadline, "the chat server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port_file.read_text()}", log
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture
 def server(random_llama, tmp_path):
-    """(base URL, file of the requests it got)."""
-    port_file, log = tmp_path / "port", tmp_path / "requests.jsonl"
-    proc = subprocess.Popen([sys.executable, str(SERVER), str(random_llama), str(port_file), str(log)])
-    deadline = time.time() + 120
-    while not port_file.exists():
-        assert proc.poll() is None and time.time() < deadline, "the chat server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port_file.read_text()}", log
-    proc.kill()
-    proc.wait()
+    with serving(random_llama, tmp_path) as served:
+        yield served
 
 
 def requests(log: Path) -> list[dict]:
@@ -84,6 +94,38 @@ def test_server_regeneration_equals_local_and_resumes(random_llama, server, tmp_
     assert len(requests(log)) == 12 and not any("token_ids" in m for r in requests(log) for m in r["messages"])
 
 
+def test_the_models_generation_config_reshapes_no_served_answer(random_llama, tmp_path):
+    """The server takes each knob a request leaves unset from generation_config.json, as vLLM and
+    SGLang do; every request sets them plain, so greedy answers stay the local plain argmax and sampling
+    at T = 1 draws beyond the top-1."""
+    model = tmp_path / "opinionated"
+    shutil.copytree(random_llama, model)
+    (model / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.05, "top_k": 1, "top_p": 0.05, "min_p": 0.9, "repetition_penalty": 50.0,
+        "eos_token_id": 2}))
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(3))
+    gen = ("--max-new-tokens", "12", "--seed", "3")
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "local.jsonl",
+                   "--target", model, "--batch-size", "1", *gen) == 0
+    local = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
+    answers = [m for r in local for m in r["conversations"] if m["role"] == "assistant"]
+    assert sum(len(m["token_ids"]) - len(set(m["token_ids"])) for m in answers) > 0  # a penalty would show
+    with serving(model, tmp_path) as (url, log):
+        for temperature in ("0", "1"):
+            assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / f"served-{temperature}.jsonl",
+                           "--server", url, "--temperature", temperature, *gen) == 0
+    sent = requests(log)
+    assert len(sent) == 12 and all(r.items() >= PLAIN_REQUEST.items() for r in sent)
+
+    def texts(path):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return [m["content"] for r in rows for m in r["conversations"] if m["role"] == "assistant"]
+
+    assert texts(tmp_path / "served-0.jsonl") == [m["content"] for m in answers]
+    sampled, greedy = texts(tmp_path / "served-1.jsonl"), texts(tmp_path / "served-0.jsonl")
+    assert sum(a != b for a, b in zip(sampled, greedy)) >= len(greedy) - 1
+
+
 def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):
     url, _ = server
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(2))
@@ -100,5 +142,10 @@ def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 0
     partial = tmp_path / "out.jsonl.partial"  # left by a run with other settings (more tokens)
     partial.write_text(json.dumps({"settings": _settings(ServerConfig(url=url), convs)}) + "\n")
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 2
+    assert f"{partial}: partial run made with other settings" in capsys.readouterr().err
+    # A journal of the sampler before 2026-12-01 (the model's knobs left to the server) is other data.
+    before = {k: v for k, v in _settings(ServerConfig(url=url, max_new_tokens=6, seed=0), convs).items() if k != "sampler"}
+    partial.write_text(json.dumps({"settings": before}) + "\n")
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 2
     assert f"{partial}: partial run made with other settings" in capsys.readouterr().err

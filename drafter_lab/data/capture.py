@@ -39,7 +39,7 @@ from drafter_lab import config as cfglib
 from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
 from drafter_lab.data.chat import encode_conversation
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
-from drafter_lab.data.regenerate import SAMPLER, regenerate
+from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
@@ -96,8 +96,6 @@ def check_config(cfg: CaptureConfig) -> None:
         raise LabError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
     if cfg.temperature < 0:
         raise LabError(f"temperature must be >= 0, got {cfg.temperature}")
-    if cfg.token_exact and not cfg.regenerate:
-        raise LabError("token_exact keeps the tokens the target samples while regenerating: it needs regenerate")
 
 
 def resume_settings(target: dict, aux_ids: list[int], dtype: str, source: dict) -> dict:
@@ -160,13 +158,14 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
     return convs
 
 
-def tokenize_conversations(tokenizer, convs, cfg: CaptureConfig, conversations_path, skipped: dict) -> list[tuple]:
+def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversations_path, skipped: dict) -> list[tuple]:
     """(id, input_ids, loss_mask) per conversation with an assistant token within max_length; the
     others are counted in `skipped`."""
     items = []
+    end_ids = frozenset(stop_token_ids(target))
     for conv in convs:
         try:
-            ids, mask = encode_conversation(tokenizer, conv.messages, cfg.max_length, cfg.token_exact)
+            ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids)
         except LabError as e:
             raise LabError(f"conversation {conv.id}: {e}", conversations_path) from None
         if not mask.any():  # the assistant text lies past max_length
@@ -218,9 +217,17 @@ def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype
         advance(len(chunk), tokens=int(attn.sum()))
 
 
-def _source(cfg: CaptureConfig, conversations_path: Path) -> dict:
+def _temperature_of(convs: list[Conversation]) -> float | None:
+    """The temperature every assistant turn of `convs` was sampled at, if one is recorded for all."""
+    temps = {m.get("temperature") for c in convs for m in c.messages if m["role"] == "assistant"}
+    return temps.pop() if len(temps) == 1 and None not in temps else None
+
+
+def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversation]) -> dict:
     """Where the sequences come from and every setting that changes their content."""
     regen = ("temperature", "max_new_tokens", "regen_batch_size", "seed")
+    # Answers regenerated before (`data regenerate`, locally or through a server) say how they were sampled.
+    given = _temperature_of(convs) if cfg.token_exact and not cfg.regenerate else None
     return {
         "conversations": str(conversations_path),
         "sha256": atomic.sha256_file(conversations_path),
@@ -230,14 +237,17 @@ def _source(cfg: CaptureConfig, conversations_path: Path) -> dict:
         "batch_size": cfg.batch_size,  # padding inside a batch moves the low bits of the states
         "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
         **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
+        **({"sampled_at": given} if given is not None else {}),
     }
 
 
 def sampled_at(source: dict) -> float | None:
     """The temperature at which a manifest's assistant tokens are the target's own samples (a
-    token-exact regeneration), else None."""
+    token-exact capture of a regeneration), else None."""
     regen = source.get("regenerate")
-    return float(regen["temperature"]) if source.get("token_exact") and regen else None
+    if source.get("token_exact") and regen:
+        return float(regen["temperature"])
+    return float(source["sampled_at"]) if "sampled_at" in source else None
 
 
 def plan_shards(items: list[tuple], val_fraction: float, shard_size: int) -> dict[str, list[list[tuple]]]:
@@ -320,7 +330,7 @@ def prepare_features(
         target.num_layers,
         target.path,
     )
-    source = _source(cfg, conversations_path)
+    source = _source(cfg, conversations_path, convs)
     describe = target.describe()
     settings = resume_settings(describe, aux_ids, cfg.dtype, source)
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
@@ -330,7 +340,7 @@ def prepare_features(
         torch.distributed.barrier()
 
     convs = _conversations(target, convs, cfg, out, settings, main)
-    items = tokenize_conversations(target.tokenizer, convs, cfg, conversations_path, skipped)
+    items = tokenize_conversations(target, convs, cfg, conversations_path, skipped)
     if not items:
         raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length}", conversations_path)
     manifest = Manifest(target=describe, aux_layer_ids=aux_ids, dtype=cfg.dtype, source=source, skipped=skipped)

@@ -36,9 +36,10 @@ class CaptureConfig:
     seed: int = 0
     """Seed for sampled regeneration."""
     token_exact: bool = False
-    """With regenerate: keep each answer as the tokens the target sampled instead of re-tokenizing its
-    text, as a server streams them. Held-out sets for `train --val-temperature` need it for the replay
-    of a sampled server (replay_accept_len_k)."""
+    """Keep each answer as the tokens the target sampled (regenerated here, or the `token_ids` of a
+    `data regenerate` output, locally or through a server that returns them) instead of re-tokenizing
+    its text, as a server streams them. Held-out sets for `train --val-temperature` need it for the
+    replay of a sampled server (replay_accept_len_k)."""
     strict: bool = False
     """Treat a conversation without an assistant turn as an error instead of skipping it."""
     device: str = "cpu"

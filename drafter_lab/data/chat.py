@@ -10,10 +10,11 @@ system turns stay unmasked. Templates that rewrite earlier turns (not prefix-sta
 finding the assistant text itself in the render.
 
 Token-exact (`token_exact`): each assistant turn's text is replaced by the tokens the target
-sampled (`token_ids`, kept by regeneration) and the text around it is tokenized piece by piece, so
-the first turn follows its prompt exactly as a server tokenized and extended it. Re-tokenizing the
-whole text instead can split an answer into other tokens than the target wrote (at temperature 1,
-most answers of the tiny pair), which a replay of serving over the text cannot afford.
+sampled (`token_ids`, kept by regeneration, locally or through a server that returns them) and the
+text around it is tokenized piece by piece, so the first turn follows its prompt exactly as a server
+tokenized and extended it. Re-tokenizing the whole text instead can split an answer into other
+tokens than the target wrote (at temperature 1, most answers of the tiny pair), which a replay of
+serving over the text cannot afford.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
     return list(enc["input_ids"]), [at + a for a, _ in enc["offset_mapping"]]
 
 
-def _spliced(tokenizer, messages: list[dict], text: str,
-             spans: list[tuple[int, int]]) -> tuple[list[int], list[int], list[bool]]:
+def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, int]],
+             end_ids: frozenset[int]) -> tuple[list[int], list[int], list[bool]]:
     """Ids and starts of `text` with each assistant turn's text replaced by its `token_ids` (all
-    starting at the turn's offset, so the span masks them), and which ids the target sampled."""
+    starting at the turn's offset, so the span masks them), and which ids the target sampled. A
+    trailing id in `end_ids` is the end token the sampling stopped at (a server returns it): the
+    template writes its own."""
     ids: list[int] = []
     starts: list[int] = []
     sampled: list[bool] = []
@@ -92,30 +95,31 @@ def _spliced(tokenizer, messages: list[dict], text: str,
         m = messages[i]
         if "token_ids" not in m:
             raise LabError(f"assistant turn {i} has no token_ids: a token-exact capture needs the target's own "
-                           "tokens (data prepare --regenerate)")
+                           "tokens (data prepare --regenerate, or data regenerate)")
         # Templates may trim an answer; the sampled ids stand for the whole of what was written.
         content = next((c for c in (m["content"], m["content"].strip()) if text.startswith(c, start)), None)
         if content is None:
             raise LabError(f"chat template rewrites assistant turn {i}: cannot place the target's own tokens")
-        if any(t >= len(tokenizer) for t in m["token_ids"]):
+        answer = m["token_ids"][:-1] if m["token_ids"] and m["token_ids"][-1] in end_ids else m["token_ids"]
+        if any(t >= len(tokenizer) for t in answer):
             raise LabError(f"assistant turn {i} holds token ids past the tokenizer's {len(tokenizer)}")
         piece, at = _tokenize(tokenizer, text[cursor:start], cursor)
-        ids += piece + m["token_ids"]
-        starts += at + [start] * len(m["token_ids"])
-        sampled += [False] * len(piece) + [True] * len(m["token_ids"])
+        ids += piece + answer
+        starts += at + [start] * len(answer)
+        sampled += [False] * len(piece) + [True] * len(answer)
         cursor = start + len(content)
     piece, at = _tokenize(tokenizer, text[cursor:], cursor)
     return ids + piece, starts + at, sampled + [False] * len(piece)
 
 
-def encode_conversation(tokenizer, messages: list[dict], max_length: int,
-                        token_exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_exact: bool = False,
+                        end_ids: frozenset[int] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
-    `token_exact`: assistant turns as their `token_ids`."""
+    `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`)."""
     text = render(tokenizer, messages)
     spans = assistant_char_spans(tokenizer, messages, text)
     if token_exact:
-        ids, starts, sampled = _spliced(tokenizer, messages, text, spans)
+        ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids)
     else:
         ids, starts = _tokenize(tokenizer, text)
         sampled = [False] * len(ids)

@@ -5,8 +5,10 @@ Each line holds `conversations` (or `messages`): a list of turns written either 
 where `human` means user and `gpt` means assistant). An optional `id` names the conversation;
 without one the id is a hash of its turns, so the train/val split stays stable across reruns.
 
-An assistant turn the target regenerated locally also keeps `token_ids`, the tokens it sampled
-(regenerate.py), which a token-exact capture reads instead of tokenizing the text again.
+An assistant turn the target regenerated also keeps `token_ids`, the tokens it sampled, and
+`temperature`, the temperature it sampled them at (regenerate.py; through a server when the server
+returns ids, which may then end with the end token it stopped at), which a token-exact capture reads
+instead of tokenizing the text again.
 
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
@@ -37,7 +39,7 @@ ROLES = {
 @dataclass
 class Conversation:
     """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; a
-    regenerated assistant turn also holds `token_ids`)."""
+    regenerated assistant turn also holds `token_ids` and `temperature`)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)
@@ -68,6 +70,11 @@ def _parse_turn(turn, where: str, path) -> dict:
         if not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
             raise LabError(f"{where}: token_ids must be a list of token ids (integers >= 0)", path)
         out["token_ids"] = ids
+        temperature = turn.get("temperature")
+        if temperature is not None:
+            if type(temperature) not in (int, float) or not temperature >= 0:
+                raise LabError(f"{where}: temperature must be a number >= 0", path)
+            out["temperature"] = temperature
     return out
 
 

@@ -7,7 +7,8 @@ a conversation is asked with the conversation as already regenerated up to it, a
 `regenerate.regenerate`. Conversations run `concurrency` at a time; each one, once all its turns
 are back, is appended to the journal `<out>.partial` (see journal.py), so a killed run resumes
 where it stopped. The finished file is written atomically in input order, and the partial
-file is removed.
+file is removed. Where the server returns the token ids it sampled, each answer keeps them
+(`token_ids`, as the server gave them) for a token-exact capture.
 """
 
 from __future__ import annotations
@@ -60,22 +61,38 @@ def _endpoint(cfg: ServerConfig) -> str:
     return cfg.url.rstrip("/") + "/v1/chat/completions"
 
 
-def ask(cfg: ServerConfig, messages: list[dict]) -> str:
-    """The server's answer to `messages`; a failure that retries do not cure is a LabError naming the URL."""
+def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[str, list[int] | None]:
+    """The server's answer to `messages` and the token ids it sampled (None from a server that does
+    not return them); a failure that retries do not cure is a LabError naming the URL."""
+    # return_token_ids: recent vLLM and SGLang answer with choices[0].token_ids, the end token they
+    # stopped at included; servers without it ignore the field.
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
-               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN_REQUEST}
+               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN_REQUEST, "return_token_ids": True}
     answer = request_json(_endpoint(cfg), request, timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
-        return answer["choices"][0]["message"]["content"]
+        choice = answer["choices"][0]
+        text = choice["message"]["content"]
     except (KeyError, IndexError, TypeError):
         raise LabError(f"server answer has no choices[0].message.content: {str(answer)[:200]}", _endpoint(cfg)) from None
+    ids = choice.get("token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
+        raise LabError(f"server answer's choices[0].token_ids is not a list of token ids: {str(ids)[:200]}",
+                       _endpoint(cfg))
+    return text, ids
+
+
+def _text_only(messages: list[dict]) -> list[dict]:
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
 def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
-    # role and content only: a server gets no ids of ours, and ids of an earlier local regeneration go
-    out = Conversation(id=conv.id, messages=[{"role": m["role"], "content": m["content"]} for m in conv.messages])
+    # A server is sent role and content only, and ids of an earlier regeneration go.
+    out = Conversation(id=conv.id, messages=_text_only(conv.messages))
     for i in out.assistant_turns():
-        out.messages[i]["content"] = ask(cfg, out.messages[:i])
+        text, ids = ask(cfg, _text_only(out.messages[:i]))
+        out.messages[i]["content"] = text
+        if ids is not None:
+            out.messages[i].update(token_ids=ids, temperature=cfg.temperature)
     return out
 
 

@@ -182,7 +182,7 @@ class Online:
     def _prompts(self, path: Path, skipped: dict) -> list[Prompt]:
         convs, counts = read_conversations(path, strict=self.capture.strict)
         skipped.update(counts)
-        items = tokenize_conversations(self.target.tokenizer, convs, self.capture, path, skipped)
+        items = tokenize_conversations(self.target, convs, self.capture, path, skipped)
         if not items:
             raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
                            path)

@@ -1,8 +1,9 @@
 """An OpenAI-compatible chat server over a local HF model, for the regeneration tests: a real HTTP
 server in its own process, answering /v1/chat/completions as SGLang does (through the lab's own
 chat template rendering and `generate`, one request at a time). As vLLM and SGLang do, a sampling
-knob the request leaves unset comes from the model's generation_config.json. Each request is
-appended to LOG_FILE; the bound port is written to PORT_FILE once the server listens.
+knob the request leaves unset comes from the model's generation_config.json, and with
+`return_token_ids` the answer carries `token_ids`, the end token it stopped at included. Each request
+is appended to LOG_FILE; the bound port is written to PORT_FILE once the server listens.
 
     python chat_server.py MODEL_DIR PORT_FILE LOG_FILE
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab.data.chat import render
-from drafter_lab.data.regenerate import generate_texts, generation_config
+from drafter_lab.data.regenerate import generate_texts, generation_config, stop_token_ids
 from drafter_lab.targets.hf import load_target
 
 torch.set_num_threads(1)
@@ -24,6 +25,7 @@ port_file, log_file = Path(sys.argv[2]), Path(sys.argv[3])
 model_file = Path(sys.argv[1]) / "generation_config.json"
 model_defaults = json.loads(model_file.read_text()) if model_file.exists() else {}
 KNOBS = ("top_k", "top_p", "min_p", "repetition_penalty")  # those both servers read from the file
+(END,) = stop_token_ids(target)  # the test models stop at one token: an answer short of max_tokens ended there
 
 
 def sampling(req: dict):
@@ -47,9 +49,11 @@ class Handler(BaseHTTPRequestHandler):
         if req.get("frequency_penalty", 0) or req.get("presence_penalty", 0):
             self.send_error(400, "frequency and presence penalties are not served here")
             return
-        text, _ = generate_texts(target, [prompt], sampling(req))[0]
-        body = json.dumps({"object": "chat.completion",
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}).encode()
+        text, ids = generate_texts(target, [prompt], sampling(req))[0]
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        if req.get("return_token_ids"):
+            choice["token_ids"] = ids + [END] if len(ids) < req["max_tokens"] else ids
+        body = json.dumps({"object": "chat.completion", "choices": [choice]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

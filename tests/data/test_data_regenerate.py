@@ -10,6 +10,7 @@ import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 
 from drafter_lab.data import regenerate as regenerate_mod
+from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.regenerate import regenerate, stop_token_ids
@@ -131,9 +132,21 @@ def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, t
     assert FeatureSet(out).manifest.source["token_exact"] is True
     assert run_cli(*args, "--out", tmp_path / "other") == 0  # without the flag: the text, tokenized again
     assert "token_exact" not in FeatureSet(tmp_path / "other").manifest.source
+    assert sampled_at(FeatureSet(out).manifest.source) == 1.0
+    # The same answers regenerated first (`data regenerate`), then captured token for token.
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "r.jsonl", "--target",
+                   random_llama, "--temperature", "1.0", "--max-new-tokens", "12", "--seed", "5") == 0
+    assert run_cli(*args[:4], "--conversations", tmp_path / "r.jsonl", "--out", tmp_path / "given", "--val-fraction", "0",
+                   "--token-exact") == 0
+    given = FeatureSet(tmp_path / "given")
+    assert [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in given.sequences("train")] == \
+        [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in FeatureSet(out).sequences("train")]
+    assert given.manifest.source["sampled_at"] == 1.0 and sampled_at(given.manifest.source) == 1.0
+    # Answers without ids cannot be captured token for token: one line, nothing written.
+    capsys.readouterr()
     assert run_cli(*args[:6], "--out", tmp_path / "bad", "--token-exact") == 2
-    assert "token_exact keeps the tokens the target samples while regenerating: it needs regenerate" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{convs}: conversation " in err and "has no token_ids" in err and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()
 
 

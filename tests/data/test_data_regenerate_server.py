@@ -12,11 +12,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 
+from drafter_lab.data.capture import sampled_at
+from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import Conversation
+from drafter_lab.data.regenerate import generate_texts, generation_config, stop_token_ids
 from drafter_lab.data.regenerate_server import PLAIN_REQUEST, ServerConfig, _settings
+from drafter_lab.data.shards import FeatureSet
 from drafter_lab.journal import Journal
+from drafter_lab.targets.hf import load_target
 
 SERVER = Path(__file__).with_name("chat_server.py")
 GEN = ("--max-new-tokens", "6", "--seed", "0")
@@ -38,9 +44,28 @@ def serving(model: Path, tmp_path: Path):
         proc.wait()
 
 
+@pytest.fixture(scope="module")
+def stopping_llama(random_llama, tmp_path_factory) -> Path:
+    """The random Llama with its end token's lm_head row made that of a token its greedy answers
+    use: the tie goes to the end token (lower id), so answers stop short of max_new_tokens."""
+    from transformers import LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("stopping") / "model"
+    shutil.copytree(random_llama, out)
+    target = load_target(random_llama)
+    prompt = render(target.tokenizer, make_conversations(2)[1]["conversations"][:1], add_generation_prompt=True)
+    (_, ids), = generate_texts(target, [prompt], generation_config(target, 0.0, 6))
+    model = LlamaForCausalLM.from_pretrained(random_llama)
+    (end,) = stop_token_ids(target)
+    with torch.no_grad():
+        model.lm_head.weight[end] = model.lm_head.weight[ids[2]]
+    model.save_pretrained(out)
+    return out
+
+
 @pytest.fixture
-def server(random_llama, tmp_path):
-    with serving(random_llama, tmp_path) as served:
+def server(stopping_llama, tmp_path):
+    with serving(stopping_llama, tmp_path) as served:
         yield served
 
 
@@ -48,31 +73,49 @@ def requests(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_server_regeneration_equals_local_and_resumes(random_llama, server, tmp_path):
+def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tmp_path):
     url, log = server
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(6))
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "local.jsonl",
-                   "--target", random_llama, "--batch-size", "1", *GEN) == 0
+                   "--target", stopping_llama, "--batch-size", "1", *GEN) == 0
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "served.jsonl",
                    "--server", url, "--concurrency", "3", *GEN) == 0
     rows = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
-    assert all("token_ids" in m for r in rows for m in r["conversations"] if m["role"] == "assistant")
-    for m in (m for r in rows for m in r["conversations"]):  # a server sends text only
-        m.pop("token_ids", None)
-    local = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    assert (tmp_path / "served.jsonl").read_text() == local  # same answers, same order, same bytes
+    served = (tmp_path / "served.jsonl").read_text()
+    (end,) = stop_token_ids(load_target(stopping_llama))
+    answers = [m for r in rows for m in r["conversations"] if m["role"] == "assistant"]
+    assert any(len(m["token_ids"]) < 6 for m in answers)  # some stopped at the end token
+    for m in answers:
+        assert m["temperature"] == 0.0
+        if len(m["token_ids"]) < 6:  # the server's ids end with the end token it stopped at
+            m["token_ids"].append(end)
+    # Same answers and ids, same order, same bytes.
+    assert served == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     assert not (tmp_path / "served.jsonl.partial").exists()
     sent = requests(log)
-    assert len(sent) == 12 and all(r["max_tokens"] == 6 and r["temperature"] == 0.0 for r in sent)
-    # Turn 2 is asked with turn 1 as regenerated, not as written.
+    assert len(sent) == 12 and all(r["max_tokens"] == 6 and r["temperature"] == 0.0 and r["return_token_ids"]
+                                   for r in sent)
+    # Turn 2 is asked with turn 1 as regenerated, not as written, and as text only.
     regenerated = [Conversation(r["id"], r["conversations"]) for r in rows]
     second = [r["messages"] for r in sent if sum(m["role"] == "assistant" for m in r["messages"]) == 1]
     for messages in second:
-        (conv,) = [c for c in regenerated if c.messages[: len(messages)][:-1] == messages[:-1]]
+        (conv,) = [c for c in regenerated if [m["content"] for m in c.messages[: len(messages) - 1]] ==
+                   [m["content"] for m in messages[:-1]]]
         assert messages[-1]["content"] == conv.messages[len(messages) - 1]["content"]
+        assert all(set(m) == {"role", "content"} for m in messages)
+
+    # Either file, captured token for token, gives the same sequences: the end token a server
+    # returns is not written twice.
+    for name in ("local", "served"):
+        assert run_cli("data", "prepare", "--target", stopping_llama, "--conversations", tmp_path / f"{name}.jsonl",
+                       "--out", tmp_path / f"feat-{name}", "--val-fraction", "0", "--token-exact") == 0
+    local_feat, served_feat = (FeatureSet(tmp_path / f"feat-{name}") for name in ("local", "served"))
+    assert [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in served_feat.sequences("train")] == \
+        [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in local_feat.sequences("train")]
+    assert sampled_at(served_feat.manifest.source) == 0.0
 
     # A run killed after 2 conversations, mid-way through writing a third line.
-    done = [json.loads(line) for line in local.splitlines()][:2]
+    done = [json.loads(line) for line in served.splitlines()][:2]
     partial = tmp_path / "resumed.jsonl.partial"
     with Journal(partial, _settings(ServerConfig(url=url, max_new_tokens=6, seed=0), convs)) as journal:
         for row in done:
@@ -82,16 +125,16 @@ def test_server_regeneration_equals_local_and_resumes(random_llama, server, tmp_
     log.unlink()
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "resumed.jsonl",
                    "--server", url, *GEN) == 0
-    assert (tmp_path / "resumed.jsonl").read_text() == local
+    assert (tmp_path / "resumed.jsonl").read_text() == served
     assert len(requests(log)) == 8  # the 4 conversations left, 2 turns each
 
-    # Conversations carrying a local regeneration's token ids: the server is sent text only, and the
-    # ids of the answers it replaces go.
+    # Conversations carrying an earlier regeneration's ids: the server is sent text only, and the
+    # answers it replaces get its own ids.
     log.unlink()
     assert run_cli("data", "regenerate", "--conversations", tmp_path / "local.jsonl", "--out", tmp_path / "again.jsonl",
                    "--server", url, *GEN) == 0
-    assert "token_ids" not in (tmp_path / "again.jsonl").read_text()
-    assert len(requests(log)) == 12 and not any("token_ids" in m for r in requests(log) for m in r["messages"])
+    assert (tmp_path / "again.jsonl").read_text() == served
+    assert len(requests(log)) == 12 and all(set(m) == {"role", "content"} for r in requests(log) for m in r["messages"])
 
 
 def test_the_models_generation_config_reshapes_no_served_answer(random_llama, tmp_path):

@@ -6,9 +6,8 @@ k, from the conversation as already regenerated (so later turns follow the targe
 answers, as in a real chat). Prompts are batched with left padding and decoded with HF `generate`
 (KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. Each answer
 keeps the token ids the target produced (`token_ids`, its end token left out) and the temperature it
-sampled them at beside its text, so that a capture can use the target's own tokens
-(`data prepare --token-exact`). A journal
-(journal.py) records each batch as it finishes, so a killed run resumes.
+sampled them at beside its text, so that a capture can use the target's own tokens (`data prepare
+--token-exact`). A journal (journal.py) records each batch as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ a conversation is asked with the conversation as already regenerated up to it, a
 `regenerate.regenerate`. Conversations run `concurrency` at a time; each one, once all its turns
 are back, is appended to the journal `<out>.partial` (see journal.py), so a killed run resumes
 where it stopped. The finished file is written atomically in input order, and the partial
-file is removed. Where the server returns the token ids it sampled, each answer keeps them
-(`token_ids`, as the server gave them) for a token-exact capture.
+file is removed. Each request asks for plain sampling (server_sampling.py), and where the server
+returns the token ids it sampled, each answer keeps them (`token_ids`, as the server gave them) for
+a token-exact capture.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
+from drafter_lab.server_sampling import PLAIN
 
 
 @dataclass
@@ -48,15 +50,6 @@ class ServerConfig:
     """Retries of a request that failed to connect or got a 5xx answer, 1, 2, 4, ... s apart."""
 
 
-# A server fills each knob a request leaves unset from the model's generation_config.json (vLLM's
-# default `--generation-config auto`, SGLang's model sampling defaults): Qwen2.5's top-k 20, top-p 0.8
-# and repetition penalty 1.05 would reshape every answer, greedy ones too. So every request sets each
-# to its neutral value, by the names both servers take (top_k -1: every token), and the answers are
-# the plain argmax or softmax(logits / T), as a local regeneration's are.
-PLAIN_REQUEST = {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
-                 "presence_penalty": 0.0}
-
-
 def _endpoint(cfg: ServerConfig) -> str:
     return cfg.url.rstrip("/") + "/v1/chat/completions"
 
@@ -67,7 +60,7 @@ def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[str, list[int] | None]
     # return_token_ids: recent vLLM and SGLang answer with choices[0].token_ids, the end token they
     # stopped at included; servers without it ignore the field.
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
-               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN_REQUEST, "return_token_ids": True}
+               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN, "return_token_ids": True}
     answer = request_json(_endpoint(cfg), request, timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
         choice = answer["choices"][0]

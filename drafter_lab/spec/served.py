@@ -1,8 +1,8 @@
 """`drafter-lab eval --server`: served accept length and tok/s from a running SGLang or vLLM server.
 
 The lab's own `eval` decodes with its engine; this one asks the engine people serve with. Prompts
-are rendered here with the target's chat template and sent as token ids, so the server decodes
-exactly the tokens the lab's eval would. The served accept length is the lab's (tokens emitted
+are rendered here with the target's chat template and sent as token ids, with plain sampling asked
+for (server_sampling.py), so the server decodes exactly the tokens the lab's eval would. The served accept length is the lab's (tokens emitted
 per verify step, bonus included):
 
 - SGLang: native `/generate` reports per request, in `meta_info`, `completion_tokens`,
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json, request_text, stream_json
 from drafter_lab.progress import progress
+from drafter_lab.server_sampling import PLAIN
 from drafter_lab.spec.eval import WARMUP_TOKENS, add_request, first_difference, latency, render_prompts
 
 ENGINES = ("sglang", "vllm")
@@ -161,7 +162,7 @@ class SGLang:
     def generate(self, ids: list[int], max_new_tokens: int) -> Answer:
         endpoint, start = self.url + "/generate", time.perf_counter()
         return sglang_answer(stream_json(endpoint, {"input_ids": ids, "stream": True, "sampling_params": {
-            "temperature": self.cfg.temperature, "max_new_tokens": max_new_tokens}},
+            **PLAIN, "temperature": self.cfg.temperature, "max_new_tokens": max_new_tokens}},
             timeout_s=self.cfg.timeout_s, retries=self.cfg.retries), start, endpoint)
 
     def start_counting(self) -> None:
@@ -218,7 +219,7 @@ class VLLM:
         endpoint, model = self.url + "/v1/completions", self._model()
         start = time.perf_counter()
         return vllm_answer(stream_json(endpoint, {
-            "model": model, "prompt": ids, "max_tokens": max_new_tokens, "temperature": self.cfg.temperature,
+            "model": model, "prompt": ids, "max_tokens": max_new_tokens, "temperature": self.cfg.temperature, **PLAIN,
             "stream": True, "stream_options": {"include_usage": True}},
             timeout_s=self.cfg.timeout_s, retries=self.cfg.retries), start, endpoint)
 

@@ -19,9 +19,10 @@ from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.data.regenerate import generate_texts, generation_config, stop_token_ids
-from drafter_lab.data.regenerate_server import PLAIN_REQUEST, ServerConfig, _settings
+from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.journal import Journal
+from drafter_lab.server_sampling import PLAIN
 from drafter_lab.targets.hf import load_target
 
 SERVER = Path(__file__).with_name("chat_server.py")
@@ -158,7 +159,7 @@ def test_the_models_generation_config_reshapes_no_served_answer(random_llama, tm
             assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / f"served-{temperature}.jsonl",
                            "--server", url, "--temperature", temperature, *gen) == 0
     sent = requests(log)
-    assert len(sent) == 12 and all(r.items() >= PLAIN_REQUEST.items() for r in sent)
+    assert len(sent) == 12 and all(r.items() >= PLAIN.items() for r in sent)
 
     def texts(path):
         rows = [json.loads(line) for line in path.read_text().splitlines()]

@@ -13,6 +13,10 @@ a real HTTP server in its own process, decoding each request with `SpecEngine` (
 Answers are server-sent events sent as the engine emits the tokens (`generate(on_tokens=...)`):
 the first token, from prefill, alone, then one event per verify step (per token without a drafter).
 
+The engine samples plainly (softmax(logits / T) over the whole vocabulary); a request whose
+sampling knobs, with those it leaves unset taken from the model's generation_config.json as vLLM
+and SGLang take them, would reshape that is refused (HTTP 400).
+
 Without a drafter ("-") it is the baseline server. The bound port is written to PORT_FILE once it
 listens.
 
@@ -38,6 +42,16 @@ target = load_target(sys.argv[2])
 drafter = None if sys.argv[3] == "-" else load_for_target(sys.argv[3], target)
 steps, port_file = int(sys.argv[4]), Path(sys.argv[5])
 counters = {"drafts": 0, "accepted": 0, "per_pos": [0] * steps}
+model_file = Path(sys.argv[2]) / "generation_config.json"
+model_defaults = json.loads(model_file.read_text()) if model_file.exists() else {}
+NEUTRAL = {"top_k": (-1, 0), "top_p": (1,), "min_p": (0,), "repetition_penalty": (1,), "frequency_penalty": (0,),
+           "presence_penalty": (0,)}
+
+
+def reshaped(params: dict) -> list[str]:
+    """The knobs that would not sample plainly, unset ones taken from the model's file."""
+    return [f"{k}={v}" for k in NEUTRAL if (v := params.get(k, model_defaults.get(k))) is not None
+            and v not in NEUTRAL[k]]
 
 
 def decode(ids: list[int], temperature: float, max_new_tokens: int):
@@ -144,7 +158,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path not in POST:
             self.send_error(404)
             return
-        self._stream(POST[self.path](json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if bad := reshaped(req.get("sampling_params", req)):
+            self.send_error(400, f"this engine samples plainly; {', '.join(bad)} would reshape it")
+            return
+        self._stream(POST[self.path](req))
 
     def log_message(self, *args):
         pass

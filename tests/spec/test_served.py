@@ -4,6 +4,7 @@ served accept length and histogram as the lab's own eval, feeds the cost model, 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -20,17 +21,28 @@ SERVER = Path(__file__).with_name("spec_server.py")
 STEPS = 4
 
 
-def _start(engine: str, random_llama, drafter, port_file: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SERVER), engine, str(random_llama), str(drafter), str(STEPS),
+def _start(engine: str, model, drafter, port_file: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SERVER), engine, str(model), str(drafter), str(STEPS),
                              str(port_file)])
 
 
+@pytest.fixture(scope="module")
+def opinionated_llama(random_llama, tmp_path_factory) -> Path:
+    """The random Llama with Qwen2.5's generation_config.json knobs, which a server applies to every
+    request that leaves them unset (the test servers refuse to sample so)."""
+    out = tmp_path_factory.mktemp("opinionated") / "model"
+    shutil.copytree(random_llama, out)
+    (out / "generation_config.json").write_text(json.dumps({"top_k": 20, "top_p": 0.8, "repetition_penalty": 1.05}))
+    return out
+
+
 @pytest.fixture(scope="module", params=["sglang", "vllm"])
-def servers(request, random_llama, drafter_dir, tmp_path_factory):
-    """(engine, speculative server URL, baseline server URL)."""
+def servers(request, opinionated_llama, drafter_dir, tmp_path_factory):
+    """(engine, speculative server URL, baseline server URL), both over the random Llama."""
     tmp = tmp_path_factory.mktemp("servers")
     engine = request.param
-    procs = [_start(engine, random_llama, drafter_dir, tmp / "spec"), _start(engine, random_llama, "-", tmp / "base")]
+    procs = [_start(engine, opinionated_llama, drafter_dir, tmp / "spec"),
+             _start(engine, opinionated_llama, "-", tmp / "base")]
     deadline = time.time() + 120
     try:
         for proc, name in zip(procs, ("spec", "base")):

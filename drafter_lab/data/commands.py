@@ -49,7 +49,8 @@ def register(subparsers) -> None:
     who = r.add_mutually_exclusive_group(required=True)
     who.add_argument("--target", help="local HF causal-LM directory, run here with transformers")
     who.add_argument("--server", metavar="URL", help="base URL of a server with /v1/chat/completions")
-    r.add_argument("--model", default="default", help="with --server: the model name to request")
+    r.add_argument("--model", default=None, help="with --server: the model name to request (default: the first "
+                                                 "the server's /v1/models lists)")
     r.add_argument("--concurrency", type=int, default=8, help="with --server: conversations in flight")
     r.add_argument("--retries", type=int, default=3, help="with --server: retries of a request that failed to "
                                                            "connect or got a 5xx answer (1, 2, 4, ... s apart)")

@@ -7,7 +7,7 @@ a conversation is asked with the conversation as already regenerated up to it, a
 `regenerate.regenerate`. Conversations run `concurrency` at a time; each one, once all its turns
 are back, is appended to the journal `<out>.partial` (see journal.py), so a killed run resumes
 where it stopped. The finished file is written atomically in input order, and the partial
-file is removed. Each request asks for plain sampling (server_sampling.py), and where the server
+file is removed. Each request asks for plain sampling (servers.py), and where the server
 returns the token ids it sampled, each answer keeps them (`token_ids`, as the server gave them) for
 a token-exact capture.
 """
@@ -15,7 +15,7 @@ a token-exact capture.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from drafter_lab import atomic
@@ -25,7 +25,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
-from drafter_lab.server_sampling import PLAIN
+from drafter_lab.servers import PLAIN, served_model
 
 
 @dataclass
@@ -34,8 +34,8 @@ class ServerConfig:
 
     url: str
     """Base URL of the server, e.g. http://127.0.0.1:30000 (the /v1/chat/completions path is added)."""
-    model: str = "default"
-    """Model name sent with each request (SGLang accepts "default"; vLLM wants the served name)."""
+    model: str | None = None
+    """Model name sent with each request; None: the first the server's /v1/models lists."""
     temperature: float = 0.0
     """Sampling temperature (0 = greedy)."""
     max_new_tokens: int = 128
@@ -100,6 +100,8 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order."""
     if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
         raise LabError("need concurrency >= 1, max_new_tokens >= 1 and temperature >= 0")
+    if cfg.model is None:
+        cfg = replace(cfg, model=served_model(cfg.url, cfg.timeout_s, cfg.retries))
     journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source))
     done = {r["id"]: Conversation(id=r["id"], messages=r["conversations"]) for r in journal.records}
     todo = [c for c in conversations if c.id not in done]

@@ -2,7 +2,7 @@
 
 The lab's own `eval` decodes with its engine; this one asks the engine people serve with. Prompts
 are rendered here with the target's chat template and sent as token ids, with plain sampling asked
-for (server_sampling.py), so the server decodes exactly the tokens the lab's eval would. The served accept length is the lab's (tokens emitted
+for (servers.py), so the server decodes exactly the tokens the lab's eval would. The served accept length is the lab's (tokens emitted
 per verify step, bonus included):
 
 - SGLang: native `/generate` reports per request, in `meta_info`, `completion_tokens`,
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json, request_text, stream_json
 from drafter_lab.progress import progress
-from drafter_lab.server_sampling import PLAIN
+from drafter_lab.servers import PLAIN, served_model
 from drafter_lab.spec.eval import WARMUP_TOKENS, add_request, first_difference, latency, render_prompts
 
 ENGINES = ("sglang", "vllm")
@@ -205,11 +205,7 @@ class VLLM:
 
     def _model(self) -> str:
         if self.model is None:
-            models = request_json(self.url + "/v1/models", timeout_s=self.cfg.timeout_s, retries=self.cfg.retries)
-            try:
-                self.model = models["data"][0]["id"]
-            except (KeyError, IndexError, TypeError):
-                raise LabError("lists no model; pass --model", self.url + "/v1/models") from None
+            self.model = served_model(self.url, self.cfg.timeout_s, self.cfg.retries)
         return self.model
 
     def settings(self) -> dict:

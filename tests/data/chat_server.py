@@ -1,9 +1,10 @@
 """An OpenAI-compatible chat server over a local HF model, for the regeneration tests: a real HTTP
-server in its own process, answering /v1/chat/completions as SGLang does (through the lab's own
-chat template rendering and `generate`, one request at a time). As vLLM and SGLang do, a sampling
-knob the request leaves unset comes from the model's generation_config.json, and with
-`return_token_ids` the answer carries `token_ids`, the end token it stopped at included. Each request
-is appended to LOG_FILE; the bound port is written to PORT_FILE once the server listens.
+server in its own process, answering /v1/chat/completions through the lab's own chat template
+rendering and `generate`, one request at a time. As vLLM does, it answers only to the name it lists
+at /v1/models (the model's path); as vLLM and SGLang do, a sampling knob the request leaves unset
+comes from the model's generation_config.json, and with `return_token_ids` the answer carries
+`token_ids`, the end token it stopped at included. Each request is appended to LOG_FILE; the bound
+port is written to PORT_FILE once the server listens.
 
     python chat_server.py MODEL_DIR PORT_FILE LOG_FILE
 """
@@ -22,6 +23,7 @@ from drafter_lab.targets.hf import load_target
 torch.set_num_threads(1)
 target = load_target(sys.argv[1])
 port_file, log_file = Path(sys.argv[2]), Path(sys.argv[3])
+NAME = sys.argv[1]  # the name it serves the model under, as vLLM serves a path
 model_file = Path(sys.argv[1]) / "generation_config.json"
 model_defaults = json.loads(model_file.read_text()) if model_file.exists() else {}
 KNOBS = ("top_k", "top_p", "min_p", "repetition_penalty")  # those both servers read from the file
@@ -38,6 +40,20 @@ def sampling(req: dict):
 
 
 class Handler(BaseHTTPRequestHandler):
+    def _json(self, obj: dict) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path != "/v1/models":
+            self.send_error(404)
+            return
+        self._json({"object": "list", "data": [{"id": NAME, "object": "model"}]})
+
     def do_POST(self):
         if self.path != "/v1/chat/completions":
             self.send_error(404)
@@ -45,6 +61,9 @@ class Handler(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with open(log_file, "a") as f:
             f.write(json.dumps(req) + "\n")
+        if req.get("model") != NAME:  # as vLLM answers a name it does not serve
+            self.send_error(404, f"the model {req.get('model')!r} does not exist")
+            return
         prompt = render(target.tokenizer, req["messages"], add_generation_prompt=True)
         if req.get("frequency_penalty", 0) or req.get("presence_penalty", 0):
             self.send_error(400, "frequency and presence penalties are not served here")
@@ -53,12 +72,7 @@ class Handler(BaseHTTPRequestHandler):
         choice = {"index": 0, "message": {"role": "assistant", "content": text}}
         if req.get("return_token_ids"):
             choice["token_ids"] = ids + [END] if len(ids) < req["max_tokens"] else ids
-        body = json.dumps({"object": "chat.completion", "choices": [choice]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._json({"object": "chat.completion", "choices": [choice]})
 
     def log_message(self, *args):
         pass

@@ -22,7 +22,7 @@ from drafter_lab.data.regenerate import generate_texts, generation_config, stop_
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.journal import Journal
-from drafter_lab.server_sampling import PLAIN
+from drafter_lab.servers import PLAIN
 from drafter_lab.targets.hf import load_target
 
 SERVER = Path(__file__).with_name("chat_server.py")
@@ -95,7 +95,7 @@ def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tm
     assert not (tmp_path / "served.jsonl.partial").exists()
     sent = requests(log)
     assert len(sent) == 12 and all(r["max_tokens"] == 6 and r["temperature"] == 0.0 and r["return_token_ids"]
-                                   for r in sent)
+                                   and r["model"] == str(stopping_llama) for r in sent)  # as /v1/models names it
     # Turn 2 is asked with turn 1 as regenerated, not as written, and as text only.
     regenerated = [Conversation(r["id"], r["conversations"]) for r in rows]
     second = [r["messages"] for r in sent if sum(m["role"] == "assistant" for m in r["messages"]) == 1]
@@ -118,7 +118,8 @@ def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tm
     # A run killed after 2 conversations, mid-way through writing a third line.
     done = [json.loads(line) for line in served.splitlines()][:2]
     partial = tmp_path / "resumed.jsonl.partial"
-    with Journal(partial, _settings(ServerConfig(url=url, max_new_tokens=6, seed=0), convs)) as journal:
+    cfg = ServerConfig(url=url, model=str(stopping_llama), max_new_tokens=6, seed=0)  # the name it serves
+    with Journal(partial, _settings(cfg, convs)) as journal:
         for row in done:
             journal.append(row)
     with open(partial, "a") as f:
@@ -170,7 +171,7 @@ def test_the_models_generation_config_reshapes_no_served_answer(random_llama, tm
     assert sum(a != b for a, b in zip(sampled, greedy)) >= len(greedy) - 1
 
 
-def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):
+def test_server_failures_are_one_line(stopping_llama, server, tmp_path, capsys):
     url, _ = server
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(2))
     out = tmp_path / "out.jsonl"
@@ -178,10 +179,13 @@ def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", closed,
                    "--retries", "0", *GEN) == 2
     err = capsys.readouterr().err
-    assert f"{closed}/v1/chat/completions: cannot reach the server" in err and not out.exists()
+    assert f"{closed}/v1/models: cannot reach the server" in err and not out.exists()
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url + "/nope",
                    "--retries", "0", *GEN) == 2
     assert "server answered HTTP 404" in capsys.readouterr().err
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, "--model", "nope",
+                   "--retries", "0", *GEN) == 2  # a name it does not serve
+    assert f"{url}/v1/chat/completions: server answered HTTP 404" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl.partial").exists()  # nothing was done: nothing to resume
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 0
     partial = tmp_path / "out.jsonl.partial"  # left by a run with other settings (more tokens)
@@ -189,7 +193,8 @@ def test_server_failures_are_one_line(random_llama, server, tmp_path, capsys):
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 2
     assert f"{partial}: partial run made with other settings" in capsys.readouterr().err
     # A journal of the sampler before 2026-12-01 (the model's knobs left to the server) is other data.
-    before = {k: v for k, v in _settings(ServerConfig(url=url, max_new_tokens=6, seed=0), convs).items() if k != "sampler"}
+    now = ServerConfig(url=url, model=str(stopping_llama), max_new_tokens=6, seed=0)
+    before = {k: v for k, v in _settings(now, convs).items() if k != "sampler"}
     partial.write_text(json.dumps({"settings": before}) + "\n")
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 2
     assert f"{partial}: partial run made with other settings" in capsys.readouterr().err

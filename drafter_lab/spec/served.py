@@ -2,8 +2,8 @@
 
 The lab's own `eval` decodes with its engine; this one asks the engine people serve with. Prompts
 are rendered here with the target's chat template and sent as token ids, with plain sampling asked
-for (servers.py), so the server decodes exactly the tokens the lab's eval would. The served accept length is the lab's (tokens emitted
-per verify step, bonus included):
+for (servers.py), so the server decodes exactly the tokens the lab's eval would. The served accept
+length is the lab's (tokens emitted per verify step, bonus included):
 
 - SGLang: native `/generate` reports per request, in `meta_info`, `completion_tokens`,
   `spec_verify_ct` and, in recent versions, `spec_accept_histogram` (verify steps that accepted

@@ -220,7 +220,7 @@ def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype
 def _temperature_of(convs: list[Conversation]) -> float | None:
     """The temperature every assistant turn of `convs` was sampled at, if one is recorded for all."""
     temps = {m.get("temperature") for c in convs for m in c.messages if m["role"] == "assistant"}
-    return temps.pop() if len(temps) == 1 and None not in temps else None
+    return temps.pop() if len(temps) == 1 else None  # {None}: none recorded
 
 
 def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversation]) -> dict:

@@ -142,6 +142,13 @@ def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, t
     assert [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in given.sequences("train")] == \
         [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in FeatureSet(out).sequences("train")]
     assert given.manifest.source["sampled_at"] == 1.0 and sampled_at(given.manifest.source) == 1.0
+    # Answers sampled at two temperatures are the target's tokens, but at no one temperature.
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    rows[0]["conversations"][-1]["temperature"] = 0.5
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    assert run_cli(*args[:4], "--conversations", mixed, "--out", tmp_path / "mixed", "--val-fraction", "0",
+                   "--token-exact") == 0
+    assert sampled_at(FeatureSet(tmp_path / "mixed").manifest.source) is None
     # Answers without ids cannot be captured token for token: one line, nothing written.
     capsys.readouterr()
     assert run_cli(*args[:6], "--out", tmp_path / "bad", "--token-exact") == 2

@@ -14,7 +14,9 @@ sampled (`token_ids`, kept by regeneration, locally or through a server that ret
 text around it is tokenized piece by piece, so the first turn follows its prompt exactly as a server
 tokenized and extended it. Re-tokenizing the whole text instead can split an answer into other
 tokens than the target wrote (at temperature 1, most answers of the tiny pair), which a replay of
-serving over the text cannot afford.
+serving over the text cannot afford. Later turns follow the earlier answers as sampled, where the
+server that wrote them was sent those answers as text and tokenized them again: exact for
+single-turn data, an approximation past the first turn.
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype
         advance(len(chunk), tokens=int(attn.sum()))
 
 
-def _temperature_of(convs: list[Conversation]) -> float | None:
+def temperature_of(convs: list[Conversation]) -> float | None:
     """The temperature every assistant turn of `convs` was sampled at, if one is recorded for all."""
     temps = {m.get("temperature") for c in convs for m in c.messages if m["role"] == "assistant"}
     return temps.pop() if len(temps) == 1 else None  # {None}: none recorded
@@ -227,7 +227,7 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
     """Where the sequences come from and every setting that changes their content."""
     regen = ("temperature", "max_new_tokens", "regen_batch_size", "seed")
     # Answers regenerated before (`data regenerate`, locally or through a server) say how they were sampled.
-    given = _temperature_of(convs) if cfg.token_exact and not cfg.regenerate else None
+    given = temperature_of(convs) if cfg.token_exact and not cfg.regenerate else None
     return {
         "conversations": str(conversations_path),
         "sha256": atomic.sha256_file(conversations_path),

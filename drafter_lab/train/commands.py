@@ -28,6 +28,10 @@ def register(sub) -> None:
                    help="with --conversations: three HF hidden_states indices (default 2,L//2,L-3)")
     p.add_argument("--val-fraction", type=float, default=CaptureConfig.val_fraction,
                    help="with --conversations: fraction held out for validation (capture's hash split)")
+    p.add_argument("--token-exact", action="store_true",
+                   help="with --conversations: keep each answer as the token_ids it carries (`data regenerate`), as "
+                        "data prepare --token-exact does; val answers all sampled at --val-temperature then replay "
+                        "the sampled server")
     p.add_argument("--val-data", metavar="PATH",
                    help="validate on this set instead of the data's val split: every sequence of a feature directory "
                         "captured from the same target, or (with --conversations) of a conversations file")
@@ -85,9 +89,12 @@ def run(args) -> int:
     cfg = labconfig.apply_cli_args(cfg, args)
     online = None
     if args.conversations is not None:
-        online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids, val_fraction=args.val_fraction)
-    elif (args.target_dtype, args.aux_layer_ids, args.val_fraction) != (CaptureConfig.dtype, None, CaptureConfig.val_fraction):
-        raise LabError("--target-dtype, --aux-layer-ids and --val-fraction apply to --conversations (online) runs only")
+        online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids, val_fraction=args.val_fraction,
+                               token_exact=args.token_exact)
+    elif (args.target_dtype, args.aux_layer_ids, args.val_fraction, args.token_exact) != \
+            (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False):
+        raise LabError("--target-dtype, --aux-layer-ids, --val-fraction and --token-exact apply to --conversations "
+                       "(online) runs only")
     watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
     if args.stop_if_behind is None and watch_cfg != WatchConfig():
         raise LabError("--watch-* settings apply with --stop-if-behind only")

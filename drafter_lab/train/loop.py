@@ -146,7 +146,7 @@ def _replays(val_temperature: float, sampled_at: float | None, main: bool) -> bo
     if sampled_at == val_temperature:
         return True
     if main:
-        why = ("is not the target's own tokens (capture it with data prepare --token-exact)"
+        why = ("is not the target's own tokens (capture it with data prepare --token-exact; online, pass --token-exact)"
                if sampled_at is None else f"was sampled at temperature {sampled_at}")
         log(f"validation: no replay_accept_len_k at temperature {val_temperature}: the validation text {why}")
     return False
@@ -243,7 +243,7 @@ class _Run:
         self.replay = _replays(cfg.val_temperature, source.val_sampled_at, d.main)
         if cfg.keep_best.startswith("replay") and not self.replay:
             raise LabError(f"keep_best: {cfg.keep_best!r} needs validation text of the target's own tokens sampled "
-                           f"at {cfg.val_temperature} (data prepare --token-exact)")
+                           f"at {cfg.val_temperature} (data prepare --token-exact, or online --token-exact)")
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)

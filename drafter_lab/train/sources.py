@@ -25,6 +25,7 @@ from drafter_lab.data.capture import (
     check_config,
     sampled_at,
     split_of,
+    temperature_of,
     tokenize_conversations,
 )
 from drafter_lab.data.conversations import read_conversations
@@ -135,6 +136,8 @@ class Prompt:
     seq_id: str
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
+    sampled_at: float | None = None
+    """The temperature its answers' tokens were sampled at by the target (token-exact), else None."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -173,7 +176,11 @@ class Online:
             self.items["val"] = self.held_out.items
         # Held-out features are read from their shards; conversations go through the target.
         self.reads = {"train": self.read, "val": None if isinstance(self.held_out, HeldOutFeatures) else self.read_val}
-        self.val_sampled_at = self.held_out.sampled_at if isinstance(self.held_out, HeldOutFeatures) else None
+        if isinstance(self.held_out, HeldOutFeatures):
+            self.val_sampled_at = self.held_out.sampled_at
+        else:  # the val conversations' own tokens replay a sampled server when all were sampled at one temperature
+            temps = {p.sampled_at for p in self.items["val"]}
+            self.val_sampled_at = temps.pop() if len(temps) == 1 else None
         # Validation reads the same batches every time: their states, once computed, can be kept.
         val_bytes = sum(map(len, self.items["val"])) * 4 * self.target.hidden_size * self.dtype.itemsize
         keep = self.reads["val"] is not None and 0 < val_bytes <= val_cache_mb * 2**20
@@ -186,7 +193,8 @@ class Online:
         if not items:
             raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
                            path)
-        return [Prompt(*it) for it in items]
+        temps = {c.id: temperature_of([c]) for c in convs} if self.capture.token_exact else {}
+        return [Prompt(*it, sampled_at=temps.get(it[0])) for it in items]
 
     def read(self, prompts: list[Prompt]) -> list[Sequence]:
         """The prompts' states, from one target forward over all of them (capture's batching)."""
@@ -219,7 +227,8 @@ class Online:
         """What the run's data is, without where it lies: a resume must see the same."""
         c = self.capture
         out = {"sha256": atomic.sha256_file(self.where), "max_length": c.max_length, "dtype": c.dtype,
-               "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction}
+               "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction,
+               **({"token_exact": True} if c.token_exact else {})}  # absent otherwise: older runs still resume
         return {**out, "val": self.held_out.identity()} if self.held_out else out
 
     def describe(self) -> dict:

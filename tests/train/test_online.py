@@ -101,3 +101,73 @@ def test_online_bad_input(peaked_llama, features, tmp_path, capsys):
                  "--target-dtype", "bfloat16"]) == 2
     assert "apply to --conversations (online) runs only" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.fixture(scope="module")
+def sampled_answers(peaked_llama, features, tmp_path_factory):
+    """The `features` conversations with every answer the target's own, sampled at 0.8 (`data
+    regenerate`: each answer carries its token_ids and temperature)."""
+    root = tmp_path_factory.mktemp("sampled_answers")
+    assert main(["data", "regenerate", "--target", str(peaked_llama), "--conversations", conversations_of(features),
+                 "--out", str(root / "sampled.jsonl"), "--temperature", "0.8", "--max-new-tokens", "48",
+                 "--seed", "1"]) == 0
+    return root / "sampled.jsonl"
+
+
+def test_online_token_exact_replays_as_on_captured_features(peaked_llama, sampled_answers, tmp_path, capsys):
+    """`train --conversations F --token-exact` tokenizes as `data prepare --token-exact` does, so its
+    validation replays the sampled server over the val split as a run on those features does."""
+    feats = tmp_path / "feats"
+    assert main(["data", "prepare", "--target", str(peaked_llama), "--conversations", str(sampled_answers),
+                 "--out", str(feats), "--max-length", "96", "--val-fraction", "0.25", "--batch-size", "16",
+                 "--token-exact"]) == 0
+    cfg = dataclasses.replace(CFG, val_temperature=0.8, keep_best="replay_accept_len")
+    offline = train(cfg, peaked_llama, feats, tmp_path / "offline")
+    assert main(["train", "--target", str(peaked_llama), "--conversations", str(sampled_answers), "--token-exact",
+                 "--val-fraction", "0.25", "--draft-vocab-size", "128", "--max-steps", "6", "--batch-size", "8",
+                 "--ttt-steps", "3", "--lr", "3e-3", "--warmup-steps", "3", "--log-every", "1", "--eval-every", "3",
+                 "--eval-batch-size", "8", "--threads", "1", "--max-length", "96", "--val-temperature", "0.8",
+                 "--keep-best", "replay_accept_len", "--out", str(tmp_path / "online")]) == 0
+    online = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    replay = [f"replay_accept_len_{k}" for k in range(CFG.ttt_steps)]
+    for k in ("loss_0", "acc_2", "sampled_accept_len", *replay):
+        assert online[k] == pytest.approx(offline[k], rel=1e-4, abs=1e-4), k
+    assert 1 < online["replay_accept_len_0"] < online["replay_accept_len_2"]
+    run = json.loads((tmp_path / "online" / "run.json").read_text())
+    assert run["features"]["token_exact"] is True
+    # Held-out features say themselves how they were captured, whatever the training text is.
+    assert Online(peaked_llama, sampled_answers, CAPTURE, torch.device("cpu"), val_data=feats).val_sampled_at == 0.8
+    # Re-tokenized, the same answers are not the target's own tokens: no replay, and no resume either.
+    plain = train(dataclasses.replace(cfg, keep_best=""), peaked_llama, sampled_answers, tmp_path / "plain",
+                  online=dataclasses.replace(CAPTURE, val_fraction=0.25))
+    assert "sampled_accept_len" in plain and not any(k.startswith("replay") for k in plain)
+    assert "the validation text is not the target's own tokens" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(LabError, match="--resume with other training data"):
+        train(dataclasses.replace(cfg, keep_best=""), peaked_llama, sampled_answers, tmp_path / "plain", resume=True,
+              online=dataclasses.replace(CAPTURE, val_fraction=0.25, token_exact=True))
+
+
+def test_online_token_exact_validation_sets(peaked_llama, sampled_answers, tmp_path):
+    """A held-out conversations file replays when every answer in it was sampled at one temperature."""
+    exact = dataclasses.replace(CAPTURE, token_exact=True)
+    cpu = torch.device("cpu")
+    assert Online(peaked_llama, sampled_answers, exact, cpu).val_sampled_at == 0.8
+    assert Online(peaked_llama, sampled_answers, exact, cpu, val_data=sampled_answers).val_sampled_at == 0.8
+    assert Online(peaked_llama, sampled_answers, CAPTURE, cpu, val_data=sampled_answers).val_sampled_at is None
+    lines = sampled_answers.read_text().splitlines()
+    one = json.loads(lines[0])
+    next(m for m in one["conversations"] if m["role"] == "assistant")["temperature"] = 0.5
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([json.dumps(one), *lines[1:]]) + "\n")
+    assert Online(peaked_llama, sampled_answers, exact, cpu, val_data=mixed).val_sampled_at is None
+
+
+def test_online_token_exact_needs_the_ids(peaked_llama, features, tmp_path, capsys):
+    convs = conversations_of(features)
+    with pytest.raises(LabError, match="has no token_ids") as e:
+        train(CFG, peaked_llama, convs, tmp_path / "x", online=dataclasses.replace(CAPTURE, token_exact=True))
+    assert str(convs) in str(e.value)
+    assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "x"),
+                 "--token-exact"]) == 2
+    assert "--token-exact apply to --conversations (online) runs only" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

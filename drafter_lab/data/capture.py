@@ -160,10 +160,15 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
 
 def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversations_path, skipped: dict) -> list[tuple]:
     """(id, input_ids, loss_mask) per conversation with an assistant token within max_length; the
-    others are counted in `skipped`."""
+    others are counted in `skipped`. Token-exact, answers another target sampled are an error."""
     items = []
     end_ids = frozenset(stop_token_ids(target))
+    mine = target.fingerprint
     for conv in convs:
+        other = {m.get("target_fingerprint", mine) for m in conv.messages} - {mine} if cfg.token_exact else set()
+        if other:
+            raise LabError(f"conversation {conv.id}: answers sampled by target {other.pop()}, not by this one ({mine}): "
+                           "a token-exact capture takes the target's own tokens only", conversations_path)
         try:
             ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids)
         except LabError as e:

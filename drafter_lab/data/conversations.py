@@ -8,7 +8,9 @@ without one the id is a hash of its turns, so the train/val split stays stable a
 An assistant turn the target regenerated also keeps `token_ids`, the tokens it sampled, and
 `temperature`, the temperature it sampled them at (regenerate.py; through a server when the server
 returns ids, which may then end with the end token it stopped at), which a token-exact capture reads
-instead of tokenizing the text again.
+instead of tokenizing the text again; regenerated locally, also `target_fingerprint`, the target's
+(targets/hf.py), so that a capture with another target is refused (a server does not say which
+weights it runs).
 
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
@@ -39,7 +41,7 @@ ROLES = {
 @dataclass
 class Conversation:
     """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; a
-    regenerated assistant turn also holds `token_ids` and `temperature`)."""
+    regenerated assistant turn also holds `token_ids`, `temperature` and, made here, `target_fingerprint`)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)
@@ -75,6 +77,11 @@ def _parse_turn(turn, where: str, path) -> dict:
             if type(temperature) not in (int, float) or not temperature >= 0:
                 raise LabError(f"{where}: temperature must be a number >= 0", path)
             out["temperature"] = temperature
+        fp = turn.get("target_fingerprint")
+        if fp is not None:
+            if not isinstance(fp, str):
+                raise LabError(f"{where}: target_fingerprint must be text", path)
+            out["target_fingerprint"] = fp
     return out
 
 

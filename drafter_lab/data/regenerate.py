@@ -5,9 +5,9 @@ data) matches what it will see when serving. Turn k of every conversation is gen
 k, from the conversation as already regenerated (so later turns follow the target's earlier
 answers, as in a real chat). Prompts are batched with left padding and decoded with HF `generate`
 (KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. Each answer
-keeps the token ids the target produced (`token_ids`, its end token left out) and the temperature it
-sampled them at beside its text, so that a capture can use the target's own tokens (`data prepare
---token-exact`). A journal (journal.py) records each batch as it finishes, so a killed run resumes.
+keeps the token ids the target produced (`token_ids`, its end token left out), the temperature it
+sampled them at and the target's fingerprint beside its text, so that a capture can use the target's
+own tokens (`data prepare --token-exact`) and refuse another target's. A journal (journal.py) records each batch as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def regenerate(
                                             "token_ids": {c: a[1] for c, a in zip(ids, answers)}, **rng})
                     for j, (text, token_ids) in zip(chunk, answers):
                         conv, i = jobs[j]
-                        conv.messages[i].update(content=text, token_ids=token_ids, temperature=temperature)
+                        conv.messages[i].update(content=text, token_ids=token_ids, temperature=temperature,
+                                                target_fingerprint=target.fingerprint)
                     advance(len(chunk), round=k + 1)
     return convs
 

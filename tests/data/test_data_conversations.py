@@ -61,6 +61,8 @@ def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
          "line 3: temperature must be a number >= 0"),
         ('{"conversations": [{"role": "assistant", "content": "x", "token_ids": [1], "temperature": -1}]}',
          "line 3: temperature must be a number >= 0"),
+        ('{"conversations": [{"role": "assistant", "content": "x", "token_ids": [1], "target_fingerprint": 7}]}',
+         "line 3: target_fingerprint must be text"),
     ],
 )
 def test_bad_line_names_file_and_line(tmp_path, bad, message):

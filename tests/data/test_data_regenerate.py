@@ -15,7 +15,7 @@ from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.regenerate import regenerate, stop_token_ids
 from drafter_lab.data.shards import FeatureSet
-from drafter_lab.targets.hf import load_target
+from drafter_lab.targets.hf import fingerprint, load_target
 
 NEW_TOKENS = 6
 
@@ -149,6 +149,18 @@ def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, t
     assert run_cli(*args[:4], "--conversations", mixed, "--out", tmp_path / "mixed", "--val-fraction", "0",
                    "--token-exact") == 0
     assert sampled_at(FeatureSet(tmp_path / "mixed").manifest.source) is None
+    # Each answer names the target that sampled it; another target's tokens are refused, their text is not.
+    mine = fingerprint(random_llama)
+    assert {m["target_fingerprint"] for r in rows for m in r["conversations"] if m["role"] == "assistant"} == {mine}
+    rows[1]["conversations"][-1]["target_fingerprint"] = "0123456789abcdef"
+    other = write_jsonl(tmp_path / "other.jsonl", rows)
+    capsys.readouterr()
+    assert run_cli(*args[:4], "--conversations", other, "--out", tmp_path / "o", "--token-exact") == 2
+    err = capsys.readouterr().err
+    assert f"{other}: conversation {rows[1]['id']}: answers sampled by target 0123456789abcdef, not by this one " \
+        f"({mine})" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+    assert run_cli(*args[:4], "--conversations", other, "--out", tmp_path / "o", "--val-fraction", "0") == 0
     # Answers without ids cannot be captured token for token: one line, nothing written.
     capsys.readouterr()
     assert run_cli(*args[:6], "--out", tmp_path / "bad", "--token-exact") == 2

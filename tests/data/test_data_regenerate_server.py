@@ -23,7 +23,7 @@ from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.journal import Journal
 from drafter_lab.servers import PLAIN
-from drafter_lab.targets.hf import load_target
+from drafter_lab.targets.hf import fingerprint, load_target
 
 SERVER = Path(__file__).with_name("chat_server.py")
 GEN = ("--max-new-tokens", "6", "--seed", "0")
@@ -88,6 +88,7 @@ def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tm
     assert any(len(m["token_ids"]) < 6 for m in answers)  # some stopped at the end token
     for m in answers:
         assert m["temperature"] == 0.0
+        assert m.pop("target_fingerprint") == fingerprint(stopping_llama)  # a server names no weights
         if len(m["token_ids"]) < 6:  # the server's ids end with the end token it stopped at
             m["token_ids"].append(end)
     # Same answers and ids, same order, same bytes.

@@ -160,6 +160,11 @@ def test_online_token_exact_validation_sets(peaked_llama, sampled_answers, tmp_p
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("\n".join([json.dumps(one), *lines[1:]]) + "\n")
     assert Online(peaked_llama, sampled_answers, exact, cpu, val_data=mixed).val_sampled_at is None
+    # Answers another target sampled are not this target's own tokens.
+    next(m for m in one["conversations"] if m["role"] == "assistant")["target_fingerprint"] = "0123456789abcdef"
+    mixed.write_text("\n".join([json.dumps(one), *lines[1:]]) + "\n")
+    with pytest.raises(LabError, match=f"conversation {one['id']}: answers sampled by target 0123456789abcdef"):
+        Online(peaked_llama, sampled_answers, exact, cpu, val_data=mixed)
 
 
 def test_online_token_exact_needs_the_ids(peaked_llama, features, tmp_path, capsys):

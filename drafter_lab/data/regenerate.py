@@ -7,7 +7,8 @@ answers, as in a real chat). Prompts are batched with left padding and decoded w
 (KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. Each answer
 keeps the token ids the target produced (`token_ids`, its end token left out), the temperature it
 sampled them at and the target's fingerprint beside its text, so that a capture can use the target's
-own tokens (`data prepare --token-exact`) and refuse another target's. A journal (journal.py) records each batch as it finishes, so a killed run resumes.
+own tokens (`data prepare --token-exact`) and refuse another target's. A journal (journal.py)
+records each batch as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations

@@ -158,17 +158,22 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
     return convs
 
 
-def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversations_path, skipped: dict) -> list[tuple]:
+def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversations_path, skipped: dict,
+                           main: bool) -> list[tuple]:
     """(id, input_ids, loss_mask) per conversation with an assistant token within max_length; the
-    others are counted in `skipped`. Token-exact, answers another target sampled are an error."""
+    others are counted in `skipped`. Answers another target sampled (a regeneration by the previous
+    model version, say) are an error token-exact and a note on `main` otherwise."""
     items = []
     end_ids = frozenset(stop_token_ids(target))
     mine = target.fingerprint
+    foreign: dict[str, str] = {}  # conversation id -> the other target that sampled its answers
     for conv in convs:
-        other = {m.get("target_fingerprint", mine) for m in conv.messages} - {mine} if cfg.token_exact else set()
-        if other:
+        other = {m.get("target_fingerprint", mine) for m in conv.messages} - {mine}
+        if other and cfg.token_exact:
             raise LabError(f"conversation {conv.id}: answers sampled by target {other.pop()}, not by this one ({mine}): "
                            "a token-exact capture takes the target's own tokens only", conversations_path)
+        if other:
+            foreign[conv.id] = min(other)
         try:
             ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids)
         except LabError as e:
@@ -177,6 +182,10 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
             skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
             continue
         items.append((conv.id, ids, mask))
+    if foreign and main:
+        log(f"{conversations_path}: {len(foreign)} of {len(convs)} conversations hold answers target(s) "
+            f"{', '.join(sorted(set(foreign.values())))} sampled, not this one ({mine}): they train as text, "
+            "not as this target's own answers")
     return items
 
 
@@ -345,7 +354,7 @@ def prepare_features(
         torch.distributed.barrier()
 
     convs = _conversations(target, convs, cfg, out, settings, main)
-    items = tokenize_conversations(target, convs, cfg, conversations_path, skipped)
+    items = tokenize_conversations(target, convs, cfg, conversations_path, skipped, main)
     if not items:
         raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length}", conversations_path)
     manifest = Manifest(target=describe, aux_layer_ids=aux_ids, dtype=cfg.dtype, source=source, skipped=skipped)

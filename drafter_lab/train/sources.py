@@ -152,7 +152,7 @@ class Online:
         check_config(capture)
         if capture.regenerate:
             raise LabError("online training does not regenerate: run `data regenerate` first, then train on its output")
-        self.where, self.capture = conversations, capture
+        self.where, self.capture, self.main = conversations, capture, rank == 0
         self.dtype = DTYPES[capture.dtype]
         self.target = load_target(target_dir, device=device, dtype=self.dtype)
         n = self.target.num_layers
@@ -189,7 +189,7 @@ class Online:
     def _prompts(self, path: Path, skipped: dict) -> list[Prompt]:
         convs, counts = read_conversations(path, strict=self.capture.strict)
         skipped.update(counts)
-        items = tokenize_conversations(self.target, convs, self.capture, path, skipped)
+        items = tokenize_conversations(self.target, convs, self.capture, path, skipped, self.main)
         if not items:
             raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
                            path)

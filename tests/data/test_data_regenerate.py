@@ -161,6 +161,10 @@ def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, t
         f"({mine})" in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
     assert run_cli(*args[:4], "--conversations", other, "--out", tmp_path / "o", "--val-fraction", "0") == 0
+    assert f"{other}: 1 of {len(rows)} conversations hold answers target(s) 0123456789abcdef sampled, not this " \
+        f"one ({mine}): they train as text" in " ".join(capsys.readouterr().err.split())
+    assert run_cli(*args[:4], "--conversations", tmp_path / "r.jsonl", "--out", tmp_path / "r") == 0
+    assert "hold answers" not in capsys.readouterr().err  # the target's own
     # Answers without ids cannot be captured token for token: one line, nothing written.
     capsys.readouterr()
     assert run_cli(*args[:6], "--out", tmp_path / "bad", "--token-exact") == 2

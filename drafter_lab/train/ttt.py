@@ -74,30 +74,69 @@ def realized_accept_rate(idx: torch.Tensor, q: torch.Tensor, p: torch.Tensor, re
     return rate.sum(-1).clamp_max(1.0)  # at most one hit; min(p, q) / p <= 1 up to rounding
 
 
-def replay_roots(rates: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _replay_chain(rates: torch.Tensor, loss_mask: torch.Tensor):
+    """(active, start, leave) of `replay_roots`: active [B, T], x_{t+1} in a span and not its end;
+    start [B, T], a span's first root; leave [K, B, T, K + 1], entry j the probability that a
+    depth-(d+1) cycle rooted at t accepts exactly j drafts (its next root t + j + 1)."""
+    K, B, T = rates.shape
+    m = loss_mask.double()
+    m[:, 0] = 0  # a sequence's first token is never generated: no root precedes it
+    active = torch.zeros(B, T, dtype=torch.float64, device=rates.device)
+    active[:, :T - 2] = m[:, 1:T - 1] * m[:, 2:]
+    start = torch.zeros_like(active)
+    start[:, :T - 1] = m[:, 1:] * (1 - m[:, :-1])
+    reach = torch.cat([torch.ones_like(rates[:1]), rates.cumprod(0)])  # reach[j]: drafts 0..j-1 accepted
+    leave = torch.zeros(K, B, T, K + 1, dtype=torch.float64, device=rates.device)
+    for d in range(K):
+        leave[d, ..., :d + 1] = (reach[:d + 1] * (1 - rates[:d + 1])).permute(1, 2, 0)
+        leave[d, ..., d + 1] = reach[d + 1]
+    return active, start, leave
+
+
+def replay_roots(rates: torch.Tensor, loss_mask: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens emitted, expected verify steps), each [K]: entry d for a chain of d + 1 steps.
 
     rates: [K, B, T] float64, r_k at each root (0 where step k's token is past its span); a span's
     first root is the position before its first token (the token prefill emits), and generation
     ends at its last token.
+
+    A root's probability is start + the mass every earlier root within K + 1 passes on: a banded
+    unit-lower-triangular system per chain, solved `block` positions at a time (a batched triangular
+    solve each, the block's previous K + 1 roots already final), so the op count scales with
+    T / block, not T as in `replay_roots_reference`'s loop (on a GPU, launches), for block + K + 1
+    doubles of memory per rate.
     """
     K, B, T = rates.shape
-    m = loss_mask.double()
-    m[:, 0] = 0  # a sequence's first token is never generated: no root precedes it
-    active = torch.zeros(B, T, dtype=torch.float64, device=rates.device)  # x_{t+1} in a span, not its end
-    active[:, :T - 2] = m[:, 1:T - 1] * m[:, 2:]
-    start = torch.zeros_like(active)
-    start[:, :T - 1] = m[:, 1:] * (1 - m[:, :-1])
-    # reach[j]: drafts 0..j-1 accepted; leave[d, ..., j]: a depth-(d+1) cycle accepts exactly j drafts.
-    reach = torch.cat([torch.ones_like(rates[:1]), rates.cumprod(0)])
-    leave = torch.zeros(K, B, T, K + 1, dtype=torch.float64, device=rates.device)
-    for d in range(K):
-        leave[d, ..., :d + 1] = (reach[:d + 1] * (1 - rates[:d + 1])).permute(1, 2, 0)
-        leave[d, ..., d + 1] = reach[d + 1]
+    active, start, leave = _replay_chain(rates, loss_mask)
+    J, L = K + 1, block
+    n = -(-T // L)
+    # c[..., J + t, j]: the mass the root at t passes to t + j + 1 (zero rows before t = 0 and past T).
+    c = torch.zeros(K, B, J + n * L, J, dtype=torch.float64, device=rates.device)
+    c[:, :, J:J + T] = leave * active[..., None]
+    # Block b reads x = [the J roots before it, its own L]; row i (position b * L + i) holds at column
+    # i + J - 1 - j what the root j + 1 positions earlier passes to it: diagonal J - 1 - j is c[..., j].
+    w = torch.zeros(K, B, n, L, J + L, dtype=torch.float64, device=rates.device)
+    for j in range(J):
+        torch.diagonal(w, J - 1 - j, -2, -1).copy_(c[:, :, J - 1 - j:J - 1 - j + n * L, j].unflatten(-1, (n, L)))
+    carry, own = w[..., :J], w[..., J:]
+    own.neg_()
+    own.diagonal(0, -2, -1).fill_(1)  # I - (own block's strictly lower band)
+    x = torch.zeros(K, B, J + n * L, 1, dtype=torch.float64, device=rates.device)
+    x[:, :, J:J + T, 0] = start
+    for b in range(n):
+        p = J + b * L
+        rhs = x[:, :, p:p + L] + carry[:, :, b] @ x[:, :, p - J:p]
+        x[:, :, p:p + L] = torch.linalg.solve_triangular(own[:, :, b], rhs, upper=False, unitriangular=True)
+    return active.sum().expand(K), (x[:, :, J:J + T, 0] * active).sum((1, 2))
+
+
+def replay_roots_reference(rates: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`replay_roots` position by position: each root, once final, passes its mass on."""
+    K, B, T = rates.shape
+    active, start, leave = _replay_chain(rates, loss_mask)
     roots = torch.zeros(K, B, T + K + 1, dtype=torch.float64, device=rates.device)
     roots[:, :, :T] = start
-    live = active.any(0).nonzero().flatten().tolist()
-    for t in live:  # a root's probability is final once every earlier root has passed its mass on
+    for t in active.any(0).nonzero().flatten().tolist():
         roots[:, :, t + 1:t + K + 2] += (roots[:, :, t] * active[:, t])[..., None] * leave[:, :, t]
     return active.sum().expand(K), (roots[:, :, :T] * active).sum((1, 2))
 

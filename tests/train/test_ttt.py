@@ -31,6 +31,8 @@ from drafter_lab.train.ttt import (
     TTTObjective,
     proposal,
     realized_accept_rate,
+    replay_roots,
+    replay_roots_reference,
 )
 
 V, N, H, HT, K = 53, 17, 32, 24, 4
@@ -207,6 +209,31 @@ def test_replay_equals_the_served_process_recursed_span_by_span(temperature):
     assert want[2, 1] < want[1, 1] < want[0, 1]
     # Sampled validation without the replay, and training batches, count none.
     assert not TTTObjective(d, head[used], K, 0.8, temperature)(collate(examples))[1][:, R_TOK:].any()
+
+
+@pytest.mark.parametrize("block", [1, 6, 32])
+def test_replay_roots_solved_in_blocks_equals_the_position_loop_and_the_recursion(block):
+    """Spans of every length (1 token, several blocks long, 1 token apart) at random rates, fresh each
+    run: the blocked solve, the reference loop and the backward recursion agree."""
+    steps, T = 5, 97
+    rates = torch.rand(steps, 3, T, dtype=torch.float64)
+    mask = torch.rand(3, T) < 0.85
+    mask[0] = torch.arange(T) % 7 != 3  # 6-token spans one apart
+    mask[1, :40], mask[1, 41], mask[1, 42] = False, False, True  # a 1-token span after a masked x_1
+    for b in range(3):  # step k's token x_{t+k+2} past the span of x_{t+1}: no rate there
+        end = T - 1  # the last token of the span holding x_{t+1}
+        for t in range(T - 2, -1, -1):
+            end = end if mask[b, t + 2:t + 3].all() else t + 1
+            rates[:, b, t][torch.arange(steps) + t + 2 > end] = 0
+    got, want = replay_roots(rates, mask, block), replay_roots_reference(rates, mask)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    oracle = torch.zeros(steps, 2, dtype=torch.float64)
+    for b in range(3):
+        realized = {(k, t): float(rates[k, b, t]) for k in range(steps) for t in range(T)}
+        for k in range(steps):
+            oracle[k] += torch.tensor(expected_verify_steps(realized, mask[b].tolist(), k + 1), dtype=torch.float64)
+    torch.testing.assert_close(torch.stack(want, 1), oracle, rtol=1e-12, atol=0)
+    assert (oracle[1:, 1] < oracle[:-1, 1]).all()
 
 
 def test_realized_rate_is_the_chance_a_draft_was_accepted_given_the_token_that_came_out():

@@ -5,7 +5,7 @@
     nox -s lint                  ruff
     nox -s kernels               the kernel correctness suites (GPU parts skip without a GPU)
     nox -s build_cuda            compile the CUDA sources (CUDA torch + nvcc; no GPU needed)
-    nox -s bench -- NAME         benchmarks: allreduce | draft-forward (kernels) | verify (target passes)
+    nox -s bench -- NAME         benchmarks: allreduce | draft-forward (kernels) | verify (target passes) | replay
     nox -s container [-- smoke]  build the CPU/GPU images offline; smoke runs the lab inside
     nox -s reproduce -- RUN_DIR  re-run a run (made here or in an image) and list what differs
 """
@@ -107,9 +107,10 @@ def build_cuda(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """`nox -s bench -- allreduce|draft-forward|verify [ARGS]`: prints tables, writes JSON for the cost model."""
+    """`nox -s bench -- allreduce|draft-forward|verify|replay [ARGS]`: prints tables; all but replay write JSON for
+    the cost model."""
     if not session.posargs:
-        session.error("name a benchmark: allreduce | draft-forward | verify")
+        session.error("name a benchmark: allreduce | draft-forward | verify | replay")
     install_lab(session, extras="")
     session.run("drafter-lab", "bench", *session.posargs)
 

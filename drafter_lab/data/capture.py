@@ -37,7 +37,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab import config as cfglib
 from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
-from drafter_lab.data.chat import encode_conversation
+from drafter_lab.data.chat import dropped_reasoning, encode_conversation
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
@@ -162,11 +162,13 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            main: bool) -> list[tuple]:
     """(id, input_ids, loss_mask) per conversation with an assistant token within max_length; the
     others are counted in `skipped`. Answers another target sampled (a regeneration by the previous
-    model version, say) are an error token-exact and a note on `main` otherwise."""
+    model version, say) are an error token-exact and a note on `main` otherwise; so is reasoning the
+    chat template leaves out (a note: those turns train on their answers alone)."""
     items = []
     end_ids = frozenset(stop_token_ids(target))
     mine = target.fingerprint
     foreign: dict[str, str] = {}  # conversation id -> the other target that sampled its answers
+    thought = dropped = 0  # assistant turns with reasoning, and those the template leaves it out of
     for conv in convs:
         other = {m.get("target_fingerprint", mine) for m in conv.messages} - {mine}
         if other and cfg.token_exact:
@@ -178,6 +180,9 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
             ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids)
         except LabError as e:
             raise LabError(f"conversation {conv.id}: {e}", conversations_path) from None
+        if not cfg.token_exact:  # token-exact, the sampled ids hold the thinking whatever the template shows
+            n, d = dropped_reasoning(target.tokenizer, conv.messages)
+            thought, dropped = thought + n, dropped + d
         if not mask.any():  # the assistant text lies past max_length
             skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
             continue
@@ -186,6 +191,9 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
         log(f"{conversations_path}: {len(foreign)} of {len(convs)} conversations hold answers target(s) "
             f"{', '.join(sorted(set(foreign.values())))} sampled, not this one ({mine}): they train as text, "
             "not as this target's own answers")
+    if dropped and main:
+        log(f"{conversations_path}: the chat template leaves out the reasoning of {dropped} of {thought} assistant "
+            "turns that carry it (as it shows the target earlier turns, or never): they train on their answers alone")
     return items
 
 

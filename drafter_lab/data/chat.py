@@ -4,10 +4,13 @@ The conversation is rendered once with the target's own chat template (text), th
 with character offsets. Each assistant turn's text starts where the template's generation prompt
 for that turn ends (render of the turns before it with `add_generation_prompt=True`, which the
 full render starts with for every prefix-stable template). The masked tokens run from there up to
-and including the first special token: the end-of-turn token (`<|im_end|>`, `<|eot_id|>`,
-`<end_of_turn>`, `</s>`), which the drafter must learn to propose too. Role headers, user and
-system turns stay unmasked. Templates that rewrite earlier turns (not prefix-stable) fall back to
-finding the assistant text itself in the render.
+and including the turn's end-of-turn token (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, `</s>`),
+which the drafter must learn to propose too: within the turn's own render, the first of the tokens
+the target stops at, else the last special token the template wrote for the turn, so special
+tokens inside it (a `<think>` some tokenizers mark special, harmony's channels) are masked like the
+rest. Role headers, user and system turns stay unmasked. Templates that rewrite earlier turns (not
+prefix-stable) fall back to finding the assistant text itself in the render, and that turn's mask
+ends at its first special token.
 
 Token-exact (`token_exact`): each assistant turn's text is replaced by the tokens the target
 sampled (`token_ids`, kept by regeneration, locally or through a server that returns them) and the
@@ -17,6 +20,13 @@ tokens than the target wrote (at temperature 1, most answers of the tiny pair), 
 serving over the text cannot afford. Later turns follow the earlier answers as sampled, where the
 server that wrote them was sent those answers as text and tokenized them again: exact for
 single-turn data, an approximation past the first turn.
+
+Reasoning (`reasoning_content`, conversations.py) goes to the template with the rest of the turn:
+a thinking model's template writes it inside the assistant turn (Qwen3: `<think>...</think>` before
+the answer, for the turns after the last user turn), so it is masked and trains like the answer, and
+token-exact, the sampled ids (thinking and answer, as a server returns them) stand for all the
+template wrote for the turn up to its end-of-turn token. Where the template leaves it out (earlier
+turns, or a template that never shows reasoning), `dropped_reasoning` counts it.
 """
 
 from __future__ import annotations
@@ -45,8 +55,9 @@ def special_token_ids(tokenizer) -> set[int]:
     return ids
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], text: str) -> list[tuple[int, int]]:
-    """Per assistant turn, (start of its text, end of its region) as character offsets in `text`."""
+def assistant_char_spans(tokenizer, messages: list[dict], text: str) -> list[tuple[int, int, bool]]:
+    """Per assistant turn, (start of its text, end of its region, whether that end is the turn's own)
+    as character offsets in `text`."""
     spans = []
     cursor = 0
     for i, m in enumerate(messages):
@@ -64,11 +75,12 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str) -> list[tup
                 )
             after = start + len(answer)
         upto = render(tokenizer, messages[: i + 1])
-        if text.startswith(upto) and len(upto) > start:
+        own = text.startswith(upto) and len(upto) > start
+        if own:
             stop = after = len(upto)
         else:  # the end-of-turn token alone closes the span
             stop = len(text)
-        spans.append((start, stop))
+        spans.append((start, stop, own))
         cursor = after
     return spans
 
@@ -82,8 +94,37 @@ def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
     return list(enc["input_ids"]), [at + a for a, _ in enc["offset_mapping"]]
 
 
-def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, int]],
-             end_ids: frozenset[int]) -> tuple[list[int], list[int], list[bool]]:
+def dropped_reasoning(tokenizer, messages: list[dict]) -> tuple[int, int]:
+    """(assistant turns with reasoning, those whose reasoning the chat template leaves out of the render)."""
+    thought = [m["reasoning_content"].strip() for m in messages if "reasoning_content" in m]
+    if not thought:
+        return 0, 0
+    text = render(tokenizer, messages)
+    return len(thought), sum(r not in text for r in thought)
+
+
+def _closer(ids: list[int], own: bool, end_ids: frozenset[int], special: set[int]) -> int | None:
+    """Index in `ids` (a turn's region as the template wrote it) of the turn's end-of-turn token: in
+    the turn's own render, the first token the target stops at, else its last special token
+    (Gemma's, harmony's closer); in a region running on into later turns, its first special token."""
+    ends = [k for k, t in enumerate(ids) if t in end_ids] if own else []
+    marks = [k for k, t in enumerate(ids) if t in special]
+    if ends:
+        return ends[0]
+    return (marks[-1] if own else marks[0]) if marks else None
+
+
+def _turn_end(tokenizer, text: str, span: tuple[int, int, bool], end_ids: frozenset[int],
+              special: set[int]) -> int | None:
+    """Where the turn's end-of-turn token (`_closer`) begins in `text`, None without one."""
+    start, stop, own = span
+    ids, starts = _tokenize(tokenizer, text[start:stop], start)
+    k = _closer(ids, own, end_ids, special)
+    return None if k is None else starts[k]
+
+
+def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, int, bool]],
+             end_ids: frozenset[int], special: set[int]) -> tuple[list[int], list[int], list[bool]]:
     """Ids and starts of `text` with each assistant turn's text replaced by its `token_ids` (all
     starting at the turn's offset, so the span masks them), and which ids the target sampled. A
     trailing id in `end_ids` is the end token the sampling stopped at (a server returns it): the
@@ -93,14 +134,18 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
     sampled: list[bool] = []
     cursor = 0
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    for i, (start, _) in zip(turns, spans):
+    for i, span in zip(turns, spans):
+        start = span[0]
         m = messages[i]
         if "token_ids" not in m:
             raise LabError(f"assistant turn {i} has no token_ids: a token-exact capture needs the target's own "
                            "tokens (data prepare --regenerate, or data regenerate)")
-        # Templates may trim an answer; the sampled ids stand for the whole of what was written.
-        content = next((c for c in (m["content"], m["content"].strip()) if text.startswith(c, start)), None)
-        if content is None:
+        if "reasoning_content" in m:  # thinking and answer, however the template wrote (or left out) the first
+            end = _turn_end(tokenizer, text, span, end_ids, special)
+        else:  # templates may trim an answer; the sampled ids stand for the whole of what was written
+            content = next((c for c in (m["content"], m["content"].strip()) if text.startswith(c, start)), None)
+            end = None if content is None else start + len(content)
+        if end is None:
             raise LabError(f"chat template rewrites assistant turn {i}: cannot place the target's own tokens")
         answer = m["token_ids"][:-1] if m["token_ids"] and m["token_ids"][-1] in end_ids else m["token_ids"]
         if any(t >= len(tokenizer) for t in answer):
@@ -109,7 +154,7 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
         ids += piece + answer
         starts += at + [start] * len(answer)
         sampled += [False] * len(piece) + [True] * len(answer)
-        cursor = start + len(content)
+        cursor = end
     piece, at = _tokenize(tokenizer, text[cursor:], cursor)
     return ids + piece, starts + at, sampled + [False] * len(piece)
 
@@ -117,22 +162,22 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
 def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_exact: bool = False,
                         end_ids: frozenset[int] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
-    `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`)."""
+    `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`,
+    the tokens the target stops at, which also end a turn's mask)."""
     text = render(tokenizer, messages)
     spans = assistant_char_spans(tokenizer, messages, text)
+    special = special_token_ids(tokenizer)
     if token_exact:
-        ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids)
+        ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids, special)
     else:
         ids, starts = _tokenize(tokenizer, text)
         sampled = [False] * len(ids)
-    special = special_token_ids(tokenizer)
     mask = [False] * len(ids)
-    for start, stop in spans:
-        t = bisect.bisect_left(starts, start)
-        while t < len(ids) and starts[t] < stop:
-            mask[t] = True
-            if ids[t] in special and not sampled[t]:  # the template's end-of-turn token closes the span
-                break
-            t += 1
+    for start, stop, own in spans:
+        first, last = bisect.bisect_left(starts, start), bisect.bisect_left(starts, stop)
+        written = [t for t in range(first, last) if not sampled[t]]  # by the template, not the target
+        k = _closer([ids[t] for t in written], own, end_ids, special)
+        close = last - 1 if k is None else written[k]
+        mask[first:close + 1] = [True] * (close + 1 - first)
     ids, mask = ids[:max_length], mask[:max_length]
     return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)

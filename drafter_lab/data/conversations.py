@@ -12,6 +12,11 @@ instead of tokenizing the text again; regenerated locally, also `target_fingerpr
 (targets/hf.py), so that a capture with another target is refused (a server does not say which
 weights it runs).
 
+An assistant turn of a reasoning model may carry its thinking apart from its answer, as SGLang
+(`reasoning_content`) and vLLM (`reasoning`) return it with a reasoning parser on, and as
+reasoning datasets store it: either name is read and kept as `reasoning_content`, the name chat
+templates (Qwen3, Kimi-K2, DeepSeek) read, so the template renders it where the target would see it.
+
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
 (an error under `strict`).
@@ -40,8 +45,9 @@ ROLES = {
 
 @dataclass
 class Conversation:
-    """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; a
-    regenerated assistant turn also holds `token_ids`, `temperature` and, made here, `target_fingerprint`)."""
+    """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; an
+    assistant turn may hold `reasoning_content`; a regenerated one also `token_ids`, `temperature` and,
+    made here, `target_fingerprint`)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)
@@ -51,7 +57,9 @@ class Conversation:
 
 
 def content_id(messages: list[dict]) -> str:
-    blob = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+    # Reasoning joins a turn's entry only where there is some: ids of data without any stay as they were.
+    blob = json.dumps([[m["role"], m["content"], *([m["reasoning_content"]] if "reasoning_content" in m else [])]
+                       for m in messages], ensure_ascii=False)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -60,6 +68,9 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: a turn is {type(turn).__name__}, not an object", path)
     role = turn.get("role", turn.get("from"))
     content = turn.get("content", turn.get("value"))
+    reasoning = next((turn[k] for k in ("reasoning_content", "reasoning") if turn.get(k) is not None), None)
+    if content is None and reasoning is not None:
+        content = ""  # a server's answer cut off while it was still thinking
     if role is None or content is None:
         raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
     if str(role).lower() not in ROLES:
@@ -67,6 +78,11 @@ def _parse_turn(turn, where: str, path) -> dict:
     if not isinstance(content, str):
         raise LabError(f"{where}: turn content is {type(content).__name__}, not text", path)
     out = {"role": ROLES[str(role).lower()], "content": content}
+    if reasoning is not None:
+        if out["role"] != "assistant" or not isinstance(reasoning, str):
+            raise LabError(f"{where}: reasoning_content (or reasoning) must be text, on an assistant turn", path)
+        if reasoning:
+            out["reasoning_content"] = reasoning
     ids = turn.get("token_ids")
     if ids is not None:
         if not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):

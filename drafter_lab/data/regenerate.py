@@ -7,8 +7,10 @@ answers, as in a real chat). Prompts are batched with left padding and decoded w
 (KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. Each answer
 keeps the token ids the target produced (`token_ids`, its end token left out), the temperature it
 sampled them at and the target's fingerprint beside its text, so that a capture can use the target's
-own tokens (`data prepare --token-exact`) and refuse another target's. A journal (journal.py)
-records each batch as it finishes, so a killed run resumes.
+own tokens (`data prepare --token-exact`) and refuse another target's. A thinking model's answer
+holds its thinking as the model wrote it (`<think>...</think>` and the answer, which a thinking
+template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes. A journal (journal.py) records each batch
+as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ def regenerate(
                                             "token_ids": {c: a[1] for c, a in zip(ids, answers)}, **rng})
                     for j, (text, token_ids) in zip(chunk, answers):
                         conv, i = jobs[j]
+                        conv.messages[i].pop("reasoning_content", None)
                         conv.messages[i].update(content=text, token_ids=token_ids, temperature=temperature,
                                                 target_fingerprint=target.fingerprint)
                     advance(len(chunk), round=k + 1)

@@ -9,7 +9,11 @@ are back, is appended to the journal `<out>.partial` (see journal.py), so a kill
 where it stopped. The finished file is written atomically in input order, and the partial
 file is removed. Each request asks for plain sampling (servers.py), and where the server
 returns the token ids it sampled, each answer keeps them (`token_ids`, as the server gave them) for
-a token-exact capture.
+a token-exact capture. A server with a reasoning parser on returns a thinking model's thinking
+apart from its answer (SGLang `reasoning_content`, vLLM `reasoning`, the answer null when the
+thinking ran past `max_tokens`): the answer keeps it as `reasoning_content`, for the chat template
+to put back. Requests carry role and content only: every earlier answer precedes the last user
+turn, where thinking templates (Qwen3's, DeepSeek's) show no reasoning anyway.
 """
 
 from __future__ import annotations
@@ -54,9 +58,10 @@ def _endpoint(cfg: ServerConfig) -> str:
     return cfg.url.rstrip("/") + "/v1/chat/completions"
 
 
-def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[str, list[int] | None]:
-    """The server's answer to `messages` and the token ids it sampled (None from a server that does
-    not return them); a failure that retries do not cure is a LabError naming the URL."""
+def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[dict, list[int] | None]:
+    """The server's answer to `messages` as a turn's fields (`content`, and `reasoning_content` when
+    the server parsed thinking out), and the token ids it sampled (None from a server that does not
+    return them); a failure that retries do not cure is a LabError naming the URL."""
     # return_token_ids: recent vLLM and SGLang answer with choices[0].token_ids, the end token they
     # stopped at included; servers without it ignore the field.
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
@@ -64,14 +69,19 @@ def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[str, list[int] | None]
     answer = request_json(_endpoint(cfg), request, timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
         choice = answer["choices"][0]
-        text = choice["message"]["content"]
+        message = choice["message"]
+        reasoning = next((message[k] for k in ("reasoning_content", "reasoning") if message.get(k)), None)
+        text = message["content"] if message["content"] is not None or reasoning is None else ""
+        if not isinstance(text, str) or not isinstance(reasoning, (str, type(None))):
+            raise TypeError
     except (KeyError, IndexError, TypeError):
-        raise LabError(f"server answer has no choices[0].message.content: {str(answer)[:200]}", _endpoint(cfg)) from None
+        raise LabError(f"server answer has no text at choices[0].message.content: {str(answer)[:200]}",
+                       _endpoint(cfg)) from None
     ids = choice.get("token_ids")
     if ids is not None and not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
         raise LabError(f"server answer's choices[0].token_ids is not a list of token ids: {str(ids)[:200]}",
                        _endpoint(cfg))
-    return text, ids
+    return {"content": text, **({"reasoning_content": reasoning} if reasoning else {})}, ids
 
 
 def _text_only(messages: list[dict]) -> list[dict]:
@@ -82,8 +92,8 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
     # A server is sent role and content only, and ids of an earlier regeneration go.
     out = Conversation(id=conv.id, messages=_text_only(conv.messages))
     for i in out.assistant_turns():
-        text, ids = ask(cfg, _text_only(out.messages[:i]))
-        out.messages[i]["content"] = text
+        turn, ids = ask(cfg, _text_only(out.messages[:i]))
+        out.messages[i].update(turn)
         if ids is not None:
             out.messages[i].update(token_ids=ids, temperature=cfg.temperature)
     return out

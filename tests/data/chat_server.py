@@ -4,9 +4,12 @@ rendering and `generate`, one request at a time. As vLLM does, it answers only t
 at /v1/models (the model's path); as vLLM and SGLang do, a sampling knob the request leaves unset
 comes from the model's generation_config.json, and with `return_token_ids` the answer carries
 `token_ids`, the end token it stopped at included. Each request is appended to LOG_FILE; the bound
-port is written to PORT_FILE once the server listens.
+port is written to PORT_FILE once the server listens. With REASONING_FIELD (SGLang's
+`reasoning_content`, vLLM's `reasoning`) it parses answers as a DeepSeek-R1 reasoning parser does
+(the prompt opened the thinking): the text up to `</think>` is the reasoning, the rest the answer,
+and an answer that never closed its thinking is all reasoning, its content null.
 
-    python chat_server.py MODEL_DIR PORT_FILE LOG_FILE
+    python chat_server.py MODEL_DIR PORT_FILE LOG_FILE [REASONING_FIELD]
 """
 
 import json
@@ -28,6 +31,14 @@ model_file = Path(sys.argv[1]) / "generation_config.json"
 model_defaults = json.loads(model_file.read_text()) if model_file.exists() else {}
 KNOBS = ("top_k", "top_p", "min_p", "repetition_penalty")  # those both servers read from the file
 (END,) = stop_token_ids(target)  # the test models stop at one token: an answer short of max_tokens ended there
+REASONING = sys.argv[4] if len(sys.argv) > 4 else None
+
+
+def message(text: str) -> dict:
+    if REASONING is None:
+        return {"role": "assistant", "content": text}
+    thought, closed, answer = text.removeprefix("<think>").partition("</think>")
+    return {"role": "assistant", REASONING: thought, "content": answer if closed else None}
 
 
 def sampling(req: dict):
@@ -69,7 +80,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error(400, "frequency and presence penalties are not served here")
             return
         text, ids = generate_texts(target, [prompt], sampling(req))[0]
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        choice = {"index": 0, "message": message(text)}
         if req.get("return_token_ids"):
             choice["token_ids"] = ids + [END] if len(ids) < req["max_tokens"] else ids
         self._json({"object": "chat.completion", "choices": [choice]})

@@ -66,6 +66,30 @@ def test_mask_covers_each_assistant_turn_and_its_end_token(random_llama, templat
     assert tok.decode(ids[~mask]) == text
 
 
+# A template closing assistant turns with a special token the target does not stop at (as Gemma's
+# `<end_of_turn>` where generation_config lists only `<eos>`, or harmony's `<|end|>`), and one that
+# writes a special token after the last turn (as Phi-3's `<|endoftext|>`).
+OTHER_CLOSER = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}<|endoftext|>{% else %}<|im_end|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TRAILER = NO_TRAILER = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TRAILER += "{% if not add_generation_prompt %}<|endoftext|>{% endif %}"
+
+
+@pytest.mark.parametrize(("template", "closer"), [(OTHER_CLOSER, "<|endoftext|>"), (TRAILER, "<|im_end|>"),
+                                                  (NO_TRAILER, "<|im_end|>")], ids=["other-closer", "trailer", "plain"])
+def test_a_turn_ends_at_the_targets_end_token_else_its_last_special_token(random_llama, template, closer):
+    tok = load_tokenizer(random_llama)
+    tok.chat_template = template
+    ids, mask = encode_conversation(tok, MESSAGES[:-1], max_length=10_000, end_ids=frozenset({tok.eos_token_id}))
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [a + closer for a in ANSWERS]
+
+
 def test_truncation_keeps_a_prefix(random_llama):
     tok = load_tokenizer(random_llama)
     ids, mask = encode_conversation(tok, MESSAGES, max_length=10_000)
@@ -93,11 +117,18 @@ LENGTH_HEADER = "<|im_start|>{{ messages | length }} turns\n" + (
 )
 
 
-def test_template_that_is_not_prefix_stable(random_llama):
+@pytest.mark.parametrize("other_closer", [False, True])
+def test_template_that_is_not_prefix_stable(random_llama, other_closer):
+    """Such a turn's region runs on past it, so its mask ends at its first special token, even where
+    this template closes assistant turns with another than the target's end token (harmony's `<|end|>`)
+    and a later turn holds that one."""
     tok = load_tokenizer(random_llama)
-    tok.chat_template = LENGTH_HEADER
-    ids, mask = encode_conversation(tok, MESSAGES, max_length=10_000)
-    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [a + "<|im_end|>" for a in ANSWERS]
+    closer = "<|endoftext|>" if other_closer else "<|im_end|>"
+    tok.chat_template = LENGTH_HEADER.replace(
+        "{{ m['content'] }}<|im_end|>",
+        "{{ m['content'] }}{% if m['role'] == 'assistant' %}" + closer + "{% else %}<|im_end|>{% endif %}")
+    ids, mask = encode_conversation(tok, MESSAGES, max_length=10_000, end_ids=frozenset({tok.eos_token_id}))
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [a + closer for a in ANSWERS]
 
 
 def test_template_that_rewrites_answers_is_refused(random_llama):
@@ -136,8 +167,11 @@ def test_token_exact_masks_the_sampled_tokens_and_tokenizes_the_rest_around_them
     assert torch.equal(short_ids, ids[:20]) and torch.equal(short_mask, mask[:20])
 
 
-def test_token_exact_keeps_a_special_token_the_target_sampled_inside_its_answer(random_llama):
+@pytest.mark.parametrize("template", [None, LENGTH_HEADER], ids=["chatml", "not-prefix-stable"])
+def test_token_exact_keeps_a_special_token_the_target_sampled_inside_its_answer(random_llama, template):
     tok = load_tokenizer(random_llama)
+    if template is not None:
+        tok.chat_template = template
     inside = [*word_by_word(tok, ANSWERS[0]), tok.pad_token_id or 0, *word_by_word(tok, "more")]
     messages = [dict(m, token_ids=inside if i == 2 else word_by_word(tok, m["content"])) if m["role"] == "assistant"
                 else m for i, m in enumerate(MESSAGES)]

@@ -30,10 +30,11 @@ GEN = ("--max-new-tokens", "6", "--seed", "0")
 
 
 @contextmanager
-def serving(model: Path, tmp_path: Path):
-    """(base URL, file of the requests it got) of a chat server over `model`."""
+def serving(model: Path, tmp_path: Path, *reasoning_field: str):
+    """(base URL, file of the requests it got) of a chat server over `model` (with a reasoning parser
+    answering in `reasoning_field`, when given)."""
     port_file, log = tmp_path / "port", tmp_path / "requests.jsonl"
-    proc = subprocess.Popen([sys.executable, str(SERVER), str(model), str(port_file), str(log)])
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(model), str(port_file), str(log), *reasoning_field])
     try:
         deadline = time.time() + 120
         while not port_file.exists():
@@ -74,6 +75,18 @@ def requests(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def captured_alike(model: Path, tmp_path: Path) -> FeatureSet:
+    """`data prepare --token-exact` of tmp_path's local.jsonl and served.jsonl gives the same
+    sequences; the served file's features."""
+    for name in ("local", "served"):
+        assert run_cli("data", "prepare", "--target", model, "--conversations", tmp_path / f"{name}.jsonl",
+                       "--out", tmp_path / f"feat-{name}", "--val-fraction", "0", "--token-exact") == 0
+    local_feat, served_feat = (FeatureSet(tmp_path / f"feat-{name}") for name in ("local", "served"))
+    assert [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in served_feat.sequences("train")] == \
+        [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in local_feat.sequences("train")]
+    return served_feat
+
+
 def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tmp_path):
     url, log = server
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(6))
@@ -108,13 +121,7 @@ def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tm
 
     # Either file, captured token for token, gives the same sequences: the end token a server
     # returns is not written twice.
-    for name in ("local", "served"):
-        assert run_cli("data", "prepare", "--target", stopping_llama, "--conversations", tmp_path / f"{name}.jsonl",
-                       "--out", tmp_path / f"feat-{name}", "--val-fraction", "0", "--token-exact") == 0
-    local_feat, served_feat = (FeatureSet(tmp_path / f"feat-{name}") for name in ("local", "served"))
-    assert [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in served_feat.sequences("train")] == \
-        [(s.input_ids.tolist(), s.loss_mask.tolist()) for s in local_feat.sequences("train")]
-    assert sampled_at(served_feat.manifest.source) == 0.0
+    assert sampled_at(captured_alike(stopping_llama, tmp_path).manifest.source) == 0.0
 
     # A run killed after 2 conversations, mid-way through writing a third line.
     done = [json.loads(line) for line in served.splitlines()][:2]
@@ -138,6 +145,34 @@ def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tm
                    "--server", url, *GEN) == 0
     assert (tmp_path / "again.jsonl").read_text() == served
     assert len(requests(log)) == 12 and all(set(m) == {"role", "content"} for r in requests(log) for m in r["messages"])
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])  # SGLang's name, vLLM's
+def test_a_reasoning_parsers_answers_capture_as_the_local_ones(stopping_llama, tmp_path, field, capsys):
+    """Behind a reasoning parser the server returns the thinking apart, and null content when the
+    thinking ran past max_tokens: the answers keep it as reasoning_content, and captured token for
+    token they give the local regeneration's sequences."""
+    convs = write_jsonl(tmp_path / "c.jsonl", [dict(r, conversations=r["conversations"][:2])
+                                               for r in make_conversations(6)])
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "local.jsonl",
+                   "--target", stopping_llama, "--batch-size", "1", *GEN) == 0
+    with serving(stopping_llama, tmp_path, field) as (url, _):
+        assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "served.jsonl",
+                       "--server", url, *GEN) == 0
+    local, served = ([m for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()
+                      for m in json.loads(line)["conversations"] if m["role"] == "assistant"]
+                     for name in ("local", "served"))
+    for mine, theirs in zip(local, served, strict=True):  # the random model never closes a thinking
+        assert theirs["content"] == "" and theirs["reasoning_content"] == mine["content"] != ""
+        assert theirs["token_ids"][:len(mine["token_ids"])] == mine["token_ids"]
+    capsys.readouterr()
+    captured_alike(stopping_llama, tmp_path)
+    assert "leaves out the reasoning" not in capsys.readouterr().err  # the ids hold it
+    # As text, through a template that shows no reasoning, the answers are empty: said, once.
+    assert run_cli("data", "prepare", "--target", stopping_llama, "--conversations", tmp_path / "served.jsonl",
+                   "--out", tmp_path / "feat-text", "--val-fraction", "0") == 0
+    assert f"the chat template leaves out the reasoning of {len(served)} of {len(served)} assistant turns" in \
+        " ".join(capsys.readouterr().err.split())
 
 
 def test_the_models_generation_config_reshapes_no_served_answer(random_llama, tmp_path):

@@ -36,7 +36,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab import config as cfglib
-from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
+from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig, template_setting
 from drafter_lab.data.chat import dropped_reasoning, encode_conversation
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
@@ -149,6 +149,7 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
             max_new_tokens=cfg.max_new_tokens,
             batch_size=cfg.regen_batch_size,
             seed=cfg.seed,
+            template_kwargs=cfg.chat_template_kwargs,
             show_progress=main,
             journal=journal,
         )
@@ -177,11 +178,12 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
         if other:
             foreign[conv.id] = min(other)
         try:
-            ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids)
+            ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids,
+                                            cfg.chat_template_kwargs)
         except LabError as e:
             raise LabError(f"conversation {conv.id}: {e}", conversations_path) from None
         if not cfg.token_exact:  # token-exact, the sampled ids hold the thinking whatever the template shows
-            n, d = dropped_reasoning(target.tokenizer, conv.messages)
+            n, d = dropped_reasoning(target.tokenizer, conv.messages, cfg.chat_template_kwargs)
             thought, dropped = thought + n, dropped + d
         if not mask.any():  # the assistant text lies past max_length
             skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
@@ -259,6 +261,7 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         "batch_size": cfg.batch_size,  # padding inside a batch moves the low bits of the states
         "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
         **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
+        **template_setting(cfg.chat_template_kwargs),
         **({"sampled_at": given} if given is not None else {}),
     }
 

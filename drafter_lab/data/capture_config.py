@@ -3,6 +3,8 @@ command-line parsers read these defaults without importing torch."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import dataclass
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -40,7 +42,39 @@ class CaptureConfig:
     `data regenerate` output, locally or through a server that returns them) instead of re-tokenizing
     its text, as a server streams them. Held-out sets for `train --val-temperature` need it for the
     replay of a sampled server (replay_accept_len_k)."""
+    chat_template_kwargs: dict | None = None
+    """Extra variables for the target's chat template, as an SGLang or vLLM request's
+    `chat_template_kwargs` (`{"enable_thinking": false}`: a hybrid thinking model served with its
+    thinking off); the regeneration's prompts and the captured sequences both see them."""
     strict: bool = False
     """Treat a conversation without an assistant turn as an error instead of skipping it."""
     device: str = "cpu"
     """Device for the target (ignored under torchrun, where each rank takes its own)."""
+
+
+# apply_chat_template's own arguments, and the template's `messages`: not for a template variable to set.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
+def template_kwargs_arg(text: str) -> dict:
+    """`--chat-template-kwargs JSON`: a JSON object of chat template variables."""
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise argparse.ArgumentTypeError(f'expected a JSON object like \'{{"enable_thinking": false}}\', got {text!r}')
+    if clash := sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys()):
+        raise argparse.ArgumentTypeError(f"{', '.join(clash)}: apply_chat_template's own argument, not a template "
+                                         "variable")
+    return kwargs
+
+
+def template_setting(kwargs: dict | None) -> dict:
+    """`{"chat_template_kwargs": kwargs}` where there are any, else {}: the settings, identities and
+    requests of runs without them stay as they were, so older journals and manifests still resume."""
+    return {"chat_template_kwargs": kwargs} if kwargs else {}

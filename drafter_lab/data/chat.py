@@ -27,6 +27,11 @@ the answer, for the turns after the last user turn), so it is masked and trains 
 token-exact, the sampled ids (thinking and answer, as a server returns them) stand for all the
 template wrote for the turn up to its end-of-turn token. Where the template leaves it out (earlier
 turns, or a template that never shows reasoning), `dropped_reasoning` counts it.
+
+Every render takes the template's extra variables (`template_kwargs`, the `chat_template_kwargs` of
+an SGLang or vLLM request): a hybrid thinking model served with `{"enable_thinking": false}` gets
+an empty think block at the end of its prompt (Qwen3), so the mask starts after it, as the tokens
+the server samples do.
 """
 
 from __future__ import annotations
@@ -38,10 +43,13 @@ import torch
 from drafter_lab.errors import LabError
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
+           template_kwargs: dict | None = None) -> str:
+    """The chat template's text; `template_kwargs` are its extra variables, as SGLang and vLLM take
+    them per request (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`)."""
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
         )
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
         raise LabError(f"chat template rejects the conversation: {str(e).splitlines()[0][:200]}") from None
@@ -55,7 +63,8 @@ def special_token_ids(tokenizer) -> set[int]:
     return ids
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], text: str) -> list[tuple[int, int, bool]]:
+def assistant_char_spans(tokenizer, messages: list[dict], text: str,
+                         template_kwargs: dict | None = None) -> list[tuple[int, int, bool]]:
     """Per assistant turn, (start of its text, end of its region, whether that end is the turn's own)
     as character offsets in `text`."""
     spans = []
@@ -63,7 +72,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str) -> list[tup
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        head = render(tokenizer, messages[:i], add_generation_prompt=True) if i else None
+        head = render(tokenizer, messages[:i], True, template_kwargs) if i else None
         if head is not None and text.startswith(head) and len(head) >= cursor:
             start = after = len(head)
         else:
@@ -74,7 +83,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str) -> list[tup
                     f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
                 )
             after = start + len(answer)
-        upto = render(tokenizer, messages[: i + 1])
+        upto = render(tokenizer, messages[: i + 1], False, template_kwargs)
         own = text.startswith(upto) and len(upto) > start
         if own:
             stop = after = len(upto)
@@ -94,12 +103,12 @@ def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
     return list(enc["input_ids"]), [at + a for a, _ in enc["offset_mapping"]]
 
 
-def dropped_reasoning(tokenizer, messages: list[dict]) -> tuple[int, int]:
+def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> tuple[int, int]:
     """(assistant turns with reasoning, those whose reasoning the chat template leaves out of the render)."""
     thought = [m["reasoning_content"].strip() for m in messages if "reasoning_content" in m]
     if not thought:
         return 0, 0
-    text = render(tokenizer, messages)
+    text = render(tokenizer, messages, False, template_kwargs)
     return len(thought), sum(r not in text for r in thought)
 
 
@@ -160,12 +169,13 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
 
 
 def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_exact: bool = False,
-                        end_ids: frozenset[int] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
+                        end_ids: frozenset[int] = frozenset(), template_kwargs: dict | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
     `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`,
-    the tokens the target stops at, which also end a turn's mask)."""
-    text = render(tokenizer, messages)
-    spans = assistant_char_spans(tokenizer, messages, text)
+    the tokens the target stops at, which also end a turn's mask); `template_kwargs` as `render`."""
+    text = render(tokenizer, messages, False, template_kwargs)
+    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs)
     special = special_token_ids(tokenizer)
     if token_exact:
         ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids, special)

@@ -18,7 +18,7 @@ def aux_ids_arg(text: str) -> list[int]:
 
 
 def register(subparsers) -> None:
-    from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
+    from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig, template_kwargs_arg
 
     docs, d = field_docs(CaptureConfig), CaptureConfig()
     data = subparsers.add_parser("data", help="turn conversations into target features")
@@ -33,6 +33,8 @@ def register(subparsers) -> None:
     p.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size, help=docs["regen_batch_size"])
     p.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
     p.add_argument("--token-exact", action="store_true", help=docs["token_exact"])
+    p.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
+                   help=docs["chat_template_kwargs"])
     p.add_argument("--max-length", type=int, default=d.max_length, help=docs["max_length"])
     p.add_argument("--aux-layer-ids", type=aux_ids_arg, default=None, metavar="I,J,K", help=docs["aux_layer_ids"])
     p.add_argument("--dtype", default=d.dtype, choices=DTYPE_NAMES, help=docs["dtype"])
@@ -59,6 +61,9 @@ def register(subparsers) -> None:
     r.add_argument("--batch-size", type=int, default=d.regen_batch_size, help="with --target: " + docs["regen_batch_size"])
     r.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
     r.add_argument("--device", default=d.device, help="with --target: " + docs["device"])
+    r.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
+                   help="variables for the chat template (here, or the server's: its requests carry them), e.g. "
+                        "'{\"enable_thinking\": false}' for a hybrid thinking model served with its thinking off")
     r.set_defaults(func=_regenerate)
     i = data_sub.add_parser("import-specforge", help="SpecForge offline hidden states (*.ckpt) -> feature shards")
     i.add_argument("--hidden-states", required=True, help="directory SpecForge's prepare_hidden_states wrote")
@@ -104,6 +109,7 @@ def _prepare(args) -> int:
         regen_batch_size=args.regen_batch_size,
         seed=args.seed,
         token_exact=args.token_exact,
+        chat_template_kwargs=args.chat_template_kwargs,
         strict=args.strict,
         device=args.device,
     )
@@ -132,7 +138,7 @@ def _regenerate(args) -> int:
 
         cfg = ServerConfig(url=args.server, model=args.model, temperature=args.temperature,
                            max_new_tokens=args.max_new_tokens, seed=args.seed, concurrency=args.concurrency,
-                           retries=args.retries)
+                           retries=args.retries, chat_template_kwargs=args.chat_template_kwargs)
         regenerate_via_server(convs, source, out, cfg)
     else:
         from drafter_lab.data.regenerate import regenerate, regeneration_settings
@@ -141,7 +147,7 @@ def _regenerate(args) -> int:
 
         target = load_target(args.target, device=args.device)
         gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                   seed=args.seed)
+                   seed=args.seed, template_kwargs=args.chat_template_kwargs)
         with Journal(out.with_name(out.name + ".partial"), regeneration_settings(target, source, **gen)) as journal:
             result = regenerate(target, convs, journal=journal, **gen)
         write_conversations(out, result)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
+from drafter_lab.data.capture_config import template_setting
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.journal import Journal
@@ -112,6 +113,7 @@ def regenerate(
     max_new_tokens: int = 128,
     batch_size: int = 16,
     seed: int = 0,
+    template_kwargs: dict | None = None,
     show_progress: bool = True,
     journal: Journal | None = None,
 ) -> list[Conversation]:
@@ -120,6 +122,7 @@ def regenerate(
     With a `journal`, each batch's answers are recorded as it finishes (with the RNG state after
     it when sampling), and the batches an earlier run recorded are replayed instead of generated:
     a killed run resumes and ends with the same conversations, bit for bit, as one that was not.
+    `template_kwargs` go to the chat template (chat.render), as a server's `chat_template_kwargs`.
     `show_progress=False` keeps tensor-parallel ranks other than 0 quiet.
     """
     gen_config = generation_config(target, temperature, max_new_tokens)
@@ -136,7 +139,7 @@ def regenerate(
         with maybe_progress("regenerate", sum(len(t) for t in turns), show_progress) as advance:
             for k in range(rounds):
                 jobs = [(c, t[k]) for c, t in zip(convs, turns) if len(t) > k]
-                prompts = [render(target.tokenizer, c.messages[:i], add_generation_prompt=True) for c, i in jobs]
+                prompts = [render(target.tokenizer, c.messages[:i], True, template_kwargs) for c, i in jobs]
                 # Similar lengths together: less padding. Stable sort keeps the batches deterministic.
                 order = sorted(range(len(jobs)), key=lambda j: len(prompts[j]))
                 for b in range(0, len(order), batch_size):
@@ -160,8 +163,8 @@ def regenerate(
 
 
 def regeneration_settings(target, source: Path, temperature: float, max_new_tokens: int, batch_size: int,
-                          seed: int) -> dict:
+                          seed: int, template_kwargs: dict | None = None) -> dict:
     """Everything that decides a local regeneration's output: a journal made with other settings is refused."""
     return {"target": target.describe(), "conversations_sha256": atomic.sha256_file(source),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
-            **SAMPLER}
+            **SAMPLER, **template_setting(template_kwargs)}

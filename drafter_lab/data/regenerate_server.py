@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from drafter_lab import atomic
+from drafter_lab.data.capture_config import template_setting
 from drafter_lab.data.conversations import Conversation, write_conversations
 from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.errors import LabError
@@ -52,6 +53,9 @@ class ServerConfig:
     """Seconds one request may take."""
     retries: int = 3
     """Retries of a request that failed to connect or got a 5xx answer, 1, 2, 4, ... s apart."""
+    chat_template_kwargs: dict | None = None
+    """Sent with each request for the server's chat template (`{"enable_thinking": false}`: a hybrid
+    thinking model's thinking off), as SGLang and vLLM take them."""
 
 
 def _endpoint(cfg: ServerConfig) -> str:
@@ -65,7 +69,8 @@ def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[dict, list[int] | None
     # return_token_ids: recent vLLM and SGLang answer with choices[0].token_ids, the end token they
     # stopped at included; servers without it ignore the field.
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
-               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN, "return_token_ids": True}
+               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN, "return_token_ids": True,
+               **template_setting(cfg.chat_template_kwargs)}
     answer = request_json(_endpoint(cfg), request, timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
         choice = answer["choices"][0]
@@ -100,8 +105,10 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
 
 
 def _settings(cfg: ServerConfig, source: Path) -> dict:
-    keep = {k: v for k, v in asdict(cfg).items() if k not in ("url", "concurrency", "timeout_s", "retries")}
-    return {**keep, **SAMPLER, "conversations_sha256": atomic.sha256_file(source)}
+    skip = ("url", "concurrency", "timeout_s", "retries", "chat_template_kwargs")
+    keep = {k: v for k, v in asdict(cfg).items() if k not in skip}
+    return {**keep, **template_setting(cfg.chat_template_kwargs), **SAMPLER,
+            "conversations_sha256": atomic.sha256_file(source)}
 
 
 def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture_config import DTYPE_NAMES
+from drafter_lab.data.capture_config import DTYPE_NAMES, template_kwargs_arg, template_setting
 from drafter_lab.errors import LabError
 from drafter_lab.spec.ngram_config import NgramConfig
 
@@ -93,6 +93,9 @@ def register(sub) -> None:
     e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
     e.add_argument("--seed", type=int, default=0, help="sampling seed (with --server: of the request arrivals)")
+    e.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
+                   help="variables for the chat template that renders the prompts, as the served requests would "
+                        "carry them (e.g. '{\"enable_thinking\": false}')")
     e.add_argument("--device", default=LOCAL_ONLY["device"], help="auto (cuda when available), cpu or cuda")
     e.add_argument("--dtype", default=LOCAL_ONLY["dtype"], choices=DTYPE_NAMES, help="target and drafter dtype")
     e.add_argument("--threads", type=int, default=LOCAL_ONLY["threads"],
@@ -231,7 +234,8 @@ def run_eval(args) -> int:
             results[name] = evaluate(
                 target, drafter, convs, **setting, continuous=args.schedule == "continuous",
                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                use_fused={"auto": None, "on": True, "off": False}[args.fused], where=path,
+                use_fused={"auto": None, "on": True, "off": False}[args.fused],
+                template_kwargs=args.chat_template_kwargs, where=path,
             )
             results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
         return results
@@ -272,6 +276,7 @@ def _sweep_journal(args, target, drafter, sets):
         "target": target.fingerprint,
         "drafter": drafter.cfg.describe() if args.ngram else fingerprint(args.drafter),
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()}, **same,
+        **template_setting(args.chat_template_kwargs),
     })
 
 
@@ -300,7 +305,7 @@ def _run_served_eval(args, sets) -> int:
                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, **setting)
         results = {}
         for name, (path, convs) in sets.items():
-            results[name] = served_evaluate(tokenizer, convs, cfg, where=path)
+            results[name] = served_evaluate(tokenizer, convs, cfg, where=path, template_kwargs=args.chat_template_kwargs)
             results[name]["prompts_file"] = str(path)
         return results
 
@@ -317,6 +322,7 @@ def _served_journal(args, sets):
         "server": args.server, "baseline_server": args.baseline_server, "engine": args.engine, "model": args.model,
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()},
         **{k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "temperature", "seed")},
+        **template_setting(args.chat_template_kwargs),
     })
 
 

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from drafter_lab.data.capture_config import template_setting
 from drafter_lab.data.chat import render
 from drafter_lab.errors import LabError
 from drafter_lab.progress import progress
@@ -34,15 +35,16 @@ from drafter_lab.spec.phases import add as add_phases
 WARMUP_TOKENS = 8
 
 
-def render_prompts(tokenizer, conversations, where=None) -> list[list[int]]:
-    """Token ids of each conversation's first prompt (turns before the first assistant turn)."""
+def render_prompts(tokenizer, conversations, where=None, template_kwargs: dict | None = None) -> list[list[int]]:
+    """Token ids of each conversation's first prompt (turns before the first assistant turn), rendered
+    with the chat template's extra variables `template_kwargs` (chat.render)."""
     out = []
     for conv in conversations:
         roles = [m["role"] for m in conv.messages]
         head = conv.messages[: roles.index("assistant")] if "assistant" in roles else conv.messages
         if not any(m["role"] == "user" for m in head):
             raise LabError(f"conversation {conv.id} has no user turn before its first assistant turn", where)
-        text = render(tokenizer, head, add_generation_prompt=True)
+        text = render(tokenizer, head, True, template_kwargs)
         out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     if not out:
         raise LabError("no prompts to decode", where)
@@ -75,6 +77,7 @@ def evaluate(
     temperature: float = 0.0,
     seed: int = 0,
     use_fused: bool | None = None,
+    template_kwargs: dict | None = None,
     where=None,
 ) -> dict:
     """Decode every conversation's prompt with and without the drafter; returns all the numbers.
@@ -90,7 +93,7 @@ def evaluate(
         check_pair(target, drafter, where)
     cfg = SpecConfig(steps=steps, topk=topk, draft_tokens=draft_tokens, temperature=temperature,
                      use_fused=use_fused, max_new_tokens=max_new_tokens)
-    prompts = render_prompts(target.tokenizer, conversations, where)
+    prompts = render_prompts(target.tokenizer, conversations, where, template_kwargs)
     engine = SpecEngine(target, drafter, cfg)
     device = target.device
     batches = [prompts] if continuous else [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
@@ -182,6 +185,7 @@ def evaluate(
             "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
             "drafting": "chain" if topk == 1 else "tree", "fused_draft_step": engine.fused,
             "drafter": drafter.cfg.describe() if ngram else "EAGLE-3",
+            **template_setting(template_kwargs),
         },
         **host_draft,
         "target": target.describe(),

@@ -39,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from drafter_lab.data.capture_config import template_setting
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json, request_text, stream_json
 from drafter_lab.progress import progress
@@ -309,8 +310,9 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
     return tokens / verify, verify, None
 
 
-def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> dict:
-    """Decode every conversation's prompt on the server (and the baseline server); returns the numbers."""
+def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, template_kwargs: dict | None = None) -> dict:
+    """Decode every conversation's prompt on the server (and the baseline server); returns the numbers.
+    The prompts are rendered here (`template_kwargs`: the chat template's variables) and sent as ids."""
     if cfg.engine not in ENGINES:
         raise LabError(f"unknown engine {cfg.engine!r}: use {' or '.join(ENGINES)}")
     if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
@@ -318,7 +320,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
     if cfg.request_rate is not None and not 0 < cfg.request_rate < math.inf:
         raise LabError(f"the request rate must be a positive number of requests per second, got {cfg.request_rate}")
     engine = {"sglang": SGLang, "vllm": VLLM}[cfg.engine]
-    prompts = render_prompts(tokenizer, conversations, where)
+    prompts = render_prompts(tokenizer, conversations, where, template_kwargs)
     server = engine(cfg.url, cfg)
     settings = server.settings()
     answers, seconds = _decode(server, prompts, cfg, speculative=True)
@@ -354,6 +356,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None) -> 
             "temperature": cfg.temperature, "concurrency": cfg.concurrency, "request_rate": cfg.request_rate,
             "seed": cfg.seed,
             "drafting": None if topk is None else ("chain" if topk == 1 else "tree"),
+            **template_setting(template_kwargs),
         },
     }
     if cfg.baseline_url is not None:

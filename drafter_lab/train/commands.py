@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig
+from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig, template_kwargs_arg
 from drafter_lab.data.commands import aux_ids_arg
 from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
@@ -32,6 +32,9 @@ def register(sub) -> None:
                    help="with --conversations: keep each answer as the token_ids it carries (`data regenerate`), as "
                         "data prepare --token-exact does; val answers all sampled at --val-temperature then replay "
                         "the sampled server")
+    p.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
+                   help="with --conversations: variables for the target's chat template, as data prepare takes them "
+                        "(e.g. '{\"enable_thinking\": false}')")
     p.add_argument("--val-data", metavar="PATH",
                    help="validate on this set instead of the data's val split: every sequence of a feature directory "
                         "captured from the same target, or (with --conversations) of a conversations file")
@@ -90,11 +93,11 @@ def run(args) -> int:
     online = None
     if args.conversations is not None:
         online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids, val_fraction=args.val_fraction,
-                               token_exact=args.token_exact)
-    elif (args.target_dtype, args.aux_layer_ids, args.val_fraction, args.token_exact) != \
-            (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False):
-        raise LabError("--target-dtype, --aux-layer-ids, --val-fraction and --token-exact apply to --conversations "
-                       "(online) runs only")
+                               token_exact=args.token_exact, chat_template_kwargs=args.chat_template_kwargs)
+    elif (args.target_dtype, args.aux_layer_ids, args.val_fraction, args.token_exact, args.chat_template_kwargs) != \
+            (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False, None):
+        raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact and --chat-template-kwargs apply "
+                       "to --conversations (online) runs only")
     watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
     if args.stop_if_behind is None and watch_cfg != WatchConfig():
         raise LabError("--watch-* settings apply with --stop-if-behind only")

@@ -2,9 +2,10 @@
 server in its own process, answering /v1/chat/completions through the lab's own chat template
 rendering and `generate`, one request at a time. As vLLM does, it answers only to the name it lists
 at /v1/models (the model's path); as vLLM and SGLang do, a sampling knob the request leaves unset
-comes from the model's generation_config.json, and with `return_token_ids` the answer carries
-`token_ids`, the end token it stopped at included. Each request is appended to LOG_FILE; the bound
-port is written to PORT_FILE once the server listens. With REASONING_FIELD (SGLang's
+comes from the model's generation_config.json, with `return_token_ids` the answer carries
+`token_ids`, the end token it stopped at included, and `chat_template_kwargs` go to the chat
+template. Each request is appended to LOG_FILE; the bound port is written to PORT_FILE once the
+server listens. With REASONING_FIELD (SGLang's
 `reasoning_content`, vLLM's `reasoning`) it parses answers as a DeepSeek-R1 reasoning parser does
 (the prompt opened the thinking): the text up to `</think>` is the reasoning, the rest the answer,
 and an answer that never closed its thinking is all reasoning, its content null.
@@ -75,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
         if req.get("model") != NAME:  # as vLLM answers a name it does not serve
             self.send_error(404, f"the model {req.get('model')!r} does not exist")
             return
-        prompt = render(target.tokenizer, req["messages"], add_generation_prompt=True)
+        prompt = render(target.tokenizer, req["messages"], True, req.get("chat_template_kwargs"))
         if req.get("frequency_penalty", 0) or req.get("presence_penalty", 0):
             self.send_error(400, "frequency and presence penalties are not served here")
             return

@@ -19,7 +19,9 @@ from drafter_lab.targets.hf import load_target, load_tokenizer
 
 # A thinking template in the manner of Qwen3's: an assistant turn after the last user turn shows its
 # reasoning (`reasoning_content`, or the part of its content before `</think>`) in a think block
-# before the answer; earlier turns show the answer alone.
+# before the answer, an empty one for the last turn without any; earlier turns show the answer alone.
+# With `enable_thinking` false, the generation prompt ends in an empty think block (the hybrid
+# model's thinking off).
 THINKING = (
     "{% set ns = namespace(last_user=-1) %}"
     "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
@@ -28,10 +30,11 @@ THINKING = (
     "{% set answer = m['content'] %}{% set thought = m['reasoning_content'] | default('') %}"
     "{% if '</think>' in answer %}{% set thought = answer.split('</think>')[0].split('<think>')[-1] %}"
     "{% set answer = answer.split('</think>')[-1] %}{% endif %}"
-    "{% if loop.index0 > ns.last_user and thought %}<think>\n{{ thought.strip('\\n') }}\n</think>\n\n{% endif %}"
+    "{% if loop.index0 > ns.last_user and (thought or loop.last) %}<think>\n{{ thought.strip('\\n') }}\n</think>\n\n{% endif %}"
     "{{ answer.lstrip('\\n') }}"
     "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 THOUGHT = "They ask about join.\nIt glues path parts with the separator."
 ANSWER = "It joins path parts."

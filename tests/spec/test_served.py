@@ -58,7 +58,8 @@ def servers(request, opinionated_llama, drafter_dir, tmp_path_factory):
 
 def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file, servers, tmp_path, capsys):
     engine, spec, base = servers
-    common = ["--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "16"]
+    common = ["--target", str(random_llama), "--prompts", str(prompts_file), "--max-new-tokens", "16",
+              "--chat-template-kwargs", '{"enable_thinking": false}']  # the template ignores it; both record it
     assert main(["eval", "--drafter", str(drafter_dir), "--steps", str(STEPS), *common,
                  "--json", str(tmp_path / "local.json")]) == 0
     assert main(["eval", "--server", spec, "--engine", engine, "--baseline-server", base, "--concurrency", "2",
@@ -74,6 +75,7 @@ def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file
     assert served["lossless_check"] == "identical" and served["speedup"] > 0
     assert served["config"]["drafting"] == "chain" and served["config"]["steps"] == STEPS
     assert served["config"]["draft_tokens"] == local["config"]["draft_tokens"] == STEPS  # the root not counted
+    assert served["config"]["chat_template_kwargs"] == local["config"]["chat_template_kwargs"] == {"enable_thinking": False}
     # Streamed: each request timed, its first token in an event of its own, then one event per verify
     # step (per token on the baseline server).
     requests = served["requests"]
@@ -269,11 +271,11 @@ def test_killed_served_sweep_resumes(random_llama, prompts_file, servers, tmp_pa
     engine, spec, _ = servers
     real, calls = served.served_evaluate, []
 
-    def dies_on_the_second(tokenizer, convs, cfg, where=None):
+    def dies_on_the_second(tokenizer, convs, cfg, **kwargs):
         calls.append(cfg.concurrency)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(tokenizer, convs, cfg, where)
+        return real(tokenizer, convs, cfg, **kwargs)
 
     out = tmp_path / "sweep.json"
     argv = ["eval", "--server", spec, "--engine", engine, "--concurrency", "1,2", "--target", str(random_llama),

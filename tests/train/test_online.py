@@ -45,6 +45,15 @@ def test_online_states_are_the_captured_ones(peaked_llama, features):
         torch.testing.assert_close(got.final_hidden, want.final_hidden, rtol=1e-5, atol=1e-5)
 
 
+def test_online_identity_names_the_chat_template_variables(peaked_llama, features):
+    """A resume must see the same template variables (`--chat-template-kwargs`); runs without any keep
+    the identity they had."""
+    cpu, convs = torch.device("cpu"), conversations_of(features)
+    assert "chat_template_kwargs" not in Online(peaked_llama, convs, CAPTURE, cpu).identity()
+    off = dataclasses.replace(CAPTURE, chat_template_kwargs={"enable_thinking": False})
+    assert Online(peaked_llama, convs, off, cpu).identity()["chat_template_kwargs"] == {"enable_thinking": False}
+
+
 def test_online_run_trains_as_on_captured_features(peaked_llama, features, tmp_path):
     offline = train(CFG, peaked_llama, features, tmp_path / "offline")
     convs = conversations_of(features)
@@ -174,5 +183,6 @@ def test_online_token_exact_needs_the_ids(peaked_llama, features, tmp_path, caps
     assert str(convs) in str(e.value)
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "x"),
                  "--token-exact"]) == 2
-    assert "--token-exact apply to --conversations (online) runs only" in capsys.readouterr().err
+    assert "--token-exact and --chat-template-kwargs apply to --conversations (online) runs only" in \
+        capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -32,6 +32,7 @@ chain averages over are weighted as serving visits them (cycles start after reje
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from drafter_lab.drafter.model import Eagle3Drafter, upcast
@@ -103,31 +104,31 @@ def replay_roots(rates: torch.Tensor, loss_mask: torch.Tensor, block: int = 32) 
     A root's probability is start + the mass every earlier root within K + 1 passes on: a banded
     unit-lower-triangular system per chain, solved `block` positions at a time (a batched triangular
     solve each, the block's previous K + 1 roots already final), so the op count scales with
-    T / block, not T as in `replay_roots_reference`'s loop (on a GPU, launches), for block + K + 1
-    doubles of memory per rate.
+    T / block, not T as in `replay_roots_reference`'s loop (on a GPU, launches). Memory: K + 1
+    doubles per rate, and one block's band.
     """
     K, B, T = rates.shape
     active, start, leave = _replay_chain(rates, loss_mask)
     J, L = K + 1, block
     n = -(-T // L)
-    # c[..., J + t, j]: the mass the root at t passes to t + j + 1 (zero rows before t = 0 and past T).
-    c = torch.zeros(K, B, J + n * L, J, dtype=torch.float64, device=rates.device)
-    c[:, :, J:J + T] = leave * active[..., None]
-    # Block b reads x = [the J roots before it, its own L]; row i (position b * L + i) holds at column
-    # i + J - 1 - j what the root j + 1 positions earlier passes to it: diagonal J - 1 - j is c[..., j].
-    w = torch.zeros(K, B, n, L, J + L, dtype=torch.float64, device=rates.device)
-    for j in range(J):
-        torch.diagonal(w, J - 1 - j, -2, -1).copy_(c[:, :, J - 1 - j:J - 1 - j + n * L, j].unflatten(-1, (n, L)))
-    carry, own = w[..., :J], w[..., J:]
-    own.neg_()
-    own.diagonal(0, -2, -1).fill_(1)  # I - (own block's strictly lower band)
-    x = torch.zeros(K, B, J + n * L, 1, dtype=torch.float64, device=rates.device)
-    x[:, :, J:J + T, 0] = start
+    W, N = J + L, J + n * L
+    # c[..., J + t, j]: minus the mass the root at t passes to t + j + 1 (zero rows before t = 0 and
+    # past T); negated, so that the band below is the solve's strictly lower part as it stands.
+    c = torch.zeros(K, B, N, J, dtype=torch.float64, device=rates.device)
+    torch.mul(leave, active[..., None], out=c[:, :, J:J + T]).neg_()
+    # r[chain, p, k]: what position p receives from the root at p - J + k (c's row p + k, column
+    # J - 1 - k): an anti-diagonal of c, read in place.
+    r = c.as_strided((K * B, n * L, J), (N * J, J, J - 1), J - 1)
+    x = torch.zeros(K * B, N, 1, dtype=torch.float64, device=rates.device)
+    x[:, J:J + T, 0] = start.expand(K, B, T).reshape(K * B, T)
     for b in range(n):
         p = J + b * L
-        rhs = x[:, :, p:p + L] + carry[:, :, b] @ x[:, :, p - J:p]
-        x[:, :, p:p + L] = torch.linalg.solve_triangular(own[:, :, b], rhs, upper=False, unitriangular=True)
-    return active.sum().expand(K), (x[:, :, J:J + T, 0] * active).sum((1, 2))
+        # Row i of the block's band holds r[p + i] at columns i..i + J - 1 of x[p - J:p + L]: r's rows
+        # padded to W and read W - 1 apart (a row's padding is the next row's zeros before its band).
+        band = F.pad(r[:, b * L:(b + 1) * L], (0, L)).as_strided((K * B, L, W), (L * W, W - 1, 1))
+        rhs = torch.baddbmm(x[:, p:p + L], band[..., :J], x[:, p - J:p], alpha=-1)
+        x[:, p:p + L] = torch.linalg.solve_triangular(band[..., J:], rhs, upper=False, unitriangular=True)
+    return active.sum().expand(K), (x[:, J:J + T, 0].view(K, B, T) * active).sum((1, 2))
 
 
 def replay_roots_reference(rates: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

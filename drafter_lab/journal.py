@@ -27,6 +27,17 @@ class Journal:
         self._file = None
         self.records, self._whole_bytes = self._read()
 
+    @staticmethod
+    def settings_of(path: str | os.PathLike) -> dict | None:
+        """The settings a journal at `path` was begun with; None if there is none (or it is unreadable,
+        which the constructor reports)."""
+        try:
+            with open(path, "rb") as f:
+                settings = json.loads(f.readline()).get("settings")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            return None
+        return settings if isinstance(settings, dict) else None
+
     def _read(self) -> tuple[list[dict], int | None]:
         blob = self.path.read_bytes() if self.path.exists() else b""
         lines = blob.split(b"\n")[:-1]  # a last line without its newline is half-written

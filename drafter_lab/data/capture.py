@@ -7,7 +7,7 @@ Per sequence the shard holds input_ids, the assistant loss mask, the three aux h
 Determinism and resume: conversations keep file order, the train/val split is a hash of the
 sequence id, shard k of a split always holds the same sequences, and batches inside a shard are
 formed the same way every run, so a rerun recomputes exactly the shards the manifest does not list
-and skips the rest. A manifest made from another target or other settings is refused. Regenerated
+and skips the rest. A manifest made from another target, chat template or settings is refused. Regenerated
 conversations are cached beside the shards (`regenerated-<hash>.jsonl`, journalled batch by batch
 while they are generated), so a resumed run does not generate again. Memory holds one batch of
 hidden states: each sequence is written into its shard (laid out from the planned lengths) as its
@@ -36,8 +36,14 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab import config as cfglib
-from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig, template_setting
-from drafter_lab.data.chat import dropped_reasoning, encode_conversation
+from drafter_lab.data.capture_config import (
+    DTYPE_NAMES,
+    TEMPLATE_HASH,
+    CaptureConfig,
+    template_as_recorded,
+    template_setting,
+)
+from drafter_lab.data.chat import dropped_reasoning, encode_conversation, template_sha256
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
@@ -134,14 +140,37 @@ def check_out_dir(out: Path) -> None:
         raise LabError(f"output directory holds other files ({', '.join(sorted(foreign)[:3])}) and no manifest", out)
 
 
+def _regenerated(out: Path, settings: dict) -> Path:
+    """Where a regeneration made with `settings` (resume_settings) is cached."""
+    return out / f"regenerated-{atomic.sha256_json(settings)[:12]}.jsonl"
+
+
+def _partial(cache: Path) -> Path:
+    return cache.with_name(cache.name + ".partial")
+
+
+def _regeneration_begun(out: Path, settings: dict) -> bool:
+    cache = _regenerated(out, settings)
+    return cache.exists() or _partial(cache).exists()
+
+
+def _earlier_settings(out: Path, existing: Manifest | None, settings: dict) -> dict | None:
+    """The settings of the work `out` holds: its manifest's, else those of a regeneration (cached, or
+    its journal) named without the chat template's hash, begun before the lab recorded templates."""
+    if existing is not None:
+        return resume_settings(existing.target, existing.aux_layer_ids, existing.dtype, existing.source)
+    older = {k: v for k, v in settings.items() if k != TEMPLATE_HASH}
+    return older if _regeneration_begun(out, older) and not _regeneration_begun(out, settings) else None
+
+
 def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict, main: bool) -> list[Conversation]:
     if not cfg.regenerate:
         return convs
-    cache = out / f"regenerated-{atomic.sha256_json(settings)[:12]}.jsonl"
+    cache = _regenerated(out, settings)
     if cache.exists():
         log(f"regenerate: reusing {cache}")
         return read_conversations(cache, strict=True)[0]
-    with Journal(cache.with_name(cache.name + ".partial"), settings, write=main) as journal:
+    with Journal(_partial(cache), settings, write=main) as journal:
         convs = regenerate(
             target,
             convs,
@@ -247,7 +276,7 @@ def temperature_of(convs: list[Conversation]) -> float | None:
     return temps.pop() if len(temps) == 1 else None  # {None}: none recorded
 
 
-def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversation]) -> dict:
+def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversation], tokenizer) -> dict:
     """Where the sequences come from and every setting that changes their content."""
     regen = ("temperature", "max_new_tokens", "regen_batch_size", "seed")
     # Answers regenerated before (`data regenerate`, locally or through a server) say how they were sampled.
@@ -262,6 +291,7 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
         **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
         **template_setting(cfg.chat_template_kwargs),
+        TEMPLATE_HASH: template_sha256(tokenizer),
         **({"sampled_at": given} if given is not None else {}),
     }
 
@@ -355,10 +385,12 @@ def prepare_features(
         target.num_layers,
         target.path,
     )
-    source = _source(cfg, conversations_path, convs)
     describe = target.describe()
-    settings = resume_settings(describe, aux_ids, cfg.dtype, source)
+    source = _source(cfg, conversations_path, convs, target.tokenizer)
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
+    earlier = _earlier_settings(out, existing, resume_settings(describe, aux_ids, cfg.dtype, source))
+    source = template_as_recorded(earlier, source, out)
+    settings = resume_settings(describe, aux_ids, cfg.dtype, source)
     if existing is not None:
         check_resumable(out, existing, settings)
     if tp:  # every rank has read the manifest and cache before rank 0 writes anything

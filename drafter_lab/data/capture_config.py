@@ -78,3 +78,20 @@ def template_setting(kwargs: dict | None) -> dict:
     """`{"chat_template_kwargs": kwargs}` where there are any, else {}: the settings, identities and
     requests of runs without them stay as they were, so older journals and manifests still resume."""
     return {"chat_template_kwargs": kwargs} if kwargs else {}
+
+
+TEMPLATE_HASH = "chat_template_sha256"
+"""The key under which manifests, journals, run identities and eval configs name the chat template
+the text was rendered with (chat.template_sha256)."""
+
+
+def template_as_recorded(before: dict | None, now: dict, where) -> dict:
+    """`now` without the template's hash where `before` (the settings of a manifest, journal or run
+    at `where`) has none: work begun before the lab recorded templates (2026-12-02) resumes
+    unchecked, as it did, rather than being refused and made again."""
+    if before is None or TEMPLATE_HASH in before or TEMPLATE_HASH not in now:
+        return now
+    from drafter_lab.progress import log
+
+    log(f"{where}: begun before the lab recorded chat templates, so its template is not checked")
+    return {k: v for k, v in now.items() if k != TEMPLATE_HASH}

@@ -40,6 +40,7 @@ import bisect
 
 import torch
 
+from drafter_lab.atomic import sha256_json
 from drafter_lab.errors import LabError
 
 
@@ -53,6 +54,12 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
         )
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
         raise LabError(f"chat template rejects the conversation: {str(e).splitlines()[0][:200]}") from None
+
+
+def template_sha256(tokenizer) -> str:
+    """A hash of the chat template `render` applies (the tokenizer's; a dict of named ones whole):
+    text rendered with another template is other data, though the target's weights are the same."""
+    return sha256_json(tokenizer.chat_template)[:16]
 
 
 def special_token_ids(tokenizer) -> set[int]:

@@ -7,7 +7,13 @@ from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture_config import DTYPE_NAMES, template_kwargs_arg, template_setting
+from drafter_lab.data.capture_config import (
+    DTYPE_NAMES,
+    TEMPLATE_HASH,
+    template_as_recorded,
+    template_kwargs_arg,
+    template_setting,
+)
 from drafter_lab.errors import LabError
 from drafter_lab.spec.ngram_config import NgramConfig
 
@@ -265,18 +271,26 @@ def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:
     return 0
 
 
-def _sweep_journal(args, target, drafter, sets):
-    """Where a sweep's finished settings are kept until its JSON lands, and what they were decoded with."""
+def _journal(args, tokenizer, settings: dict):
+    """A sweep's journal (`--json`'s `.partial`): its finished settings, kept until the JSON lands."""
+    from drafter_lab.data.chat import template_sha256
     from drafter_lab.journal import Journal
+
+    path = f"{args.json}.partial"
+    settings = {**settings, **template_setting(args.chat_template_kwargs), TEMPLATE_HASH: template_sha256(tokenizer)}
+    return Journal(path, template_as_recorded(Journal.settings_of(path), settings, path))
+
+
+def _sweep_journal(args, target, drafter, sets):
+    """What a sweep decoded with."""
     from drafter_lab.targets.hf import fingerprint
 
     same = {k: getattr(args, k) for k in ("schedule", "max_prompts", "max_new_tokens", "temperature", "seed", "device",
                                          "dtype", "fused")}
-    return Journal(f"{args.json}.partial", {
+    return _journal(args, target.tokenizer, {
         "target": target.fingerprint,
         "drafter": drafter.cfg.describe() if args.ngram else fingerprint(args.drafter),
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()}, **same,
-        **template_setting(args.chat_template_kwargs),
     })
 
 
@@ -311,18 +325,15 @@ def _run_served_eval(args, sets) -> int:
 
     settings = [{"concurrency": c, "request_rate": r} for c in dict.fromkeys(args.concurrency)
                 for r in dict.fromkeys(args.request_rate)]
-    return _run_settings(settings, decode, format_served, args, lambda: _served_journal(args, sets))
+    return _run_settings(settings, decode, format_served, args, lambda: _served_journal(args, sets, tokenizer))
 
 
-def _served_journal(args, sets):
-    """A served sweep's journal: what was decoded, against which servers."""
-    from drafter_lab.journal import Journal
-
-    return Journal(f"{args.json}.partial", {
+def _served_journal(args, sets, tokenizer):
+    """What a served sweep decoded, against which servers."""
+    return _journal(args, tokenizer, {
         "server": args.server, "baseline_server": args.baseline_server, "engine": args.engine, "model": args.model,
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()},
         **{k: getattr(args, k) for k in ("max_prompts", "max_new_tokens", "temperature", "seed")},
-        **template_setting(args.chat_template_kwargs),
     })
 
 

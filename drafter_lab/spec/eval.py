@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from drafter_lab.data.capture_config import template_setting
-from drafter_lab.data.chat import render
+from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
+from drafter_lab.data.chat import render, template_sha256
 from drafter_lab.errors import LabError
 from drafter_lab.progress import progress
 from drafter_lab.spec.accept import accept_summary
@@ -185,7 +185,7 @@ def evaluate(
             "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
             "drafting": "chain" if topk == 1 else "tree", "fused_draft_step": engine.fused,
             "drafter": drafter.cfg.describe() if ngram else "EAGLE-3",
-            **template_setting(template_kwargs),
+            **template_setting(template_kwargs), TEMPLATE_HASH: template_sha256(target.tokenizer),
         },
         **host_draft,
         "target": target.describe(),

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from drafter_lab.cli import main
+from drafter_lab.data.chat import template_sha256
 from drafter_lab.errors import LabError
 from drafter_lab.spec.served import acceptance, arrival_times, sglang_answer, vllm_answer, vllm_counters
+from drafter_lab.targets.hf import load_tokenizer
 
 SERVER = Path(__file__).with_name("spec_server.py")
 STEPS = 4
@@ -76,6 +78,8 @@ def test_served_eval_equals_the_labs_own(random_llama, drafter_dir, prompts_file
     assert served["config"]["drafting"] == "chain" and served["config"]["steps"] == STEPS
     assert served["config"]["draft_tokens"] == local["config"]["draft_tokens"] == STEPS  # the root not counted
     assert served["config"]["chat_template_kwargs"] == local["config"]["chat_template_kwargs"] == {"enable_thinking": False}
+    template = template_sha256(load_tokenizer(random_llama))
+    assert served["config"]["chat_template_sha256"] == local["config"]["chat_template_sha256"] == template
     # Streamed: each request timed, its first token in an event of its own, then one event per verify
     # step (per token on the baseline server).
     requests = served["requests"]

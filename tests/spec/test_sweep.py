@@ -158,3 +158,30 @@ def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompt
     assert main([*argv[:-3], "8", "--json", str(out)]) == 2
     err = capsys.readouterr().err
     assert "sweep.json.partial" in err and "other settings" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sweep_journal_from_before_the_template_hash_resumes(random_llama, drafter_dir, prompts_file, tmp_path,
+                                                                monkeypatch, capsys):
+    from drafter_lab.spec import eval as spec_eval
+
+    real, calls = spec_eval.evaluate, []
+
+    def dies_on_the_second(*args, **kwargs):
+        calls.append(kwargs["steps"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    out, partial = tmp_path / "sweep.json", tmp_path / "sweep.json.partial"
+    argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
+            "--steps", "1,2", "--max-new-tokens", "8", "--json", str(out)]
+    monkeypatch.setattr(spec_eval, "evaluate", dies_on_the_second)
+    assert main(argv) == 130
+    header, *rest = partial.read_text().split("\n")
+    settings = json.loads(header)
+    assert settings["settings"].pop("chat_template_sha256")  # what a lab before the hash wrote
+    partial.write_text("\n".join([json.dumps(settings), *rest]))
+    calls.clear()
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert calls == [2] and "begun before the lab recorded chat templates" in " ".join(capsys.readouterr().err.split())

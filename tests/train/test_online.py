@@ -11,10 +11,12 @@ import torch
 
 from drafter_lab.cli import main
 from drafter_lab.data.capture import CaptureConfig
+from drafter_lab.data.chat import template_sha256
 from drafter_lab.data.shards import FeatureSet, Manifest
 from drafter_lab.data.vocab import count_train_tokens
 from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import load_tokenizer
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.sources import Online
@@ -52,6 +54,28 @@ def test_online_identity_names_the_chat_template_variables(peaked_llama, feature
     assert "chat_template_kwargs" not in Online(peaked_llama, convs, CAPTURE, cpu).identity()
     off = dataclasses.replace(CAPTURE, chat_template_kwargs={"enable_thinking": False})
     assert Online(peaked_llama, convs, off, cpu).identity()["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_an_online_run_resumes_only_with_its_chat_template(peaked_llama, features, tmp_path, monkeypatch, capsys):
+    """Text rendered with an edited template is other training data; a run begun before the lab
+    recorded templates resumes unchecked."""
+    from drafter_lab.train import sources
+
+    cfg, online, convs = dataclasses.replace(CFG, max_steps=2, eval_every=2), CAPTURE, conversations_of(features)
+    train(cfg, peaked_llama, convs, tmp_path / "now", online=online)
+    assert json.loads((tmp_path / "now" / "run.json").read_text())["features"]["chat_template_sha256"] == \
+        template_sha256(load_tokenizer(peaked_llama))
+    real = sources.Online.identity
+    monkeypatch.setattr(sources.Online, "identity",
+                        lambda self: {k: v for k, v in real(self).items() if k != "chat_template_sha256"})
+    train(cfg, peaked_llama, convs, tmp_path / "before", online=online)
+    monkeypatch.setattr(sources.Online, "identity", real)
+    capsys.readouterr()
+    train(cfg, peaked_llama, convs, tmp_path / "before", online=online, resume=True)
+    assert "begun before the lab recorded chat templates" in " ".join(capsys.readouterr().err.split())
+    monkeypatch.setattr(sources, "template_sha256", lambda tokenizer: "edited")
+    with pytest.raises(LabError, match="--resume with other training data"):
+        train(cfg, peaked_llama, convs, tmp_path / "now", online=online, resume=True)
 
 
 def test_online_run_trains_as_on_captured_features(peaked_llama, features, tmp_path):

@@ -43,7 +43,7 @@ from drafter_lab.data.capture_config import (
     template_as_recorded,
     template_setting,
 )
-from drafter_lab.data.chat import dropped_reasoning, encode_conversation, template_sha256
+from drafter_lab.data.chat import dropped_reasoning, encode_conversation, rendered_with, template_sha256
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
@@ -192,12 +192,14 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            main: bool) -> list[tuple]:
     """(id, input_ids, loss_mask) per conversation with an assistant token within max_length; the
     others are counted in `skipped`. Answers another target sampled (a regeneration by the previous
-    model version, say) are an error token-exact and a note on `main` otherwise; so is reasoning the
+    model version, say), or sampled after prompts rendered otherwise than here (another chat template,
+    other variables), are an error token-exact and a note on `main` otherwise; so is reasoning the
     chat template leaves out (a note: those turns train on their answers alone)."""
     items = []
     end_ids = frozenset(stop_token_ids(target))
     mine = target.fingerprint
     foreign: dict[str, str] = {}  # conversation id -> the other target that sampled its answers
+    ours, reprompted = rendered_with(target.tokenizer, cfg.chat_template_kwargs), 0
     thought = dropped = 0  # assistant turns with reasoning, and those the template leaves it out of
     for conv in convs:
         other = {m.get("target_fingerprint", mine) for m in conv.messages} - {mine}
@@ -206,6 +208,12 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            "a token-exact capture takes the target's own tokens only", conversations_path)
         if other:
             foreign[conv.id] = min(other)
+        theirs = next((m["rendered_with"] for m in conv.messages if m.get("rendered_with", ours) != ours), None)
+        if theirs is not None and cfg.token_exact:
+            raise LabError(f"conversation {conv.id}: answers sampled after prompts rendered with {theirs}, not as "
+                           f"here ({ours}): a token-exact capture takes the target's own tokens after its own prompts "
+                           "(the same chat template and --chat-template-kwargs)", conversations_path)
+        reprompted += theirs is not None
         try:
             ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids,
                                             cfg.chat_template_kwargs)
@@ -222,6 +230,9 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
         log(f"{conversations_path}: {len(foreign)} of {len(convs)} conversations hold answers target(s) "
             f"{', '.join(sorted(set(foreign.values())))} sampled, not this one ({mine}): they train as text, "
             "not as this target's own answers")
+    if reprompted and main:
+        log(f"{conversations_path}: {reprompted} of {len(convs)} conversations hold answers sampled after prompts "
+            f"rendered otherwise than here ({ours}): they train as text")
     if dropped and main:
         log(f"{conversations_path}: the chat template leaves out the reasoning of {dropped} of {thought} assistant "
             "turns that carry it (as it shows the target earlier turns, or never): they train on their answers alone")

@@ -41,6 +41,7 @@ import bisect
 import torch
 
 from drafter_lab.atomic import sha256_json
+from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
 from drafter_lab.errors import LabError
 
 
@@ -60,6 +61,12 @@ def template_sha256(tokenizer) -> str:
     """A hash of the chat template `render` applies (the tokenizer's; a dict of named ones whole):
     text rendered with another template is other data, though the target's weights are the same."""
     return sha256_json(tokenizer.chat_template)[:16]
+
+
+def rendered_with(tokenizer, template_kwargs: dict | None) -> dict:
+    """How `render` writes prompts: the template's hash and its variables, when there are any (kept
+    on each regenerated answer, which was sampled after such a prompt)."""
+    return {TEMPLATE_HASH: template_sha256(tokenizer), **template_setting(template_kwargs)}
 
 
 def special_token_ids(tokenizer) -> set[int]:

@@ -9,8 +9,9 @@ An assistant turn the target regenerated also keeps `token_ids`, the tokens it s
 `temperature`, the temperature it sampled them at (regenerate.py; through a server when the server
 returns ids, which may then end with the end token it stopped at), which a token-exact capture reads
 instead of tokenizing the text again; regenerated locally, also `target_fingerprint`, the target's
-(targets/hf.py), so that a capture with another target is refused (a server does not say which
-weights it runs).
+(targets/hf.py), and `rendered_with`, the chat template's hash and variables its prompt was rendered
+with, so that a token-exact capture with another target, or with prompts rendered otherwise, is
+refused (a server says neither which weights it runs nor which template it applies).
 
 An assistant turn of a reasoning model may carry its thinking apart from its answer, as SGLang
 (`reasoning_content`) and vLLM (`reasoning`) return it with a reasoning parser on, and as
@@ -47,7 +48,7 @@ ROLES = {
 class Conversation:
     """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; an
     assistant turn may hold `reasoning_content`; a regenerated one also `token_ids`, `temperature` and,
-    made here, `target_fingerprint`)."""
+    made here, `target_fingerprint` and `rendered_with`)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)
@@ -98,6 +99,11 @@ def _parse_turn(turn, where: str, path) -> dict:
             if not isinstance(fp, str):
                 raise LabError(f"{where}: target_fingerprint must be text", path)
             out["target_fingerprint"] = fp
+        prompted = turn.get("rendered_with")
+        if prompted is not None:
+            if not isinstance(prompted, dict):
+                raise LabError(f"{where}: rendered_with must be an object", path)
+            out["rendered_with"] = prompted
     return out
 
 

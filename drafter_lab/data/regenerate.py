@@ -6,8 +6,10 @@ k, from the conversation as already regenerated (so later turns follow the targe
 answers, as in a real chat). Prompts are batched with left padding and decoded with HF `generate`
 (KV cache); each answer stops at an end-of-turn/eos token or after `max_new_tokens`. Each answer
 keeps the token ids the target produced (`token_ids`, its end token left out), the temperature it
-sampled them at and the target's fingerprint beside its text, so that a capture can use the target's
-own tokens (`data prepare --token-exact`) and refuse another target's. A thinking model's answer
+sampled them at, the target's fingerprint and how its prompt was rendered (`rendered_with`: the chat
+template's hash and variables) beside its text, so that a capture can use the target's own tokens
+(`data prepare --token-exact`) and refuse another target's, or answers that followed other prompts
+than the capture's. A thinking model's answer
 holds its thinking as the model wrote it (`<think>...</think>` and the answer, which a thinking
 template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes. A journal (journal.py) records each batch
 as it finishes, so a killed run resumes.
@@ -23,7 +25,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
-from drafter_lab.data.chat import render, template_sha256
+from drafter_lab.data.chat import render, rendered_with, template_sha256
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
@@ -130,6 +132,7 @@ def regenerate(
     turns = [c.assistant_turns() for c in convs]
     rounds = max((len(t) for t in turns), default=0)
     records = journal.records if journal is not None else []
+    prompted = rendered_with(target.tokenizer, template_kwargs)
     # A journal from before ids were kept names no sampler in its settings, so it never gets here.
     recorded = {(r["round"], cid): (text, r["token_ids"][cid]) for r in records for cid, text in r["answers"].items()}
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
@@ -157,7 +160,7 @@ def regenerate(
                         conv, i = jobs[j]
                         conv.messages[i].pop("reasoning_content", None)
                         conv.messages[i].update(content=text, token_ids=token_ids, temperature=temperature,
-                                                target_fingerprint=target.fingerprint)
+                                                target_fingerprint=target.fingerprint, rendered_with=prompted)
                     advance(len(chunk), round=k + 1)
     return convs
 

@@ -63,6 +63,8 @@ def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
          "line 3: temperature must be a number >= 0"),
         ('{"conversations": [{"role": "assistant", "content": "x", "token_ids": [1], "target_fingerprint": 7}]}',
          "line 3: target_fingerprint must be text"),
+        ('{"conversations": [{"role": "assistant", "content": "x", "token_ids": [1], "rendered_with": "t"}]}',
+         "line 3: rendered_with must be an object"),
         ('{"conversations": [{"role": "assistant", "content": "x", "reasoning_content": ["a"]}]}',
          "line 3: reasoning_content (or reasoning) must be text, on an assistant turn"),
         ('{"conversations": [{"role": "user", "content": "x", "reasoning": "hm"}]}',

@@ -16,14 +16,14 @@ import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 
 from drafter_lab.data.capture import sampled_at
-from drafter_lab.data.chat import render
+from drafter_lab.data.chat import render, rendered_with
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.data.regenerate import generate_texts, generation_config, stop_token_ids
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.journal import Journal
 from drafter_lab.servers import PLAIN
-from drafter_lab.targets.hf import fingerprint, load_target
+from drafter_lab.targets.hf import fingerprint, load_target, load_tokenizer
 
 SERVER = Path(__file__).with_name("chat_server.py")
 GEN = ("--max-new-tokens", "6", "--seed", "0")
@@ -102,6 +102,7 @@ def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tm
     for m in answers:
         assert m["temperature"] == 0.0
         assert m.pop("target_fingerprint") == fingerprint(stopping_llama)  # a server names no weights
+        assert m.pop("rendered_with") == rendered_with(load_tokenizer(stopping_llama), None)  # nor its template
         if len(m["token_ids"]) < 6:  # the server's ids end with the end token it stopped at
             m["token_ids"].append(end)
     # Same answers and ids, same order, same bytes.

@@ -173,3 +173,30 @@ def test_data_regenerate_journals_name_it(model, tmp_path, monkeypatch, capsys):
     assert run_cli(*args) == 2
     assert "partial run made with other settings" in capsys.readouterr().err
 
+
+
+def test_token_exact_takes_answers_prompted_as_it_renders(model, tmp_path, capsys):
+    """Each regenerated answer says how its prompt was rendered: a token-exact capture of answers that
+    followed other prompts (thinking off there, on here; or an edited template) is refused, naming the
+    conversation; captured as text, they train with a note."""
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(3))
+    answers = tmp_path / "r.jsonl"
+    off = ("--chat-template-kwargs", json.dumps({"enable_thinking": False}))
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", answers, "--target", model, *GEN, *off) == 0
+    rows = [json.loads(line) for line in answers.read_text().splitlines()]
+    prompted = {"chat_template_sha256": template_sha256(load_tokenizer(model)),
+                "chat_template_kwargs": {"enable_thinking": False}}
+    assert all(m["rendered_with"] == prompted for r in rows for m in r["conversations"] if m["role"] == "assistant")
+    prepare = ("data", "prepare", "--target", model, "--conversations", answers, "--val-fraction", "0")
+    assert run_cli(*prepare, "--out", tmp_path / "same", "--token-exact", *off) == 0
+    capsys.readouterr()
+    assert run_cli(*prepare, "--out", tmp_path / "on", "--token-exact") == 2
+    err = capsys.readouterr().err
+    assert f"{answers}: conversation {rows[0]['id']}:" in err and "answers sampled after prompts rendered" in err
+    assert err.count("\n") == 1 and not (tmp_path / "on").exists()
+    assert run_cli(*prepare, "--out", tmp_path / "text") == 0
+    assert f"{answers}: 3 of 3 conversations hold answers sampled after prompts rendered otherwise than here" in \
+        " ".join(capsys.readouterr().err.split())
+    edit_template(model, THINKING)
+    assert run_cli(*prepare, "--out", tmp_path / "edited", "--token-exact", *off) == 2
+    assert "answers sampled after prompts rendered" in capsys.readouterr().err

@@ -9,8 +9,10 @@ which the drafter must learn to propose too: within the turn's own render, the f
 the target stops at, else the last special token the template wrote for the turn, so special
 tokens inside it (a `<think>` some tokenizers mark special, harmony's channels) are masked like the
 rest. Role headers, user and system turns stay unmasked. Templates that rewrite earlier turns (not
-prefix-stable) fall back to finding the assistant text itself in the render, and that turn's mask
-ends at its first special token.
+prefix-stable) fall back to finding the assistant text itself in the render, and a turn the template
+writes otherwise once later turns follow (Qwen3 drops its thinking, harmony closes it with `<|end|>`
+where its own render has `<|return|>`) ends at the first special token after its answer, found
+before the next message's text, else at its first special token.
 
 Token-exact (`token_exact`): each assistant turn's text is replaced by the tokens the target
 sampled (`token_ids`, kept by regeneration, locally or through a server that returns them) and the
@@ -21,9 +23,11 @@ serving over the text cannot afford. Later turns follow the earlier answers as s
 server that wrote them was sent those answers as text and tokenized them again: exact for
 single-turn data, an approximation past the first turn.
 
-Reasoning (`reasoning_content`, conversations.py) goes to the template with the rest of the turn:
-a thinking model's template writes it inside the assistant turn (Qwen3: `<think>...</think>` before
-the answer, for the turns after the last user turn), so it is masked and trains like the answer, and
+Reasoning (`reasoning_content`, conversations.py) goes to the template with the rest of the turn,
+also as `thinking`, the name GPT-OSS's harmony template reads: a thinking model's template writes it
+inside the assistant turn (Qwen3: `<think>...</think>` before the answer, for the turns after the
+last user turn; harmony: an analysis channel before the final one, for the last turn), so it is
+masked and trains like the answer, and
 token-exact, the sampled ids (thinking and answer, as a server returns them) stand for all the
 template wrote for the turn up to its end-of-turn token. Where the template leaves it out (earlier
 turns, or a template that never shows reasoning), `dropped_reasoning` counts it.
@@ -49,6 +53,8 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
            template_kwargs: dict | None = None) -> str:
     """The chat template's text; `template_kwargs` are its extra variables, as SGLang and vLLM take
     them per request (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`)."""
+    # Older transformers pass each message as it is; 5.x also fills `thinking` from `reasoning_content`.
+    messages = [{"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else m for m in messages]
     try:
         return tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
@@ -78,9 +84,9 @@ def special_token_ids(tokenizer) -> set[int]:
 
 
 def assistant_char_spans(tokenizer, messages: list[dict], text: str,
-                         template_kwargs: dict | None = None) -> list[tuple[int, int, bool]]:
-    """Per assistant turn, (start of its text, end of its region, whether that end is the turn's own)
-    as character offsets in `text`."""
+                         template_kwargs: dict | None = None) -> list[tuple[int, int, bool, int]]:
+    """Per assistant turn, (start of its text, end of its region, whether that end is the turn's own,
+    where its end-of-turn token is looked for from) as character offsets in `text`."""
     spans = []
     cursor = 0
     for i, m in enumerate(messages):
@@ -98,14 +104,24 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str,
                 )
             after = start + len(answer)
         upto = render(tokenizer, messages[: i + 1], False, template_kwargs)
-        own = text.startswith(upto) and len(upto) > start
-        if own:
-            stop = after = len(upto)
-        else:  # the end-of-turn token alone closes the span
-            stop = len(text)
-        spans.append((start, stop, own))
+        if text.startswith(upto) and len(upto) > start:
+            after = len(upto)
+            spans.append((start, after, True, start))
+        else:  # written otherwise once later turns follow: the end-of-turn token alone closes the span
+            spans.append((start, len(text), False, _answer_end(text, m, messages[i + 1 : i + 2], start)))
         cursor = after
     return spans
+
+
+def _answer_end(text: str, turn: dict, following: list[dict], start: int) -> int:
+    """Where `turn`'s answer ends in `text`, looked for from `start` up to the next message's text;
+    `start` where it is not found there."""
+    answer = turn["content"].strip()
+    bound = len(text)
+    if following and following[0]["content"].strip():
+        bound = text.find(following[0]["content"].strip(), start)
+    at = text.find(answer, start, bound) if answer and bound >= 0 else -1
+    return start if at < 0 else at + len(answer)
 
 
 def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
@@ -127,9 +143,10 @@ def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | N
 
 
 def _closer(ids: list[int], own: bool, end_ids: frozenset[int], special: set[int]) -> int | None:
-    """Index in `ids` (a turn's region as the template wrote it) of the turn's end-of-turn token: in
-    the turn's own render, the first token the target stops at, else its last special token
-    (Gemma's, harmony's closer); in a region running on into later turns, its first special token."""
+    """Index in `ids` (a turn's region as the template wrote it, from where its end-of-turn token may
+    be) of that token: in the turn's own render, the first token the target stops at, else its last
+    special token (Gemma's, harmony's closer); in a region running on into later turns, its first
+    special token (looked for from the end of the turn's answer, where that is found)."""
     ends = [k for k, t in enumerate(ids) if t in end_ids] if own else []
     marks = [k for k, t in enumerate(ids) if t in special]
     if ends:
@@ -137,16 +154,32 @@ def _closer(ids: list[int], own: bool, end_ids: frozenset[int], special: set[int
     return (marks[-1] if own else marks[0]) if marks else None
 
 
-def _turn_end(tokenizer, text: str, span: tuple[int, int, bool], end_ids: frozenset[int],
+def _turn_end(tokenizer, text: str, span: tuple[int, int, bool, int], end_ids: frozenset[int],
               special: set[int]) -> int | None:
     """Where the turn's end-of-turn token (`_closer`) begins in `text`, None without one."""
-    start, stop, own = span
+    start, stop, own, after = span
     ids, starts = _tokenize(tokenizer, text[start:stop], start)
-    k = _closer(ids, own, end_ids, special)
-    return None if k is None else starts[k]
+    looked = [k for k, at in enumerate(starts) if at >= after]
+    k = _closer([ids[j] for j in looked], own, end_ids, special)
+    return None if k is None else starts[looked[k]]
 
 
-def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, int, bool]],
+def _answer_written(tokenizer, text: str, span: tuple[int, int, bool, int], content: str, end_ids: frozenset[int],
+                    special: set[int]) -> int | None:
+    """Where the text a turn's sampled ids stand for ends in `text`: its answer as the template wrote
+    it (trimmed, perhaps), at the turn's start or after a header of the template's own before the
+    turn's end-of-turn token (harmony's `<|channel|>final<|message|>`, which the target samples too);
+    None where the answer is not there (the template rewrites it)."""
+    start = span[0]
+    for c in (content, content.strip()):
+        if text.startswith(c, start):
+            return start + len(c)
+    close = _turn_end(tokenizer, text, span, end_ids, special)
+    at = text.find(content.strip(), start, close) if content.strip() and close is not None else -1
+    return None if at < 0 else at + len(content.strip())
+
+
+def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, int, bool, int]],
              end_ids: frozenset[int], special: set[int]) -> tuple[list[int], list[int], list[bool]]:
     """Ids and starts of `text` with each assistant turn's text replaced by its `token_ids` (all
     starting at the turn's offset, so the span masks them), and which ids the target sampled. A
@@ -165,9 +198,8 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
                            "tokens (data prepare --regenerate, or data regenerate)")
         if "reasoning_content" in m:  # thinking and answer, however the template wrote (or left out) the first
             end = _turn_end(tokenizer, text, span, end_ids, special)
-        else:  # templates may trim an answer; the sampled ids stand for the whole of what was written
-            content = next((c for c in (m["content"], m["content"].strip()) if text.startswith(c, start)), None)
-            end = None if content is None else start + len(content)
+        else:
+            end = _answer_written(tokenizer, text, span, m["content"], end_ids, special)
         if end is None:
             raise LabError(f"chat template rewrites assistant turn {i}: cannot place the target's own tokens")
         answer = m["token_ids"][:-1] if m["token_ids"] and m["token_ids"][-1] in end_ids else m["token_ids"]
@@ -197,11 +229,12 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         ids, starts = _tokenize(tokenizer, text)
         sampled = [False] * len(ids)
     mask = [False] * len(ids)
-    for start, stop, own in spans:
+    for start, stop, own, after in spans:
         first, last = bisect.bisect_left(starts, start), bisect.bisect_left(starts, stop)
-        written = [t for t in range(first, last) if not sampled[t]]  # by the template, not the target
-        k = _closer([ids[t] for t in written], own, end_ids, special)
-        close = last - 1 if k is None else written[k]
+        # Written by the template, not sampled by the target, from where the end-of-turn token may be.
+        looked = [t for t in range(first, last) if not sampled[t] and starts[t] >= after]
+        k = _closer([ids[t] for t in looked], own, end_ids, special)
+        close = last - 1 if k is None else looked[k]
         mask[first:close + 1] = [True] * (close + 1 - first)
     ids, mask = ids[:max_length], mask[:max_length]
     return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)

@@ -15,8 +15,9 @@ refused (a server says neither which weights it runs nor which template it appli
 
 An assistant turn of a reasoning model may carry its thinking apart from its answer, as SGLang
 (`reasoning_content`) and vLLM (`reasoning`) return it with a reasoning parser on, and as
-reasoning datasets store it: either name is read and kept as `reasoning_content`, the name chat
-templates (Qwen3, Kimi-K2, DeepSeek) read, so the template renders it where the target would see it.
+reasoning datasets store it (`thinking` in GPT-OSS's): each name is read and kept as
+`reasoning_content`, the name chat templates (Qwen3, Kimi-K2, DeepSeek) read, so the template renders
+it where the target would see it (chat.render also passes it as `thinking`, for harmony's).
 
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
@@ -33,6 +34,9 @@ from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
+
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+"""Where a turn's thinking may be: SGLang's name (and the templates'), vLLM's, GPT-OSS datasets'."""
 
 ROLES = {
     "user": "user",
@@ -69,7 +73,7 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: a turn is {type(turn).__name__}, not an object", path)
     role = turn.get("role", turn.get("from"))
     content = turn.get("content", turn.get("value"))
-    reasoning = next((turn[k] for k in ("reasoning_content", "reasoning") if turn.get(k) is not None), None)
+    reasoning = next((turn[k] for k in REASONING_FIELDS if turn.get(k) is not None), None)
     if content is None and reasoning is not None:
         content = ""  # a server's answer cut off while it was still thinking
     if role is None or content is None:
@@ -81,7 +85,7 @@ def _parse_turn(turn, where: str, path) -> dict:
     out = {"role": ROLES[str(role).lower()], "content": content}
     if reasoning is not None:
         if out["role"] != "assistant" or not isinstance(reasoning, str):
-            raise LabError(f"{where}: reasoning_content (or reasoning) must be text, on an assistant turn", path)
+            raise LabError(f"{where}: reasoning_content (or reasoning, thinking) must be text, on an assistant turn", path)
         if reasoning:
             out["reasoning_content"] = reasoning
     ids = turn.get("token_ids")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab.data.capture_config import template_setting
-from drafter_lab.data.conversations import Conversation, write_conversations
+from drafter_lab.data.conversations import REASONING_FIELDS, Conversation, write_conversations
 from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json
@@ -75,7 +75,7 @@ def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[dict, list[int] | None
     try:
         choice = answer["choices"][0]
         message = choice["message"]
-        reasoning = next((message[k] for k in ("reasoning_content", "reasoning") if message.get(k)), None)
+        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
         text = message["content"] if message["content"] is not None or reasoning is None else ""
         if not isinstance(text, str) or not isinstance(reasoning, (str, type(None))):
             raise TypeError

@@ -138,6 +138,24 @@ def test_template_that_rewrites_answers_is_refused(random_llama):
         encode_conversation(tok, MESSAGES, max_length=10_000)
 
 
+def test_an_earlier_answer_is_looked_for_before_the_next_message_only(random_llama):
+    """A template that writes earlier answers otherwise (here in capitals): the answer is not where
+    the turn is, and the same words in the next user turn must not stretch the mask over it."""
+    tok = load_tokenizer(random_llama)
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ m['content'] | upper }}{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chat = [{"role": "user", "content": "Is it?"}, {"role": "assistant", "content": "yes"},
+            {"role": "user", "content": "yes, and then?"}, {"role": "assistant", "content": "Then more."}]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=frozenset({tok.eos_token_id}))
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == ["YES<|im_end|>", "Then more.<|im_end|>"]
+    # Token-exact, the target's "yes" has no place: not the user's "yes" either.
+    exact = [dict(m, token_ids=word_by_word(tok, m["content"])) if m["role"] == "assistant" else m for m in chat]
+    with pytest.raises(LabError, match="chat template rewrites assistant turn 1"):
+        encode_conversation(tok, exact, max_length=10_000, token_exact=True, end_ids=frozenset({tok.eos_token_id}))
+
+
 def word_by_word(tok, text: str) -> list[int]:
     """Ids of `text` tokenized one word (and one run of spaces) at a time: a split of the same text
     that whole-text tokenization does not give, as a target's sampled tokens often are not."""

@@ -66,9 +66,9 @@ def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
         ('{"conversations": [{"role": "assistant", "content": "x", "token_ids": [1], "rendered_with": "t"}]}',
          "line 3: rendered_with must be an object"),
         ('{"conversations": [{"role": "assistant", "content": "x", "reasoning_content": ["a"]}]}',
-         "line 3: reasoning_content (or reasoning) must be text, on an assistant turn"),
+         "line 3: reasoning_content (or reasoning, thinking) must be text, on an assistant turn"),
         ('{"conversations": [{"role": "user", "content": "x", "reasoning": "hm"}]}',
-         "line 3: reasoning_content (or reasoning) must be text, on an assistant turn"),
+         "line 3: reasoning_content (or reasoning, thinking) must be text, on an assistant turn"),
     ],
 )
 def test_bad_line_names_file_and_line(tmp_path, bad, message):

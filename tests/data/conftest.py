@@ -9,6 +9,8 @@ import pytest
 import torch
 from data_helpers import PREPARE_ARGS, make_conversations, run_cli, write_jsonl
 
+from drafter_lab.data import regenerate as regenerate_module
+
 
 @contextlib.contextmanager
 def one_thread():
@@ -43,3 +45,23 @@ def features(random_llama, conversations_file, tmp_path_factory) -> Path:
                      "--out", out, *PREPARE_ARGS)
     assert rc == 0
     return out
+
+
+@pytest.fixture
+def interrupt_at(monkeypatch):
+    """`interrupt_at(n)`: the n-th `generate` call (from 1) raises KeyboardInterrupt, as a Ctrl-C or a
+    kill would stop the run there; returns the list of calls made so far."""
+
+    def arm(n: int | None) -> list:
+        calls, real = [], regenerate_module.generate_texts
+
+        def generate_texts(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(regenerate_module, "generate_texts", generate_texts)
+        return calls
+
+    return arm

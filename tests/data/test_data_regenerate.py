@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
 import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 
-from drafter_lab.data import regenerate as regenerate_mod
 from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import read_conversations
@@ -171,26 +169,6 @@ def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, t
     err = capsys.readouterr().err
     assert f"{convs}: conversation " in err and "has no token_ids" in err and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()
-
-
-@pytest.fixture
-def interrupt_at(monkeypatch):
-    """`interrupt_at(n)`: the n-th `generate` call (from 1) raises KeyboardInterrupt, as a Ctrl-C or a
-    kill would stop the run there; returns the list of calls made so far."""
-
-    def arm(n: int | None) -> list:
-        calls, real = [], regenerate_mod.generate_texts
-
-        def generate_texts(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == n:
-                raise KeyboardInterrupt
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(regenerate_mod, "generate_texts", generate_texts)
-        return calls
-
-    return arm
 
 
 SAMPLED = ("--temperature", "1.0", "--max-new-tokens", NEW_TOKENS, "--seed", "3")

@@ -12,7 +12,6 @@ from data_helpers import make_conversations, run_cli, write_jsonl
 from test_data_reasoning import THINKING
 
 from drafter_lab import atomic
-from drafter_lab.data import regenerate as regenerate_module
 from drafter_lab.data.capture import resume_settings
 from drafter_lab.data.capture_config import TEMPLATE_HASH
 from drafter_lab.data.chat import template_sha256
@@ -20,7 +19,6 @@ from drafter_lab.data.shards import MANIFEST, Manifest
 from drafter_lab.targets.hf import load_tokenizer
 
 GEN = ("--max-new-tokens", "4", "--seed", "0")
-GENERATE = regenerate_module.generate_texts
 BEGUN = "begun before the lab recorded chat templates, so its template is not checked"
 
 
@@ -56,18 +54,11 @@ def strip_hash(path: Path, *keys: str) -> None:
         path.write_text(json.dumps(head))
 
 
-def counted(monkeypatch, dies_at: int | None = None) -> list:
-    """The regeneration's generate calls from now on, listed; the `dies_at`-th one is killed."""
-    calls = []
-
-    def generate(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == dies_at:
-            raise KeyboardInterrupt
-        return GENERATE(*args, **kwargs)
-
-    monkeypatch.setattr(regenerate_module, "generate_texts", generate)
-    return calls
+def prepare(model: Path, tmp_path: Path, out: Path) -> tuple:
+    """`data prepare` of 4 conversations into 2 shards."""
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
+    return ("data", "prepare", "--target", model, "--conversations", convs, "--out", out, "--max-length", "128",
+            "--shard-size", "2", "--val-fraction", "0")
 
 
 def test_the_hash_follows_the_template(random_llama):
@@ -83,10 +74,8 @@ def test_the_hash_follows_the_template(random_llama):
 
 
 def test_a_capture_refuses_to_resume_with_an_edited_template(model, tmp_path, capsys):
-    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
     out = tmp_path / "feat"
-    args = ("data", "prepare", "--target", model, "--conversations", convs, "--out", out, "--max-length", "128",
-            "--shard-size", "2", "--val-fraction", "0")
+    args = prepare(model, tmp_path, out)
     assert run_cli(*args) == 0
     recorded = Manifest.load(out).source[TEMPLATE_HASH]
     assert recorded == template_sha256(load_tokenizer(model))
@@ -99,10 +88,8 @@ def test_a_capture_refuses_to_resume_with_an_edited_template(model, tmp_path, ca
 
 
 def test_a_manifest_from_before_resumes_unchecked(model, tmp_path, capsys):
-    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
     out = tmp_path / "feat"
-    args = ("data", "prepare", "--target", model, "--conversations", convs, "--out", out, "--max-length", "128",
-            "--shard-size", "2", "--val-fraction", "0")
+    args = prepare(model, tmp_path, out)
     assert run_cli(*args) == 0
     strip_hash(out / MANIFEST, "source")
     killed = Manifest.load(out)  # ... after its first shard
@@ -115,7 +102,7 @@ def test_a_manifest_from_before_resumes_unchecked(model, tmp_path, capsys):
     assert TEMPLATE_HASH not in resumed.source and len(resumed.shards["train"]) == 2
 
 
-def test_a_regeneration_from_before_resumes_under_its_name(model, tmp_path, monkeypatch, capsys):
+def test_a_regeneration_from_before_resumes_under_its_name(model, tmp_path, interrupt_at, capsys):
     """Killed while it regenerated (no manifest yet): its journal, named by settings without the hash,
     is found and resumed, not begun again."""
     convs = write_jsonl(tmp_path / "c.jsonl", [dict(r, conversations=r["conversations"][:-2])
@@ -133,13 +120,13 @@ def test_a_regeneration_from_before_resumes_under_its_name(model, tmp_path, monk
     for p in out.iterdir():
         p.unlink()
 
-    rounds = counted(monkeypatch, dies_at=3)
+    interrupt_at(3)
     assert run_cli(*args) == 130
     (partial,) = out.glob("regenerated-*.jsonl.partial")
     strip_hash(partial, "settings")
     older = {k: v for k, v in settings.items() if k != TEMPLATE_HASH}
     partial.rename(out / (name(older) + ".partial"))
-    rounds = counted(monkeypatch)
+    rounds = interrupt_at(None)
     capsys.readouterr()
     assert run_cli(*args) == 0
     assert len(rounds) == 2  # rounds 1 and 2 came from the journal
@@ -147,7 +134,7 @@ def test_a_regeneration_from_before_resumes_under_its_name(model, tmp_path, monk
     assert (out / name(older)).read_text() == fresh and TEMPLATE_HASH not in Manifest.load(out).source
 
 
-def test_data_regenerate_journals_name_it(model, tmp_path, monkeypatch, capsys):
+def test_data_regenerate_journals_name_it(model, tmp_path, interrupt_at, capsys):
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(3))
     out = tmp_path / "r.jsonl"
     args = ("data", "regenerate", "--conversations", convs, "--out", out, "--target", model, "--batch-size", "1",
@@ -155,14 +142,14 @@ def test_data_regenerate_journals_name_it(model, tmp_path, monkeypatch, capsys):
     assert run_cli(*args) == 0
     fresh = out.read_text()
     out.unlink()
-    rounds = counted(monkeypatch, dies_at=3)
+    interrupt_at(3)
     assert run_cli(*args) == 130
     partial = tmp_path / "r.jsonl.partial"
     assert json.loads(partial.read_text().split("\n")[0])["settings"][TEMPLATE_HASH] == template_sha256(
         load_tokenizer(model))
     saved = partial.read_text()
     strip_hash(partial, "settings")  # as a lab before the hash wrote it
-    rounds = counted(monkeypatch)
+    rounds = interrupt_at(None)
     capsys.readouterr()
     assert run_cli(*args) == 0
     assert len(rounds) == 4 and out.read_text() == fresh  # 6 turns, 2 from the journal

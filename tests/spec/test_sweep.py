@@ -121,21 +121,27 @@ def test_bad_sweep_file(tmp_path):
         read_inputs(f)
 
 
-def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompts_file, tmp_path, monkeypatch, capsys):
+def evaluations(monkeypatch, dies_at: int) -> list:
+    """The steps of each setting a sweep evaluates from now on; the `dies_at`-th is killed (Ctrl-C)."""
     from drafter_lab.spec import eval as spec_eval
 
     real, calls = spec_eval.evaluate, []
 
-    def dies_on_the_third(*args, **kwargs):
+    def evaluate(*args, **kwargs):
         calls.append(kwargs["steps"])
-        if len(calls) == 3:
+        if len(calls) == dies_at:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
+    monkeypatch.setattr(spec_eval, "evaluate", evaluate)
+    return calls
+
+
+def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompts_file, tmp_path, monkeypatch, capsys):
     out = tmp_path / "sweep.json"
     argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
             "--steps", "1,2,3", "--max-new-tokens", "12", "--json", str(out)]
-    monkeypatch.setattr(spec_eval, "evaluate", dies_on_the_third)
+    calls = evaluations(monkeypatch, dies_at=3)
     assert main(argv) == 130  # interrupted
     assert not out.exists() and (tmp_path / "sweep.json.partial").exists()
     calls.clear()
@@ -144,15 +150,14 @@ def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompt
     assert "2 of 3 settings already decoded" in capsys.readouterr().err
     resumed = json.loads(out.read_text())["sweep"]
     assert not (tmp_path / "sweep.json.partial").exists()
-    monkeypatch.setattr(spec_eval, "evaluate", real)
+    monkeypatch.undo()
     again = tmp_path / "again.json"
     assert main([*argv[:-1], str(again)]) == 0
     fresh = json.loads(again.read_text())["sweep"]
     for a, b in zip(resumed, fresh):
         assert (a["accept_histogram"], a["spec_tokens"]) == (b["accept_histogram"], b["spec_tokens"])
     # a journal made with other decoding settings is refused, not mixed in
-    monkeypatch.setattr(spec_eval, "evaluate", dies_on_the_third)
-    calls.clear()
+    evaluations(monkeypatch, dies_at=3)
     assert main(argv) == 130
     capsys.readouterr()
     assert main([*argv[:-3], "8", "--json", str(out)]) == 2
@@ -162,20 +167,10 @@ def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompt
 
 def test_a_sweep_journal_from_before_the_template_hash_resumes(random_llama, drafter_dir, prompts_file, tmp_path,
                                                                 monkeypatch, capsys):
-    from drafter_lab.spec import eval as spec_eval
-
-    real, calls = spec_eval.evaluate, []
-
-    def dies_on_the_second(*args, **kwargs):
-        calls.append(kwargs["steps"])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
     out, partial = tmp_path / "sweep.json", tmp_path / "sweep.json.partial"
     argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
             "--steps", "1,2", "--max-new-tokens", "8", "--json", str(out)]
-    monkeypatch.setattr(spec_eval, "evaluate", dies_on_the_second)
+    calls = evaluations(monkeypatch, dies_at=2)
     assert main(argv) == 130
     header, *rest = partial.read_text().split("\n")
     settings = json.loads(header)

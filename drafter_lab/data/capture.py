@@ -41,9 +41,8 @@ from drafter_lab.data.capture_config import (
     TEMPLATE_HASH,
     CaptureConfig,
     template_as_recorded,
-    template_setting,
 )
-from drafter_lab.data.chat import dropped_reasoning, encode_conversation, rendered_with, template_sha256
+from drafter_lab.data.chat import dropped_reasoning, encode_conversation, rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
@@ -301,8 +300,7 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         "batch_size": cfg.batch_size,  # padding inside a batch moves the low bits of the states
         "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
         **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
-        **template_setting(cfg.chat_template_kwargs),
-        TEMPLATE_HASH: template_sha256(tokenizer),
+        **rendered_with(tokenizer, cfg.chat_template_kwargs),
         **({"sampled_at": given} if given is not None else {}),
     }
 

@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
-from drafter_lab.data.chat import render, rendered_with, template_sha256
+from drafter_lab.data.chat import render, rendered_with
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
@@ -170,4 +169,4 @@ def regeneration_settings(target, source: Path, temperature: float, max_new_toke
     """Everything that decides a local regeneration's output: a journal made with other settings is refused."""
     return {"target": target.describe(), "conversations_sha256": atomic.sha256_file(source),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
-            **SAMPLER, **template_setting(template_kwargs), TEMPLATE_HASH: template_sha256(target.tokenizer)}
+            **SAMPLER, **rendered_with(target.tokenizer, template_kwargs)}

@@ -9,10 +9,8 @@ from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import (
     DTYPE_NAMES,
-    TEMPLATE_HASH,
     template_as_recorded,
     template_kwargs_arg,
-    template_setting,
 )
 from drafter_lab.errors import LabError
 from drafter_lab.spec.ngram_config import NgramConfig
@@ -273,11 +271,11 @@ def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:
 
 def _journal(args, tokenizer, settings: dict):
     """A sweep's journal (`--json`'s `.partial`): its finished settings, kept until the JSON lands."""
-    from drafter_lab.data.chat import template_sha256
+    from drafter_lab.data.chat import rendered_with
     from drafter_lab.journal import Journal
 
     path = f"{args.json}.partial"
-    settings = {**settings, **template_setting(args.chat_template_kwargs), TEMPLATE_HASH: template_sha256(tokenizer)}
+    settings = {**settings, **rendered_with(tokenizer, args.chat_template_kwargs)}
     return Journal(path, template_as_recorded(Journal.settings_of(path), settings, path))
 
 

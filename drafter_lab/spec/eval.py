@@ -22,8 +22,7 @@ import time
 
 import torch
 
-from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
-from drafter_lab.data.chat import render, template_sha256
+from drafter_lab.data.chat import render, rendered_with
 from drafter_lab.errors import LabError
 from drafter_lab.progress import progress
 from drafter_lab.spec.accept import accept_summary
@@ -185,7 +184,7 @@ def evaluate(
             "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
             "drafting": "chain" if topk == 1 else "tree", "fused_draft_step": engine.fused,
             "drafter": drafter.cfg.describe() if ngram else "EAGLE-3",
-            **template_setting(template_kwargs), TEMPLATE_HASH: template_sha256(target.tokenizer),
+            **rendered_with(target.tokenizer, template_kwargs),
         },
         **host_draft,
         "target": target.describe(),

@@ -39,8 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
-from drafter_lab.data.chat import template_sha256
+from drafter_lab.data.chat import rendered_with
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json, request_text, stream_json
 from drafter_lab.progress import progress
@@ -357,7 +356,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, tem
             "temperature": cfg.temperature, "concurrency": cfg.concurrency, "request_rate": cfg.request_rate,
             "seed": cfg.seed,
             "drafting": None if topk is None else ("chain" if topk == 1 else "tree"),
-            **template_setting(template_kwargs), TEMPLATE_HASH: template_sha256(tokenizer),
+            **rendered_with(tokenizer, template_kwargs),
         },
     }
     if cfg.baseline_url is not None:

@@ -28,8 +28,7 @@ from drafter_lab.data.capture import (
     temperature_of,
     tokenize_conversations,
 )
-from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
-from drafter_lab.data.chat import template_sha256
+from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence, SequenceRef
 from drafter_lab.data.vocab import count_train_tokens
@@ -231,7 +230,7 @@ class Online:
         out = {"sha256": atomic.sha256_file(self.where), "max_length": c.max_length, "dtype": c.dtype,
                "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction,
                **({"token_exact": True} if c.token_exact else {}),  # absent otherwise: older runs still resume
-               **template_setting(c.chat_template_kwargs), TEMPLATE_HASH: template_sha256(self.target.tokenizer)}
+               **rendered_with(self.target.tokenizer, c.chat_template_kwargs)}
         return {**out, "val": self.held_out.identity()} if self.held_out else out
 
     def describe(self) -> dict:

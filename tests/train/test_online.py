@@ -73,7 +73,7 @@ def test_an_online_run_resumes_only_with_its_chat_template(peaked_llama, feature
     capsys.readouterr()
     train(cfg, peaked_llama, convs, tmp_path / "before", online=online, resume=True)
     assert "begun before the lab recorded chat templates" in " ".join(capsys.readouterr().err.split())
-    monkeypatch.setattr(sources, "template_sha256", lambda tokenizer: "edited")
+    monkeypatch.setattr(sources, "rendered_with", lambda tokenizer, kwargs: {"chat_template_sha256": "edited"})
     with pytest.raises(LabError, match="--resume with other training data"):
         train(cfg, peaked_llama, convs, tmp_path / "now", online=online, resume=True)
 

@@ -215,11 +215,11 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
         reprompted += theirs is not None
         try:
             ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids,
-                                            cfg.chat_template_kwargs)
+                                            cfg.chat_template_kwargs, conv.tools)
         except LabError as e:
             raise LabError(f"conversation {conv.id}: {e}", conversations_path) from None
         if not cfg.token_exact:  # token-exact, the sampled ids hold the thinking whatever the template shows
-            n, d = dropped_reasoning(target.tokenizer, conv.messages, cfg.chat_template_kwargs)
+            n, d = dropped_reasoning(target.tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools)
             thought, dropped = thought + n, dropped + d
         if not mask.any():  # the assistant text lies past max_length
             skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1

@@ -32,6 +32,12 @@ token-exact, the sampled ids (thinking and answer, as a server returns them) sta
 template wrote for the turn up to its end-of-turn token. Where the template leaves it out (earlier
 turns, or a template that never shows reasoning), `dropped_reasoning` counts it.
 
+Tool use (conversations.py): the conversation's `tools` go to every render, and an assistant turn's
+`tool_calls` are written by the template inside the turn (Qwen's `<tool_call>` tags), so they are
+masked and train like an answer; tool results are turns of their own, unmasked like user turns.
+Token-exact, a turn's sampled ids stand for all the template wrote for it, calls included; a turn
+of calls without ids (kept as recorded by regeneration) stays text and unmasked.
+
 Every render takes the template's extra variables (`template_kwargs`, the `chat_template_kwargs` of
 an SGLang or vLLM request): a hybrid thinking model served with `{"enable_thinking": false}` gets
 an empty think block at the end of its prompt (Qwen3), so the mask starts after it, as the tokens
@@ -50,14 +56,16 @@ from drafter_lab.errors import LabError
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
-           template_kwargs: dict | None = None) -> str:
+           template_kwargs: dict | None = None, tools: list[dict] | None = None) -> str:
     """The chat template's text; `template_kwargs` are its extra variables, as SGLang and vLLM take
-    them per request (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`)."""
+    them per request (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`); `tools` the
+    conversation's (the request's `tools`), which templates list in the system turn."""
     # Older transformers pass each message as it is; 5.x also fills `thinking` from `reasoning_content`.
     messages = [{"thinking": m["reasoning_content"], **m} if "reasoning_content" in m else m for m in messages]
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+            **(template_kwargs or {})
         )
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
         raise LabError(f"chat template rejects the conversation: {str(e).splitlines()[0][:200]}") from None
@@ -83,8 +91,8 @@ def special_token_ids(tokenizer) -> set[int]:
     return ids
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], text: str,
-                         template_kwargs: dict | None = None) -> list[tuple[int, int, bool, int]]:
+def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None = None,
+                         tools: list[dict] | None = None) -> list[tuple[int, int, bool, int]]:
     """Per assistant turn, (start of its text, end of its region, whether that end is the turn's own,
     where its end-of-turn token is looked for from) as character offsets in `text`."""
     spans = []
@@ -92,18 +100,18 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str,
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        head = render(tokenizer, messages[:i], True, template_kwargs) if i else None
+        head = render(tokenizer, messages[:i], True, template_kwargs, tools) if i else None
         if head is not None and text.startswith(head) and len(head) >= cursor:
             start = after = len(head)
         else:
             answer = m["content"].strip()
-            start = text.find(answer, cursor)
+            start = text.find(answer, cursor) if answer else -1  # a bare tool call has no text to look for
             if start < 0:
                 raise LabError(
                     f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
                 )
             after = start + len(answer)
-        upto = render(tokenizer, messages[: i + 1], False, template_kwargs)
+        upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
         if text.startswith(upto) and len(upto) > start:
             after = len(upto)
             spans.append((start, after, True, start))
@@ -133,12 +141,13 @@ def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
     return list(enc["input_ids"]), [at + a for a, _ in enc["offset_mapping"]]
 
 
-def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> tuple[int, int]:
+def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
+                      tools: list[dict] | None = None) -> tuple[int, int]:
     """(assistant turns with reasoning, those whose reasoning the chat template leaves out of the render)."""
     thought = [m["reasoning_content"].strip() for m in messages if "reasoning_content" in m]
     if not thought:
         return 0, 0
-    text = render(tokenizer, messages, False, template_kwargs)
+    text = render(tokenizer, messages, False, template_kwargs, tools)
     return len(thought), sum(r not in text for r in thought)
 
 
@@ -184,7 +193,8 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
     """Ids and starts of `text` with each assistant turn's text replaced by its `token_ids` (all
     starting at the turn's offset, so the span masks them), and which ids the target sampled. A
     trailing id in `end_ids` is the end token the sampling stopped at (a server returns it): the
-    template writes its own."""
+    template writes its own. A turn of tool calls without ids (regeneration keeps those as recorded:
+    the tool results answer them) stays text."""
     ids: list[int] = []
     starts: list[int] = []
     sampled: list[bool] = []
@@ -193,10 +203,12 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
     for i, span in zip(turns, spans):
         start = span[0]
         m = messages[i]
+        if "token_ids" not in m and "tool_calls" in m:
+            continue
         if "token_ids" not in m:
             raise LabError(f"assistant turn {i} has no token_ids: a token-exact capture needs the target's own "
                            "tokens (data prepare --regenerate, or data regenerate)")
-        if "reasoning_content" in m:  # thinking and answer, however the template wrote (or left out) the first
+        if "reasoning_content" in m or "tool_calls" in m:  # all the template wrote (or left out) for the turn
             end = _turn_end(tokenizer, text, span, end_ids, special)
         else:
             end = _answer_written(tokenizer, text, span, m["content"], end_ids, special)
@@ -215,13 +227,14 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
 
 
 def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_exact: bool = False,
-                        end_ids: frozenset[int] = frozenset(), template_kwargs: dict | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        end_ids: frozenset[int] = frozenset(), template_kwargs: dict | None = None,
+                        tools: list[dict] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
     `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`,
-    the tokens the target stops at, which also end a turn's mask); `template_kwargs` as `render`."""
-    text = render(tokenizer, messages, False, template_kwargs)
-    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs)
+    the tokens the target stops at, which also end a turn's mask), and tool calls the target did not
+    sample left unmasked; `template_kwargs` and `tools` as `render`."""
+    text = render(tokenizer, messages, False, template_kwargs, tools)
+    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools)
     special = special_token_ids(tokenizer)
     if token_exact:
         ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids, special)
@@ -229,7 +242,10 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         ids, starts = _tokenize(tokenizer, text)
         sampled = [False] * len(ids)
     mask = [False] * len(ids)
-    for start, stop, own, after in spans:
+    turns = [m for m in messages if m["role"] == "assistant"]
+    for m, (start, stop, own, after) in zip(turns, spans):
+        if token_exact and "token_ids" not in m:  # recorded tool calls (_spliced): not the target's tokens
+            continue
         first, last = bisect.bisect_left(starts, start), bisect.bisect_left(starts, stop)
         # Written by the template, not sampled by the target, from where the end-of-turn token may be.
         looked = [t for t in range(first, last) if not sampled[t] and starts[t] >= after]

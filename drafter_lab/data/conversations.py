@@ -19,6 +19,15 @@ reasoning datasets store it (`thinking` in GPT-OSS's): each name is read and kep
 `reasoning_content`, the name chat templates (Qwen3, Kimi-K2, DeepSeek) read, so the template renders
 it where the target would see it (chat.render also passes it as `thinking`, for harmony's).
 
+Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation may list the
+`tools` it offers (objects, or a JSON string of them as some datasets store it), an assistant turn may
+make `tool_calls` (its content then may be null), and a turn with role `tool` (`ipython`, Llama 3's
+name; `observation`, ShareGPT's) holds a result, with its `tool_call_id` and `name` where given. Each
+call is kept as a server hands it to the chat template: `{"type": "function", "function": {"name",
+"arguments"}}`, the arguments an object (a JSON string of them is parsed), so the template writes
+the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens train like the
+rest of the turn. The tool results never train: they are the tools' text, not the target's.
+
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
 (an error under `strict`).
@@ -45,27 +54,70 @@ ROLES = {
     "gpt": "assistant",
     "model": "assistant",
     "system": "system",
+    "tool": "tool",
+    "ipython": "tool",
+    "observation": "tool",
 }
 
 
 @dataclass
 class Conversation:
     """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; an
-    assistant turn may hold `reasoning_content`; a regenerated one also `token_ids`, `temperature` and,
-    made here, `target_fingerprint` and `rendered_with`)."""
+    assistant turn may hold `reasoning_content` and `tool_calls`; a regenerated one also `token_ids`,
+    `temperature` and, made here, `target_fingerprint` and `rendered_with`; a tool turn
+    `tool_call_id` and `name`)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)
+    tools: list[dict] | None = None
+    """The tools the conversation offers (the chat template's `tools`), None without any."""
 
     def assistant_turns(self) -> list[int]:
         return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
 
+    def record(self) -> dict:
+        """The conversation as a jsonl line holds it (`Conversation.of` reads it back)."""
+        return {"id": self.id, **({"tools": self.tools} if self.tools is not None else {}),
+                "conversations": self.messages}
 
-def content_id(messages: list[dict]) -> str:
-    # Reasoning joins a turn's entry only where there is some: ids of data without any stay as they were.
-    blob = json.dumps([[m["role"], m["content"], *([m["reasoning_content"]] if "reasoning_content" in m else [])]
-                       for m in messages], ensure_ascii=False)
+    @classmethod
+    def of(cls, record: dict) -> Conversation:
+        return cls(id=record["id"], messages=record["conversations"], tools=record.get("tools"))
+
+
+def content_id(messages: list[dict], tools: list[dict] | None = None) -> str:
+    # Reasoning, calls and tools join only where there are some: ids of data without any stay as they were.
+    blob = json.dumps([[m["role"], m["content"], *[m[k] for k in ("reasoning_content", "tool_calls") if k in m]]
+                       for m in messages] + ([tools] if tools is not None else []), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _json_or_same(value):
+    """`value` parsed, where a dataset stored a JSON document as a string; else `value`."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return None  # not JSON: the caller's shape check names it
+
+
+def _parse_tools(tools, where: str, path) -> list[dict]:
+    tools = _json_or_same(tools)
+    if not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise LabError(f"{where}: tools must be a list of objects (or a JSON string of one)", path)
+    return tools
+
+
+def parse_call(call, where: str, path) -> dict:
+    """A tool call in the form servers hand templates: {"type": "function", "function": {"name",
+    "arguments" (an object)}}, from that form or a bare {"name", "arguments"}."""
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    args = _json_or_same(fn.get("arguments", {})) if isinstance(fn, dict) else None
+    if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(args, dict)):
+        raise LabError(f"{where}: a tool call needs a name and arguments (an object, or a JSON string of one)", path)
+    out = {"type": "function", "function": {**fn, "arguments": args}}
+    return {"id": call["id"], **out} if isinstance(call.get("id"), str) else out
 
 
 def _parse_turn(turn, where: str, path) -> dict:
@@ -74,8 +126,9 @@ def _parse_turn(turn, where: str, path) -> dict:
     role = turn.get("role", turn.get("from"))
     content = turn.get("content", turn.get("value"))
     reasoning = next((turn[k] for k in REASONING_FIELDS if turn.get(k) is not None), None)
-    if content is None and reasoning is not None:
-        content = ""  # a server's answer cut off while it was still thinking
+    calls = turn.get("tool_calls") or None
+    if content is None and (reasoning is not None or calls is not None):
+        content = ""  # a call alone, or a server's answer cut off while it was still thinking
     if role is None or content is None:
         raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
     if str(role).lower() not in ROLES:
@@ -88,6 +141,12 @@ def _parse_turn(turn, where: str, path) -> dict:
             raise LabError(f"{where}: reasoning_content (or reasoning, thinking) must be text, on an assistant turn", path)
         if reasoning:
             out["reasoning_content"] = reasoning
+    if calls is not None:
+        if out["role"] != "assistant" or not isinstance(calls, list):
+            raise LabError(f"{where}: tool_calls must be a list, on an assistant turn", path)
+        out["tool_calls"] = [parse_call(c, where, path) for c in calls]
+    if out["role"] == "tool":
+        out.update({k: turn[k] for k in ("tool_call_id", "name") if isinstance(turn.get(k), str)})
     ids = turn.get("token_ids")
     if ids is not None:
         if not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
@@ -137,24 +196,24 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
         if not isinstance(turns, list):
             raise LabError(f"{where}: no `conversations` (or `messages`) list", path)
         messages = [_parse_turn(t, where, path) for t in turns]
+        tools = _parse_tools(obj["tools"], where, path) if obj.get("tools") is not None else None
         if not any(m["role"] == "assistant" for m in messages):
             if strict:
                 raise LabError(f"{where}: conversation has no assistant turn (--strict)", path)
             skipped["no_assistant_turn"] += 1
             continue
-        cid = str(obj["id"]) if obj.get("id") is not None else content_id(messages)
+        cid = str(obj["id"]) if obj.get("id") is not None else content_id(messages, tools)
         if cid in seen:
             skipped["duplicate_id"] += 1
             continue
         seen.add(cid)
-        convs.append(Conversation(id=cid, messages=messages))
+        convs.append(Conversation(id=cid, messages=messages, tools=tools))
     return convs, dict(skipped)
 
 
 def write_conversations(path, convs: list[Conversation]) -> None:
-    """Write SpecForge-style jsonl (`id` + `conversations` with role/content), atomically."""
-    lines = [
-        json.dumps({"id": c.id, "conversations": c.messages}, ensure_ascii=False) for c in convs
-    ]
+    """Write SpecForge-style jsonl (`id`, `tools` where there are some, `conversations` with
+    role/content), atomically."""
+    lines = [json.dumps(c.record(), ensure_ascii=False) for c in convs]
     with atomic.atomic_path(path) as tmp:
         tmp.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))

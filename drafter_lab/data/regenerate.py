@@ -11,14 +11,17 @@ template's hash and variables) beside its text, so that a capture can use the ta
 (`data prepare --token-exact`) and refuse another target's, or answers that followed other prompts
 than the capture's. A thinking model's answer
 holds its thinking as the model wrote it (`<think>...</think>` and the answer, which a thinking
-template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes. A journal (journal.py) records each batch
-as it finishes, so a killed run resumes.
+template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes. A turn that
+makes tool calls stays as recorded (`regenerated_turns`): the tool results after it answer those
+calls, and no tool runs here; the turns around it are the target's. A journal (journal.py) records
+each batch as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +31,12 @@ from drafter_lab.data.chat import render, rendered_with
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
+
+
+def regenerated_turns(conv: Conversation) -> list[int]:
+    """The assistant turns a regeneration writes anew: all but those making tool calls, which stay as
+    recorded, since the tool results after them answer those calls and no tool runs here."""
+    return [i for i in conv.assistant_turns() if "tool_calls" not in conv.messages[i]]
 
 
 def stop_token_ids(target) -> list[int]:
@@ -127,8 +136,8 @@ def regenerate(
     `show_progress=False` keeps tensor-parallel ranks other than 0 quiet.
     """
     gen_config = generation_config(target, temperature, max_new_tokens)
-    convs = [Conversation(id=c.id, messages=copy.deepcopy(c.messages)) for c in conversations]
-    turns = [c.assistant_turns() for c in convs]
+    convs = [replace(c, messages=copy.deepcopy(c.messages)) for c in conversations]
+    turns = [regenerated_turns(c) for c in convs]
     rounds = max((len(t) for t in turns), default=0)
     records = journal.records if journal is not None else []
     prompted = rendered_with(target.tokenizer, template_kwargs)
@@ -141,7 +150,7 @@ def regenerate(
         with maybe_progress("regenerate", sum(len(t) for t in turns), show_progress) as advance:
             for k in range(rounds):
                 jobs = [(c, t[k]) for c, t in zip(convs, turns) if len(t) > k]
-                prompts = [render(target.tokenizer, c.messages[:i], True, template_kwargs) for c, i in jobs]
+                prompts = [render(target.tokenizer, c.messages[:i], True, template_kwargs, c.tools) for c, i in jobs]
                 # Similar lengths together: less padding. Stable sort keeps the batches deterministic.
                 order = sorted(range(len(jobs)), key=lambda j: len(prompts[j]))
                 for b in range(0, len(order), batch_size):

@@ -12,20 +12,25 @@ returns the token ids it sampled, each answer keeps them (`token_ids`, as the se
 a token-exact capture. A server with a reasoning parser on returns a thinking model's thinking
 apart from its answer (SGLang `reasoning_content`, vLLM `reasoning`, the answer null when the
 thinking ran past `max_tokens`): the answer keeps it as `reasoning_content`, for the chat template
-to put back. Requests carry role and content only: every earlier answer precedes the last user
-turn, where thinking templates (Qwen3's, DeepSeek's) show no reasoning anyway.
+to put back. Requests carry role and content, and for tool use the conversation's `tools`, the
+calls (their arguments a JSON string, as the OpenAI API has them) and the results' ids; a turn that
+makes calls stays as recorded (regenerate.regenerated_turns), and an answer in which the server's
+tool parser found calls keeps them. Thinking is not sent: templates (Qwen3's, DeepSeek's) show it
+only after the last user turn, which no earlier answer of a plain chat is.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab.data.capture_config import template_setting
-from drafter_lab.data.conversations import REASONING_FIELDS, Conversation, write_conversations
-from drafter_lab.data.regenerate import SAMPLER
+from drafter_lab.data.conversations import REASONING_FIELDS, Conversation, parse_call, write_conversations
+from drafter_lab.data.regenerate import SAMPLER, regenerated_turns
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json
 from drafter_lab.journal import Journal
@@ -62,21 +67,23 @@ def _endpoint(cfg: ServerConfig) -> str:
     return cfg.url.rstrip("/") + "/v1/chat/completions"
 
 
-def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[dict, list[int] | None]:
-    """The server's answer to `messages` as a turn's fields (`content`, and `reasoning_content` when
-    the server parsed thinking out), and the token ids it sampled (None from a server that does not
-    return them); a failure that retries do not cure is a LabError naming the URL."""
+def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None = None) -> tuple[dict, list[int] | None]:
+    """The server's answer to `messages` (offering `tools`) as a turn's fields (`content`, and
+    `reasoning_content` or `tool_calls` when the server parsed those out), and the token ids it sampled
+    (None from a server that does not return them); a failure that retries do not cure is a LabError
+    naming the URL."""
     # return_token_ids: recent vLLM and SGLang answer with choices[0].token_ids, the end token they
     # stopped at included; servers without it ignore the field.
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
                "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN, "return_token_ids": True,
-               **template_setting(cfg.chat_template_kwargs)}
+               **template_setting(cfg.chat_template_kwargs), **({"tools": tools} if tools is not None else {})}
     answer = request_json(_endpoint(cfg), request, timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
         choice = answer["choices"][0]
         message = choice["message"]
         reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
-        text = message["content"] if message["content"] is not None or reasoning is None else ""
+        calls = message.get("tool_calls") or None
+        text = message["content"] if message["content"] is not None or (reasoning, calls) == (None, None) else ""
         if not isinstance(text, str) or not isinstance(reasoning, (str, type(None))):
             raise TypeError
     except (KeyError, IndexError, TypeError):
@@ -86,21 +93,33 @@ def ask(cfg: ServerConfig, messages: list[dict]) -> tuple[dict, list[int] | None
     if ids is not None and not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
         raise LabError(f"server answer's choices[0].token_ids is not a list of token ids: {str(ids)[:200]}",
                        _endpoint(cfg))
-    return {"content": text, **({"reasoning_content": reasoning} if reasoning else {})}, ids
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise LabError(f"server answer's choices[0].message.tool_calls is not a list: {str(calls)[:200]}",
+                           _endpoint(cfg))
+        calls = [parse_call(c, "server answer", _endpoint(cfg)) for c in calls]
+    return {"content": text, **({"reasoning_content": reasoning} if reasoning else {}),
+            **({"tool_calls": calls} if calls else {})}, ids
 
 
-def _text_only(messages: list[dict]) -> list[dict]:
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+SENT = ("role", "content", "tool_calls", "tool_call_id", "name")
+"""The fields of a turn a server is sent (thinking and the ids of an earlier regeneration are not)."""
+
+
+def _wire(messages: list[dict]) -> list[dict]:
+    """Turns as the OpenAI API writes them: the fields in SENT, a call's arguments a JSON string."""
+    def call(c: dict) -> dict:
+        return {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+    sent = [{k: m[k] for k in SENT if k in m} for m in messages]
+    return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if "tool_calls" in m else m for m in sent]
 
 
 def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
-    # A server is sent role and content only, and ids of an earlier regeneration go.
-    out = Conversation(id=conv.id, messages=_text_only(conv.messages))
-    for i in out.assistant_turns():
-        turn, ids = ask(cfg, _text_only(out.messages[:i]))
-        out.messages[i].update(turn)
-        if ids is not None:
-            out.messages[i].update(token_ids=ids, temperature=cfg.temperature)
+    out = Conversation(id=conv.id, messages=copy.deepcopy(conv.messages), tools=conv.tools)
+    for i in regenerated_turns(out):
+        turn, ids = ask(cfg, _wire(out.messages[:i]), out.tools)
+        sampled = {"token_ids": ids, "temperature": cfg.temperature} if ids is not None else {}
+        out.messages[i] = {"role": "assistant", **turn, **sampled}  # nothing of the old answer stays
     return out
 
 
@@ -120,7 +139,7 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     if cfg.model is None:
         cfg = replace(cfg, model=served_model(cfg.url, cfg.timeout_s, cfg.retries))
     journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source))
-    done = {r["id"]: Conversation(id=r["id"], messages=r["conversations"]) for r in journal.records}
+    done = {r["id"]: Conversation.of(r) for r in journal.records}
     todo = [c for c in conversations if c.id not in done]
     pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-regenerate")
     try:
@@ -128,7 +147,7 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
             advance(len(done))
             for future in as_completed([pool.submit(_regenerate_one, cfg, c) for c in todo]):
                 conv = future.result()
-                journal.append({"id": conv.id, "conversations": conv.messages})
+                journal.append(conv.record())
                 done[conv.id] = conv
                 advance(1)
     finally:

@@ -43,7 +43,7 @@ def render_prompts(tokenizer, conversations, where=None, template_kwargs: dict |
         head = conv.messages[: roles.index("assistant")] if "assistant" in roles else conv.messages
         if not any(m["role"] == "user" for m in head):
             raise LabError(f"conversation {conv.id} has no user turn before its first assistant turn", where)
-        text = render(tokenizer, head, True, template_kwargs)
+        text = render(tokenizer, head, True, template_kwargs, conv.tools)
         out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     if not out:
         raise LabError("no prompts to decode", where)

@@ -3,8 +3,8 @@ server in its own process, answering /v1/chat/completions through the lab's own 
 rendering and `generate`, one request at a time. As vLLM does, it answers only to the name it lists
 at /v1/models (the model's path); as vLLM and SGLang do, a sampling knob the request leaves unset
 comes from the model's generation_config.json, with `return_token_ids` the answer carries
-`token_ids`, the end token it stopped at included, and `chat_template_kwargs` go to the chat
-template. Each request is appended to LOG_FILE; the bound port is written to PORT_FILE once the
+`token_ids`, the end token it stopped at included, and `chat_template_kwargs` and `tools` go to the
+chat template, each call's arguments parsed from their JSON string first, as both servers do. Each request is appended to LOG_FILE; the bound port is written to PORT_FILE once the
 server listens. With REASONING_FIELD (SGLang's
 `reasoning_content`, vLLM's `reasoning`) it parses answers as a DeepSeek-R1 reasoning parser does
 (the prompt opened the thinking): the text up to `</think>` is the reasoning, the rest the answer,
@@ -42,6 +42,14 @@ def message(text: str) -> dict:
     return {"role": "assistant", REASONING: thought, "content": answer if closed else None}
 
 
+def parsed(m: dict) -> dict:
+    """A turn as templates read it: a call's arguments an object, not the API's JSON string."""
+    if "tool_calls" not in m:
+        return m
+    return {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                                for c in m["tool_calls"]]}
+
+
 def sampling(req: dict):
     gen = generation_config(target, req["temperature"], req["max_tokens"])
     for knob in KNOBS:
@@ -76,7 +84,8 @@ class Handler(BaseHTTPRequestHandler):
         if req.get("model") != NAME:  # as vLLM answers a name it does not serve
             self.send_error(404, f"the model {req.get('model')!r} does not exist")
             return
-        prompt = render(target.tokenizer, req["messages"], True, req.get("chat_template_kwargs"))
+        prompt = render(target.tokenizer, [parsed(m) for m in req["messages"]], True, req.get("chat_template_kwargs"),
+                        req.get("tools"))
         if req.get("frequency_penalty", 0) or req.get("presence_penalty", 0):
             self.send_error(400, "frequency and presence penalties are not served here")
             return

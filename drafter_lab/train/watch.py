@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drafter_lab.data.capture_config import TEMPLATE_HASH
 from drafter_lab.errors import LabError
 from drafter_lab.train.metrics_log import METRICS, RUN_FILE, read_metrics
 
@@ -203,21 +204,36 @@ SPLIT_OF = ("manifest_sha256", "sha256", "val_fraction", "max_length")
 """The identity keys that fix a run's val split: captured features (their manifest), or an online
 run's conversations file, its split and the length that decides which conversations it skips."""
 
+RENDERED_BY = (TEMPLATE_HASH, "chat_template_kwargs")
+"""How an online run renders its conversations, its validation set's too: one file rendered with
+another chat template, or other variables, is other text (captured features hold it in their manifest)."""
+
+
+def _differences(a: dict, b: dict, keys) -> str:
+    def shown(v):
+        return "none" if v is None else json.dumps(v) if isinstance(v, dict) else v
+    return ", ".join(f"{k} {shown(a.get(k))} vs {shown(b.get(k))}" for k in keys if a.get(k) != b.get(k))
+
 
 def unequal_validation(run_info: dict, base_info: dict) -> str | None:
     """Metrics compare only on one validation set: a note when one run validates on a set of its own
-    (`--val-data`) and the other on its data's val split, both on sets of their own that differ, or
-    both on the val splits of different data of one kind (two feature directories, two online files)."""
+    (`--val-data`) and the other on its data's val split, both on sets of their own that differ, both
+    on the val splits of different data of one kind (two feature directories, two online files, one
+    file split otherwise), or two online runs render their conversations otherwise."""
     a, b = (info.get("features", {}) for info in (run_info, base_info))
-    if "val" not in a and "val" not in b:
-        if all((k in a) == (k in b) for k in SPLIT_OF) and any(a.get(k) != b.get(k) for k in SPLIT_OF):
-            where = [f.get("dir", f.get("online")) for f in (a, b)]
-            return f"the runs validate on the val splits of different data ({where[0]} vs {where[1]}): their metrics do not compare"
-        return None
-    if a.get("val") == b.get("val"):
-        return None
-    where = [f.get("val_data", "its data's val split") for f in (a, b)]
-    return f"the runs validate on different sets ({where[0]} vs {where[1]}): their metrics do not compare"
+    if "val" in a or "val" in b:
+        if a.get("val") != b.get("val"):
+            where = [f.get("val_data", "its data's val split") for f in (a, b)]
+            return f"the runs validate on different sets ({where[0]} vs {where[1]}): their metrics do not compare"
+    elif all((k in a) == (k in b) for k in SPLIT_OF) and any(a.get(k) != b.get(k) for k in SPLIT_OF):
+        where = [f.get("dir", f.get("online")) for f in (a, b)]
+        what = f"{where[0]} vs {where[1]}" if where[0] != where[1] else f"{where[0]}: {_differences(a, b, SPLIT_OF)}"
+        return f"the runs validate on the val splits of different data ({what}): their metrics do not compare"
+    # Online runs name their template (captured ones, in their manifest); those from before 2026-12-02 do not.
+    if all(TEMPLATE_HASH in f for f in (a, b)) and any(a.get(k) != b.get(k) for k in RENDERED_BY):
+        return (f"the runs render their conversations otherwise ({_differences(a, b, RENDERED_BY)}): they validate "
+                "on other text, and their metrics do not compare")
+    return None
 
 
 def comparison_note(run_info: dict, base_info: dict, axis: str) -> str | None:

@@ -134,8 +134,27 @@ def test_runs_validated_on_other_sets_are_flagged():
     assert comparison_note(online, online, "step") is None
     resplit = {**online, "features": {**online["features"], "val_fraction": 0.2}}
     assert comparison_note(online, resplit, "step") == ("the runs validate on the val splits of different data "
-                                                        "(/c.jsonl vs /c.jsonl): their metrics do not compare")
+                                                        "(/c.jsonl: val_fraction 0.1 vs 0.2): their metrics do not compare")
     assert comparison_note(online, split, "step") is None  # online vs captured: the identities do not compare
+
+
+def test_online_runs_rendered_otherwise_are_flagged():
+    def online(**rendering):
+        return {"config": {"batch_size": 8}, "features": {"sha256": "ee", "val_fraction": 0.1, "online": "/c.jsonl",
+                                                          **rendering}}
+    qwen, edited = online(chat_template_sha256="aa"), online(chat_template_sha256="bb")
+    assert comparison_note(qwen, qwen, "step") is None
+    assert comparison_note(qwen, edited, "step") == (
+        "the runs render their conversations otherwise (chat_template_sha256 aa vs bb): they validate on other "
+        "text, and their metrics do not compare")
+    off = online(chat_template_sha256="aa", chat_template_kwargs={"enable_thinking": False})
+    assert comparison_note(off, qwen, "step") == (
+        "the runs render their conversations otherwise (chat_template_kwargs {\"enable_thinking\": false} vs none): "
+        "they validate on other text, and their metrics do not compare")
+    held = {k: {**v, "val": {"sha256": "ff"}, "val_data": "/v.jsonl"} if k == "features" else v for k, v in edited.items()}
+    assert comparison_note({**held, "features": {**held["features"], "chat_template_sha256": "aa"}}, held,
+                           "step").startswith("the runs render their conversations otherwise")  # a held-out file too
+    assert comparison_note(online(), edited, "step") is None  # a run from before templates were recorded
 
 
 def test_a_half_written_last_line_is_left_out(tmp_path):

@@ -22,7 +22,9 @@ it where the target would see it (chat.render also passes it as `thinking`, for 
 Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation may list the
 `tools` it offers (objects, or a JSON string of them as some datasets store it), an assistant turn may
 make `tool_calls` (its content then may be null), and a turn with role `tool` (`ipython`, Llama 3's
-name; `observation`, ShareGPT's) holds a result, with its `tool_call_id` and `name` where given. Each
+name; `observation`, ShareGPT's) holds a result, with its `tool_call_id` and `name` where given.
+ShareGPT writes a call as a turn of its own, `function_call`, its value the call (or a list of
+calls) as JSON: it is read as an assistant turn making those calls. Each
 call is kept as a server hands it to the chat template: `{"type": "function", "function": {"name",
 "arguments"}}`, the arguments an object (a JSON string of them is parsed), so the template writes
 the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens train like the
@@ -125,6 +127,10 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: a turn is {type(turn).__name__}, not an object", path)
     role = turn.get("role", turn.get("from"))
     content = turn.get("content", turn.get("value"))
+    if str(role).lower() == "function_call":  # ShareGPT's call turn: the value is the call, or a list of them, as JSON
+        calls = _json_or_same(content)
+        turn = {"role": "assistant", "content": "", "tool_calls": calls if isinstance(calls, list) else [calls]}
+        role, content = "assistant", ""
     reasoning = next((turn[k] for k in REASONING_FIELDS if turn.get(k) is not None), None)
     calls = turn.get("tool_calls") or None
     if content is None and (reasoning is not None or calls is not None):

@@ -80,19 +80,26 @@ def masked(tok, ids, mask) -> list[str]:
 
 
 def test_tool_use_reads_in_the_shape_servers_hand_templates(tmp_path):
-    bare = {"from": "gpt", "value": "", "tool_calls": [{"name": "stat", "arguments": {"path": "a.py"}}]}
-    rows = [row(), {"conversations": [{"from": "human", "value": "Size of a.py?"}, bare,
-                                      {"from": "observation", "value": "12"}, {"role": "ipython", "content": "13"},
-                                      {"from": "gpt", "value": "12 bytes."}]}]
-    (conv, sharegpt), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", rows))
+    one = {"from": "function_call", "value": json.dumps({"name": "stat", "arguments": {"path": "a.py"}})}
+    both = [{"name": "stat", "arguments": {"path": "a.py"}}, {"name": "stat", "arguments": {"path": "b.py"}}]
+    sharegpt = {"conversations": [{"from": "human", "value": "Sizes of a.py and b.py?"},
+                                  {"from": "function_call", "value": json.dumps(both)},
+                                  {"from": "observation", "value": "12"}, {"from": "observation", "value": "13"},
+                                  {"from": "gpt", "value": "12 and 13 bytes."}]}
+    rows = [row(), sharegpt, {"messages": [{"role": "user", "content": "Size of a.py?"}, one,
+                                           {"role": "ipython", "content": "12"}, {"role": "assistant", "content": "12."}]}]
+    (conv, parallel, llama), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", rows))
     assert conv.tools == TOOLS
     assert conv.messages[2] == {"role": "assistant", "content": "", "tool_calls": [CALL]}  # arguments parsed
     assert conv.messages[3] == {"role": "tool", "content": "2048", "tool_call_id": "c1"}
-    assert sharegpt.tools is None
-    assert sharegpt.messages[1]["tool_calls"] == [{"type": "function", "function": {"name": "stat", "arguments": {"path": "a.py"}}}]
-    assert [m["role"] for m in sharegpt.messages] == ["user", "assistant", "tool", "tool", "assistant"]
-    write_conversations(tmp_path / "again.jsonl", [conv, sharegpt])
-    assert read_conversations(tmp_path / "again.jsonl")[0] == [conv, sharegpt]
+    assert parallel.tools is None and llama.tools is None
+    assert parallel.messages[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": c} for c in both]}
+    assert [m["role"] for m in parallel.messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert llama.messages[1]["tool_calls"] == [{"type": "function", "function": both[0]}]
+    assert llama.messages[2] == {"role": "tool", "content": "12"}
+    write_conversations(tmp_path / "again.jsonl", [conv, parallel, llama])
+    assert read_conversations(tmp_path / "again.jsonl")[0] == [conv, parallel, llama]
 
 
 def test_content_ids_take_calls_and_tools_and_stay_put_without(tmp_path):
@@ -111,9 +118,11 @@ def test_content_ids_take_calls_and_tools_and_stay_put_without(tmp_path):
     ({"role": "assistant", "content": "", "tool_calls": [{"arguments": {}}]}, None, "a tool call needs a name"),
     ({"role": "assistant", "content": "", "tool_calls": [{"name": "stat", "arguments": "{path"}]}, None,
      "a tool call needs a name and arguments"),
+    ({"from": "function_call", "value": "stat(a.py)"}, None, "a tool call needs a name and arguments"),
     ({"role": "assistant", "content": "x"}, "[not json", "tools must be a list of objects"),
     ({"role": "assistant", "content": "x"}, {"name": "stat"}, "tools must be a list of objects"),
-], ids=["calls-on-a-user-turn", "no-name", "arguments-not-json", "tools-not-json", "tools-not-a-list"])
+], ids=["calls-on-a-user-turn", "no-name", "arguments-not-json", "sharegpt-call-not-json", "tools-not-json",
+        "tools-not-a-list"])
 def test_bad_tool_use_is_one_line_naming_file_and_line(tmp_path, turn, tools, says):
     path = write_jsonl(tmp_path / "c.jsonl", [row(), {"messages": [{"role": "user", "content": "q"}, turn],
                                                       **({"tools": tools} if tools is not None else {})}])

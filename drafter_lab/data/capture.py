@@ -42,7 +42,7 @@ from drafter_lab.data.capture_config import (
     CaptureConfig,
     template_as_recorded,
 )
-from drafter_lab.data.chat import dropped_reasoning, encode_conversation, rendered_with
+from drafter_lab.data.chat import dropped_calls, dropped_reasoning, encode_conversation, rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
@@ -193,13 +193,15 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
     others are counted in `skipped`. Answers another target sampled (a regeneration by the previous
     model version, say), or sampled after prompts rendered otherwise than here (another chat template,
     other variables), are an error token-exact and a note on `main` otherwise; so is reasoning the
-    chat template leaves out (a note: those turns train on their answers alone)."""
+    chat template leaves out (a note: those turns train on their answers alone), and tool calls it
+    does not write (a note: a template without tool support)."""
     items = []
     end_ids = frozenset(stop_token_ids(target))
     mine = target.fingerprint
     foreign: dict[str, str] = {}  # conversation id -> the other target that sampled its answers
     ours, reprompted = rendered_with(target.tokenizer, cfg.chat_template_kwargs), 0
     thought = dropped = 0  # assistant turns with reasoning, and those the template leaves it out of
+    calling = uncalled = 0  # assistant turns making tool calls, and those the template does not write
     for conv in convs:
         other = {m.get("target_fingerprint", mine) for m in conv.messages} - {mine}
         if other and cfg.token_exact:
@@ -221,6 +223,8 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
         if not cfg.token_exact:  # token-exact, the sampled ids hold the thinking whatever the template shows
             n, d = dropped_reasoning(target.tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools)
             thought, dropped = thought + n, dropped + d
+        n, d = dropped_calls(target.tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools)
+        calling, uncalled = calling + n, uncalled + d
         if not mask.any():  # the assistant text lies past max_length
             skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
             continue
@@ -235,6 +239,10 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
     if dropped and main:
         log(f"{conversations_path}: the chat template leaves out the reasoning of {dropped} of {thought} assistant "
             "turns that carry it (as it shows the target earlier turns, or never): they train on their answers alone")
+    if uncalled and main:
+        log(f"{conversations_path}: the chat template writes none of the tool calls of {uncalled} of {calling} "
+            "assistant turns that make them (it has no tool support; the lab's default ChatML has none): they "
+            "train without them, and the turns after them read as if no tool was called")
     return items
 
 

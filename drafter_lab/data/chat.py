@@ -151,6 +151,18 @@ def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | N
     return len(thought), sum(r not in text for r in thought)
 
 
+def dropped_calls(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
+                  tools: list[dict] | None = None) -> tuple[int, int]:
+    """(assistant turns making tool calls, those the chat template does not write: a template without
+    tool support renders the conversation alike with the calls and without them)."""
+    calling = sum("tool_calls" in m for m in messages)
+    if not calling:
+        return 0, 0
+    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
+    same = render(tokenizer, messages, False, template_kwargs, tools) == render(tokenizer, bare, False, template_kwargs, tools)
+    return calling, calling if same else 0
+
+
 def _closer(ids: list[int], own: bool, end_ids: frozenset[int], special: set[int]) -> int | None:
     """Index in `ids` (a turn's region as the template wrote it, from where its end-of-turn token may
     be) of that token: in the turn's own render, the first token the target stops at, else its last

@@ -16,7 +16,7 @@ from test_data_regenerate_server import requests, serving
 
 from drafter_lab.data import regenerate as regenerate_module
 from drafter_lab.data import regenerate_server
-from drafter_lab.data.chat import encode_conversation, render
+from drafter_lab.data.chat import dropped_calls, encode_conversation, render
 from drafter_lab.data.conversations import content_id, read_conversations, write_conversations
 from drafter_lab.data.regenerate import generate_texts, generation_config, regenerate
 from drafter_lab.data.shards import FeatureSet
@@ -249,3 +249,13 @@ def test_calls_a_servers_tool_parser_found_are_kept(monkeypatch, calls, says):
     with pytest.raises(LabError, match=says) as e:
         regenerate_server.ask(cfg, [{"role": "user", "content": "q"}], TOOLS)
     assert "http://127.0.0.1:1/v1/chat/completions" in str(e.value)
+
+
+def test_a_template_without_tool_support_is_noted(random_llama, hermes_llama, tmp_path, capsys):
+    convs = write_jsonl(tmp_path / "c.jsonl", [row(), row("tools-1", "noxfile.py")])
+    for model, noted in ((hermes_llama, False), (random_llama, True)):  # the random Llama's is the lab's ChatML
+        assert run_cli("data", "prepare", "--target", model, "--conversations", convs, "--out", tmp_path / f"{noted}",
+                       "--val-fraction", "0") == 0
+        err = " ".join(capsys.readouterr().err.split())
+        assert ("the chat template writes none of the tool calls of 2 of 2 assistant turns that make them" in err) == noted
+    assert dropped_calls(load_tokenizer(random_llama), read_conversations(convs)[0][0].messages) == (1, 1)

@@ -13,10 +13,12 @@ a token-exact capture. A server with a reasoning parser on returns a thinking mo
 apart from its answer (SGLang `reasoning_content`, vLLM `reasoning`, the answer null when the
 thinking ran past `max_tokens`): the answer keeps it as `reasoning_content`, for the chat template
 to put back. Requests carry role and content, and for tool use the conversation's `tools`, the
-calls (their arguments a JSON string, as the OpenAI API has them) and the results' ids; a turn that
-makes calls stays as recorded (regenerate.regenerated_turns), and an answer in which the server's
-tool parser found calls keeps them. Thinking is not sent: templates (Qwen3's, DeepSeek's) show it
-only after the last user turn, which no earlier answer of a plain chat is.
+calls (their arguments a JSON string, as the OpenAI API has them) with the thinking that led to
+them (`reasoning_content`, as interleaved-thinking clients send it back: templates such as Qwen3's
+show it for the turns after the last user turn, which a tool loop's are) and the results' ids; a
+turn that makes calls stays as recorded (regenerate.regenerated_turns), and an answer in which the
+server's tool parser found calls keeps them. Other answers are sent without their thinking: in a
+plain chat each precedes the last user turn, where those templates show none.
 """
 
 from __future__ import annotations
@@ -103,15 +105,22 @@ def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None = None
 
 
 SENT = ("role", "content", "tool_calls", "tool_call_id", "name")
-"""The fields of a turn a server is sent (thinking and the ids of an earlier regeneration are not)."""
+"""The fields of a turn a server is sent, besides a calling turn's thinking (never the ids of an
+earlier regeneration)."""
 
 
 def _wire(messages: list[dict]) -> list[dict]:
-    """Turns as the OpenAI API writes them: the fields in SENT, a call's arguments a JSON string."""
+    """Turns as the OpenAI API writes them: the fields in SENT, a call's arguments a JSON string, and
+    the thinking of a turn making calls."""
     def call(c: dict) -> dict:
         return {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
-    sent = [{k: m[k] for k in SENT if k in m} for m in messages]
-    return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if "tool_calls" in m else m for m in sent]
+
+    def turn(m: dict) -> dict:
+        if "tool_calls" not in m:
+            return {k: m[k] for k in SENT if k in m}
+        thought = {"reasoning_content": m["reasoning_content"]} if "reasoning_content" in m else {}
+        return {**{k: m[k] for k in SENT if k in m}, "tool_calls": [call(c) for c in m["tool_calls"]], **thought}
+    return [turn(m) for m in messages]
 
 
 def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:

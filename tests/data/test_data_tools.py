@@ -24,15 +24,17 @@ from drafter_lab.errors import LabError
 from drafter_lab.spec.eval import render_prompts
 from drafter_lab.targets.hf import load_target, load_tokenizer
 
-# In the manner of Qwen2.5's (Hermes) template: tools listed in the system turn, calls in
-# <tool_call> tags inside the assistant turn, results as a user turn in <tool_response> tags.
+# In the manner of Qwen3's (Hermes) template: tools listed in the system turn, thinking in a <think>
+# block and calls in <tool_call> tags inside the assistant turn, results as a user turn in
+# <tool_response> tags.
 HERMES = (
     "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n"
     "{% endif %}# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools><|im_end|>\n"
     "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'user' %}<|im_start|>user\n{{ m['content'] }}<|im_end|>\n"
-    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant\n{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% if m['reasoning_content'] %}<think>\n{{ m['reasoning_content'] }}\n</think>\n{% endif %}{{ m['content'] }}"
     "{% for c in m['tool_calls'] or [] %}{% if m['content'] or not loop.first %}\n{% endif %}"
     "<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": {{ c['function']['arguments'] | tojson }}}"
     "\n</tool_call>{% endfor %}<|im_end|>\n"
@@ -45,13 +47,14 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "stat", "arguments"
 ANSWER = "It is 2 KB."
 
 
-def row(cid: str = "tools-0", path: str = "setup.py") -> dict:
+def row(cid: str = "tools-0", path: str = "setup.py", thought: str | None = None) -> dict:
     """A conversation as the OpenAI API writes one: tools as a JSON string (as some datasets store
-    them), a call with its arguments as a JSON string and no content, its result."""
+    them), a call with its arguments as a JSON string and no content (with the thinking before it),
+    its result."""
     call = {**CALL, "function": {"name": "stat", "arguments": json.dumps({"path": path})}}
     return {"id": cid, "tools": json.dumps(TOOLS), "messages": [
         {"role": "system", "content": "You read files."}, {"role": "user", "content": f"How big is {path}?"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": None, "tool_calls": [call], **({"reasoning_content": thought} if thought else {})},
         {"role": "tool", "tool_call_id": "c1", "content": "2048"}, {"role": "assistant", "content": ANSWER}]}
 
 
@@ -189,7 +192,7 @@ def test_local_regeneration_keeps_calls_and_answers_after_their_results(hermes_l
 
 
 def test_server_regeneration_sends_tools_and_calls_and_resumes(hermes_llama, tmp_path, monkeypatch):
-    convs = write_jsonl(tmp_path / "c.jsonl", [row(), row("tools-1", "noxfile.py")])
+    convs = write_jsonl(tmp_path / "c.jsonl", [row(thought="Stat it."), row("tools-1", "noxfile.py")])
     gen = ("--max-new-tokens", "6", "--seed", "0")
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "local.jsonl",
                    "--target", hermes_llama, *gen) == 0
@@ -212,8 +215,9 @@ def test_server_regeneration_sends_tools_and_calls_and_resumes(hermes_llama, tmp
     for r in sent:
         path = r["messages"][1]["content"].removeprefix("How big is ").removesuffix("?")
         assert r["tools"] == TOOLS
+        thought = {"reasoning_content": "Stat it."} if path == "setup.py" else {}  # as interleaved thinking sends it
         assert r["messages"][2] == {"role": "assistant", "content": "", "tool_calls": [  # as the OpenAI API has it
-            {**CALL, "function": {"name": "stat", "arguments": json.dumps({"path": path})}}]}
+            {**CALL, "function": {"name": "stat", "arguments": json.dumps({"path": path})}}], **thought}
         assert r["messages"][3] == {"role": "tool", "content": "2048", "tool_call_id": "c1"}
     local = [json.loads(line) for line in (tmp_path / "local.jsonl").read_text().splitlines()]
     served = [json.loads(line) for line in lines]

@@ -49,6 +49,9 @@ from drafter_lab.errors import LabError
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 """Where a turn's thinking may be: SGLang's name (and the templates'), vLLM's, GPT-OSS datasets'."""
 
+SAMPLING_FIELDS = ("token_ids", "temperature", "target_fingerprint", "rendered_with")
+"""What a regenerated answer keeps about how it was sampled: the lab's, not a chat template's."""
+
 ROLES = {
     "user": "user",
     "human": "user",

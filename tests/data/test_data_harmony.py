@@ -103,3 +103,41 @@ def test_token_exact_an_earlier_turn_is_its_sampled_channels_then_end(harmony):
     close = harmony.convert_tokens_to_ids("<|end|>")
     assert [ids[a:b].tolist() for a, b in spans(mask)] == [[*sampled, close], [*later, end]]
     assert harmony.decode(ids).count(ANSWER) == 1
+
+
+@pytest.mark.parametrize("reply", ["Thanks", "a"], ids=["quoted-in-the-answer", "in-the-header"])
+def test_an_earlier_turn_ends_where_the_next_message_begins_not_where_its_text_first_appears(harmony, reply):
+    """A short next message ("Thanks", "a") is found inside the answer before it, or inside the
+    template's own header: the turn is bounded by where the next message is written, not by the first
+    place its text appears (until 2026-12-02 the mask was the one `<|channel|>` token again)."""
+    answer = "It joins path parts. Thanks for asking, a fine question."
+    chat = [*ASKED, {"role": "assistant", "content": answer}, {"role": "user", "content": reply}, LATER[1]]
+    ids, mask = encode_conversation(harmony, chat, max_length=10_000, end_ids=returns(harmony))
+    assert [harmony.decode(ids[a:b]) for a, b in spans(mask)][0] == f"<|channel|>final<|message|>{answer}<|end|>"
+    (end,) = returns(harmony)
+    sampled = word_by_word(harmony, f"<|channel|>final<|message|>{answer}")
+    later = word_by_word(harmony, "<|channel|>final<|message|>It returns (head, tail).")
+    chat[2] = {**chat[2], "token_ids": [*sampled, end]}
+    chat[4] = {"role": "assistant", "content": LATER[1]["content"], "token_ids": [*later, end]}
+    ids, mask = encode_conversation(harmony, chat, max_length=10_000, token_exact=True, end_ids=returns(harmony))
+    assert ids[slice(*spans(mask)[0])].tolist() == [*sampled, harmony.convert_tokens_to_ids("<|end|>")]
+
+
+def test_sampling_records_do_not_reach_the_template(harmony, monkeypatch):
+    seen = []
+    real = harmony.apply_chat_template
+    monkeypatch.setattr(harmony, "apply_chat_template", lambda messages, **kw: seen.append(messages) or real(messages, **kw))
+    turn = {"role": "assistant", "content": ANSWER, "token_ids": [1, 2], "temperature": 1.0,
+            "target_fingerprint": "ab", "rendered_with": {"chat_template_sha256": "cd"}}
+    render(harmony, [*ASKED, turn])
+    assert seen[0][-1] == {"role": "assistant", "content": ANSWER}
+
+
+def test_a_template_writing_the_next_message_twice_falls_back_to_the_whole_text(harmony):
+    """Message 3's text also heads the render: the marked render differs from the real one by more
+    than the replacement, so the turn is not bounded by the first marker (the header)."""
+    harmony.chat_template = "{% if messages | length > 3 %}{{ messages[3]['content'] }}|{% endif %}" + HARMONY
+    chat = [*ASKED, {"role": "assistant", "content": ANSWER}, *LATER]
+    ids, mask = encode_conversation(harmony, chat, max_length=10_000, end_ids=returns(harmony))
+    # No render is a prefix of another here: the turn starts at its answer's text (chat.py's fallback).
+    assert [harmony.decode(ids[a:b]) for a, b in spans(mask)][0] == f"{ANSWER}<|end|>"

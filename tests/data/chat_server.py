@@ -4,11 +4,12 @@ rendering and `generate`, one request at a time. As vLLM does, it answers only t
 at /v1/models (the model's path); as vLLM and SGLang do, a sampling knob the request leaves unset
 comes from the model's generation_config.json, with `return_token_ids` the answer carries
 `token_ids`, the end token it stopped at included, and `chat_template_kwargs` and `tools` go to the
-chat template, each call's arguments parsed from their JSON string first, as both servers do. Each request is appended to LOG_FILE; the bound port is written to PORT_FILE once the
-server listens. With REASONING_FIELD (SGLang's
-`reasoning_content`, vLLM's `reasoning`) it parses answers as a DeepSeek-R1 reasoning parser does
-(the prompt opened the thinking): the text up to `</think>` is the reasoning, the rest the answer,
-and an answer that never closed its thinking is all reasoning, its content null.
+chat template, each call's arguments parsed from their JSON string first, as both servers do. Each
+request is appended to LOG_FILE; the bound port is written to PORT_FILE once the server listens.
+With REASONING_FIELD (SGLang's `reasoning_content`, vLLM's `reasoning`) it parses answers as a
+DeepSeek-R1 reasoning parser does (the prompt opened the thinking): the text up to `</think>` is the
+reasoning, the rest the answer, and an answer that never closed its thinking is all reasoning, its
+content null.
 
     python chat_server.py MODEL_DIR PORT_FILE LOG_FILE [REASONING_FIELD]
 """

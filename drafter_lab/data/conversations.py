@@ -30,6 +30,9 @@ call is kept as a server hands it to the chat template: `{"type": "function", "f
 the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens train like the
 rest of the turn. The tool results never train: they are the tools' text, not the target's.
 
+A turn's content may also be the OpenAI API's list of content parts, all of type "text": they are
+joined with newlines, as vLLM joins them for a template that takes text.
+
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
 (an error under `strict`).
@@ -125,6 +128,20 @@ def parse_call(call, where: str, path) -> dict:
     return {"id": call["id"], **out} if isinstance(call.get("id"), str) else out
 
 
+def _text_of(content, where: str, path) -> str:
+    """A turn's text: a string, or the OpenAI API's list of content parts, all text, joined with
+    newlines as vLLM joins them for a chat template that takes text."""
+    if isinstance(content, list):
+        texts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") == "text"]
+        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
+            return "\n".join(texts)
+        raise LabError(f'{where}: turn content parts must all be {{"type": "text", "text": ...}} (a drafter '
+                       "of text reads no images or audio)", path)
+    if not isinstance(content, str):
+        raise LabError(f"{where}: turn content is {type(content).__name__}, not text", path)
+    return content
+
+
 def _parse_turn(turn, where: str, path) -> dict:
     if not isinstance(turn, dict):
         raise LabError(f"{where}: a turn is {type(turn).__name__}, not an object", path)
@@ -142,8 +159,7 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
     if str(role).lower() not in ROLES:
         raise LabError(f"{where}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})", path)
-    if not isinstance(content, str):
-        raise LabError(f"{where}: turn content is {type(content).__name__}, not text", path)
+    content = _text_of(content, where, path)
     out = {"role": ROLES[str(role).lower()], "content": content}
     if reasoning is not None:
         if out["role"] != "assistant" or not isinstance(reasoning, str):

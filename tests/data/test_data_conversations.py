@@ -69,6 +69,11 @@ def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
          "line 3: reasoning_content (or reasoning, thinking) must be text, on an assistant turn"),
         ('{"conversations": [{"role": "user", "content": "x", "reasoning": "hm"}]}',
          "line 3: reasoning_content (or reasoning, thinking) must be text, on an assistant turn"),
+        ('{"conversations": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "a.png"}}]}]}',
+         'line 3: turn content parts must all be {"type": "text", "text": ...}'),
+        ('{"conversations": [{"role": "user", "content": [{"type": "text"}]}]}',
+         'line 3: turn content parts must all be {"type": "text", "text": ...}'),
+        ('{"conversations": [{"role": "user", "content": 7}]}', "line 3: turn content is int, not text"),
     ],
 )
 def test_bad_line_names_file_and_line(tmp_path, bad, message):
@@ -83,3 +88,10 @@ def test_bad_line_names_file_and_line(tmp_path, bad, message):
 def test_missing_file(tmp_path):
     with pytest.raises(LabError, match="conversations file not found"):
         read_conversations(tmp_path / "nope.jsonl")
+
+
+def test_text_content_parts_join_with_newlines(tmp_path):
+    parts = [{"type": "text", "text": "Read this:"}, {"type": "text", "text": "import os"}]
+    row = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": [{"type": "text", "text": "OK."}]}]}
+    (conv,), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [row]))
+    assert conv.messages == [{"role": "user", "content": "Read this:\nimport os"}, {"role": "assistant", "content": "OK."}]

@@ -240,9 +240,10 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
         log(f"{conversations_path}: the chat template leaves out the reasoning of {dropped} of {thought} assistant "
             "turns that carry it (as it shows the target earlier turns, or never): they train on their answers alone")
     if uncalled and main:
-        log(f"{conversations_path}: the chat template writes none of the tool calls of {uncalled} of {calling} "
-            "assistant turns that make them (it has no tool support; the lab's default ChatML has none): they "
-            "train without them, and the turns after them read as if no tool was called")
+        log(f"{conversations_path}: the chat template leaves out tool calls of {uncalled} of {calling} assistant "
+            "turns that make them (one without tool support writes none, the lab's default ChatML among them; "
+            "GPT-OSS's writes a turn's first call alone): they train without those calls, and the turns after "
+            "them read as if those tools were not called")
     return items
 
 

@@ -8,12 +8,14 @@ and including the turn's end-of-turn token (`<|im_end|>`, `<|eot_id|>`, `<end_of
 which the drafter must learn to propose too: within the turn's own render, the first of the tokens
 the target stops at, else the last special token the template wrote for the turn, so special
 tokens inside it (a `<think>` some tokenizers mark special, harmony's channels) are masked like the
-rest. Role headers, user and system turns stay unmasked. Templates that rewrite earlier turns (not
-prefix-stable) fall back to finding the assistant text itself in the render, and a turn the template
-writes otherwise once later turns follow (Qwen3 drops its thinking, harmony closes it with `<|end|>`
-where its own render has `<|return|>`) ends at the first special token after its answer, both
-looked for before the next message's text (located by rendering with that text replaced by a
-marker), else at its first special token.
+rest. Role headers, user and system turns stay unmasked. Where the render of the turns before one is
+not a prefix of the whole (GPT-OSS writes a tool call's analysis until a final answer follows), the
+turn starts past the message before it (located by rendering with that message's text replaced by
+a marker) and what that render writes after it; else the assistant text itself is looked for. A
+turn the template writes otherwise once later turns follow (Qwen3 drops its thinking, harmony
+closes it with `<|end|>` where its own render has `<|return|>`) runs up to the next message's text
+(located likewise) and ends at the first token the target stops at there (GPT-OSS's `<|call|>`),
+else at the first special token after its answer.
 
 Token-exact (`token_exact`): each assistant turn's text is replaced by the tokens the target
 sampled (`token_ids`, kept by regeneration, locally or through a server that returns them) and the
@@ -48,6 +50,7 @@ the server samples do.
 from __future__ import annotations
 
 import bisect
+from typing import NamedTuple
 
 import torch
 
@@ -96,18 +99,35 @@ def special_token_ids(tokenizer) -> set[int]:
     return ids
 
 
+class Span(NamedTuple):
+    """Where an assistant turn lies in a conversation's render, as character offsets."""
+
+    start: int
+    """Where the turn's text begins (after the generation prompt)."""
+    stop: int
+    """The end of its region: its own render's end, else where the next message's text begins."""
+    own: bool
+    """`stop` is the end of the turn's own render (the template writes it alike once later turns follow)."""
+    after: int
+    """Where its end-of-turn token is looked for from (past its answer, where that is found)."""
+    bounded: bool
+    """The region holds no later turn's text, so a token the target stops at in it is the turn's own."""
+
+
 def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None = None,
-                         tools: list[dict] | None = None) -> list[tuple[int, int, bool, int]]:
-    """Per assistant turn, (start of its text, end of its region, whether that end is the turn's own,
-    where its end-of-turn token is looked for from) as character offsets in `text`."""
+                         tools: list[dict] | None = None) -> list[Span]:
+    """Per assistant turn, its `Span` in `text`."""
     spans = []
     cursor = 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         head = render(tokenizer, messages[:i], True, template_kwargs, tools) if i else None
-        if head is not None and text.startswith(head) and len(head) >= cursor:
-            start = after = len(head)
+        start = None
+        if head is not None:
+            start = len(head) if text.startswith(head) else _turn_start(tokenizer, messages, i, text, template_kwargs, tools)
+        if start is not None and start >= cursor:
+            after = start
         else:
             answer = m["content"].strip()
             start = text.find(answer, cursor) if answer else -1  # a bare tool call has no text to look for
@@ -119,10 +139,11 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kw
         upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
         if text.startswith(upto) and len(upto) > start:
             after = len(upto)
-            spans.append((start, after, True, start))
+            spans.append(Span(start, after, True, start, True))
         else:  # written otherwise once later turns follow: the end-of-turn token alone closes the span
-            bound = _message_at(tokenizer, messages, i + 1, text, template_kwargs, tools)
-            spans.append((start, bound, False, _answer_end(text, m, start, bound)))
+            nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools) if i + 1 < len(messages) else None
+            bound = len(text) if nxt is None else nxt[0]
+            spans.append(Span(start, bound, False, _answer_end(text, m, start, bound), nxt is not None))
         cursor = after
     return spans
 
@@ -132,19 +153,32 @@ MARK = "\ue000\ue001"
 template writes)."""
 
 
-def _message_at(tokenizer, messages: list[dict], j: int, text: str, template_kwargs: dict | None,
-                tools: list[dict] | None) -> int:
-    """Where message j's text begins in `text`, the conversation's render: where MARK is in the render
-    with that text replaced by it, if that render is `text` with this one replacement; else (a
-    template that writes the text twice, or otherwise, or no message j) len(text). Looking for the
-    text itself would stop at a short next message ("Thanks") that the answer before it contains."""
-    if j >= len(messages):
-        return len(text)
-    content = messages[j]["content"]
+def _located(tokenizer, messages: list[dict], j: int, text: str, template_kwargs: dict | None,
+             tools: list[dict] | None) -> tuple[int, int] | None:
+    """(Where message j's text begins in `text`, the conversation's render, its length there): from the
+    render with that text replaced by MARK, if that render is `text` with this one replacement (the
+    length is the difference, so text the template escapes, as GPT-OSS's `tojson` does tool results,
+    is placed too); None for a template that writes it twice, or otherwise. Looking for the text itself
+    would stop at a short message ("Thanks") that an answer before it contains."""
     marked = render(tokenizer, [*messages[:j], {**messages[j], "content": MARK}, *messages[j + 1:]], False,
                     template_kwargs, tools)
-    at = marked.find(MARK)
-    return at if at >= 0 and marked == text[:at] + MARK + text[at + len(content):] else len(text)
+    at, n = marked.find(MARK), len(text) - len(marked) + len(MARK)
+    return (at, n) if at >= 0 and marked[:at] == text[:at] and marked[at + len(MARK):] == text[at + n:] else None
+
+
+def _turn_start(tokenizer, messages: list[dict], i: int, text: str, template_kwargs: dict | None,
+                tools: list[dict] | None) -> int | None:
+    """Where assistant turn i begins in `text` when the render of the turns before it (with the
+    generation prompt) does not start it (GPT-OSS writes a tool call's analysis until a final answer
+    follows): past message i-1's text and what that render writes after it (the message's closing and
+    the generation prompt); None where that is not there."""
+    prev = _located(tokenizer, messages, i - 1, text, template_kwargs, tools)
+    head = render(tokenizer, [*messages[:i - 1], {**messages[i - 1], "content": MARK}], True, template_kwargs, tools)
+    at = head.find(MARK)
+    if prev is None or at < 0:
+        return None
+    tail, end = head[at + len(MARK):], prev[0] + prev[1]
+    return end + len(tail) if text.startswith(tail, end) else None
 
 
 def _answer_end(text: str, turn: dict, start: int, bound: int) -> int:
@@ -176,45 +210,50 @@ def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | N
 
 def dropped_calls(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
                   tools: list[dict] | None = None) -> tuple[int, int]:
-    """(assistant turns making tool calls, those the chat template does not write: a template without
-    tool support renders the conversation alike with the calls and without them)."""
-    calling = sum("tool_calls" in m for m in messages)
+    """(assistant turns making tool calls, those with a call the chat template does not write): the
+    conversation renders alike without the turn's last call. A template without tool support writes
+    none (the lab's default ChatML); GPT-OSS's writes a turn's first call alone."""
+    calling = [i for i, m in enumerate(messages) if "tool_calls" in m]
     if not calling:
         return 0, 0
-    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
-    same = render(tokenizer, messages, False, template_kwargs, tools) == render(tokenizer, bare, False, template_kwargs, tools)
-    return calling, calling if same else 0
+    text = render(tokenizer, messages, False, template_kwargs, tools)
+
+    def less(i: int) -> list[dict]:
+        m = {k: v for k, v in messages[i].items() if k != "tool_calls"}
+        calls = messages[i]["tool_calls"][:-1]
+        return [*messages[:i], {**m, "tool_calls": calls} if calls else m, *messages[i + 1:]]
+
+    return len(calling), sum(render(tokenizer, less(i), False, template_kwargs, tools) == text for i in calling)
 
 
-def _closer(ids: list[int], own: bool, end_ids: frozenset[int], special: set[int]) -> int | None:
-    """Index in `ids` (a turn's region as the template wrote it, from where its end-of-turn token may
-    be) of that token: in the turn's own render, the first token the target stops at, else its last
-    special token (Gemma's, harmony's closer); in a region running on into later turns, its first
-    special token (looked for from the end of the turn's answer, where that is found)."""
-    ends = [k for k, t in enumerate(ids) if t in end_ids] if own else []
+def _closer(ids: list[int], span: Span, end_ids: frozenset[int], special: set[int]) -> int | None:
+    """Index in `ids` (the turn's region as the template wrote it, from `span.after`) of its
+    end-of-turn token: the first token the target stops at, in a region holding no later turn
+    (GPT-OSS's `<|call|>`, which its render of the turn alone writes too); else, in the turn's own
+    render, its last special token (Gemma's, harmony's closer), and in a region written otherwise, the
+    first special token past the answer (harmony's `<|end|>`, where the turn alone has `<|return|>`)."""
+    ends = [k for k, t in enumerate(ids) if t in end_ids] if span.bounded else []
     marks = [k for k, t in enumerate(ids) if t in special]
     if ends:
         return ends[0]
-    return (marks[-1] if own else marks[0]) if marks else None
+    return (marks[-1] if span.own else marks[0]) if marks else None
 
 
-def _turn_end(tokenizer, text: str, span: tuple[int, int, bool, int], end_ids: frozenset[int],
-              special: set[int]) -> int | None:
+def _turn_end(tokenizer, text: str, span: Span, end_ids: frozenset[int], special: set[int]) -> int | None:
     """Where the turn's end-of-turn token (`_closer`) begins in `text`, None without one."""
-    start, stop, own, after = span
-    ids, starts = _tokenize(tokenizer, text[start:stop], start)
-    looked = [k for k, at in enumerate(starts) if at >= after]
-    k = _closer([ids[j] for j in looked], own, end_ids, special)
+    ids, starts = _tokenize(tokenizer, text[span.start:span.stop], span.start)
+    looked = [k for k, at in enumerate(starts) if at >= span.after]
+    k = _closer([ids[j] for j in looked], span, end_ids, special)
     return None if k is None else starts[looked[k]]
 
 
-def _answer_written(tokenizer, text: str, span: tuple[int, int, bool, int], content: str, end_ids: frozenset[int],
+def _answer_written(tokenizer, text: str, span: Span, content: str, end_ids: frozenset[int],
                     special: set[int]) -> int | None:
     """Where the text a turn's sampled ids stand for ends in `text`: its answer as the template wrote
     it (trimmed, perhaps), at the turn's start or after a header of the template's own before the
     turn's end-of-turn token (harmony's `<|channel|>final<|message|>`, which the target samples too);
     None where the answer is not there (the template rewrites it)."""
-    start = span[0]
+    start = span.start
     for c in (content, content.strip()):
         if text.startswith(c, start):
             return start + len(c)
@@ -223,7 +262,7 @@ def _answer_written(tokenizer, text: str, span: tuple[int, int, bool, int], cont
     return None if at < 0 else at + len(content.strip())
 
 
-def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, int, bool, int]],
+def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
              end_ids: frozenset[int], special: set[int]) -> tuple[list[int], list[int], list[bool]]:
     """Ids and starts of `text` with each assistant turn's text replaced by its `token_ids` (all
     starting at the turn's offset, so the span masks them), and which ids the target sampled. A
@@ -236,7 +275,7 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[tuple[int, 
     cursor = 0
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     for i, span in zip(turns, spans):
-        start = span[0]
+        start = span.start
         m = messages[i]
         if "token_ids" not in m and "tool_calls" in m:
             continue
@@ -278,13 +317,13 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         sampled = [False] * len(ids)
     mask = [False] * len(ids)
     turns = [m for m in messages if m["role"] == "assistant"]
-    for m, (start, stop, own, after) in zip(turns, spans):
+    for m, span in zip(turns, spans):
         if token_exact and "token_ids" not in m:  # recorded tool calls (_spliced): not the target's tokens
             continue
-        first, last = bisect.bisect_left(starts, start), bisect.bisect_left(starts, stop)
+        first, last = bisect.bisect_left(starts, span.start), bisect.bisect_left(starts, span.stop)
         # Written by the template, not sampled by the target, from where the end-of-turn token may be.
-        looked = [t for t in range(first, last) if not sampled[t] and starts[t] >= after]
-        k = _closer([ids[t] for t in looked], own, end_ids, special)
+        looked = [t for t in range(first, last) if not sampled[t] and starts[t] >= span.after]
+        k = _closer([ids[t] for t in looked], span, end_ids, special)
         close = last - 1 if k is None else looked[k]
         mask[first:close + 1] = [True] * (close + 1 - first)
     ids, mask = ids[:max_length], mask[:max_length]

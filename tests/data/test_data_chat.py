@@ -131,9 +131,20 @@ def test_template_that_is_not_prefix_stable(random_llama, other_closer):
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [a + closer for a in ANSWERS]
 
 
-def test_template_that_rewrites_answers_is_refused(random_llama):
+def test_a_turn_is_placed_after_the_message_before_it_where_no_render_is_a_prefix(random_llama):
+    """A template that rewrites every message (capitals) and whose renders are not prefixes of one
+    another: each turn starts past the message before it (located by a marker, which capitals leave
+    as it is) and the generation prompt, and trains on the answer as the template writes it."""
     tok = load_tokenizer(random_llama)
     tok.chat_template = LENGTH_HEADER.replace("{{ m['content'] }}", "{{ m['content'] | upper }}")
+    ids, mask = encode_conversation(tok, MESSAGES, max_length=10_000, end_ids=frozenset({tok.eos_token_id}))
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [a.upper() + "<|im_end|>" for a in ANSWERS]
+
+
+def test_template_that_drops_a_turn_is_refused(random_llama):
+    tok = load_tokenizer(random_llama)
+    tok.chat_template = LENGTH_HEADER.replace("{% for m in messages %}", "{% for m in messages %}"
+                                              "{% if m['role'] == 'assistant' and not loop.last %}{% continue %}{% endif %}")
     with pytest.raises(LabError, match="chat template drops or rewrites assistant turn 2"):
         encode_conversation(tok, MESSAGES, max_length=10_000)
 

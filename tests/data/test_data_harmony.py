@@ -5,11 +5,13 @@ final channel up to that `<|end|>` (until 2026-12-02 its mask held one token).""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from data_helpers import write_jsonl
 from test_data_chat import spans, word_by_word
 
-from drafter_lab.data.chat import dropped_reasoning, encode_conversation, render
+from drafter_lab.data.chat import dropped_calls, dropped_reasoning, encode_conversation, render
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.targets.hf import load_tokenizer
 
@@ -139,5 +141,109 @@ def test_a_template_writing_the_next_message_twice_falls_back_to_the_whole_text(
     harmony.chat_template = "{% if messages | length > 3 %}{{ messages[3]['content'] }}|{% endif %}" + HARMONY
     chat = [*ASKED, {"role": "assistant", "content": ANSWER}, *LATER]
     ids, mask = encode_conversation(harmony, chat, max_length=10_000, end_ids=returns(harmony))
-    # No render is a prefix of another here: the turn starts at its answer's text (chat.py's fallback).
-    assert [harmony.decode(ids[a:b]) for a, b in spans(mask)][0] == f"{ANSWER}<|end|>"
+    # No render is a prefix of another here: the turn starts past the message before it.
+    assert [harmony.decode(ids[a:b]) for a, b in spans(mask)][0] == f"<|channel|>final<|message|>{ANSWER}<|end|>"
+
+
+# GPT-OSS's manner with tools: a call is a message of its own to `functions.NAME` on the commentary
+# channel, closed by `<|call|>` (a token the target stops at), with the analysis before it written
+# only until a final answer follows; a result comes from `functions.NAME` with its text as JSON; the
+# template writes the first call of a turn alone (the model makes one per turn).
+HARMONY_TOOLS = (
+    "<|start|>system<|message|>Reasoning: medium{% if tools %}\nCalls to these tools must go to the commentary "
+    "channel: 'functions'.{% endif %}<|end|>"
+    "{% if tools %}<|start|>developer<|message|># Tools\n\nnamespace functions {\n{% for t in tools %}"
+    "// {{ t['function']['description'] }}\ntype {{ t['function']['name'] }} = (_: any) => any;\n{% endfor %}}<|end|>{% endif %}"
+    "{% set called = namespace(name=none) %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}<|start|>user<|message|>{{ m['content'] }}<|end|>"
+    "{% elif m['role'] == 'tool' %}<|start|>functions.{{ called.name }} to=assistant<|channel|>commentary<|message|>"
+    "{{ m['content'] | tojson }}<|end|>"
+    "{% elif m['role'] == 'assistant' and m['tool_calls'] %}"
+    "{% set final = namespace(later=false) %}{% for f in messages[loop.index:] %}"
+    "{% if f['role'] == 'assistant' and not f['tool_calls'] %}{% set final.later = true %}{% endif %}{% endfor %}"
+    "{% if m['thinking'] and not final.later %}<|start|>assistant<|channel|>analysis<|message|>{{ m['thinking'] }}<|end|>{% endif %}"
+    "{% set c = m['tool_calls'][0]['function'] %}{% set called.name = c['name'] %}"
+    "<|start|>assistant to=functions.{{ c['name'] }}<|channel|>commentary json<|message|>{{ c['arguments'] | tojson }}<|call|>"
+    "{% elif m['role'] == 'assistant' and loop.last and not add_generation_prompt %}"
+    "{% if m['thinking'] %}<|start|>assistant<|channel|>analysis<|message|>{{ m['thinking'] }}<|end|>{% endif %}"
+    "<|start|>assistant<|channel|>final<|message|>{{ m['content'] }}<|return|>"
+    "{% elif m['role'] == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m['content'] }}<|end|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+STAT = {"type": "function", "function": {"name": "stat", "description": "A file's size in bytes",
+                                         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+CALLED = " to=functions.stat<|channel|>commentary json<|message|>{\"path\": \"setup.py\"}"
+
+
+@pytest.fixture
+def harmony_tools(harmony):
+    harmony.add_special_tokens({"additional_special_tokens": [*SPECIAL, "<|call|>"]})
+    harmony.chat_template = HARMONY_TOOLS
+    return harmony
+
+
+def stops(tok) -> frozenset[int]:
+    return frozenset(tok.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>"))  # GPT-OSS's generation config
+
+
+def tool_loop(tmp_path, result: str = "2048", calls: int = 1):
+    """A conversation read as a dataset holds it: a call with the thinking before it, its result, an
+    answer with its own thinking."""
+    call = {"type": "function", "function": {"name": "stat", "arguments": json.dumps({"path": "setup.py"})}}
+    row = {"tools": [STAT], "messages": [
+        {"role": "user", "content": "How big is setup.py?"},
+        {"role": "assistant", "content": None, "reasoning_content": "Need stat.", "tool_calls": [call] * calls},
+        *[{"role": "tool", "content": result}] * calls,
+        {"role": "assistant", "content": "It is 2 KB.", "reasoning_content": "2048 bytes."}]}
+    (conv,), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [row]))
+    return conv
+
+
+@pytest.mark.parametrize("result", ["2048", 'line 1\n"size": 2048'], ids=["plain", "escaped-by-tojson"])
+def test_a_gpt_oss_call_trains_up_to_call_and_the_answer_after_it_from_its_analysis(harmony_tools, tmp_path, result):
+    """The call's region runs to `<|call|>` (the render of the turn alone writes its analysis, which a
+    later final answer drops); the answer's turn starts past the result and the generation prompt
+    (the render of the turns before it still has that analysis); a result the template escapes is
+    placed all the same. Until 2026-12-02 the call masked ` to=functions.stat<|channel|>` and the
+    answer lost its analysis."""
+    conv = tool_loop(tmp_path, result)
+    text = render(harmony_tools, conv.messages, tools=conv.tools)
+    assert "Need stat." not in text and json.dumps(result) in text
+    ids, mask = encode_conversation(harmony_tools, conv.messages, 10_000, end_ids=stops(harmony_tools), tools=conv.tools)
+    assert [harmony_tools.decode(ids[a:b]) for a, b in spans(mask)] == [
+        f"{CALLED}<|call|>",
+        "<|channel|>analysis<|message|>2048 bytes.<|end|><|start|>assistant<|channel|>final<|message|>It is 2 KB.<|return|>"]
+
+
+def test_token_exact_a_sampled_gpt_oss_call_stands_for_its_turn(harmony_tools, tmp_path):
+    """The ids a server returns for a call (analysis and call, up to `<|call|>`) replace what the
+    template wrote for the turn; the answer's ids follow the result."""
+    conv = tool_loop(tmp_path)
+    called = word_by_word(harmony_tools, f"<|channel|>analysis<|message|>Need stat.<|end|><|start|>assistant{CALLED}")
+    answered = word_by_word(harmony_tools, "<|channel|>analysis<|message|>2048 bytes.<|end|><|start|>assistant"
+                                           "<|channel|>final<|message|>It is 2 KB.")
+    call_id, return_id = (harmony_tools.convert_tokens_to_ids(t) for t in ("<|call|>", "<|return|>"))
+    messages = [*conv.messages]
+    messages[1] = {**messages[1], "token_ids": [*called, call_id]}
+    messages[3] = {**messages[3], "token_ids": [*answered, return_id]}
+    ids, mask = encode_conversation(harmony_tools, messages, 10_000, token_exact=True, end_ids=stops(harmony_tools),
+                                    tools=conv.tools)
+    assert [ids[a:b].tolist() for a, b in spans(mask)] == [[*called, call_id], [*answered, return_id]]
+    assert harmony_tools.decode(ids).count("2048 bytes.") == 1
+
+
+def test_a_template_writing_a_turns_first_call_alone_is_noted(harmony_tools, tmp_path):
+    """GPT-OSS's template writes one call per turn: a dataset's parallel calls lose all but the first."""
+    for calls, dropped in ((1, 0), (2, 1)):
+        conv = tool_loop(tmp_path, calls=calls)
+        assert dropped_calls(harmony_tools, conv.messages, tools=conv.tools) == (1, dropped)
+
+
+def test_a_message_the_template_does_not_write_bounds_no_turn(harmony):
+    """A tool result after an earlier turn, to a template without a branch for it (it writes nothing
+    of it): the turn runs on to the first special token after its answer, as with no bound."""
+    harmony.chat_template = HARMONY.replace("{% else %}", "{% elif m['role'] == 'assistant' %}")
+    chat = [*ASKED, {"role": "assistant", "content": ANSWER}, {"role": "tool", "content": "unused"}, *LATER]
+    ids, mask = encode_conversation(harmony, chat, max_length=10_000, end_ids=returns(harmony))
+    assert [harmony.decode(ids[a:b]) for a, b in spans(mask)][0] == f"<|channel|>final<|message|>{ANSWER}<|end|>"

@@ -149,11 +149,14 @@ def test_calls_train_and_results_and_tools_do_not(hermes, tmp_path):
                                                       add_special_tokens=False)["input_ids"]]
 
 
-def test_a_bare_call_in_a_template_not_prefix_stable_is_refused(hermes, tmp_path):
+def test_a_bare_call_in_a_template_not_prefix_stable_is_placed_after_the_message_before_it(hermes, tmp_path):
+    """No text of its own to look for: the call starts past the user turn and the generation prompt
+    (until 2026-12-02 it was refused; before that, placed at the cursor: a mask from the turn before)."""
     (conv,), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [row()]))
     hermes.chat_template = "{{ messages | length }} turns\n" + HERMES  # no render is a prefix of a longer one
-    with pytest.raises(LabError, match="drops or rewrites assistant turn 2"):  # not a mask over whatever follows
-        encode_conversation(hermes, conv.messages, 10_000, end_ids=ends(hermes), tools=conv.tools)
+    ids, mask = encode_conversation(hermes, conv.messages, 10_000, end_ids=ends(hermes), tools=conv.tools)
+    assert masked(hermes, ids, mask) == [
+        '<tool_call>\n{"name": "stat", "arguments": {"path": "setup.py"}}\n</tool_call><|im_end|>', f"{ANSWER}<|im_end|>"]
 
 
 def test_token_exact_trains_the_targets_tokens_only(hermes, tmp_path):
@@ -261,5 +264,8 @@ def test_a_template_without_tool_support_is_noted(random_llama, hermes_llama, tm
         assert run_cli("data", "prepare", "--target", model, "--conversations", convs, "--out", tmp_path / f"{noted}",
                        "--val-fraction", "0") == 0
         err = " ".join(capsys.readouterr().err.split())
-        assert ("the chat template writes none of the tool calls of 2 of 2 assistant turns that make them" in err) == noted
+        assert ("the chat template leaves out tool calls of 2 of 2 assistant turns that make them" in err) == noted
     assert dropped_calls(load_tokenizer(random_llama), read_conversations(convs)[0][0].messages) == (1, 1)
+    (conv,), _ = read_conversations(write_jsonl(tmp_path / "p.jsonl", [row()]))
+    parallel = [*conv.messages[:2], {**conv.messages[2], "tool_calls": [CALL, {**CALL, "id": "c2"}]}, *conv.messages[3:]]
+    assert dropped_calls(load_tokenizer(hermes_llama), parallel, tools=conv.tools) == (1, 0)  # writes both

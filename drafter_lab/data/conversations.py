@@ -159,6 +159,8 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
     if str(role).lower() not in ROLES:
         raise LabError(f"{where}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})", path)
+    if ROLES[str(role).lower()] == "tool" and not isinstance(content, (str, list)):
+        content = json.dumps(content, ensure_ascii=False)  # a result stored as a JSON value: its text, as clients send it
     content = _text_of(content, where, path)
     out = {"role": ROLES[str(role).lower()], "content": content}
     if reasoning is not None:

@@ -105,6 +105,22 @@ def test_tool_use_reads_in_the_shape_servers_hand_templates(tmp_path):
     assert read_conversations(tmp_path / "again.jsonl")[0] == [conv, parallel, llama]
 
 
+def test_a_result_stored_as_a_json_value_reads_as_its_json_text(tmp_path):
+    """Some datasets keep a tool's result as an object: it reads as the JSON text a client sends
+    (and its content id with it); a user turn's object is refused as before."""
+    result = {"size": 2048, "unit": "bytes", "path": "ü.py"}
+    data = row()
+    data["messages"][3] = {**data["messages"][3], "content": result}
+    as_text = row()
+    as_text["messages"][3] = {**as_text["messages"][3], "content": json.dumps(result, ensure_ascii=False)}
+    (conv,), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [{**data, "id": None}]))
+    (same,), _ = read_conversations(write_jsonl(tmp_path / "t.jsonl", [{**as_text, "id": None}]))
+    assert conv.messages[3]["content"] == '{"size": 2048, "unit": "bytes", "path": "ü.py"}' and conv.id == same.id
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": result}]}])
+    with pytest.raises(LabError, match="line 1: turn content is dict, not text"):
+        read_conversations(bad, strict=True)
+
+
 def test_content_ids_take_calls_and_tools_and_stay_put_without(tmp_path):
     (conv,), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [{**row(), "id": None}]))
     plain = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "reasoning_content": "A greeting."}]

@@ -42,8 +42,9 @@ from drafter_lab.data.capture_config import (
     CaptureConfig,
     template_as_recorded,
 )
-from drafter_lab.data.chat import dropped_calls, dropped_reasoning, encode_conversation, rendered_with
+from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
+from drafter_lab.data.encodings import encodings
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
 from drafter_lab.errors import LabError
@@ -94,7 +95,7 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
 def check_config(cfg: CaptureConfig) -> None:
     if cfg.dtype not in DTYPES:
         raise LabError(f"unknown dtype {cfg.dtype!r}; choose one of {', '.join(DTYPES)}")
-    for name in ("max_length", "batch_size", "shard_size", "max_new_tokens", "regen_batch_size"):
+    for name in ("max_length", "batch_size", "shard_size", "max_new_tokens", "regen_batch_size", "tokenize_workers"):
         if getattr(cfg, name) < 1:
             raise LabError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     if not 0.0 <= cfg.val_fraction < 1.0:
@@ -194,7 +195,8 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
     model version, say), or sampled after prompts rendered otherwise than here (another chat template,
     other variables), are an error token-exact and a note on `main` otherwise; so is reasoning the
     chat template leaves out (a note: those turns train on their answers alone), and tool calls it
-    does not write (a note: a template without tool support)."""
+    does not write (a note: a template without tool support, or one writing a turn's first call
+    alone). Encoded in `cfg.tokenize_workers` processes (encodings.py), with progress on `main`."""
     items = []
     end_ids = frozenset(stop_token_ids(target))
     mine = target.fingerprint
@@ -215,20 +217,15 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            f"here ({ours}): a token-exact capture takes the target's own tokens after its own prompts "
                            "(the same chat template and --chat-template-kwargs)", conversations_path)
         reprompted += theirs is not None
-        try:
-            ids, mask = encode_conversation(target.tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids,
-                                            cfg.chat_template_kwargs, conv.tools)
-        except LabError as e:
-            raise LabError(f"conversation {conv.id}: {e}", conversations_path) from None
-        if not cfg.token_exact:  # token-exact, the sampled ids hold the thinking whatever the template shows
-            n, d = dropped_reasoning(target.tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools)
-            thought, dropped = thought + n, dropped + d
-        n, d = dropped_calls(target.tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools)
-        calling, uncalled = calling + n, uncalled + d
-        if not mask.any():  # the assistant text lies past max_length
-            skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
-            continue
-        items.append((conv.id, ids, mask))
+    try:
+        for conv, (ids, mask, (n, d), (c, u)) in zip(convs, encodings(convs, target.tokenizer, cfg, end_ids, main)):
+            thought, dropped, calling, uncalled = thought + n, dropped + d, calling + c, uncalled + u
+            if not mask.any():  # the assistant text lies past max_length
+                skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
+                continue
+            items.append((conv.id, ids, mask))
+    except LabError as e:
+        raise LabError(str(e), conversations_path) from None
     if foreign and main:
         log(f"{conversations_path}: {len(foreign)} of {len(convs)} conversations hold answers target(s) "
             f"{', '.join(sorted(set(foreign.values())))} sampled, not this one ({mine}): they train as text, "

@@ -46,6 +46,10 @@ class CaptureConfig:
     """Extra variables for the target's chat template, as an SGLang or vLLM request's
     `chat_template_kwargs` (`{"enable_thinking": false}`: a hybrid thinking model served with its
     thinking off); the regeneration's prompts and the captured sequences both see them."""
+    tokenize_workers: int = 1
+    """Processes that render and tokenize the conversations (chat template and loss mask; quadratic in
+    a conversation's turns, so long agent traces cost more here than in the target); 1: this one.
+    Under torchrun, per rank."""
     strict: bool = False
     """Treat a conversation without an assistant turn as an error instead of skipping it."""
     device: str = "cpu"

@@ -210,20 +210,20 @@ def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | N
 
 def dropped_calls(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
                   tools: list[dict] | None = None) -> tuple[int, int]:
-    """(assistant turns making tool calls, those with a call the chat template does not write): the
-    conversation renders alike without the turn's last call. A template without tool support writes
-    none (the lab's default ChatML); GPT-OSS's writes a turn's first call alone."""
+    """(assistant turns making tool calls, those with a call the chat template does not write): a
+    template without tool support writes none (the lab's default ChatML: the conversation renders
+    alike without them); GPT-OSS's writes a turn's first call alone (it renders alike without the
+    turn's last one). One render more, and one per turn making several calls."""
     calling = [i for i, m in enumerate(messages) if "tool_calls" in m]
     if not calling:
         return 0, 0
     text = render(tokenizer, messages, False, template_kwargs, tools)
-
-    def less(i: int) -> list[dict]:
-        m = {k: v for k, v in messages[i].items() if k != "tool_calls"}
-        calls = messages[i]["tool_calls"][:-1]
-        return [*messages[:i], {**m, "tool_calls": calls} if calls else m, *messages[i + 1:]]
-
-    return len(calling), sum(render(tokenizer, less(i), False, template_kwargs, tools) == text for i in calling)
+    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
+    if render(tokenizer, bare, False, template_kwargs, tools) == text:
+        return len(calling), len(calling)
+    less = [[*messages[:i], {**messages[i], "tool_calls": messages[i]["tool_calls"][:-1]}, *messages[i + 1:]]
+            for i in calling if len(messages[i]["tool_calls"]) > 1]
+    return len(calling), sum(render(tokenizer, m, False, template_kwargs, tools) == text for m in less)
 
 
 def _closer(ids: list[int], span: Span, end_ids: frozenset[int], special: set[int]) -> int | None:

@@ -41,6 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=docs["batch_size"])
     p.add_argument("--shard-size", type=int, default=d.shard_size, help=docs["shard_size"])
     p.add_argument("--val-fraction", type=float, default=d.val_fraction, help=docs["val_fraction"])
+    p.add_argument("--tokenize-workers", type=int, default=d.tokenize_workers, help=docs["tokenize_workers"])
     p.add_argument("--strict", action="store_true", help=docs["strict"])
     p.add_argument("--device", default=d.device, help=docs["device"])
     p.set_defaults(func=_prepare)
@@ -110,6 +111,7 @@ def _prepare(args) -> int:
         seed=args.seed,
         token_exact=args.token_exact,
         chat_template_kwargs=args.chat_template_kwargs,
+        tokenize_workers=args.tokenize_workers,
         strict=args.strict,
         device=args.device,
     )

@@ -17,6 +17,7 @@ from drafter_lab.data.vocab import count_train_tokens
 from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import load_tokenizer
+from drafter_lab.train import loop as loop_module
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.sources import Online
@@ -136,6 +137,14 @@ def test_online_bad_input(peaked_llama, features, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_online_tokenize_workers_reach_the_capture(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(loop_module, "train", lambda *args, online=None, **kw: seen.append(online) or {"step": 1})
+    assert main(["train", "--target", str(tmp_path), "--conversations", str(tmp_path / "c.jsonl"),
+                 "--out", str(tmp_path / "o"), "--tokenize-workers", "3"]) == 0
+    assert seen[0].tokenize_workers == 3
+
+
 @pytest.fixture(scope="module")
 def sampled_answers(peaked_llama, features, tmp_path_factory):
     """The `features` conversations with every answer the target's own, sampled at 0.8 (`data
@@ -207,6 +216,6 @@ def test_online_token_exact_needs_the_ids(peaked_llama, features, tmp_path, caps
     assert str(convs) in str(e.value)
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "x"),
                  "--token-exact"]) == 2
-    assert "--token-exact and --chat-template-kwargs apply to --conversations (online) runs only" in \
+    assert "--token-exact, --chat-template-kwargs and --tokenize-workers apply to --conversations (online) runs only" in \
         capsys.readouterr().err
     assert not (tmp_path / "x").exists()

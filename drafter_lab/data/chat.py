@@ -8,8 +8,11 @@ and including the turn's end-of-turn token (`<|im_end|>`, `<|eot_id|>`, `<end_of
 which the drafter must learn to propose too: within the turn's own render, the first of the tokens
 the target stops at, else the last special token the template wrote for the turn, so special
 tokens inside it (a `<think>` some tokenizers mark special, harmony's channels) are masked like the
-rest. Role headers, user and system turns stay unmasked. Where the render of the turns before one is
-not a prefix of the whole (GPT-OSS writes a tool call's analysis until a final answer follows), the
+rest. A template that closes a message only once another follows (Kimi-K2-Instruct-0905's, which
+leaves the last one open for prefill) has its stop token right after the turn's own render taken
+as the turn's, and the conversation's last turn closed with the one it writes when asked to go on.
+Role headers, user and system turns stay unmasked. Where the render of the turns before one is not
+a prefix of the whole (GPT-OSS writes a tool call's analysis until a final answer follows), the
 turn starts past the message before it (located by rendering with that message's text replaced by
 a marker) and what that render writes after it; else the assistant text itself is looked for. A
 turn the template writes otherwise once later turns follow (Qwen3 drops its thinking, harmony
@@ -115,8 +118,9 @@ class Span(NamedTuple):
 
 
 def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None = None,
-                         tools: list[dict] | None = None) -> list[Span]:
-    """Per assistant turn, its `Span` in `text`."""
+                         tools: list[dict] | None = None, end_ids: frozenset[int] = frozenset()) -> list[Span]:
+    """Per assistant turn, its `Span` in `text`; a turn's own render is followed there by a token in
+    `end_ids` where the template closes a turn only once another message follows (`_closing`)."""
     spans = []
     cursor = 0
     for i, m in enumerate(messages):
@@ -138,7 +142,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kw
             after = start + len(answer)
         upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
         if text.startswith(upto) and len(upto) > start:
-            after = len(upto)
+            after = len(upto) + len(_stop_token_at(tokenizer, text, len(upto), end_ids))
             spans.append(Span(start, after, True, start, True))
         else:  # written otherwise once later turns follow: the end-of-turn token alone closes the span
             nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools) if i + 1 < len(messages) else None
@@ -179,6 +183,24 @@ def _turn_start(tokenizer, messages: list[dict], i: int, text: str, template_kwa
         return None
     tail, end = head[at + len(MARK):], prev[0] + prev[1]
     return end + len(tail) if text.startswith(tail, end) else None
+
+
+def _stop_token_at(tokenizer, text: str, at: int, end_ids: frozenset[int]) -> str:
+    """The token in `end_ids` that `text` holds at offset `at`, as text; '' where none is there (end
+    tokens are special: the tokenizer never splits them, so their text there is that token)."""
+    return next((n for n in tokenizer.convert_ids_to_tokens(sorted(end_ids)) if text.startswith(n, at)), "")
+
+
+def _closing(tokenizer, messages: list[dict], text: str, end_ids: frozenset[int], template_kwargs: dict | None,
+             tools: list[dict] | None) -> str:
+    """The token the target stops at that closes the conversation's last assistant turn, where the
+    template writes it only once the conversation goes on (Kimi-K2-Instruct-0905's leaves the last
+    message open, for prefill): the target ends that answer with it all the same, so the drafter is
+    to learn it; '' where the render (`text`) closes the turn itself, or ends otherwise."""
+    if not end_ids or messages[-1]["role"] != "assistant":
+        return ""
+    more = render(tokenizer, messages, True, template_kwargs, tools)
+    return _stop_token_at(tokenizer, more, len(text), end_ids) if more.startswith(text) else ""
 
 
 def _answer_end(text: str, turn: dict, start: int, bound: int) -> int:
@@ -308,7 +330,8 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
     the tokens the target stops at, which also end a turn's mask), and tool calls the target did not
     sample left unmasked; `template_kwargs` and `tools` as `render`."""
     text = render(tokenizer, messages, False, template_kwargs, tools)
-    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools)
+    text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
+    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools, end_ids)
     special = special_token_ids(tokenizer)
     if token_exact:
         ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids, special)

@@ -90,6 +90,48 @@ def test_a_turn_ends_at_the_targets_end_token_else_its_last_special_token(random
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [a + closer for a in ANSWERS]
 
 
+# In the manner of Kimi-K2-Instruct-0905's template: a message is closed only once another follows (or
+# the generation prompt), so that the last assistant message can be continued (prefill).
+OPEN_LAST = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% if not loop.last or add_generation_prompt %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("last", ["assistant", "user"])
+def test_a_turn_the_template_closes_only_once_another_follows_trains_its_end_token(random_llama, last):
+    """Each turn's own render lacks `<|im_end|>`: the one the whole render has right after it is the
+    turn's, and the last turn, left open, is closed with the one the template writes once the
+    conversation goes on, as the target ends that answer (until 2026-12-02 no turn trained it)."""
+    tok = load_tokenizer(random_llama)
+    tok.chat_template = OPEN_LAST
+    (end,) = ends = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    chat = MESSAGES[:-1] if last == "assistant" else MESSAGES
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=ends)
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [a + "<|im_end|>" for a in ANSWERS]
+    assert tok.decode(ids).endswith("<|im_end|>" if last == "assistant" else "Thanks.")
+    sampled = [dict(m, token_ids=[*word_by_word(tok, m["content"]), end]) if m["role"] == "assistant" else m
+               for m in chat]
+    ids, mask = encode_conversation(tok, sampled, max_length=10_000, token_exact=True, end_ids=ends)
+    assert [ids[a:b].tolist() for a, b in spans(mask)] == [m["token_ids"] for m in sampled if m["role"] == "assistant"]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000)  # no end token known: none added
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)][-1] == ANSWERS[-1]
+
+
+def test_no_end_token_is_taken_from_a_render_that_writes_the_last_turn_otherwise(random_llama):
+    """Asked to go on, this template writes the last answer's tail otherwise, with `<|im_end|>` where
+    the training render ends: that render does not go on from this one, so nothing is added."""
+    tok = load_tokenizer(random_llama)
+    tok.chat_template = OPEN_LAST.replace(
+        "{% if not loop.last or add_generation_prompt %}<|im_end|>\n{% endif %}",
+        "{% if not loop.last %}<|im_end|>\n{% elif add_generation_prompt %}abcdefghij<|im_end|>\n"
+        "{% else %}0123456789{% endif %}")
+    ids, mask = encode_conversation(tok, MESSAGES[:-1], max_length=10_000,
+                                    end_ids=frozenset({tok.convert_tokens_to_ids("<|im_end|>")}))
+    assert tok.decode(ids).endswith(f"{ANSWERS[-1]}0123456789")
+
+
 def test_truncation_keeps_a_prefix(random_llama):
     tok = load_tokenizer(random_llama)
     ids, mask = encode_conversation(tok, MESSAGES, max_length=10_000)

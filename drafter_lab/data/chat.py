@@ -108,7 +108,8 @@ class Span(NamedTuple):
     start: int
     """Where the turn's text begins (after the generation prompt)."""
     stop: int
-    """The end of its region: its own render's end, else where the next message's text begins."""
+    """The end of its region: its own render's end (with the stop token after it, where the template
+    closes the turn only once another message follows), else where the next message's text begins."""
     own: bool
     """`stop` is the end of the turn's own render (the template writes it alike once later turns follow)."""
     after: int
@@ -177,12 +178,12 @@ def _turn_start(tokenizer, messages: list[dict], i: int, text: str, template_kwa
     follows): past message i-1's text and what that render writes after it (the message's closing and
     the generation prompt); None where that is not there."""
     prev = _located(tokenizer, messages, i - 1, text, template_kwargs, tools)
-    head = render(tokenizer, [*messages[:i - 1], {**messages[i - 1], "content": MARK}], True, template_kwargs, tools)
-    at = head.find(MARK)
-    if prev is None or at < 0:
+    if prev is None:
         return None
-    tail, end = head[at + len(MARK):], prev[0] + prev[1]
-    return end + len(tail) if text.startswith(tail, end) else None
+    head = render(tokenizer, [*messages[:i - 1], {**messages[i - 1], "content": MARK}], True, template_kwargs, tools)
+    at, end = head.find(MARK), prev[0] + prev[1]
+    tail = head[at + len(MARK):]
+    return end + len(tail) if at >= 0 and text.startswith(tail, end) else None
 
 
 def _stop_token_at(tokenizer, text: str, at: int, end_ids: frozenset[int]) -> str:

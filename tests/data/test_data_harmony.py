@@ -1,7 +1,8 @@
 """GPT-OSS's harmony format: thinking is read from a dataset's `thinking` and handed to the template
 under that name; the last turn's analysis and final channels train up to `<|return|>`, and an earlier
 turn, which the template closes with `<|end|>` where its own render has `<|return|>`, trains its
-final channel up to that `<|end|>` (until 2026-12-02 its mask held one token)."""
+final channel up to that `<|end|>` (until 2026-12-02 its mask held one token). With tools, in
+GPT-OSS's manner: a call trains up to `<|call|>`, and the answer after its result from its analysis."""
 
 from __future__ import annotations
 

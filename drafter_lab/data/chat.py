@@ -35,8 +35,11 @@ inside the assistant turn (Qwen3: `<think>...</think>` before the answer, for th
 last user turn; harmony: an analysis channel before the final one, for the last turn), so it is
 masked and trains like the answer, and
 token-exact, the sampled ids (thinking and answer, as a server returns them) stand for all the
-template wrote for the turn up to its end-of-turn token. Where the template leaves it out (earlier
-turns, or a template that never shows reasoning), `dropped_reasoning` counts it.
+template wrote for the turn up to its end-of-turn token. A template that hides every turn's thinking
+while its generation prompt opens a think block (DeepSeek-R1's `<think>\n`) has the conversation's
+last turn written as served (`_as_served`): that prompt, the thinking and the answer, all masked.
+Where the template leaves it out otherwise (earlier turns, or a template that never shows
+reasoning), `dropped_reasoning` counts it.
 
 Tool use (conversations.py): the conversation's `tools` go to every render, and an assistant turn's
 `tool_calls` are written by the template inside the turn (Qwen's `<tool_call>` tags), so they are
@@ -53,6 +56,7 @@ the server samples do.
 from __future__ import annotations
 
 import bisect
+import re
 from typing import NamedTuple
 
 import torch
@@ -145,8 +149,10 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kw
         if text.startswith(upto) and len(upto) > start:
             after = len(upto) + len(_stop_token_at(tokenizer, text, len(upto), end_ids))
             spans.append(Span(start, after, True, start, True))
+        elif i + 1 == len(messages):  # the last turn written as served (`_as_served`): the rest is the target's
+            spans.append(Span(start, len(text), True, start, True))
         else:  # written otherwise once later turns follow: the end-of-turn token alone closes the span
-            nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools) if i + 1 < len(messages) else None
+            nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools)
             bound = len(text) if nxt is None else nxt[0]
             spans.append(Span(start, bound, False, _answer_end(text, m, start, bound), nxt is not None))
         cursor = after
@@ -204,6 +210,46 @@ def _closing(tokenizer, messages: list[dict], text: str, end_ids: frozenset[int]
     return _stop_token_at(tokenizer, more, len(text), end_ids) if more.startswith(text) else ""
 
 
+OPENER = re.compile(r"<(\w+)>(\s*)\Z")
+"""A generation prompt that opens the target's thinking (`<think>\n`: DeepSeek-R1, QwQ; DeepSeek-V3.1's
+`<think>` with thinking on), and the whitespace after the tag."""
+
+
+def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None,
+               tools: list[dict] | None) -> str:
+    """`text` (the conversation's render) with its last turn written as the target was served it, where
+    the template hides that turn's thinking: the generation prompt, which opens a think block, then the
+    thinking, its closing tag and the answer as the template writes it (with what follows). DeepSeek-R1's
+    and QwQ's templates cut every answer's thinking, split off or inline up to `</think>`, and render no
+    `<think>`, so without this their drafters never trained on the thinking, most of what they serve.
+    The thinking joins as these models write it: `R\n</think>\n\n` after `<think>\n`, `R</think>` after
+    `<think>`. `text` as it was where the turn shows its thinking, or is no thinking turn."""
+    last = messages[-1]
+    if last["role"] != "assistant" or len(messages) < 2:
+        return text
+    head = render(tokenizer, messages[:-1], True, template_kwargs, tools)
+    opener = OPENER.search(head)
+    if opener is None or text.startswith(head):
+        return text
+    placed = _located(tokenizer, messages, len(messages) - 1, text, template_kwargs, tools)
+    if placed is None:
+        return text
+    tag, gap = opener.groups()
+    close, (at, n) = f"</{tag}>", placed
+    reasoning, content = last.get("reasoning_content", "").strip(), last["content"]
+    if reasoning and reasoning not in text:
+        thinking, rest = reasoning + ("\n" + close + "\n\n" if gap else close), at
+    elif close in content:  # inline, as a local regeneration keeps it: cut, or written without the opening tag
+        thinking = content[:content.index(close) + len(close)]
+        if thinking.lstrip().startswith(f"<{tag}>"):  # the generation prompt writes it
+            thinking = thinking.lstrip().removeprefix(f"<{tag}>").removeprefix(gap)
+        written = text[at:at + n]
+        rest = at + written.index(close) + len(close) if close in written else at
+    else:
+        return text
+    return head + thinking + text[rest:]
+
+
 def _answer_end(text: str, turn: dict, start: int, bound: int) -> int:
     """Where `turn`'s answer ends in `text`, looked for from `start` up to `bound`, where the next
     message's text begins; `start` where it is not found there."""
@@ -227,7 +273,8 @@ def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | N
     thought = [m["reasoning_content"].strip() for m in messages if "reasoning_content" in m]
     if not thought:
         return 0, 0
-    text = render(tokenizer, messages, False, template_kwargs, tools)
+    text = _as_served(tokenizer, messages, render(tokenizer, messages, False, template_kwargs, tools), template_kwargs,
+                      tools)
     return len(thought), sum(r not in text for r in thought)
 
 
@@ -332,6 +379,7 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
     sample left unmasked; `template_kwargs` and `tools` as `render`."""
     text = render(tokenizer, messages, False, template_kwargs, tools)
     text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
+    text = _as_served(tokenizer, messages, text, template_kwargs, tools)
     spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools, end_ids)
     special = special_token_ids(tokenizer)
     if token_exact:

@@ -138,8 +138,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kw
         if start is not None and start >= cursor:
             after = start
         else:
-            answer = m["content"].strip()
-            start = text.find(answer, cursor) if answer else -1  # a bare tool call has no text to look for
+            start, answer = _shown(m, text, cursor, len(text))
             if start < 0:
                 raise LabError(
                     f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
@@ -225,8 +224,9 @@ def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict
     The thinking joins as these models write it: `R\n</think>\n\n` after `<think>\n`, `R</think>` after
     `<think>`. `text` as it was where the turn shows its thinking, or is no thinking turn."""
     last = messages[-1]
-    if last["role"] != "assistant" or len(messages) < 2:
-        return text
+    reasoning, content = last.get("reasoning_content", "").strip(), last["content"]
+    if last["role"] != "assistant" or len(messages) < 2 or not (reasoning or "</" in content):
+        return text  # no thinking (spares the render below)
     head = render(tokenizer, messages[:-1], True, template_kwargs, tools)
     opener = OPENER.search(head)
     if opener is None or text.startswith(head):
@@ -236,7 +236,6 @@ def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict
         return text
     tag, gap = opener.groups()
     close, (at, n) = f"</{tag}>", placed
-    reasoning, content = last.get("reasoning_content", "").strip(), last["content"]
     if reasoning and reasoning not in text:
         thinking, rest = reasoning + ("\n" + close + "\n\n" if gap else close), at
     elif close in content:  # inline, as a local regeneration keeps it: cut, or written without the opening tag
@@ -250,11 +249,21 @@ def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict
     return head + thinking + text[rest:]
 
 
+def _shown(turn: dict, text: str, lo: int, hi: int) -> tuple[int, str]:
+    """(Where `turn`'s answer begins in text[lo:hi], the answer found there): its content, else what
+    follows its last `</think>` (inline thinking, which DeepSeek-R1's and Qwen3's templates cut from
+    earlier turns); (-1, "") where neither is, or the turn has no text (a bare tool call)."""
+    for answer in dict.fromkeys((turn["content"].strip(), turn["content"].rpartition("</think>")[2].strip())):
+        at = text.find(answer, lo, hi) if answer else -1
+        if at >= 0:
+            return at, answer
+    return -1, ""
+
+
 def _answer_end(text: str, turn: dict, start: int, bound: int) -> int:
     """Where `turn`'s answer ends in `text`, looked for from `start` up to `bound`, where the next
     message's text begins; `start` where it is not found there."""
-    answer = turn["content"].strip()
-    at = text.find(answer, start, bound) if answer else -1
+    at, answer = _shown(turn, text, start, bound)
     return start if at < 0 else at + len(answer)
 
 
@@ -267,10 +276,20 @@ def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
     return list(enc["input_ids"]), [at + a for a, _ in enc["offset_mapping"]]
 
 
+def _thinking_of(turn: dict) -> str:
+    """An assistant turn's thinking: `reasoning_content`, else its content's before `</think>`."""
+    if "reasoning_content" in turn:
+        return turn["reasoning_content"].strip()
+    inline, closed, _ = turn["content"].partition("</think>")
+    return inline.strip().removeprefix("<think>").strip() if closed else ""
+
+
 def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
                       tools: list[dict] | None = None) -> tuple[int, int]:
-    """(assistant turns with reasoning, those whose reasoning the chat template leaves out of the render)."""
-    thought = [m["reasoning_content"].strip() for m in messages if "reasoning_content" in m]
+    """(assistant turns with reasoning, those whose reasoning the chat template leaves out of the render):
+    kept apart, or inline before `</think>` (a local regeneration's text, which Qwen3's and DeepSeek-R1's
+    templates cut)."""
+    thought = [t for m in messages if m["role"] == "assistant" and (t := _thinking_of(m))]
     if not thought:
         return 0, 0
     text = _as_served(tokenizer, messages, render(tokenizer, messages, False, template_kwargs, tools), template_kwargs,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_data_chat import spans, word_by_word
+from test_data_reasoning import THINKING
 
 from drafter_lab.data.chat import dropped_reasoning, encode_conversation, render
 from drafter_lab.targets.hf import load_tokenizer
@@ -62,7 +63,7 @@ def test_the_last_turn_trains_its_thinking_as_served(random_llama, turn, templat
     ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok))
     assert tok.decode(ids) == render(tok, ASKED, True) + SERVED
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [SERVED]
-    assert dropped_reasoning(tok, chat) == ((1, 0) if "reasoning_content" in turn else (0, 0))
+    assert dropped_reasoning(tok, chat) == (1, 0)
 
 
 def test_earlier_turns_train_their_answers_and_are_counted(random_llama):
@@ -74,6 +75,24 @@ def test_earlier_turns_train_their_answers_and_are_counted(random_llama):
     assert tok.decode(ids) == render(tok, chat[:-1], True) + SERVED  # the earlier turn as the target saw it
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == ["It joins.<｜end▁of▁sentence｜>", SERVED]
     assert dropped_reasoning(tok, chat) == (2, 1)
+
+
+@pytest.mark.parametrize("template", [R1_MANNER, THINKING], ids=["deepseek-r1", "qwen3"])
+def test_inline_thinking_is_cut_from_earlier_turns_and_counted(random_llama, template):
+    """Inline thinking (a local regeneration keeps it so) counts like thinking kept apart, and an earlier
+    turn the template shows without it trains on its answer (until 2026-12-02 such a turn, after a
+    prompt that is no prefix of the render, was refused, and its thinking went uncounted)."""
+    tok = deepseek(random_llama, template)
+    chat = [*ASKED, {"role": "assistant", "content": "<think>\nShort.\n</think>\n\nIt joins."},
+            {"role": "user", "content": "Why </think> here?"},
+            {"role": "assistant", "content": f"{THOUGHT}\n</think>\n\n{ANSWER}"}]
+    kwargs = {"enable_thinking": False}  # Qwen3's prompt then is no prefix of the render either
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=frozenset({tok.eos_token_id}) | stops(tok),
+                                    template_kwargs=kwargs)
+    closer = "<｜end▁of▁sentence｜>" if template == R1_MANNER else "<|im_end|>"
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [
+        f"It joins.{closer}", f"{THOUGHT}\n</think>\n\n{ANSWER}{closer}"]
+    assert dropped_reasoning(tok, chat, kwargs) == (2, 1)
 
 
 @pytest.mark.parametrize("thinking", [True, False], ids=["thinking-on", "thinking-off"])

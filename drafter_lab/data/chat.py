@@ -209,7 +209,9 @@ def _closing(tokenizer, messages: list[dict], text: str, end_ids: frozenset[int]
     return _stop_token_at(tokenizer, more, len(text), end_ids) if more.startswith(text) else ""
 
 
-OPENER = re.compile(r"<(\w+)>(\s*)\Z")
+THINK, UNTHINK = "<think>", "</think>"
+"""The tags around a thinking model's thinking (DeepSeek-R1 and V3.1, QwQ, Qwen3, Kimi-K2, GLM-Z1)."""
+OPENS_THINKING = re.compile(r"<think>(\s*)\Z")
 """A generation prompt that opens the target's thinking (`<think>\n`: DeepSeek-R1, QwQ; DeepSeek-V3.1's
 `<think>` with thinking on), and the whitespace after the tag."""
 
@@ -218,32 +220,31 @@ def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict
                tools: list[dict] | None) -> str:
     """`text` (the conversation's render) with its last turn written as the target was served it, where
     the template hides that turn's thinking: the generation prompt, which opens a think block, then the
-    thinking, its closing tag and the answer as the template writes it (with what follows). DeepSeek-R1's
-    and QwQ's templates cut every answer's thinking, split off or inline up to `</think>`, and render no
+    thinking, `</think>` and the answer as the template writes it (with what follows). DeepSeek-R1's and
+    QwQ's templates cut every answer's thinking, split off or inline up to `</think>`, and render no
     `<think>`, so without this their drafters never trained on the thinking, most of what they serve.
     The thinking joins as these models write it: `R\n</think>\n\n` after `<think>\n`, `R</think>` after
     `<think>`. `text` as it was where the turn shows its thinking, or is no thinking turn."""
     last = messages[-1]
     reasoning, content = last.get("reasoning_content", "").strip(), last["content"]
-    if last["role"] != "assistant" or len(messages) < 2 or not (reasoning or "</" in content):
+    if last["role"] != "assistant" or len(messages) < 2 or not (reasoning or UNTHINK in content):
         return text  # no thinking (spares the render below)
     head = render(tokenizer, messages[:-1], True, template_kwargs, tools)
-    opener = OPENER.search(head)
+    opener = OPENS_THINKING.search(head)
     if opener is None or text.startswith(head):
         return text
     placed = _located(tokenizer, messages, len(messages) - 1, text, template_kwargs, tools)
     if placed is None:
         return text
-    tag, gap = opener.groups()
-    close, (at, n) = f"</{tag}>", placed
+    (gap,), (at, n) = opener.groups(), placed
     if reasoning and reasoning not in text:
-        thinking, rest = reasoning + ("\n" + close + "\n\n" if gap else close), at
-    elif close in content:  # inline, as a local regeneration keeps it: cut, or written without the opening tag
-        thinking = content[:content.index(close) + len(close)]
-        if thinking.lstrip().startswith(f"<{tag}>"):  # the generation prompt writes it
-            thinking = thinking.lstrip().removeprefix(f"<{tag}>").removeprefix(gap)
+        thinking, rest = reasoning + ("\n" + UNTHINK + "\n\n" if gap else UNTHINK), at
+    elif UNTHINK in content:  # inline, as a local regeneration keeps it: cut, or written without the opening tag
+        thinking = content[:content.index(UNTHINK) + len(UNTHINK)]
+        if thinking.lstrip().startswith(THINK):  # the generation prompt writes it
+            thinking = thinking.lstrip().removeprefix(THINK).removeprefix(gap)
         written = text[at:at + n]
-        rest = at + written.index(close) + len(close) if close in written else at
+        rest = at + written.index(UNTHINK) + len(UNTHINK) if UNTHINK in written else at
     else:
         return text
     return head + thinking + text[rest:]
@@ -253,7 +254,7 @@ def _shown(turn: dict, text: str, lo: int, hi: int) -> tuple[int, str]:
     """(Where `turn`'s answer begins in text[lo:hi], the answer found there): its content, else what
     follows its last `</think>` (inline thinking, which DeepSeek-R1's and Qwen3's templates cut from
     earlier turns); (-1, "") where neither is, or the turn has no text (a bare tool call)."""
-    for answer in dict.fromkeys((turn["content"].strip(), turn["content"].rpartition("</think>")[2].strip())):
+    for answer in dict.fromkeys((turn["content"].strip(), turn["content"].rpartition(UNTHINK)[2].strip())):
         at = text.find(answer, lo, hi) if answer else -1
         if at >= 0:
             return at, answer
@@ -280,8 +281,8 @@ def _thinking_of(turn: dict) -> str:
     """An assistant turn's thinking: `reasoning_content`, else its content's before `</think>`."""
     if "reasoning_content" in turn:
         return turn["reasoning_content"].strip()
-    inline, closed, _ = turn["content"].partition("</think>")
-    return inline.strip().removeprefix("<think>").strip() if closed else ""
+    inline, closed, _ = turn["content"].partition(UNTHINK)
+    return inline.strip().removeprefix(THINK).strip() if closed else ""
 
 
 def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None,

@@ -132,3 +132,11 @@ def test_a_template_showing_the_thinking_is_left_as_it_renders(random_llama, sho
     ids, _ = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok))
     assert tok.decode(ids) == render(tok, chat)
     assert dropped_reasoning(tok, chat) == (1, 0)
+
+
+def test_a_prompt_ending_in_another_tag_opens_no_thinking(random_llama):
+    tok = deepseek(random_llama, R1_MANNER.replace("<think>\n{% endif %}", "<answer>\n{% endif %}"))
+    chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok))
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [f"{ANSWER}<｜end▁of▁sentence｜>"]
+    assert dropped_reasoning(tok, chat) == (1, 1)

@@ -108,13 +108,15 @@ def test_a_hybrid_template_opens_the_thinking_only_when_asked(random_llama, thin
     assert dropped_reasoning(tok, chat, kwargs) == (1, int(not thinking))
 
 
-def test_token_exact_follows_the_prompt_that_opened_the_thinking(random_llama):
+@pytest.mark.parametrize("split", [True, False], ids=["split", "inline"])
+def test_token_exact_follows_the_prompt_that_opened_the_thinking(random_llama, split):
     """The sampled ids come right after the served prompt, `<think>\\n` and all (until 2026-12-02 they
-    followed `<｜Assistant｜>`, a prompt the target never saw)."""
+    followed `<｜Assistant｜>`, a prompt the target never saw), whether a parser split the text or not."""
     tok = deepseek(random_llama, R1_MANNER)
     sampled = word_by_word(tok, f"{THOUGHT}\n</think>\n\n{ANSWER}")
     end = tok.convert_tokens_to_ids("<｜end▁of▁sentence｜>")
-    turn = {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT, "token_ids": [*sampled, end]}
+    text = {"content": ANSWER, "reasoning_content": THOUGHT} if split else {"content": f"{THOUGHT}\n</think>\n\n{ANSWER}"}
+    turn = {"role": "assistant", **text, "token_ids": [*sampled, end]}
     ids, mask = encode_conversation(tok, [*ASKED, turn], max_length=10_000, token_exact=True, end_ids=stops(tok))
     prompt = tok(render(tok, ASKED, True), add_special_tokens=False)["input_ids"]
     assert ids.tolist() == [*prompt, *sampled, end]

@@ -221,7 +221,7 @@ def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict
     """`text` (the conversation's render) with its last turn written as the target was served it, where
     the template hides that turn's thinking: the generation prompt, which opens a think block, then the
     thinking, `</think>` and the answer as the template writes it (with what follows). DeepSeek-R1's and
-    QwQ's templates cut every answer's thinking, split off or inline up to `</think>`, and render no
+    QwQ's templates never read `reasoning_content`, cut inline thinking up to `</think>` and render no
     `<think>`, so without this their drafters never trained on the thinking, most of what they serve.
     The thinking joins as these models write it: `R\n</think>\n\n` after `<think>\n`, `R</think>` after
     `<think>`. `text` as it was where the turn shows its thinking, or is no thinking turn."""

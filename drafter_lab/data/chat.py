@@ -35,11 +35,12 @@ inside the assistant turn (Qwen3: `<think>...</think>` before the answer, for th
 last user turn; harmony: an analysis channel before the final one, for the last turn), so it is
 masked and trains like the answer, and
 token-exact, the sampled ids (thinking and answer, as a server returns them) stand for all the
-template wrote for the turn up to its end-of-turn token. A template that hides every turn's thinking
-while its generation prompt opens a think block (DeepSeek-R1's `<think>\n`) has the conversation's
-last turn written as served (`_as_served`): that prompt, the thinking and the answer, all masked.
-Where the template leaves it out otherwise (earlier turns, or a template that never shows
-reasoning), `dropped_reasoning` counts it.
+template wrote for the turn up to its end-of-turn token. A template that hides the last turn's
+thinking where the generation prompt opens a think block (DeepSeek-R1's `<think>\n`, Kimi-K2.5's
+`<think>`) or where it writes an empty one for the turn (Kimi-K2-Thinking's `<think></think>`) has
+the conversation's last turn written as served (`_as_served`): that prompt, the thinking and the
+answer, all masked. Where the template leaves it out otherwise (earlier turns, or a template that
+never shows reasoning), `dropped_reasoning` counts it.
 
 Tool use (conversations.py): the conversation's `tools` go to every render, and an assistant turn's
 `tool_calls` are written by the template inside the turn (Qwen's `<tool_call>` tags), so they are
@@ -212,42 +213,64 @@ def _closing(tokenizer, messages: list[dict], text: str, end_ids: frozenset[int]
 THINK, UNTHINK = "<think>", "</think>"
 """The tags around a thinking model's thinking (DeepSeek-R1 and V3.1, QwQ, Qwen3, Kimi-K2, GLM-Z1)."""
 OPENS_THINKING = re.compile(r"<think>(\s*)\Z")
-"""A generation prompt that opens the target's thinking (`<think>\n`: DeepSeek-R1, QwQ; DeepSeek-V3.1's
-`<think>` with thinking on), and the whitespace after the tag."""
+"""A generation prompt that opens the target's thinking (`<think>\n`: DeepSeek-R1, QwQ; `<think>`:
+DeepSeek-V3.1's and Kimi-K2.5's with thinking on), and the whitespace after the tag."""
+EMPTY_THINKING = re.compile(r"\s*(<think>(\s*)</think>)\s*")
+"""An empty think block (with the whitespace inside it) that the template writes before an answer whose
+thinking it hides, where the target opened the block itself (Kimi-K2-Thinking's)."""
 
 
 def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None,
                tools: list[dict] | None) -> str:
     """`text` (the conversation's render) with its last turn written as the target was served it, where
-    the template hides that turn's thinking: the generation prompt, which opens a think block, then the
-    thinking, `</think>` and the answer as the template writes it (with what follows). DeepSeek-R1's and
-    QwQ's templates never read `reasoning_content`, cut inline thinking up to `</think>` and render no
-    `<think>`, so without this their drafters never trained on the thinking, most of what they serve.
-    The thinking joins as these models write it: `R\n</think>\n\n` after `<think>\n`, `R</think>` after
-    `<think>`. `text` as it was where the turn shows its thinking, or is no thinking turn."""
+    the template hides that turn's thinking: the generation prompt, then the thinking, `</think>` and
+    the answer as the template writes it (with what follows). DeepSeek-R1's and QwQ's templates never
+    read `reasoning_content`, cut inline thinking up to `</think>` and render no `<think>`; Kimi-K2.5's
+    and Kimi-K2-Thinking's write an empty block for every turn up to the last answer: without this
+    their drafters never trained on the thinking, most of what they serve. Where the prompt opens the
+    block, the thinking joins as these models write it: `R\n</think>\n\n` after `<think>\n`,
+    `R</think>` after `<think>`; else it goes inside the empty block the template writes for the turn.
+    The prompt is the one the target saw, with the thinking of the tool calls just before (Kimi's
+    interleaved thinking, which the template hides once the answer follows). `text` as it was where
+    the turn shows its thinking, or is no thinking turn."""
     last = messages[-1]
-    reasoning, content = last.get("reasoning_content", "").strip(), last["content"]
-    if last["role"] != "assistant" or len(messages) < 2 or not (reasoning or UNTHINK in content):
-        return text  # no thinking (spares the render below)
+    thinking = _thinking_of(last) if last["role"] == "assistant" else ""
+    split = "reasoning_content" in last
+    if len(messages) < 2 or not thinking or (split and thinking in text):
+        return text  # no thinking, or shown (spares the renders below)
+    i = len(messages) - 1
     head = render(tokenizer, messages[:-1], True, template_kwargs, tools)
     opener = OPENS_THINKING.search(head)
-    if opener is None or text.startswith(head):
-        return text
-    placed = _located(tokenizer, messages, len(messages) - 1, text, template_kwargs, tools)
+    if not opener and text.startswith(head) and not EMPTY_THINKING.match(text, len(head)):
+        return text  # neither the prompt nor the template opens a block there (spares two renders)
+    placed = _located(tokenizer, messages, i, text, template_kwargs, tools)
     if placed is None:
         return text
-    (gap,), (at, n) = opener.groups(), placed
-    if reasoning and reasoning not in text:
-        thinking, rest = reasoning + ("\n" + UNTHINK + "\n\n" if gap else UNTHINK), at
-    elif UNTHINK in content:  # inline, as a local regeneration keeps it: cut, or written without the opening tag
-        thinking = content[:content.index(UNTHINK) + len(UNTHINK)]
-        if thinking.lstrip().startswith(THINK):  # the generation prompt writes it
-            thinking = thinking.lstrip().removeprefix(THINK).removeprefix(gap)
+    at, n = placed
+    if split:
+        own, rest = thinking, at
+    else:  # inline, as a local regeneration keeps it: cut, or written as given
+        content = last["content"]
+        own = content[:content.index(UNTHINK) + len(UNTHINK)]
         written = text[at:at + n]
         rest = at + written.index(UNTHINK) + len(UNTHINK) if UNTHINK in written else at
-    else:
+        if own.lstrip().startswith(THINK):
+            own = own.lstrip()
+    if opener:
+        (gap,) = opener.groups()
+        if split:
+            own += "\n" + UNTHINK + "\n\n" if gap else UNTHINK
+        elif own.startswith(THINK):  # the generation prompt writes it
+            own = own.removeprefix(THINK).removeprefix(gap)
+        return head + own + text[rest:]
+    start = len(head) if text.startswith(head) else _turn_start(tokenizer, messages, i, text, template_kwargs, tools)
+    block = None if start is None else EMPTY_THINKING.fullmatch(text, start, at)
+    if block is None:
         return text
-    return head + thinking + text[rest:]
+    if split:
+        mid = (block.start(2) + block.end(2)) // 2
+        return head + text[start:mid] + own + text[mid:]
+    return head + text[start:block.start(1)] + ("" if own.startswith(THINK) else THINK) + own + text[rest:]
 
 
 def _shown(turn: dict, text: str, lo: int, hi: int) -> tuple[int, str]:

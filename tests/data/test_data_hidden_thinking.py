@@ -1,8 +1,10 @@
 """Templates that hide the thinking: DeepSeek-R1's (and QwQ's) cut every answer's thinking, whether
 kept apart (`reasoning_content`) or inline up to `</think>`, while the generation prompt opens the
-think block the target then writes. A conversation's last turn trains as it was served: the
-generation prompt, the thinking, `</think>` and the answer (until 2026-12-02 it trained on its answer
-alone, and inline thinking after the released template's `<think>\\n` prompt was refused)."""
+think block the target then writes; Kimi-K2.5's and Kimi-K2-Thinking's write an empty block for every
+turn up to the last answer. A conversation's last turn trains as it was served: the generation
+prompt, the thinking, `</think>` and the answer (until 2026-12-02 it trained on its answer alone, and
+inline thinking after the released R1 template's `<think>\\n` prompt was refused; Kimi's trained the
+empty block)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 from test_data_chat import spans, word_by_word
 from test_data_reasoning import THINKING
+from test_data_tools import CALL
 
 from drafter_lab.data.chat import dropped_reasoning, encode_conversation, render
 from drafter_lab.targets.hf import load_tokenizer
@@ -55,7 +58,8 @@ def stops(tok) -> frozenset[int]:
     {"content": ANSWER, "reasoning_content": THOUGHT},
     {"content": f"{THOUGHT}\n</think>\n\n{ANSWER}"},  # a local regeneration's text, after the prompt's <think>
     {"content": f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"},  # a dataset's, the opening tag kept
-], ids=["split", "inline", "inline-opened"])
+    {"content": f"\n<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"},  # ... after a stray newline
+], ids=["split", "inline", "inline-opened", "inline-opened-late"])
 @pytest.mark.parametrize("template", [R1_MANNER, R1_DISTILL], ids=["cut", "as-given"])
 def test_the_last_turn_trains_its_thinking_as_served(random_llama, turn, template):
     tok = deepseek(random_llama, template)
@@ -142,3 +146,117 @@ def test_a_prompt_ending_in_another_tag_opens_no_thinking(random_llama):
     ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok))
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [f"{ANSWER}<｜end▁of▁sentence｜>"]
     assert dropped_reasoning(tok, chat) == (1, 1)
+
+
+KIMI_SPECIAL = ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>",
+                "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"]
+# In the manner of Kimi-K2-Thinking's template: the turns up to the last answer without calls show an
+# empty think block, the later ones (a chain of calls after it) their thinking; the target opens the
+# block itself.
+K2_THINKING = (
+    "{% set ns = namespace(answered=-1) %}{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and not m['tool_calls'] %}{% set ns.answered = loop.index0 %}{% endif %}"
+    "{% endfor %}{% for m in messages %}<|im_{{ m['role'] if m['role'] != 'tool' else 'system' }}|>"
+    "{{ m['role'] }}<|im_middle|>{% if m['role'] == 'assistant' %}<think>"
+    "{% if loop.index0 > ns.answered %}{{ m['reasoning_content'] }}{% endif %}</think>{% endif %}{{ m['content'] }}"
+    "{% if m['tool_calls'] %}<|tool_calls_section_begin|>{% for c in m['tool_calls'] %}"
+    "{{ c['function']['name'] }}:{{ c['function']['arguments'] | tojson }}{% endfor %}"
+    "<|tool_calls_section_end|>{% endif %}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
+)
+# Kimi-K2.5's opens the block in the prompt, or writes it empty with `thinking` off.
+K25 = K2_THINKING[:-len("{% endif %}")] + "{{ '<think></think>' if thinking is false else '<think>' }}{% endif %}"
+KIMI_SERVED = f"<think>{THOUGHT}</think>{ANSWER}<|im_end|>"
+
+
+def kimi(random_llama, template: str):
+    tok = load_tokenizer(random_llama)
+    tok.add_special_tokens({"additional_special_tokens": KIMI_SPECIAL})
+    tok.chat_template = template
+    return tok
+
+
+def kimi_stops(tok) -> frozenset[int]:
+    return frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+
+
+@pytest.mark.parametrize("turn", [
+    {"content": ANSWER, "reasoning_content": THOUGHT},
+    {"content": f"<think>{THOUGHT}</think>{ANSWER}"},  # a local regeneration's text
+    {"content": f"{THOUGHT}</think>{ANSWER}"},  # K2.5's, after its prompt's tag
+], ids=["split", "inline", "inline-untagged"])
+@pytest.mark.parametrize("template", [K2_THINKING, K25], ids=["k2-thinking", "k2.5"])
+def test_kimi_fills_the_empty_think_block_of_the_last_answer(random_llama, template, turn):
+    """The target wrote its thinking where the template writes `<think></think>`: K2-Thinking the whole
+    block, K2.5 after its prompt's `<think>` (until 2026-12-02 both trained the empty block)."""
+    tok = kimi(random_llama, template)
+    chat = [*ASKED, {"role": "assistant", **turn}]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    assert tok.decode(ids) == render(tok, ASKED, True).removesuffix("<think>") + KIMI_SERVED
+    opened = "<think>" if template == K25 else ""  # the prompt wrote the tag: the target's text starts after it
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [KIMI_SERVED.removeprefix(opened)]
+    assert dropped_reasoning(tok, chat) == (1, 0)
+
+
+@pytest.mark.parametrize(("before", "half", "after"), [("", "\n", "\n\n"), ("\n", "", "\n")], ids=["qwen", "glm-4.5"])
+def test_the_thinking_goes_inside_the_blocks_whitespace(random_llama, before, half, after):
+    """An empty block is filled as templates write the thinking they show: between the halves of the
+    whitespace inside it (Qwen's `<think>\\nR\\n</think>`), the whitespace around it kept (GLM-4.5's)."""
+    def ws(s):  # written as an expression: a newline right after a block tag would be dropped
+        return "{{ %r }}" % s
+    tok = kimi(random_llama, K2_THINKING.replace("<think>{% if", f"{ws(before)}<think>{ws(half)}{{% if").replace(
+        "{% endif %}</think>", f"{{% endif %}}{ws(half)}</think>{ws(after)}"))
+    chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    assert "<think>" + 2 * half + "</think>" in render(tok, chat)  # the block the template writes is empty
+    served = f"{before}<think>{half}{THOUGHT}{half}</think>{after}{ANSWER}<|im_end|>"
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [served]
+
+
+@pytest.mark.parametrize("template", [K2_THINKING, K25], ids=["k2-thinking", "k2.5"])
+def test_kimi_serves_the_answer_after_the_thinking_of_its_calls(random_llama, template):
+    """A chain of calls keeps its thinking in the prompts the target saw while it ran, and hides it once
+    the answer follows: the answer is served after that prompt, the chain's thinking in it, trained."""
+    tok = kimi(random_llama, template)
+    chat = [*ASKED, {"role": "assistant", "content": "", "reasoning_content": "Look it up.", "tool_calls": [CALL]},
+            {"role": "tool", "content": "2048"}, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    head = render(tok, chat[:-1], True)
+    assert "Look it up." not in render(tok, chat) and "Look it up." in head
+    assert tok.decode(ids) == head.removesuffix("<think>") + KIMI_SERVED
+    call = '<|tool_calls_section_begin|>stat:{"path": "setup.py"}<|tool_calls_section_end|><|im_end|>'
+    opened = "" if template == K2_THINKING else "<think>"
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [
+        f"<think>Look it up.</think>{call}".removeprefix(opened), KIMI_SERVED.removeprefix(opened)]
+    assert dropped_reasoning(tok, chat) == (2, 0)
+
+
+def test_kimi_earlier_answers_train_as_the_target_saw_them_and_are_counted(random_llama):
+    tok = kimi(random_llama, K2_THINKING)
+    chat = [*ASKED, {"role": "assistant", "content": "It joins.", "reasoning_content": "Short."},
+            {"role": "user", "content": "And split?"},
+            {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == ["<think></think>It joins.<|im_end|>", KIMI_SERVED]
+    assert dropped_reasoning(tok, chat) == (2, 1)
+
+
+def test_kimi_token_exact_ids_follow_the_prompt(random_llama):
+    tok = kimi(random_llama, K2_THINKING)
+    sampled = word_by_word(tok, KIMI_SERVED.removesuffix("<|im_end|>"))
+    (end,) = kimi_stops(tok)
+    turn = {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT, "token_ids": [*sampled, end]}
+    ids, mask = encode_conversation(tok, [*ASKED, turn], max_length=10_000, token_exact=True, end_ids=kimi_stops(tok))
+    prompt = tok(render(tok, ASKED, True), add_special_tokens=False)["input_ids"]
+    assert ids.tolist() == [*prompt, *sampled, end]
+    assert torch.equal(mask, torch.arange(len(ids)) >= len(prompt))
+
+
+def test_kimi_k25_with_its_thinking_off_serves_the_answer_alone(random_llama):
+    """The prompt closes the block itself: a turn's thinking is not what the target served."""
+    tok = kimi(random_llama, K25)
+    chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
+    kwargs = {"thinking": False}
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok), template_kwargs=kwargs)
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [f"{ANSWER}<|im_end|>"]
+    assert dropped_reasoning(tok, chat, kwargs) == (1, 1)

@@ -182,7 +182,7 @@ def kimi_stops(tok) -> frozenset[int]:
 
 @pytest.mark.parametrize("turn", [
     {"content": ANSWER, "reasoning_content": THOUGHT},
-    {"content": f"<think>{THOUGHT}</think>{ANSWER}"},  # a local regeneration's text
+    {"content": f"<think>{THOUGHT}</think>{ANSWER}"},  # K2-Thinking's as a local regeneration keeps it
     {"content": f"{THOUGHT}</think>{ANSWER}"},  # K2.5's, after its prompt's tag
 ], ids=["split", "inline", "inline-untagged"])
 @pytest.mark.parametrize("template", [K2_THINKING, K25], ids=["k2-thinking", "k2.5"])
@@ -203,7 +203,7 @@ def test_the_thinking_goes_inside_the_blocks_whitespace(random_llama, before, ha
     """An empty block is filled as templates write the thinking they show: between the halves of the
     whitespace inside it (Qwen's `<think>\\nR\\n</think>`), the whitespace around it kept (GLM-4.5's)."""
     def ws(s):  # written as an expression: a newline right after a block tag would be dropped
-        return "{{ %r }}" % s
+        return "{{ " + repr(s) + " }}"
     tok = kimi(random_llama, K2_THINKING.replace("<think>{% if", f"{ws(before)}<think>{ws(half)}{{% if").replace(
         "{% endif %}</think>", f"{{% endif %}}{ws(half)}</think>{ws(after)}"))
     chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]

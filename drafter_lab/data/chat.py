@@ -242,7 +242,7 @@ def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict
     head = render(tokenizer, messages[:-1], True, template_kwargs, tools)
     opener = OPENS_THINKING.search(head)
     if not opener and text.startswith(head) and not EMPTY_THINKING.match(text, len(head)):
-        return text  # neither the prompt nor the template opens a block there (spares two renders)
+        return text  # neither the prompt nor the template opens a block there (spares a render)
     placed = _located(tokenizer, messages, i, text, template_kwargs, tools)
     if placed is None:
         return text

@@ -43,15 +43,15 @@ THOUGHT, ANSWER = "They ask about join.\nIt glues parts with the separator.", "I
 SERVED = f"{THOUGHT}\n</think>\n\n{ANSWER}<｜end▁of▁sentence｜>"
 
 
-def deepseek(random_llama, template: str):
+def templated(random_llama, template: str, special: list[str] = SPECIAL):
     tok = load_tokenizer(random_llama)
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.add_special_tokens({"additional_special_tokens": special})
     tok.chat_template = template
     return tok
 
 
-def stops(tok) -> frozenset[int]:
-    return frozenset({tok.convert_tokens_to_ids("<｜end▁of▁sentence｜>")})
+def stops(tok, end: str = "<｜end▁of▁sentence｜>") -> frozenset[int]:
+    return frozenset({tok.convert_tokens_to_ids(end)})
 
 
 @pytest.mark.parametrize("turn", [
@@ -62,7 +62,7 @@ def stops(tok) -> frozenset[int]:
 ], ids=["split", "inline", "inline-opened", "inline-opened-late"])
 @pytest.mark.parametrize("template", [R1_MANNER, R1_DISTILL], ids=["cut", "as-given"])
 def test_the_last_turn_trains_its_thinking_as_served(random_llama, turn, template):
-    tok = deepseek(random_llama, template)
+    tok = templated(random_llama, template)
     chat = [*ASKED, {"role": "assistant", **turn}]
     ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok))
     assert tok.decode(ids) == render(tok, ASKED, True) + SERVED
@@ -71,7 +71,7 @@ def test_the_last_turn_trains_its_thinking_as_served(random_llama, turn, templat
 
 
 def test_earlier_turns_train_their_answers_and_are_counted(random_llama):
-    tok = deepseek(random_llama, R1_MANNER)
+    tok = templated(random_llama, R1_MANNER)
     chat = [*ASKED, {"role": "assistant", "content": "It joins.", "reasoning_content": "Short."},
             {"role": "user", "content": "And split?"},
             {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
@@ -86,7 +86,7 @@ def test_inline_thinking_is_cut_from_earlier_turns_and_counted(random_llama, tem
     """Inline thinking (a local regeneration keeps it so) counts like thinking kept apart, and an earlier
     turn the template shows without it trains on its answer (until 2026-12-02 such a turn, after a
     prompt that is no prefix of the render, was refused, and its thinking went uncounted)."""
-    tok = deepseek(random_llama, template)
+    tok = templated(random_llama, template)
     chat = [*ASKED, {"role": "assistant", "content": "<think>\nShort.\n</think>\n\nIt joins."},
             {"role": "user", "content": "Why </think> here?"},
             {"role": "assistant", "content": f"{THOUGHT}\n</think>\n\n{ANSWER}"}]
@@ -103,7 +103,7 @@ def test_inline_thinking_is_cut_from_earlier_turns_and_counted(random_llama, tem
 def test_a_hybrid_template_opens_the_thinking_only_when_asked(random_llama, thinking):
     """DeepSeek-V3.1 thinks after `<think>` and writes `</think>` right after its thinking; with its
     thinking off the prompt closes the block, so a turn's thinking is not the target's to serve."""
-    tok = deepseek(random_llama, V31_MANNER)
+    tok = templated(random_llama, V31_MANNER)
     chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
     kwargs = {"thinking": thinking}
     ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok), template_kwargs=kwargs)
@@ -116,7 +116,7 @@ def test_a_hybrid_template_opens_the_thinking_only_when_asked(random_llama, thin
 def test_token_exact_follows_the_prompt_that_opened_the_thinking(random_llama, split):
     """The sampled ids come right after the served prompt, `<think>\\n` and all (until 2026-12-02 they
     followed `<｜Assistant｜>`, a prompt the target never saw), whether a parser split the text or not."""
-    tok = deepseek(random_llama, R1_MANNER)
+    tok = templated(random_llama, R1_MANNER)
     sampled = word_by_word(tok, f"{THOUGHT}\n</think>\n\n{ANSWER}")
     end = tok.convert_tokens_to_ids("<｜end▁of▁sentence｜>")
     text = {"content": ANSWER, "reasoning_content": THOUGHT} if split else {"content": f"{THOUGHT}\n</think>\n\n{ANSWER}"}
@@ -132,7 +132,7 @@ def test_token_exact_follows_the_prompt_that_opened_the_thinking(random_llama, s
 def test_a_template_showing_the_thinking_is_left_as_it_renders(random_llama, shown):
     """A thinking-only template in Qwen3-2507's manner opens the block in its prompt and writes the last
     turn's thinking itself: its render is what was served, or as near as the lab can tell."""
-    tok = deepseek(random_llama, R1_MANNER.replace(
+    tok = templated(random_llama, R1_MANNER.replace(
         "{{ m['content'].split('</think>')[-1] }}", "{% if loop.last %}" + shown + "{% endif %}{{ m['content'] }}"))
     chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
     ids, _ = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok))
@@ -141,7 +141,7 @@ def test_a_template_showing_the_thinking_is_left_as_it_renders(random_llama, sho
 
 
 def test_a_prompt_ending_in_another_tag_opens_no_thinking(random_llama):
-    tok = deepseek(random_llama, R1_MANNER.replace("<think>\n{% endif %}", "<answer>\n{% endif %}"))
+    tok = templated(random_llama, R1_MANNER.replace("<think>\n{% endif %}", "<answer>\n{% endif %}"))
     chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
     ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok))
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [f"{ANSWER}<｜end▁of▁sentence｜>"]
@@ -169,17 +169,6 @@ K25 = K2_THINKING[:-len("{% endif %}")] + "{{ '<think></think>' if thinking is f
 KIMI_SERVED = f"<think>{THOUGHT}</think>{ANSWER}<|im_end|>"
 
 
-def kimi(random_llama, template: str):
-    tok = load_tokenizer(random_llama)
-    tok.add_special_tokens({"additional_special_tokens": KIMI_SPECIAL})
-    tok.chat_template = template
-    return tok
-
-
-def kimi_stops(tok) -> frozenset[int]:
-    return frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
-
-
 @pytest.mark.parametrize("turn", [
     {"content": ANSWER, "reasoning_content": THOUGHT},
     {"content": f"<think>{THOUGHT}</think>{ANSWER}"},  # K2-Thinking's as a local regeneration keeps it
@@ -189,9 +178,9 @@ def kimi_stops(tok) -> frozenset[int]:
 def test_kimi_fills_the_empty_think_block_of_the_last_answer(random_llama, template, turn):
     """The target wrote its thinking where the template writes `<think></think>`: K2-Thinking the whole
     block, K2.5 after its prompt's `<think>` (until 2026-12-02 both trained the empty block)."""
-    tok = kimi(random_llama, template)
+    tok = templated(random_llama, template, KIMI_SPECIAL)
     chat = [*ASKED, {"role": "assistant", **turn}]
-    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok, "<|im_end|>"))
     assert tok.decode(ids) == render(tok, ASKED, True).removesuffix("<think>") + KIMI_SERVED
     opened = "<think>" if template == K25 else ""  # the prompt wrote the tag: the target's text starts after it
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [KIMI_SERVED.removeprefix(opened)]
@@ -204,10 +193,11 @@ def test_the_thinking_goes_inside_the_blocks_whitespace(random_llama, before, ha
     whitespace inside it (Qwen's `<think>\\nR\\n</think>`), the whitespace around it kept (GLM-4.5's)."""
     def ws(s):  # written as an expression: a newline right after a block tag would be dropped
         return "{{ " + repr(s) + " }}"
-    tok = kimi(random_llama, K2_THINKING.replace("<think>{% if", f"{ws(before)}<think>{ws(half)}{{% if").replace(
-        "{% endif %}</think>", f"{{% endif %}}{ws(half)}</think>{ws(after)}"))
+    template = K2_THINKING.replace("<think>{% if", f"{ws(before)}<think>{ws(half)}{{% if").replace(
+        "{% endif %}</think>", f"{{% endif %}}{ws(half)}</think>{ws(after)}")
+    tok = templated(random_llama, template, KIMI_SPECIAL)
     chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
-    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok, "<|im_end|>"))
     assert "<think>" + 2 * half + "</think>" in render(tok, chat)  # the block the template writes is empty
     served = f"{before}<think>{half}{THOUGHT}{half}</think>{after}{ANSWER}<|im_end|>"
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [served]
@@ -217,10 +207,10 @@ def test_the_thinking_goes_inside_the_blocks_whitespace(random_llama, before, ha
 def test_kimi_serves_the_answer_after_the_thinking_of_its_calls(random_llama, template):
     """A chain of calls keeps its thinking in the prompts the target saw while it ran, and hides it once
     the answer follows: the answer is served after that prompt, the chain's thinking in it, trained."""
-    tok = kimi(random_llama, template)
+    tok = templated(random_llama, template, KIMI_SPECIAL)
     chat = [*ASKED, {"role": "assistant", "content": "", "reasoning_content": "Look it up.", "tool_calls": [CALL]},
             {"role": "tool", "content": "2048"}, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
-    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok, "<|im_end|>"))
     head = render(tok, chat[:-1], True)
     assert "Look it up." not in render(tok, chat) and "Look it up." in head
     assert tok.decode(ids) == head.removesuffix("<think>") + KIMI_SERVED
@@ -232,21 +222,21 @@ def test_kimi_serves_the_answer_after_the_thinking_of_its_calls(random_llama, te
 
 
 def test_kimi_earlier_answers_train_as_the_target_saw_them_and_are_counted(random_llama):
-    tok = kimi(random_llama, K2_THINKING)
+    tok = templated(random_llama, K2_THINKING, KIMI_SPECIAL)
     chat = [*ASKED, {"role": "assistant", "content": "It joins.", "reasoning_content": "Short."},
             {"role": "user", "content": "And split?"},
             {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
-    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok))
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok, "<|im_end|>"))
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == ["<think></think>It joins.<|im_end|>", KIMI_SERVED]
     assert dropped_reasoning(tok, chat) == (2, 1)
 
 
 def test_kimi_token_exact_ids_follow_the_prompt(random_llama):
-    tok = kimi(random_llama, K2_THINKING)
+    tok = templated(random_llama, K2_THINKING, KIMI_SPECIAL)
     sampled = word_by_word(tok, KIMI_SERVED.removesuffix("<|im_end|>"))
-    (end,) = kimi_stops(tok)
+    (end,) = stops(tok, "<|im_end|>")
     turn = {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT, "token_ids": [*sampled, end]}
-    ids, mask = encode_conversation(tok, [*ASKED, turn], max_length=10_000, token_exact=True, end_ids=kimi_stops(tok))
+    ids, mask = encode_conversation(tok, [*ASKED, turn], max_length=10_000, token_exact=True, end_ids=stops(tok, "<|im_end|>"))
     prompt = tok(render(tok, ASKED, True), add_special_tokens=False)["input_ids"]
     assert ids.tolist() == [*prompt, *sampled, end]
     assert torch.equal(mask, torch.arange(len(ids)) >= len(prompt))
@@ -254,9 +244,9 @@ def test_kimi_token_exact_ids_follow_the_prompt(random_llama):
 
 def test_kimi_k25_with_its_thinking_off_serves_the_answer_alone(random_llama):
     """The prompt closes the block itself: a turn's thinking is not what the target served."""
-    tok = kimi(random_llama, K25)
+    tok = templated(random_llama, K25, KIMI_SPECIAL)
     chat = [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
     kwargs = {"thinking": False}
-    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=kimi_stops(tok), template_kwargs=kwargs)
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok, "<|im_end|>"), template_kwargs=kwargs)
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [f"{ANSWER}<|im_end|>"]
     assert dropped_reasoning(tok, chat, kwargs) == (1, 1)

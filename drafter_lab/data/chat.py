@@ -40,7 +40,8 @@ thinking where the generation prompt opens a think block (DeepSeek-R1's `<think>
 `<think>`) or where it writes an empty one for the turn (Kimi-K2-Thinking's `<think></think>`) has
 the conversation's last turn written as served (`_as_served`): that prompt, the thinking and the
 answer, all masked. Where the template leaves it out otherwise (earlier turns, or a template that
-never shows reasoning), `dropped_reasoning` counts it.
+never shows reasoning), `dropped_reasoning` counts it, and an empty block written in its place
+(`HIDDEN_THINKING`, Kimi's) stays unmasked: the target never wrote it.
 
 Tool use (conversations.py): the conversation's `tools` go to every render, and an assistant turn's
 `tool_calls` are written by the template inside the turn (Qwen's `<tool_call>` tags), so they are
@@ -218,6 +219,9 @@ DeepSeek-V3.1's and Kimi-K2.5's with thinking on), and the whitespace after the 
 EMPTY_THINKING = re.compile(r"\s*(<think>(\s*)</think>)\s*")
 """An empty think block (with the whitespace inside it) that the template writes before an answer whose
 thinking it hides, where the target opened the block itself (Kimi-K2-Thinking's)."""
+HIDDEN_THINKING = re.compile(r"\s*(?:<think>\s*)?</think>")
+"""What a template writes where a turn's thinking was, for the turns whose thinking it hides: an empty
+block (Kimi-K2-Thinking's), or the close of one its generation prompt opened (Kimi-K2.5's)."""
 
 
 def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None,
@@ -435,7 +439,10 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
     for m, span in zip(turns, spans):
         if token_exact and "token_ids" not in m:  # recorded tool calls (_spliced): not the target's tokens
             continue
-        first, last = bisect.bisect_left(starts, span.start), bisect.bisect_left(starts, span.stop)
+        begin = span.start
+        if not token_exact and _thinking_of(m) and (hidden := HIDDEN_THINKING.match(text, begin)):
+            begin = hidden.end()  # written in place of the turn's thinking: not what the target wrote
+        first, last = bisect.bisect_left(starts, begin), bisect.bisect_left(starts, span.stop)
         # Written by the template, not sampled by the target, from where the end-of-turn token may be.
         looked = [t for t in range(first, last) if not sampled[t] and starts[t] >= span.after]
         k = _closer([ids[t] for t in looked], span, end_ids, special)

@@ -221,14 +221,37 @@ def test_kimi_serves_the_answer_after_the_thinking_of_its_calls(random_llama, te
     assert dropped_reasoning(tok, chat) == (2, 0)
 
 
-def test_kimi_earlier_answers_train_as_the_target_saw_them_and_are_counted(random_llama):
-    tok = templated(random_llama, K2_THINKING, KIMI_SPECIAL)
-    chat = [*ASKED, {"role": "assistant", "content": "It joins.", "reasoning_content": "Short."},
-            {"role": "user", "content": "And split?"},
+@pytest.mark.parametrize("thought", ["Short.", None], ids=["thought", "no-thinking-known"])
+@pytest.mark.parametrize("template", [K2_THINKING, K25], ids=["k2-thinking", "k2.5"])
+def test_kimi_earlier_answers_train_without_the_block_written_for_their_thinking(random_llama, template, thought):
+    """Later prompts show an earlier answer's thinking as an empty block (K2.5's: `</think>` after the
+    `<think>` its prompt opened); the target never wrote that, so the answer alone trains, counted
+    (until 2026-12-02 the block trained: a drafter proposing `</think>` at once). A turn without
+    thinking keeps the template's block: nothing says the target thought there."""
+    tok = templated(random_llama, template, KIMI_SPECIAL)
+    earlier = {"role": "assistant", "content": "It joins.", **({"reasoning_content": thought} if thought else {})}
+    chat = [*ASKED, earlier, {"role": "user", "content": "And split?"},
             {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}]
     ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=stops(tok, "<|im_end|>"))
-    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == ["<think></think>It joins.<|im_end|>", KIMI_SERVED]
-    assert dropped_reasoning(tok, chat) == (2, 1)
+    opened = "<think>" if template == K25 else ""  # by the prompt
+    block = "" if thought else "<think></think>".removeprefix(opened)
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [f"{block}It joins.<|im_end|>",
+                                                              KIMI_SERVED.removeprefix(opened)]
+    assert dropped_reasoning(tok, chat) == ((2, 1) if thought else (1, 0))
+
+
+def test_kimi_token_exact_earlier_answers_train_as_sampled(random_llama):
+    """Token-exact, an earlier turn's sampled ids (its thinking in them) stand for all the template wrote
+    for it, the empty block too, and all of them train."""
+    tok = templated(random_llama, K2_THINKING, KIMI_SPECIAL)
+    (end,) = ends = stops(tok, "<|im_end|>")
+    first = word_by_word(tok, "<think>Short.</think>It joins.")
+    last = word_by_word(tok, KIMI_SERVED.removesuffix("<|im_end|>"))
+    chat = [*ASKED, {"role": "assistant", "content": "It joins.", "reasoning_content": "Short.", "token_ids": [*first, end]},
+            {"role": "user", "content": "And split?"},
+            {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT, "token_ids": [*last, end]}]
+    ids, mask = encode_conversation(tok, chat, max_length=10_000, token_exact=True, end_ids=ends)
+    assert [ids[a:b].tolist() for a, b in spans(mask)] == [[*first, end], [*last, end]]
 
 
 def test_kimi_token_exact_ids_follow_the_prompt(random_llama):

@@ -5,9 +5,9 @@ Per sequence the shard holds input_ids, the assistant loss mask, the three aux h
 (target logits are recomputed from it with the target's lm_head, never stored). See shards.py.
 
 Determinism and resume: conversations keep file order, the train/val split is a hash of the
-sequence id, shard k of a split always holds the same sequences, and batches inside a shard are
-formed the same way every run, so a rerun recomputes exactly the shards the manifest does not list
-and skips the rest. A manifest made from another target, chat template or settings is refused. Regenerated
+conversation id (a conversation's sequences share its split), shard k of a split always holds the
+same sequences, and batches inside a shard are formed the same way every run, so a rerun recomputes
+exactly the shards the manifest does not list and skips the rest. A manifest made from another target, chat template or settings is refused. Regenerated
 conversations are cached beside the shards (`regenerated-<hash>.jsonl`, journalled batch by batch
 while they are generated), so a resumed run does not generate again. Memory holds one batch of
 hidden states: each sequence is written into its shard (laid out from the planned lengths) as its
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ from drafter_lab import config as cfglib
 from drafter_lab.data.capture_config import (
     DTYPE_NAMES,
     TEMPLATE_HASH,
+    TURNS,
     CaptureConfig,
     template_as_recorded,
 )
@@ -63,8 +65,19 @@ from drafter_lab.targets.hf import (
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
+TURN_ID = re.compile(r"#turn\d+\Z")
+"""The suffix of a sequence cut after one assistant turn (`turns="each"`)."""
+
+
+def conversation_of(seq_id: str) -> str:
+    """The id of the conversation a sequence comes from."""
+    return TURN_ID.sub("", seq_id)
+
+
 def split_of(seq_id: str, val_fraction: float) -> str:
-    h = int(hashlib.sha256(seq_id.encode()).hexdigest()[:16], 16)
+    """"train" or "val", by a hash of the sequence's conversation id: a conversation's sequences share
+    its split, so no val answer sits in a train sequence's prompt."""
+    h = int(hashlib.sha256(conversation_of(seq_id).encode()).hexdigest()[:16], 16)
     return "val" if h < val_fraction * 2**64 else "train"
 
 
@@ -102,6 +115,23 @@ def check_config(cfg: CaptureConfig) -> None:
         raise LabError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
     if cfg.temperature < 0:
         raise LabError(f"temperature must be >= 0, got {cfg.temperature}")
+    if cfg.turns not in TURNS:
+        raise LabError(f"unknown turns {cfg.turns!r}; choose one of {', '.join(TURNS)}")
+
+
+def sequences_of(convs: list[Conversation], turns: str) -> list[Conversation]:
+    """The conversations to encode for `turns` (CaptureConfig.turns): `all` as they are; `last` each cut
+    after its last assistant turn; `each` one per assistant turn, cut after it."""
+    if turns == "all":
+        return convs
+    out = []
+    for c in convs:
+        at = c.assistant_turns()
+        if turns == "last":
+            out += [Conversation(c.id, c.messages[:i + 1], c.tools) for i in at[-1:]]
+        else:
+            out += [Conversation(f"{c.id}#turn{k}", c.messages[:i + 1], c.tools) for k, i in enumerate(at, 1)]
+    return out
 
 
 def resume_settings(target: dict, aux_ids: list[int], dtype: str, source: dict) -> dict:
@@ -190,11 +220,12 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
 
 def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversations_path, skipped: dict,
                            main: bool) -> list[tuple]:
-    """(id, input_ids, loss_mask) per conversation with an assistant token within max_length; the
-    others are counted in `skipped`. Answers another target sampled (a regeneration by the previous
-    model version, say), or sampled after prompts rendered otherwise than here (another chat template,
-    other variables), are an error token-exact and a note on `main` otherwise; so is reasoning the
-    chat template leaves out (a note: those turns train on their answers alone), and tool calls it
+    """(id, input_ids, loss_mask) per sequence (one per conversation, or per assistant turn: `cfg.turns`)
+    with an assistant token within max_length; the others are counted in `skipped`. Answers another
+    target sampled (a regeneration by the previous model version, say), or sampled after prompts
+    rendered otherwise than here (another chat template, other variables), are an error token-exact
+    and a note on `main` otherwise; so is reasoning the chat template leaves out of the turns that
+    train (a note: those turns train on their answers alone), and tool calls it
     does not write (a note: a template without tool support, or one writing a turn's first call
     alone). Encoded in `cfg.tokenize_workers` processes (encodings.py), with progress on `main`."""
     items = []
@@ -217,8 +248,9 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            f"here ({ours}): a token-exact capture takes the target's own tokens after its own prompts "
                            "(the same chat template and --chat-template-kwargs)", conversations_path)
         reprompted += theirs is not None
+    seqs = sequences_of(convs, cfg.turns)
     try:
-        for conv, (ids, mask, (n, d), (c, u)) in zip(convs, encodings(convs, target.tokenizer, cfg, end_ids, main)):
+        for conv, (ids, mask, (n, d), (c, u)) in zip(seqs, encodings(seqs, target.tokenizer, cfg, end_ids, main)):
             thought, dropped, calling, uncalled = thought + n, dropped + d, calling + c, uncalled + u
             if not mask.any():  # the assistant text lies past max_length
                 skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
@@ -306,6 +338,7 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         "batch_size": cfg.batch_size,  # padding inside a batch moves the low bits of the states
         "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
         **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
+        **({"turns": cfg.turns} if cfg.turns != "all" else {}),  # likewise
         **rendered_with(tokenizer, cfg.chat_template_kwargs),
         **({"sampled_at": given} if given is not None else {}),
     }

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 """The dtypes a target may run in (capture.DTYPES maps them to torch's)."""
+TURNS = ("all", "last", "each")
+"""Which assistant turns of a conversation train (CaptureConfig.turns)."""
 
 
 @dataclass
@@ -42,6 +44,14 @@ class CaptureConfig:
     `data regenerate` output, locally or through a server that returns them) instead of re-tokenizing
     its text, as a server streams them. Held-out sets for `train --val-temperature` need it for the
     replay of a sampled server (replay_accept_len_k)."""
+    turns: str = "all"
+    """Which assistant turns train. `all`: one sequence per conversation, every turn as the target's later
+    prompts show it and the last as it was served. `last`: the last turn alone, the conversation cut after
+    it (SpecForge's --train-only-last-turn). `each`: one sequence per assistant turn, cut after it and
+    training it alone (id `<conversation id>#turn<k>`, in its conversation's split), so every turn trains
+    as served, its thinking too where the template hides it from later prompts (DeepSeek-R1's, Qwen3's,
+    Kimi's); the target then runs over every prefix, tokens quadratic in the turns. A turn past
+    `max_length` has no sequence under `last` and `each`."""
     chat_template_kwargs: dict | None = None
     """Extra variables for the target's chat template, as an SGLang or vLLM request's
     `chat_template_kwargs` (`{"enable_thinking": false}`: a hybrid thinking model served with its

@@ -313,11 +313,12 @@ def _thinking_of(turn: dict) -> str:
 
 
 def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
-                      tools: list[dict] | None = None) -> tuple[int, int]:
+                      tools: list[dict] | None = None, last_only: bool = False) -> tuple[int, int]:
     """(assistant turns with reasoning, those whose reasoning the chat template leaves out of the render):
     kept apart, or inline before `</think>` (a local regeneration's text, which Qwen3's and DeepSeek-R1's
-    templates cut)."""
-    thought = [t for m in messages if m["role"] == "assistant" and (t := _thinking_of(m))]
+    templates cut); of the last assistant turn alone where `last_only`."""
+    turns = [m for m in messages if m["role"] == "assistant"]
+    thought = [t for m in (turns[-1:] if last_only else turns) if (t := _thinking_of(m))]
     if not thought:
         return 0, 0
     text = _as_served(tokenizer, messages, render(tokenizer, messages, False, template_kwargs, tools), template_kwargs,
@@ -326,12 +327,14 @@ def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | N
 
 
 def dropped_calls(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
-                  tools: list[dict] | None = None) -> tuple[int, int]:
+                  tools: list[dict] | None = None, last_only: bool = False) -> tuple[int, int]:
     """(assistant turns making tool calls, those with a call the chat template does not write): a
     template without tool support writes none (the lab's default ChatML: the conversation renders
     alike without them); GPT-OSS's writes a turn's first call alone (it renders alike without the
-    turn's last one). One render more, and one per turn making several calls."""
-    calling = [i for i, m in enumerate(messages) if "tool_calls" in m]
+    turn's last one). One render more, and one per turn making several calls. Of the last assistant
+    turn alone where `last_only`."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    calling = [i for i in (turns[-1:] if last_only else turns) if "tool_calls" in messages[i]]
     if not calling:
         return 0, 0
     text = render(tokenizer, messages, False, template_kwargs, tools)
@@ -419,11 +422,12 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
 
 def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_exact: bool = False,
                         end_ids: frozenset[int] = frozenset(), template_kwargs: dict | None = None,
-                        tools: list[dict] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        tools: list[dict] | None = None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
     `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`,
     the tokens the target stops at, which also end a turn's mask), and tool calls the target did not
-    sample left unmasked; `template_kwargs` and `tools` as `render`."""
+    sample left unmasked; `template_kwargs` and `tools` as `render`; `last_only`: the last assistant
+    turn alone is masked (the others are prompt)."""
     text = render(tokenizer, messages, False, template_kwargs, tools)
     text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
     text = _as_served(tokenizer, messages, text, template_kwargs, tools)
@@ -435,8 +439,8 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         ids, starts = _tokenize(tokenizer, text)
         sampled = [False] * len(ids)
     mask = [False] * len(ids)
-    turns = [m for m in messages if m["role"] == "assistant"]
-    for m, span in zip(turns, spans):
+    turns = list(zip((m for m in messages if m["role"] == "assistant"), spans))
+    for m, span in turns[-1:] if last_only else turns:
         if token_exact and "token_ids" not in m:  # recorded tool calls (_spliced): not the target's tokens
             continue
         begin = span.start

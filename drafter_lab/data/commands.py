@@ -18,7 +18,7 @@ def aux_ids_arg(text: str) -> list[int]:
 
 
 def register(subparsers) -> None:
-    from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig, template_kwargs_arg
+    from drafter_lab.data.capture_config import DTYPE_NAMES, TURNS, CaptureConfig, template_kwargs_arg
 
     docs, d = field_docs(CaptureConfig), CaptureConfig()
     data = subparsers.add_parser("data", help="turn conversations into target features")
@@ -35,6 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--token-exact", action="store_true", help=docs["token_exact"])
     p.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
                    help=docs["chat_template_kwargs"])
+    p.add_argument("--turns", default=d.turns, choices=TURNS, help=docs["turns"])
     p.add_argument("--max-length", type=int, default=d.max_length, help=docs["max_length"])
     p.add_argument("--aux-layer-ids", type=aux_ids_arg, default=None, metavar="I,J,K", help=docs["aux_layer_ids"])
     p.add_argument("--dtype", default=d.dtype, choices=DTYPE_NAMES, help=docs["dtype"])
@@ -111,6 +112,7 @@ def _prepare(args) -> int:
         seed=args.seed,
         token_exact=args.token_exact,
         chat_template_kwargs=args.chat_template_kwargs,
+        turns=args.turns,
         tokenize_workers=args.tokenize_workers,
         strict=args.strict,
         device=args.device,

@@ -38,14 +38,16 @@ class Encoded(NamedTuple):
 
 def encoded(conv: Conversation, tokenizer, cfg: CaptureConfig, end_ids: frozenset[int]) -> Encoded:
     """`conv` encoded as `cfg` says; a LabError names the conversation."""
+    last_only = cfg.turns != "all"  # the sequence is cut after the turn it trains (capture.sequences_of)
     try:
         ids, mask = encode_conversation(tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids,
-                                        cfg.chat_template_kwargs, conv.tools)
+                                        cfg.chat_template_kwargs, conv.tools, last_only)
     except LabError as e:
         raise LabError(f"conversation {conv.id}: {e}") from None
     thought = (0, 0) if cfg.token_exact else dropped_reasoning(tokenizer, conv.messages, cfg.chat_template_kwargs,
-                                                               conv.tools)
-    return Encoded(ids, mask, thought, dropped_calls(tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools))
+                                                               conv.tools, last_only)
+    return Encoded(ids, mask, thought,
+                   dropped_calls(tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools, last_only))
 
 
 _WORKER: dict = {}

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture_config import DTYPE_NAMES, CaptureConfig, template_kwargs_arg
+from drafter_lab.data.capture_config import DTYPE_NAMES, TURNS, CaptureConfig, template_kwargs_arg
 from drafter_lab.data.commands import aux_ids_arg
 from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
@@ -35,6 +35,8 @@ def register(sub) -> None:
     p.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
                    help="with --conversations: variables for the target's chat template, as data prepare takes them "
                         "(e.g. '{\"enable_thinking\": false}')")
+    p.add_argument("--turns", choices=TURNS, default=CaptureConfig.turns,
+                   help="with --conversations: which assistant turns train, as data prepare's --turns")
     p.add_argument("--tokenize-workers", type=int, default=CaptureConfig.tokenize_workers,
                    help="with --conversations: processes that render and tokenize them, as data prepare's")
     p.add_argument("--val-data", metavar="PATH",
@@ -96,12 +98,12 @@ def run(args) -> int:
     if args.conversations is not None:
         online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids, val_fraction=args.val_fraction,
                                token_exact=args.token_exact, chat_template_kwargs=args.chat_template_kwargs,
-                               tokenize_workers=args.tokenize_workers)
+                               turns=args.turns, tokenize_workers=args.tokenize_workers)
     elif (args.target_dtype, args.aux_layer_ids, args.val_fraction, args.token_exact, args.chat_template_kwargs,
-          args.tokenize_workers) != (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False, None,
-                                     CaptureConfig.tokenize_workers):
-        raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs and "
-                       "--tokenize-workers apply to --conversations (online) runs only")
+          args.turns, args.tokenize_workers) != (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False, None,
+                                                 CaptureConfig.turns, CaptureConfig.tokenize_workers):
+        raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs, "
+                       "--turns and --tokenize-workers apply to --conversations (online) runs only")
     watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
     if args.stop_if_behind is None and watch_cfg != WatchConfig():
         raise LabError("--watch-* settings apply with --stop-if-behind only")

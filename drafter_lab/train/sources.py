@@ -23,6 +23,7 @@ from drafter_lab.data.capture import (
     CaptureConfig,
     capture_states,
     check_config,
+    conversation_of,
     sampled_at,
     split_of,
     temperature_of,
@@ -195,7 +196,7 @@ class Online:
             raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
                            path)
         temps = {c.id: temperature_of([c]) for c in convs} if self.capture.token_exact else {}
-        return [Prompt(*it, sampled_at=temps.get(it[0])) for it in items]
+        return [Prompt(*it, sampled_at=temps.get(conversation_of(it[0]))) for it in items]
 
     def read(self, prompts: list[Prompt]) -> list[Sequence]:
         """The prompts' states, from one target forward over all of them (capture's batching)."""
@@ -230,6 +231,7 @@ class Online:
         out = {"sha256": atomic.sha256_file(self.where), "max_length": c.max_length, "dtype": c.dtype,
                "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction,
                **({"token_exact": True} if c.token_exact else {}),  # absent otherwise: older runs still resume
+               **({"turns": c.turns} if c.turns != "all" else {}),  # likewise
                **rendered_with(self.target.tokenizer, c.chat_template_kwargs)}
         return {**out, "val": self.held_out.identity()} if self.held_out else out
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drafter_lab.cli import main
-from drafter_lab.data.capture import CaptureConfig
+from drafter_lab.data.capture import CaptureConfig, conversation_of
 from drafter_lab.data.chat import template_sha256
 from drafter_lab.data.shards import FeatureSet, Manifest
 from drafter_lab.data.vocab import count_train_tokens
@@ -55,6 +55,19 @@ def test_online_identity_names_the_chat_template_variables(peaked_llama, feature
     assert "chat_template_kwargs" not in Online(peaked_llama, convs, CAPTURE, cpu).identity()
     off = dataclasses.replace(CAPTURE, chat_template_kwargs={"enable_thinking": False})
     assert Online(peaked_llama, convs, off, cpu).identity()["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_online_each_turn_is_a_sequence_in_its_conversations_split(peaked_llama, features):
+    """`--turns each` online: a sequence per assistant turn, in its conversation's split, named in the
+    identity (a run without it keeps the identity it had)."""
+    cpu, convs = torch.device("cpu"), conversations_of(features)
+    every = Online(peaked_llama, convs, dataclasses.replace(CAPTURE, turns="each"), cpu)
+    assert every.identity()["turns"] == "each" and "turns" not in Online(peaked_llama, convs, CAPTURE, cpu).identity()
+    whole = {s: {p.seq_id for p in Online(peaked_llama, convs, CAPTURE, cpu).items[s]} for s in ("train", "val")}
+    for split in ("train", "val"):
+        ids = [p.seq_id for p in every.items[split]]
+        assert ids and all("#turn" in i for i in ids)
+        assert {conversation_of(i) for i in ids} == whole[split]
 
 
 def test_an_online_run_resumes_only_with_its_chat_template(peaked_llama, features, tmp_path, monkeypatch, capsys):
@@ -137,12 +150,12 @@ def test_online_bad_input(peaked_llama, features, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
-def test_online_tokenize_workers_reach_the_capture(monkeypatch, tmp_path):
+def test_online_tokenize_workers_and_turns_reach_the_capture(monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr(loop_module, "train", lambda *args, online=None, **kw: seen.append(online) or {"step": 1})
     assert main(["train", "--target", str(tmp_path), "--conversations", str(tmp_path / "c.jsonl"),
-                 "--out", str(tmp_path / "o"), "--tokenize-workers", "3"]) == 0
-    assert seen[0].tokenize_workers == 3
+                 "--out", str(tmp_path / "o"), "--tokenize-workers", "3", "--turns", "each"]) == 0
+    assert (seen[0].tokenize_workers, seen[0].turns) == (3, "each")
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +207,7 @@ def test_online_token_exact_validation_sets(peaked_llama, sampled_answers, tmp_p
     exact = dataclasses.replace(CAPTURE, token_exact=True)
     cpu = torch.device("cpu")
     assert Online(peaked_llama, sampled_answers, exact, cpu).val_sampled_at == 0.8
+    assert Online(peaked_llama, sampled_answers, dataclasses.replace(exact, turns="each"), cpu).val_sampled_at == 0.8
     assert Online(peaked_llama, sampled_answers, exact, cpu, val_data=sampled_answers).val_sampled_at == 0.8
     assert Online(peaked_llama, sampled_answers, CAPTURE, cpu, val_data=sampled_answers).val_sampled_at is None
     lines = sampled_answers.read_text().splitlines()
@@ -216,6 +230,6 @@ def test_online_token_exact_needs_the_ids(peaked_llama, features, tmp_path, caps
     assert str(convs) in str(e.value)
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "x"),
                  "--token-exact"]) == 2
-    assert "--token-exact, --chat-template-kwargs and --tokenize-workers apply to --conversations (online) runs only" in \
-        capsys.readouterr().err
+    said = "--token-exact, --chat-template-kwargs, --turns and --tokenize-workers apply to --conversations (online)"
+    assert said in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -119,18 +119,21 @@ def check_config(cfg: CaptureConfig) -> None:
         raise LabError(f"unknown turns {cfg.turns!r}; choose one of {', '.join(TURNS)}")
 
 
-def sequences_of(convs: list[Conversation], turns: str) -> list[Conversation]:
+def sequences_of(convs: list[Conversation], turns: str, token_exact: bool = False) -> list[Conversation]:
     """The conversations to encode for `turns` (CaptureConfig.turns): `all` as they are; `last` each cut
-    after its last assistant turn; `each` one per assistant turn, cut after it."""
+    after its last assistant turn; `each` one per assistant turn, cut after it. `token_exact`, a turn of
+    tool calls kept as recorded (no `token_ids`) trains nothing, so it is passed over: no target forward
+    is spent on it."""
     if turns == "all":
         return convs
     out = []
     for c in convs:
-        at = c.assistant_turns()
+        at = [(k, i) for k, i in enumerate(c.assistant_turns(), 1)
+              if not (token_exact and "tool_calls" in c.messages[i] and "token_ids" not in c.messages[i])]
         if turns == "last":
-            out += [Conversation(c.id, c.messages[:i + 1], c.tools) for i in at[-1:]]
+            out += [Conversation(c.id, c.messages[:i + 1], c.tools) for _, i in at[-1:]]
         else:
-            out += [Conversation(f"{c.id}#turn{k}", c.messages[:i + 1], c.tools) for k, i in enumerate(at, 1)]
+            out += [Conversation(f"{c.id}#turn{k}", c.messages[:i + 1], c.tools) for k, i in at]
     return out
 
 
@@ -248,7 +251,7 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            f"here ({ours}): a token-exact capture takes the target's own tokens after its own prompts "
                            "(the same chat template and --chat-template-kwargs)", conversations_path)
         reprompted += theirs is not None
-    seqs = sequences_of(convs, cfg.turns)
+    seqs = sequences_of(convs, cfg.turns, cfg.token_exact)
     try:
         for conv, (ids, mask, (n, d), (c, u)) in zip(seqs, encodings(seqs, target.tokenizer, cfg, end_ids, main)):
             thought, dropped, calling, uncalled = thought + n, dropped + d, calling + c, uncalled + u

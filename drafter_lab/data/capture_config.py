@@ -50,8 +50,8 @@ class CaptureConfig:
     it (SpecForge's --train-only-last-turn). `each`: one sequence per assistant turn, cut after it and
     training it alone (id `<conversation id>#turn<k>`, in its conversation's split), so every turn trains
     as served, its thinking too where the template hides it from later prompts (DeepSeek-R1's, Qwen3's,
-    Kimi's); the target then runs over every prefix, tokens quadratic in the turns. A turn past
-    `max_length` has no sequence under `last` and `each`."""
+    Kimi's); the target then runs over every prefix, tokens quadratic in the turns. Under `last` and
+    `each` a turn past `max_length` has no sequence, nor (token-exact) a turn of calls kept as recorded."""
     chat_template_kwargs: dict | None = None
     """Extra variables for the target's chat template, as an SGLang or vLLM request's
     `chat_template_kwargs` (`{"enable_thinking": false}`: a hybrid thinking model served with its

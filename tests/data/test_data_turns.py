@@ -115,6 +115,27 @@ def test_token_exact_each_turn_trains_its_sampled_ids(random_llama):
         assert ids[mask].tolist() == [*sampled[k], end]
 
 
+def test_token_exact_passes_over_recorded_calls_only(random_llama):
+    """Regeneration keeps a turn of tool calls as recorded, without ids: token-exact it trains nothing,
+    so no sequence is cut after it; an answer without ids is still an error."""
+    call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    chat = [*ASKED, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "a.py", "tool_call_id": "c1"},
+            {"role": "assistant", "content": ANSWERS[0], "token_ids": [5, 6]},
+            {"role": "user", "content": "Again?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    conv = Conversation("c", chat)
+    assert [s.id for s in sequences_of([conv], "each")] == ["c#turn1", "c#turn2", "c#turn3"]
+    assert [(s.id, len(s.messages)) for s in sequences_of([conv], "each", token_exact=True)] == [("c#turn2", 5)]
+    assert [len(s.messages) for s in sequences_of([conv], "last", token_exact=True)] == [5]
+    target = load_target(random_llama)
+    exact = CaptureConfig(turns="each", token_exact=True)
+    items = tokenize_conversations(target, [Conversation("c", chat[:5])], exact, "c.jsonl", skipped := {}, main=False)
+    assert [it[0] for it in items] == ["c#turn2"] and not skipped  # not a sequence with nothing to train
+    bare = Conversation("d", [*ASKED, {"role": "assistant", "content": ANSWERS[0]}])
+    with pytest.raises(LabError, match="conversation d#turn1: assistant turn 2 has no token_ids"):
+        tokenize_conversations(target, [bare], exact, "c.jsonl", {}, main=False)
+
+
 def test_counts_are_of_the_trained_turn(random_llama):
     tok = load_tokenizer(random_llama)  # ChatML: no reasoning, no calls written
     call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}

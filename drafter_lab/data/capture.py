@@ -7,11 +7,11 @@ Per sequence the shard holds input_ids, the assistant loss mask, the three aux h
 Determinism and resume: conversations keep file order, the train/val split is a hash of the
 conversation id (a conversation's sequences share its split), shard k of a split always holds the
 same sequences, and batches inside a shard are formed the same way every run, so a rerun recomputes
-exactly the shards the manifest does not list and skips the rest. A manifest made from another target, chat template or settings is refused. Regenerated
-conversations are cached beside the shards (`regenerated-<hash>.jsonl`, journalled batch by batch
-while they are generated), so a resumed run does not generate again. Memory holds one batch of
-hidden states: each sequence is written into its shard (laid out from the planned lengths) as its
-batch finishes.
+exactly the shards the manifest does not list and skips the rest. A manifest made from another
+target, chat template or settings is refused. Regenerated conversations are cached beside the shards
+(`regenerated-<hash>.jsonl`, journalled batch by batch while they are generated), so a resumed run
+does not generate again. Memory holds one batch of hidden states: each sequence is written into its
+shard (laid out from the planned lengths) as its batch finishes.
 
 Targets that do not fit one device: launch the same command under torchrun, e.g.
 

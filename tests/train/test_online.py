@@ -61,9 +61,9 @@ def test_online_each_turn_is_a_sequence_in_its_conversations_split(peaked_llama,
     """`--turns each` online: a sequence per assistant turn, in its conversation's split, named in the
     identity (a run without it keeps the identity it had)."""
     cpu, convs = torch.device("cpu"), conversations_of(features)
-    every = Online(peaked_llama, convs, dataclasses.replace(CAPTURE, turns="each"), cpu)
-    assert every.identity()["turns"] == "each" and "turns" not in Online(peaked_llama, convs, CAPTURE, cpu).identity()
-    whole = {s: {p.seq_id for p in Online(peaked_llama, convs, CAPTURE, cpu).items[s]} for s in ("train", "val")}
+    every, one = (Online(peaked_llama, convs, dataclasses.replace(CAPTURE, turns=t), cpu) for t in ("each", "all"))
+    assert every.identity()["turns"] == "each" and "turns" not in one.identity()
+    whole = {s: {p.seq_id for p in one.items[s]} for s in ("train", "val")}
     for split in ("train", "val"):
         ids = [p.seq_id for p in every.items[split]]
         assert ids and all("#turn" in i for i in ids)

@@ -39,10 +39,12 @@ from drafter_lab import atomic
 from drafter_lab import config as cfglib
 from drafter_lab.data.capture_config import (
     DTYPE_NAMES,
-    TEMPLATE_HASH,
+    RECORDED_SINCE,
     TURNS,
     CaptureConfig,
-    template_as_recorded,
+    as_recorded,
+    unrecorded,
+    without,
 )
 from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
@@ -189,11 +191,14 @@ def _regeneration_begun(out: Path, settings: dict) -> bool:
 
 def _earlier_settings(out: Path, existing: Manifest | None, settings: dict) -> dict | None:
     """The settings of the work `out` holds: its manifest's, else those of a regeneration (cached, or
-    its journal) named without the chat template's hash, begun before the lab recorded templates."""
+    its journal) named without the hashes the lab recorded since it began (RECORDED_SINCE)."""
     if existing is not None:
         return resume_settings(existing.target, existing.aux_layer_ids, existing.dtype, existing.source)
-    older = {k: v for k, v in settings.items() if k != TEMPLATE_HASH}
-    return older if _regeneration_begun(out, older) and not _regeneration_begun(out, settings) else None
+    if _regeneration_begun(out, settings):
+        return None
+    later = list(RECORDED_SINCE)
+    older = (without(settings, later[i:]) for i in reversed(range(len(later))))
+    return next((s for s in older if _regeneration_begun(out, s)), None)
 
 
 def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict, main: bool) -> list[Conversation]:
@@ -221,6 +226,12 @@ def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict,
     return convs
 
 
+def _rendered_otherwise(message: dict, ours: dict) -> bool:
+    """An answer sampled after a prompt rendered otherwise than `ours` (on what it records of it)."""
+    theirs = message.get("rendered_with", ours)
+    return theirs != without(ours, unrecorded(theirs, ours))
+
+
 def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversations_path, skipped: dict,
                            main: bool) -> list[tuple]:
     """(id, input_ids, loss_mask) per sequence (one per conversation, or per assistant turn: `cfg.turns`)
@@ -245,7 +256,7 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            "a token-exact capture takes the target's own tokens only", conversations_path)
         if other:
             foreign[conv.id] = min(other)
-        theirs = next((m["rendered_with"] for m in conv.messages if m.get("rendered_with", ours) != ours), None)
+        theirs = next((m["rendered_with"] for m in conv.messages if _rendered_otherwise(m, ours)), None)
         if theirs is not None and cfg.token_exact:
             raise LabError(f"conversation {conv.id}: answers sampled after prompts rendered with {theirs}, not as "
                            f"here ({ours}): a token-exact capture takes the target's own tokens after its own prompts "
@@ -440,7 +451,7 @@ def prepare_features(
     source = _source(cfg, conversations_path, convs, target.tokenizer)
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
     earlier = _earlier_settings(out, existing, resume_settings(describe, aux_ids, cfg.dtype, source))
-    source = template_as_recorded(earlier, source, out)
+    source = as_recorded(earlier, source, out)
     settings = resume_settings(describe, aux_ids, cfg.dtype, source)
     if existing is not None:
         check_resumable(out, existing, settings)

@@ -97,15 +97,33 @@ def template_setting(kwargs: dict | None) -> dict:
 TEMPLATE_HASH = "chat_template_sha256"
 """The key under which manifests, journals, run identities and eval configs name the chat template
 the text was rendered with (chat.template_sha256)."""
+TOKENIZER_HASH = "tokenizer_sha256"
+"""The key under which they name the tokenizer that turned that text into ids (chat.tokenizer_sha256)."""
+
+RECORDED_SINCE = {TEMPLATE_HASH: ("chat templates", "template"), TOKENIZER_HASH: ("tokenizers", "tokenizer")}
+"""Keys the lab began to record once work could already have been made without them (templates on
+2026-12-02, tokenizers on 2026-12-03), oldest first, with what they name."""
 
 
-def template_as_recorded(before: dict | None, now: dict, where) -> dict:
-    """`now` without the template's hash where `before` (the settings of a manifest, journal or run
-    at `where`) has none: work begun before the lab recorded templates (2026-12-02) resumes
-    unchecked, as it did, rather than being refused and made again."""
-    if before is None or TEMPLATE_HASH in before or TEMPLATE_HASH not in now:
+def unrecorded(before: dict, now: dict) -> list[str]:
+    """The keys of RECORDED_SINCE that `now` holds and `before` lacks: made before the lab recorded them."""
+    return [k for k in RECORDED_SINCE if k in now and k not in before]
+
+
+def without(settings: dict, keys) -> dict:
+    return {k: v for k, v in settings.items() if k not in keys}
+
+
+def as_recorded(before: dict | None, now: dict, where) -> dict:
+    """`now` without the keys `before` (the settings of a manifest, journal or run at `where`) was made
+    without: work begun before the lab recorded its template or tokenizer resumes unchecked on
+    those, as it did, rather than being refused and made again."""
+    unseen = unrecorded(before, now) if before is not None else []
+    if not unseen:
         return now
     from drafter_lab.progress import log
 
-    log(f"{where}: begun before the lab recorded chat templates, so its template is not checked")
-    return {k: v for k, v in now.items() if k != TEMPLATE_HASH}
+    what, its = (" and ".join(RECORDED_SINCE[k][i] for k in unseen) for i in (0, 1))
+    log(f"{where}: begun before the lab recorded {what}, so its {its} {'is' if len(unseen) == 1 else 'are'} "
+        "not checked")
+    return without(now, unseen)

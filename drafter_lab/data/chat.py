@@ -64,7 +64,7 @@ from typing import NamedTuple
 import torch
 
 from drafter_lab.atomic import sha256_json
-from drafter_lab.data.capture_config import TEMPLATE_HASH, template_setting
+from drafter_lab.data.capture_config import TEMPLATE_HASH, TOKENIZER_HASH, template_setting
 from drafter_lab.data.conversations import SAMPLING_FIELDS
 from drafter_lab.errors import LabError
 
@@ -94,10 +94,32 @@ def template_sha256(tokenizer) -> str:
     return sha256_json(tokenizer.chat_template)[:16]
 
 
+TOKENIZER_PROBE = (
+    " Hello, world!\n\tIt's 2026: 3.14159 × 10^5 ≈ 314159.  Café naïve façade; ÆØÅ ß ﬁ Ω.\r\n"
+    "你好，世界。こんにちは、世界。안녕하세요 मराठी العربية русский 🙂👍🏽🚀\n"
+    "def f(x):\n    return x ** 2  # tabs\tand  double  spaces\n\n\n<think>\n\n</think>\n\n"
+)
+"""Text that exercises what tokenizers differ in: whitespace runs, digits, accents, scripts, emoji, code."""
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """A hash of how the tokenizer turns rendered text into ids, as the lab encodes it: its vocabulary
+    (added tokens included), its special tokens, and its ids for a probe text with them all in it.
+    A re-saved tokenizer hashes alike; a changed vocabulary, special token or normalisation (say a
+    model update's fixed tokenizer.json, in a directory whose weights are the same) does not. Merges
+    that change no id of the probe go unseen."""
+    specials = tokenizer.special_tokens_map
+    probe = TOKENIZER_PROBE + "".join(sorted(set(tokenizer.all_special_tokens)))
+    ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    return sha256_json([sorted(tokenizer.get_vocab().items()), specials, ids])[:16]
+
+
 def rendered_with(tokenizer, template_kwargs: dict | None) -> dict:
-    """How `render` writes prompts: the template's hash and its variables, when there are any (kept
-    on each regenerated answer, which was sampled after such a prompt)."""
-    return {TEMPLATE_HASH: template_sha256(tokenizer), **template_setting(template_kwargs)}
+    """How `render` writes prompts and the tokenizer reads them: the template's hash, its variables
+    when there are any, and the tokenizer's hash (kept on each regenerated answer, which was sampled
+    after such a prompt)."""
+    return {TEMPLATE_HASH: template_sha256(tokenizer), **template_setting(template_kwargs),
+            TOKENIZER_HASH: tokenizer_sha256(tokenizer)}
 
 
 def special_token_ids(tokenizer) -> set[int]:

@@ -145,7 +145,7 @@ def _regenerate(args) -> int:
                            retries=args.retries, chat_template_kwargs=args.chat_template_kwargs)
         regenerate_via_server(convs, source, out, cfg)
     else:
-        from drafter_lab.data.capture_config import template_as_recorded
+        from drafter_lab.data.capture_config import as_recorded
         from drafter_lab.data.regenerate import regenerate, regeneration_settings
         from drafter_lab.journal import Journal
         from drafter_lab.targets.hf import load_target
@@ -154,7 +154,7 @@ def _regenerate(args) -> int:
         gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                    seed=args.seed, template_kwargs=args.chat_template_kwargs)
         partial = out.with_name(out.name + ".partial")
-        settings = template_as_recorded(Journal.settings_of(partial), regeneration_settings(target, source, **gen), partial)
+        settings = as_recorded(Journal.settings_of(partial), regeneration_settings(target, source, **gen), partial)
         with Journal(partial, settings) as journal:
             result = regenerate(target, convs, journal=journal, **gen)
         write_conversations(out, result)

@@ -9,7 +9,7 @@ from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import (
     DTYPE_NAMES,
-    template_as_recorded,
+    as_recorded,
     template_kwargs_arg,
 )
 from drafter_lab.errors import LabError
@@ -276,7 +276,7 @@ def _journal(args, tokenizer, settings: dict):
 
     path = f"{args.json}.partial"
     settings = {**settings, **rendered_with(tokenizer, args.chat_template_kwargs)}
-    return Journal(path, template_as_recorded(Journal.settings_of(path), settings, path))
+    return Journal(path, as_recorded(Journal.settings_of(path), settings, path))
 
 
 def _sweep_journal(args, target, drafter, sets):

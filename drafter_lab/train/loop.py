@@ -19,7 +19,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture_config import CaptureConfig, template_as_recorded
+from drafter_lab.data.capture_config import CaptureConfig, as_recorded
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -248,7 +248,7 @@ class _Run:
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)
             saved = self.saved.get("data", self.data)  # states saved before it was kept lack it
-            self.data = template_as_recorded(saved, self.data, out_dir)
+            self.data = as_recorded(saved, self.data, out_dir)
             if saved != self.data:
                 same_training = {k: v for k, v in saved.items() if k != "val"} == \
                     {k: v for k, v in self.data.items() if k != "val"}

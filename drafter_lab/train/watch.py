@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drafter_lab.data.capture_config import TEMPLATE_HASH
+from drafter_lab.data.capture_config import TEMPLATE_HASH, TOKENIZER_HASH, unrecorded
 from drafter_lab.errors import LabError
 from drafter_lab.train.metrics_log import METRICS, RUN_FILE, read_metrics
 
@@ -204,9 +204,10 @@ SPLIT_OF = ("manifest_sha256", "sha256", "val_fraction", "max_length")
 """The identity keys that fix a run's val split: captured features (their manifest), or an online
 run's conversations file, its split and the length that decides which conversations it skips."""
 
-RENDERED_BY = (TEMPLATE_HASH, "chat_template_kwargs")
-"""How an online run renders its conversations, its validation set's too: one file rendered with
-another chat template, or other variables, is other text (captured features hold it in their manifest)."""
+RENDERED_BY = (TEMPLATE_HASH, "chat_template_kwargs", TOKENIZER_HASH)
+"""How an online run renders and tokenizes its conversations, its validation set's too: one file
+rendered with another chat template, other variables or another tokenizer is other text (captured
+features hold it in their manifest)."""
 
 
 def _differences(a: dict, b: dict, keys) -> str:
@@ -229,9 +230,11 @@ def unequal_validation(run_info: dict, base_info: dict) -> str | None:
         where = [f.get("dir", f.get("online")) for f in (a, b)]
         what = f"{where[0]} vs {where[1]}" if where[0] != where[1] else f"{where[0]}: {_differences(a, b, SPLIT_OF)}"
         return f"the runs validate on the val splits of different data ({what}): their metrics do not compare"
-    # Online runs name their template (captured ones, in their manifest); those from before 2026-12-02 do not.
-    if all(TEMPLATE_HASH in f for f in (a, b)) and any(a.get(k) != b.get(k) for k in RENDERED_BY):
-        return (f"the runs render their conversations otherwise ({_differences(a, b, RENDERED_BY)}): they validate "
+    # Online runs name their template (captured ones, in their manifest); those from before 2026-12-02 do not,
+    # nor their tokenizer before 2026-12-03: what one run does not record is not compared.
+    keys = [k for k in RENDERED_BY if k not in unrecorded(a, b) + unrecorded(b, a)]
+    if all(TEMPLATE_HASH in f for f in (a, b)) and any(a.get(k) != b.get(k) for k in keys):
+        return (f"the runs render their conversations otherwise ({_differences(a, b, keys)}): they validate "
                 "on other text, and their metrics do not compare")
     return None
 

@@ -11,7 +11,7 @@ import torch
 
 from drafter_lab.cli import main
 from drafter_lab.data.capture import CaptureConfig, conversation_of
-from drafter_lab.data.chat import template_sha256
+from drafter_lab.data.chat import template_sha256, tokenizer_sha256
 from drafter_lab.data.shards import FeatureSet, Manifest
 from drafter_lab.data.vocab import count_train_tokens
 from drafter_lab.drafter.checkpoint import load_drafter
@@ -70,24 +70,31 @@ def test_online_each_turn_is_a_sequence_in_its_conversations_split(peaked_llama,
         assert {conversation_of(i) for i in ids} == whole[split]
 
 
-def test_an_online_run_resumes_only_with_its_chat_template(peaked_llama, features, tmp_path, monkeypatch, capsys):
-    """Text rendered with an edited template is other training data; a run begun before the lab
-    recorded templates resumes unchecked."""
+@pytest.mark.parametrize("unseen, begun", [
+    (("chat_template_sha256", "tokenizer_sha256"), "begun before the lab recorded chat templates and tokenizers"),
+    (("tokenizer_sha256",), "begun before the lab recorded tokenizers, so its tokenizer is not checked"),
+])
+def test_an_online_run_resumes_only_as_it_rendered(peaked_llama, features, tmp_path, monkeypatch, capsys, unseen,
+                                                   begun):
+    """Text rendered with an edited template, or tokenized by another tokenizer, is other training
+    data; a run begun before the lab recorded them resumes unchecked."""
     from drafter_lab.train import sources
 
     cfg, online, convs = dataclasses.replace(CFG, max_steps=2, eval_every=2), CAPTURE, conversations_of(features)
     train(cfg, peaked_llama, convs, tmp_path / "now", online=online)
-    assert json.loads((tmp_path / "now" / "run.json").read_text())["features"]["chat_template_sha256"] == \
-        template_sha256(load_tokenizer(peaked_llama))
+    recorded = json.loads((tmp_path / "now" / "run.json").read_text())["features"]
+    assert recorded["chat_template_sha256"] == template_sha256(load_tokenizer(peaked_llama))
+    assert recorded["tokenizer_sha256"] == tokenizer_sha256(load_tokenizer(peaked_llama))
     real = sources.Online.identity
     monkeypatch.setattr(sources.Online, "identity",
-                        lambda self: {k: v for k, v in real(self).items() if k != "chat_template_sha256"})
+                        lambda self: {k: v for k, v in real(self).items() if k not in unseen})
     train(cfg, peaked_llama, convs, tmp_path / "before", online=online)
     monkeypatch.setattr(sources.Online, "identity", real)
     capsys.readouterr()
     train(cfg, peaked_llama, convs, tmp_path / "before", online=online, resume=True)
-    assert "begun before the lab recorded chat templates" in " ".join(capsys.readouterr().err.split())
-    monkeypatch.setattr(sources, "rendered_with", lambda tokenizer, kwargs: {"chat_template_sha256": "edited"})
+    assert begun in " ".join(capsys.readouterr().err.split())
+    made = sources.rendered_with
+    monkeypatch.setattr(sources, "rendered_with", lambda tok, kwargs: {**made(tok, kwargs), unseen[-1]: "edited"})
     with pytest.raises(LabError, match="--resume with other training data"):
         train(cfg, peaked_llama, convs, tmp_path / "now", online=online, resume=True)
 

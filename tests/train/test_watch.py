@@ -155,6 +155,14 @@ def test_online_runs_rendered_otherwise_are_flagged():
     assert comparison_note({**held, "features": {**held["features"], "chat_template_sha256": "aa"}}, held,
                            "step").startswith("the runs render their conversations otherwise")  # a held-out file too
     assert comparison_note(online(), edited, "step") is None  # a run from before templates were recorded
+    retokenized = online(chat_template_sha256="aa", tokenizer_sha256="t2")
+    assert comparison_note(online(chat_template_sha256="aa", tokenizer_sha256="t1"), retokenized, "step") == (
+        "the runs render their conversations otherwise (tokenizer_sha256 t1 vs t2): they validate on other "
+        "text, and their metrics do not compare")
+    assert comparison_note(qwen, retokenized, "step") is None  # a run from before tokenizers were recorded
+    assert comparison_note(edited, retokenized, "step") == (
+        "the runs render their conversations otherwise (chat_template_sha256 bb vs aa): they validate on other "
+        "text, and their metrics do not compare")  # what both record still counts
 
 
 def test_a_half_written_last_line_is_left_out(tmp_path):

@@ -50,7 +50,7 @@ from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.encodings import encodings
 from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
-from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name
+from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name, stored_text
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import log, maybe_progress
@@ -386,18 +386,51 @@ def _removed_if_empty(out: Path, fresh: bool):
         raise
 
 
+def _holds_as_planned(path: Path, chunk: list[tuple]) -> bool:
+    """The shard at `path` can be read and holds `chunk`'s items (id, input_ids, loss_mask): the same
+    ids, tokens and loss masks."""
+    try:
+        seq_ids, ids, mask, offsets = stored_text(path)
+    except LabError:
+        return False
+    lengths = torch.tensor([len(it[1]) for it in chunk])
+    return (seq_ids == [it[0] for it in chunk] and torch.equal(offsets[1:], lengths.cumsum(0))
+            and torch.equal(ids.long(), torch.cat([it[1] for it in chunk]))
+            and torch.equal(mask.bool(), torch.cat([it[2] for it in chunk])))
+
+
+def _kept(out: Path, existing: Manifest, plan: dict, holds, main: bool) -> dict[str, list[dict]]:
+    """The rows of `existing`'s shards to keep: those on disk that, where `holds(path, chunk)` is
+    given, hold what the plan puts there now. A capture resumed with another lab or transformers
+    version can encode its conversations otherwise (another loss mask, say): such shards are
+    computed again rather than mixed with new ones."""
+    rows = {s: [r for r in existing.shards.get(s, []) if (out / r["file"]).exists()] for s in SPLITS}
+    if holds is None:
+        return rows
+    chunks = {shard_name(s, k): chunk for s in SPLITS for k, chunk in enumerate(plan[s])}
+    kept = {s: [r for r in rs if r["file"] in chunks and holds(out / r["file"], chunks[r["file"]])]
+            for s, rs in rows.items()}
+    stale = sum(map(len, rows.values())) - sum(map(len, kept.values()))
+    if stale and main:
+        log(f"{out}: {stale} of {sum(map(len, rows.values()))} shards written hold other sequences, tokens or loss "
+            "masks than the conversations encode to now (another lab or transformers version), or cannot be read: "
+            "computing them again")
+    return kept
+
+
 def write_planned(out: Path, manifest: Manifest, existing: Manifest | None, plan: dict, dtype: torch.dtype,
-                  length, compute, main: bool = True, what: str = "capture") -> Manifest:
-    """Write each planned shard that `existing` does not list yet, then the manifest, shard by shard
-    (a killed run resumes from there). `length(item)` is an item's token count, which lays out its
-    shard; `compute(chunk, advance, put)` calls `put(j, seq)` once for each item of the chunk, in
-    any order, and each sequence goes to disk then. Only the main rank writes."""
+                  length, compute, main: bool = True, what: str = "capture", holds=None) -> Manifest:
+    """Write each planned shard that `existing` does not list yet (or, where `holds` says, lists
+    holding other items: `_kept`), then the manifest, shard by shard (a killed run resumes from
+    there). `length(item)` is an item's token count, which lays out its shard; `compute(chunk,
+    advance, put)` calls `put(j, seq)` once for each item of the chunk, in any order, and each
+    sequence goes to disk then. Only the main rank writes."""
     planned = {s: {"sequences": sum(map(len, plan[s])), "shards": len(plan[s])} for s in SPLITS}
     manifest.source["planned"] = planned
     if existing is not None and existing.source.get("planned") != planned:
         raise LabError(f"manifest plans {existing.source.get('planned')} but this run plans {planned}", out / MANIFEST)
     if existing is not None:
-        manifest.shards = {s: [r for r in existing.shards.get(s, []) if (out / r["file"]).exists()] for s in SPLITS}
+        manifest.shards = _kept(out, existing, plan, holds, main)
     done = {r["file"] for rows in manifest.shards.values() for r in rows}
     todo = [(s, k, chunk) for s in SPLITS for k, chunk in enumerate(plan[s]) if shard_name(s, k) not in done]
     if main:
@@ -466,4 +499,5 @@ def prepare_features(
     return write_planned(
         out, manifest, existing, plan_shards(items, cfg.val_fraction, cfg.shard_size), dtype, lambda it: len(it[1]),
         lambda chunk, advance, put: capture_states(target, chunk, aux_ids, dtype, cfg.batch_size, advance, put), main,
+        holds=_holds_as_planned,
     )

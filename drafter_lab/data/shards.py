@@ -12,7 +12,8 @@ end to end with an `offsets` index, so sequence i spans tokens offsets[i]:offset
 
 The shard's safetensors metadata holds `seq_ids` (JSON list). The manifest lists finished shards
 with their sha256; it is rewritten atomically after every shard, so a killed capture resumes by
-skipping what the manifest already lists. Shards are written a sequence at a time, in any order,
+skipping what the manifest already lists (`data prepare` first reads back each one's tokens and loss
+masks: `stored_text`). Shards are written a sequence at a time, in any order,
 into a layout fixed by the planned lengths (`ShardWriter`), and read a sequence at a time
 (`ShardReader`, through safetensors' memory map): neither side holds a shard in memory.
 """
@@ -182,6 +183,16 @@ def _open(path: Path):
 
     try:
         return safe_open(str(path), framework="pt")
+    except Exception as e:
+        raise _corrupt(e, path) from None
+
+
+def stored_text(path: Path) -> tuple[list[str], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A shard's sequence ids, input_ids, loss_mask and offsets: all it holds but the hidden states."""
+    f = _open(path)
+    try:
+        seq_ids = json.loads((f.metadata() or {}).get("seq_ids", "[]"))
+        return seq_ids, *(f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets"))
     except Exception as e:
         raise _corrupt(e, path) from None
 

@@ -16,7 +16,7 @@ from data_helpers import PREPARE_ARGS, make_conversations, run_cli, write_jsonl
 from drafter_lab.data.capture import split_of
 from drafter_lab.data.chat import encode_conversation
 from drafter_lab.data.conversations import read_conversations
-from drafter_lab.data.shards import FeatureSet, Manifest
+from drafter_lab.data.shards import FeatureSet, Manifest, stored_text
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import fingerprint, load_target
 
@@ -195,3 +195,65 @@ def test_entry_point_runs_as_a_module(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'nope'}: model directory not found"]
     assert not (tmp_path / "out").exists()
+
+
+
+def test_a_resume_computes_again_the_shards_that_encode_otherwise_now(features, random_llama, conversations_file,
+                                                                       tmp_path, monkeypatch, capsys):
+    """A capture resumed by another lab version whose encoding moved a loss mask (as the lab's fixes
+    of end-of-turn tokens did): the shard holding it is computed again, the others kept, and the
+    result equals a fresh capture with the new encoding; so is a shard that cannot be read."""
+    from drafter_lab.data import capture
+
+    out, fresh = tmp_path / "feat", tmp_path / "fresh"
+    shutil.copytree(features, out)
+    before = snapshot(out)
+    moved = stored_text(out / "train-00001.safetensors")[0][-1]
+    real = capture.encodings
+
+    def fixed(seqs, *args):  # the "new version": the last loss token of one answer no longer trains
+        for conv, e in zip(seqs, real(seqs, *args)):
+            yield e._replace(mask=e.mask & (torch.arange(len(e.mask)) < e.mask.nonzero().max())) \
+                if conv.id == moved else e
+
+    monkeypatch.setattr(capture, "encodings", fixed)
+    args = ("data", "prepare", "--target", random_llama, "--conversations", conversations_file, *PREPARE_ARGS)
+    capsys.readouterr()
+    assert run_cli(*args, "--out", out) == 0
+    assert "1 of 5 shards written hold other sequences, tokens or loss masks" in " ".join(capsys.readouterr().err.split())
+    after = snapshot(out)
+    assert {k for k in before if before[k] != after[k]} == {"train-00001.safetensors", "manifest.json"}
+    assert run_cli(*args, "--out", fresh) == 0
+    assert snapshot(fresh) == after
+    capsys.readouterr()
+    assert run_cli(*args, "--out", out) == 0  # as planned now: nothing to do
+    assert snapshot(out) == after and "shards written" not in capsys.readouterr().err
+
+    monkeypatch.setattr(capture, "encodings", real)
+    (out / "val-00000.safetensors").write_bytes(b"not a shard")
+    assert run_cli(*args, "--out", out) == 0
+    assert "2 of 5 shards written" in " ".join(capsys.readouterr().err.split())
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("change", ["none", "id", "token", "loss mask", "lengths", "unreadable"])
+def test_a_shard_holds_its_plan_only_as_written(features, tmp_path, change):
+    from drafter_lab.data.capture import _holds_as_planned
+
+    shard = tmp_path / "s.safetensors"
+    shutil.copy(features / "train-00000.safetensors", shard)
+    seq_ids, ids, mask, offsets = stored_text(shard)
+    chunk = [[i, ids[a:b].long().clone(), mask[a:b].bool().clone()]
+             for i, a, b in zip(seq_ids, offsets.tolist(), offsets[1:].tolist())]
+    if change == "id":
+        chunk[1][0] += "'"
+    elif change == "token":
+        chunk[2][1][-1] += 1
+    elif change == "loss mask":
+        chunk[0][2][0] ^= True
+    elif change == "lengths":  # the same tokens, cut elsewhere
+        chunk[0][1], chunk[1][1] = chunk[0][1][:-1], torch.cat([chunk[0][1][-1:], chunk[1][1]])
+        chunk[0][2], chunk[1][2] = chunk[0][2][:-1], torch.cat([chunk[0][2][-1:], chunk[1][2]])
+    elif change == "unreadable":
+        shard.write_bytes(shard.read_bytes()[:100])
+    assert _holds_as_planned(shard, [tuple(it) for it in chunk]) == (change == "none")

@@ -410,9 +410,10 @@ def _kept(out: Path, existing: Manifest, plan: dict, holds, main: bool) -> dict[
     chunks = {shard_name(s, k): chunk for s in SPLITS for k, chunk in enumerate(plan[s])}
     kept = {s: [r for r in rs if r["file"] in chunks and holds(out / r["file"], chunks[r["file"]])]
             for s, rs in rows.items()}
-    stale = sum(map(len, rows.values())) - sum(map(len, kept.values()))
+    written = sum(map(len, rows.values()))
+    stale = written - sum(map(len, kept.values()))
     if stale and main:
-        log(f"{out}: {stale} of {sum(map(len, rows.values()))} shards written hold other sequences, tokens or loss "
+        log(f"{out}: {stale} of {written} shards written hold other sequences, tokens or loss "
             "masks than the conversations encode to now (another lab or transformers version), or cannot be read: "
             "computing them again")
     return kept

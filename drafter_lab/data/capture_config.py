@@ -111,6 +111,7 @@ def unrecorded(before: dict, now: dict) -> list[str]:
 
 
 def without(settings: dict, keys) -> dict:
+    """`settings` less `keys`."""
     return {k: v for k, v in settings.items() if k not in keys}
 
 

@@ -429,7 +429,9 @@ def write_planned(out: Path, manifest: Manifest, existing: Manifest | None, plan
     planned = {s: {"sequences": sum(map(len, plan[s])), "shards": len(plan[s])} for s in SPLITS}
     manifest.source["planned"] = planned
     if existing is not None and existing.source.get("planned") != planned:
-        raise LabError(f"manifest plans {existing.source.get('planned')} but this run plans {planned}", out / MANIFEST)
+        raise LabError(f"manifest plans {existing.source.get('planned')} but this run plans {planned}: the same input "
+                       "now makes other sequences (another lab or transformers version); use another --out or delete it",
+                       out / MANIFEST)
     if existing is not None:
         manifest.shards = _kept(out, existing, plan, holds, main)
     done = {r["file"] for rows in manifest.shards.values() for r in rows}

@@ -257,3 +257,27 @@ def test_a_shard_holds_its_plan_only_as_written(features, tmp_path, change):
     elif change == "unreadable":
         shard.write_bytes(shard.read_bytes()[:100])
     assert _holds_as_planned(shard, [tuple(it) for it in chunk]) == (change == "none")
+
+
+def test_a_resume_that_would_plan_other_sequences_is_refused(features, random_llama, conversations_file, tmp_path,
+                                                              monkeypatch, capsys):
+    """Another lab version that keeps a sequence the first one skipped (or the reverse) moves every
+    shard after it: refused in one line, naming the counts, and nothing is written."""
+    from drafter_lab.data import capture
+
+    out = tmp_path / "feat"
+    shutil.copytree(features, out)
+    before = snapshot(out)
+    real = capture.encodings
+
+    def trains_nothing_of_one(seqs, *args):
+        for k, e in enumerate(real(seqs, *args)):
+            yield e._replace(mask=torch.zeros_like(e.mask)) if k == 0 else e
+
+    monkeypatch.setattr(capture, "encodings", trains_nothing_of_one)
+    capsys.readouterr()
+    assert run_cli("data", "prepare", "--target", random_llama, "--conversations", conversations_file, "--out", out,
+                   *PREPARE_ARGS) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and str(out / "manifest.json") in err and "but this run plans" in err
+    assert "the same input now makes other sequences" in err and snapshot(out) == before

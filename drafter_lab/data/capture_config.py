@@ -99,10 +99,14 @@ TEMPLATE_HASH = "chat_template_sha256"
 the text was rendered with (chat.template_sha256)."""
 TOKENIZER_HASH = "tokenizer_sha256"
 """The key under which they name the tokenizer that turned that text into ids (chat.tokenizer_sha256)."""
+ENCODED_HASH = "encoded_sha256"
+"""The key under which an online run names what its conversations encoded to (sources.encoded_sha256):
+another lab or transformers version can encode the same text to other tokens or loss masks."""
 
-RECORDED_SINCE = {TEMPLATE_HASH: ("chat templates", "template"), TOKENIZER_HASH: ("tokenizers", "tokenizer")}
+RECORDED_SINCE = {TEMPLATE_HASH: ("chat templates", "template"), TOKENIZER_HASH: ("tokenizers", "tokenizer"),
+                  ENCODED_HASH: ("encodings", "encoding")}
 """Keys the lab began to record once work could already have been made without them (templates on
-2026-12-02, tokenizers on 2026-12-03), oldest first, with what they name."""
+2026-12-02, tokenizers and online runs' encodings on 2026-12-03), oldest first, with what they name."""
 
 
 def unrecorded(before: dict, now: dict) -> list[str]:

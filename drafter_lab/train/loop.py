@@ -19,7 +19,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
-from drafter_lab.data.capture_config import CaptureConfig, as_recorded
+from drafter_lab.data.capture_config import ENCODED_HASH, CaptureConfig, as_recorded, without
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -249,6 +249,10 @@ class _Run:
             _check_resume_config(self.saved["config"], cfg, out_dir)
             saved = self.saved.get("data", self.data)  # states saved before it was kept lack it
             self.data = as_recorded(saved, self.data, out_dir)
+            if saved != self.data and without(saved, [ENCODED_HASH]) == without(self.data, [ENCODED_HASH]):
+                raise LabError("--resume: the same conversations now encode to other tokens or loss masks (another lab "
+                               "or transformers version): finish the run with the version it began with, or begin "
+                               "it again", out_dir)
             if saved != self.data:
                 same_training = {k: v for k, v in saved.items() if k != "val"} == \
                     {k: v for k, v in self.data.items() if k != "val"}

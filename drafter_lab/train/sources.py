@@ -12,6 +12,7 @@ template, loss mask, aux layers and hash split), so a drafter trained either way
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from drafter_lab.data.capture import (
     temperature_of,
     tokenize_conversations,
 )
+from drafter_lab.data.capture_config import ENCODED_HASH
 from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence, SequenceRef
@@ -145,6 +147,16 @@ class Prompt:
         return len(self.input_ids)
 
 
+def encoded_sha256(prompts: list[Prompt]) -> str:
+    """A hash of the sequences conversations encoded to: their ids, tokens and loss masks."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.seq_id.encode() + b"\0")
+        h.update(p.input_ids.to(torch.int32).numpy().tobytes())
+        h.update(p.loss_mask.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 class Online:
     """Conversations run through the whole target, a batch at a time, as training reads them."""
 
@@ -233,6 +245,8 @@ class Online:
                **({"token_exact": True} if c.token_exact else {}),  # absent otherwise: older runs still resume
                **({"turns": c.turns} if c.turns != "all" else {}),  # likewise
                **rendered_with(self.target.tokenizer, c.chat_template_kwargs)}
+        val = [] if isinstance(self.held_out, HeldOutFeatures) else self.items["val"]  # features: their manifest's
+        out[ENCODED_HASH] = encoded_sha256([*self.items["train"], *val])
         return {**out, "val": self.held_out.identity()} if self.held_out else out
 
     def describe(self) -> dict:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drafter_lab.cli import main
-from drafter_lab.data.capture import CaptureConfig, conversation_of
+from drafter_lab.data.capture import CaptureConfig, conversation_of, split_of
 from drafter_lab.data.chat import template_sha256, tokenizer_sha256
 from drafter_lab.data.shards import FeatureSet, Manifest
 from drafter_lab.data.vocab import count_train_tokens
@@ -97,6 +97,42 @@ def test_an_online_run_resumes_only_as_it_rendered(peaked_llama, features, tmp_p
     monkeypatch.setattr(sources, "rendered_with", lambda tok, kwargs: {**made(tok, kwargs), unseen[-1]: "edited"})
     with pytest.raises(LabError, match="--resume with other training data"):
         train(cfg, peaked_llama, convs, tmp_path / "now", online=online, resume=True)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_an_online_run_resumes_only_on_what_its_conversations_encoded_to(peaked_llama, features, tmp_path,
+                                                                         monkeypatch, capsys, split):
+    """Another lab or transformers version can encode the same conversations otherwise: its resume of
+    a run is refused, in one line, rather than trained on the other encoding; a run begun before the
+    lab recorded encodings resumes unchecked."""
+    from drafter_lab.train import sources
+
+    cfg, online, convs = dataclasses.replace(CFG, max_steps=2, eval_every=2), CAPTURE, conversations_of(features)
+    train(cfg, peaked_llama, convs, tmp_path / "run", online=online)
+    real = sources.tokenize_conversations
+
+    def other_masks(*args):  # the first loss token of one conversation in `split` no longer trains
+        items = real(*args)
+        k = next(k for k, it in enumerate(items) if split_of(it[0], CAPTURE.val_fraction) == split)
+        seq_id, ids, mask = items[k]
+        return [*items[:k], (seq_id, ids, mask & (torch.arange(len(mask)) > mask.nonzero().min())), *items[k + 1:]]
+
+    monkeypatch.setattr(sources, "tokenize_conversations", other_masks)
+    with pytest.raises(LabError, match="the same conversations now encode to other tokens or loss masks") as e:
+        train(cfg, peaked_llama, convs, tmp_path / "run", online=online, resume=True)
+    assert str(tmp_path / "run") in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setattr(sources, "tokenize_conversations", real)
+
+    identity = sources.Online.identity
+    monkeypatch.setattr(sources.Online, "identity", lambda self: {k: v for k, v in identity(self).items()
+                                                                  if k != "encoded_sha256"})
+    train(cfg, peaked_llama, convs, tmp_path / "before", online=online)
+    monkeypatch.setattr(sources.Online, "identity", identity)
+    monkeypatch.setattr(sources, "tokenize_conversations", other_masks)
+    capsys.readouterr()
+    train(cfg, peaked_llama, convs, tmp_path / "before", online=online, resume=True)
+    assert "begun before the lab recorded encodings, so its encoding is not checked" in \
+        " ".join(capsys.readouterr().err.split())
 
 
 def test_online_run_trains_as_on_captured_features(peaked_llama, features, tmp_path):

@@ -94,7 +94,7 @@ def test_an_online_run_resumes_only_as_it_rendered(peaked_llama, features, tmp_p
     train(cfg, peaked_llama, convs, tmp_path / "before", online=online, resume=True)
     assert begun in " ".join(capsys.readouterr().err.split())
     made = sources.rendered_with
-    monkeypatch.setattr(sources, "rendered_with", lambda tok, kwargs: {**made(tok, kwargs), unseen[-1]: "edited"})
+    monkeypatch.setattr(sources, "rendered_with", lambda tok, kwargs: {**made(tok, kwargs), unseen[0]: "edited"})
     with pytest.raises(LabError, match="--resume with other training data"):
         train(cfg, peaked_llama, convs, tmp_path / "now", online=online, resume=True)
 

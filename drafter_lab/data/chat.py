@@ -147,39 +147,56 @@ class Span(NamedTuple):
 
 
 def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None = None,
-                         tools: list[dict] | None = None, end_ids: frozenset[int] = frozenset()) -> list[Span]:
+                         tools: list[dict] | None = None, end_ids: frozenset[int] = frozenset(),
+                         last_only: bool = False) -> list[Span]:
     """Per assistant turn, its `Span` in `text`; a turn's own render is followed there by a token in
-    `end_ids` where the template closes a turn only once another message follows (`_closing`)."""
+    `end_ids` where the template closes a turn only once another message follows (`_closing`).
+    `last_only`: the last turn's alone (a list of one); where it begins as the render before it ends,
+    as it does but for GPT-OSS's tool calls, that costs two renders, not two per turn (`turns="each"`
+    encodes a sequence per turn: n sequences of up to n turns, which was cubic in n)."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if last_only and turns and turns[-1]:
+        i = turns[-1]
+        head = render(tokenizer, messages[:i], True, template_kwargs, tools)
+        if text.startswith(head):  # no earlier turn's text to look past
+            return [_span(tokenizer, messages, i, text, len(head), template_kwargs, tools, end_ids, head)[0]]
     spans = []
     cursor = 0
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        head = render(tokenizer, messages[:i], True, template_kwargs, tools) if i else None
-        start = None
-        if head is not None:
-            start = len(head) if text.startswith(head) else _turn_start(tokenizer, messages, i, text, template_kwargs, tools)
-        if start is not None and start >= cursor:
-            after = start
-        else:
-            start, answer = _shown(m, text, cursor, len(text))
-            if start < 0:
-                raise LabError(
-                    f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
-                )
-            after = start + len(answer)
-        upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
-        if text.startswith(upto) and len(upto) > start:
-            after = len(upto) + len(_stop_token_at(tokenizer, text, len(upto), end_ids))
-            spans.append(Span(start, after, True, start, True))
-        elif i + 1 == len(messages):  # the last turn written as served (`_as_served`): the rest is the target's
-            spans.append(Span(start, len(text), True, start, True))
-        else:  # written otherwise once later turns follow: the end-of-turn token alone closes the span
-            nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools)
-            bound = len(text) if nxt is None else nxt[0]
-            spans.append(Span(start, bound, False, _answer_end(text, m, start, bound), nxt is not None))
-        cursor = after
-    return spans
+    for i in turns:
+        span, cursor = _span(tokenizer, messages, i, text, cursor, template_kwargs, tools, end_ids)
+        spans.append(span)
+    return spans[-1:] if last_only else spans
+
+
+def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, template_kwargs: dict | None,
+          tools: list[dict] | None, end_ids: frozenset[int], head: str | None = None) -> tuple[Span, int]:
+    """(Assistant turn i's `Span` in `text`, where the next turn is looked for from), the turn lying
+    past `cursor`; `head`, the render before it with the generation prompt, where the caller has it."""
+    m = messages[i]
+    if head is None and i:
+        head = render(tokenizer, messages[:i], True, template_kwargs, tools)
+    start = None
+    if head is not None:
+        start = len(head) if text.startswith(head) else _turn_start(tokenizer, messages, i, text, template_kwargs, tools)
+    if start is not None and start >= cursor:
+        after = start
+    else:
+        start, answer = _shown(m, text, cursor, len(text))
+        if start < 0:
+            raise LabError(
+                f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
+            )
+        after = start + len(answer)
+    upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
+    if text.startswith(upto) and len(upto) > start:
+        after = len(upto) + len(_stop_token_at(tokenizer, text, len(upto), end_ids))
+        return Span(start, after, True, start, True), after
+    if i + 1 == len(messages):  # the last turn written as served (`_as_served`): the rest is the target's
+        return Span(start, len(text), True, start, True), after
+    # Written otherwise once later turns follow: the end-of-turn token alone closes the span.
+    nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools)
+    bound = len(text) if nxt is None else nxt[0]
+    return Span(start, bound, False, _answer_end(text, m, start, bound), nxt is not None), after
 
 
 MARK = "\ue000\ue001"
@@ -453,7 +470,8 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
     text = render(tokenizer, messages, False, template_kwargs, tools)
     text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
     text = _as_served(tokenizer, messages, text, template_kwargs, tools)
-    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools, end_ids)
+    # Token-exact splices every turn's sampled ids (the earlier ones are the prompt the target saw).
+    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools, end_ids, last_only and not token_exact)
     special = special_token_ids(tokenizer)
     if token_exact:
         ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids, special)
@@ -461,7 +479,8 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         ids, starts = _tokenize(tokenizer, text)
         sampled = [False] * len(ids)
     mask = [False] * len(ids)
-    turns = list(zip((m for m in messages if m["role"] == "assistant"), spans))
+    assistant = [m for m in messages if m["role"] == "assistant"]
+    turns = list(zip(assistant[len(assistant) - len(spans):], spans))
     for m, span in turns[-1:] if last_only else turns:
         if token_exact and "token_ids" not in m:  # recorded tool calls (_spliced): not the target's tokens
             continue

@@ -2,8 +2,9 @@
 
 Rendering dominates: each assistant turn renders the conversation up to it two or three times, so
 a trace of n turns costs O(n^2) (a 200-step agent trace of 32k tokens: 8.7 s on one CPU core,
-where its target forward takes far less on a GPU). `CaptureConfig.tokenize_workers` > 1 spreads conversations
-over that many processes, started with spawn (not fork: the parent holds the target, and perhaps
+where its target forward takes far less on a GPU); so does `turns="each"`, n sequences that each
+place their last turn alone. `CaptureConfig.tokenize_workers` > 1 spreads conversations over that
+many processes, started with spawn (not fork: the parent holds the target, and perhaps
 CUDA and thread pools); results come back in file order, as plain lists, whatever the count.
 """
 

@@ -51,7 +51,8 @@ class CaptureConfig:
     training it alone (id `<conversation id>#turn<k>`, in its conversation's split), so every turn trains
     as served, its thinking too where the template hides it from later prompts (DeepSeek-R1's, Qwen3's,
     Kimi's); the target then runs over every prefix, tokens quadratic in the turns. Under `last` and
-    `each` a turn past `max_length` has no sequence, nor (token-exact) a turn of calls kept as recorded."""
+    `each` a turn past `max_length` has no sequence, nor (token-exact) a turn of calls kept as recorded;
+    token-exact, the turns before the trained one are their text tokenized, as a server reads them."""
     chat_template_kwargs: dict | None = None
     """Extra variables for the target's chat template, as an SGLang or vLLM request's
     `chat_template_kwargs` (`{"enable_thinking": false}`: a hybrid thinking model served with its

@@ -423,17 +423,17 @@ def _answer_written(tokenizer, text: str, span: Span, content: str, end_ids: fro
 
 def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
              end_ids: frozenset[int], special: set[int]) -> tuple[list[int], list[int], list[bool]]:
-    """Ids and starts of `text` with each assistant turn's text replaced by its `token_ids` (all
-    starting at the turn's offset, so the span masks them), and which ids the target sampled. A
-    trailing id in `end_ids` is the end token the sampling stopped at (a server returns it): the
-    template writes its own. A turn of tool calls without ids (regeneration keeps those as recorded:
-    the tool results answer them) stays text."""
+    """Ids and starts of `text` with the text of each assistant turn that `spans` places (every one,
+    or the last) replaced by its `token_ids` (all starting at the turn's offset, so the span masks
+    them), and which ids the target sampled. A trailing id in `end_ids` is the end token the sampling
+    stopped at (a server returns it): the template writes its own. A turn of tool calls without ids
+    (regeneration keeps those as recorded: the tool results answer them) stays text."""
     ids: list[int] = []
     starts: list[int] = []
     sampled: list[bool] = []
     cursor = 0
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    for i, span in zip(turns, spans):
+    for i, span in zip(turns[len(turns) - len(spans):], spans):
         start = span.start
         m = messages[i]
         if "token_ids" not in m and "tool_calls" in m:
@@ -466,12 +466,13 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
     `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`,
     the tokens the target stops at, which also end a turn's mask), and tool calls the target did not
     sample left unmasked; `template_kwargs` and `tools` as `render`; `last_only`: the last assistant
-    turn alone is masked (the others are prompt)."""
+    turn alone is masked, and token-exact alone its `token_ids` (the others are prompt, as served)."""
     text = render(tokenizer, messages, False, template_kwargs, tools)
     text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
     text = _as_served(tokenizer, messages, text, template_kwargs, tools)
-    # Token-exact splices every turn's sampled ids (the earlier ones are the prompt the target saw).
-    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools, end_ids, last_only and not token_exact)
+    # `last_only`, the earlier turns are prompt: their text rendered and tokenized, as a server reads a
+    # conversation it is sent (and as the target saw it when it sampled the last turn), not their ids.
+    spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools, end_ids, last_only)
     special = special_token_ids(tokenizer)
     if token_exact:
         ids, starts, sampled = _spliced(tokenizer, messages, text, spans, end_ids, special)
@@ -480,8 +481,7 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         sampled = [False] * len(ids)
     mask = [False] * len(ids)
     assistant = [m for m in messages if m["role"] == "assistant"]
-    turns = list(zip(assistant[len(assistant) - len(spans):], spans))
-    for m, span in turns[-1:] if last_only else turns:
+    for m, span in zip(assistant[len(assistant) - len(spans):], spans):  # the last alone where `last_only`
         if token_exact and "token_ids" not in m:  # recorded tool calls (_spliced): not the target's tokens
             continue
         begin = span.start

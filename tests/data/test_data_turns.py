@@ -151,6 +151,14 @@ def test_token_exact_each_turn_trains_its_sampled_ids(random_llama):
     for k, seq in enumerate(sequences_of([Conversation("c", chat)], "each")):
         ids, mask = encode_conversation(tok, seq.messages, 10_000, token_exact=True, end_ids=end_ids, last_only=True)
         assert ids[mask].tolist() == [*sampled[k], end]
+        # After the prompt the target sampled it after: the earlier turns' text as the template writes it
+        # (the first thinking hidden) and tokenized, as a server reads what it is sent; not their ids.
+        prompt = tok(render(tok, seq.messages[:-1], True), add_special_tokens=False)["input_ids"]
+        assert ids[:spans(mask)[0][0]].tolist() == prompt
+    assert THOUGHTS[0] not in tok.decode(prompt)
+    del chat[2]["token_ids"]  # a prompt's turn needs no ids of its own
+    ids, mask = encode_conversation(tok, chat[:5], 10_000, token_exact=True, end_ids=end_ids, last_only=True)
+    assert ids[mask].tolist() == [*sampled[1], end]
 
 
 def test_token_exact_passes_over_recorded_calls_only(random_llama):

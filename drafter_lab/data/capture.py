@@ -196,7 +196,7 @@ def _earlier_settings(out: Path, existing: Manifest | None, settings: dict) -> d
         return resume_settings(existing.target, existing.aux_layer_ids, existing.dtype, existing.source)
     if _regeneration_begun(out, settings):
         return None
-    later = list(RECORDED_SINCE)
+    later = [k for k in RECORDED_SINCE if k in settings]  # online runs' encodings are no capture setting
     older = (without(settings, later[i:]) for i in reversed(range(len(later))))
     return next((s for s in older if _regeneration_begun(out, s)), None)
 

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drafter_lab.data.capture_config import TEMPLATE_HASH, TOKENIZER_HASH, unrecorded
+from drafter_lab.data.capture_config import ENCODED_HASH, TEMPLATE_HASH, TOKENIZER_HASH, unrecorded
 from drafter_lab.errors import LabError
 from drafter_lab.train.metrics_log import METRICS, RUN_FILE, read_metrics
 
@@ -209,6 +209,10 @@ RENDERED_BY = (TEMPLATE_HASH, "chat_template_kwargs", TOKENIZER_HASH)
 rendered with another chat template, other variables or another tokenizer is other text (captured
 features hold it in their manifest)."""
 
+ENCODED_BY = ("turns", "token_exact")
+"""Settings that change which sequences an online run's conversations encode to (absent: every turn
+in one sequence, as text); `encoded_sha256` names the sequences themselves."""
+
 
 def _differences(a: dict, b: dict, keys) -> str:
     def shown(v):
@@ -220,7 +224,7 @@ def unequal_validation(run_info: dict, base_info: dict) -> str | None:
     """Metrics compare only on one validation set: a note when one run validates on a set of its own
     (`--val-data`) and the other on its data's val split, both on sets of their own that differ, both
     on the val splits of different data of one kind (two feature directories, two online files, one
-    file split otherwise), or two online runs render their conversations otherwise."""
+    file split otherwise), or two online runs render or encode their conversations otherwise."""
     a, b = (info.get("features", {}) for info in (run_info, base_info))
     if "val" in a or "val" in b:
         if a.get("val") != b.get("val"):
@@ -236,6 +240,13 @@ def unequal_validation(run_info: dict, base_info: dict) -> str | None:
     if all(TEMPLATE_HASH in f for f in (a, b)) and any(a.get(k) != b.get(k) for k in keys):
         return (f"the runs render their conversations otherwise ({_differences(a, b, keys)}): they validate "
                 "on other text, and their metrics do not compare")
+    # Rendered alike, encoded otherwise: other --turns or --token-exact, or another lab or transformers
+    # version. Not for held-out features, which the hash leaves out (their manifest is compared above).
+    if all(ENCODED_HASH in f and "manifest_sha256" not in f.get("val", {}) for f in (a, b)) \
+            and a[ENCODED_HASH] != b[ENCODED_HASH]:
+        why = _differences(a, b, ENCODED_BY) or "the same settings: another lab or transformers version"
+        return (f"the runs' conversations encode to other sequences ({why}): they validate on other sequences, "
+                "and their metrics do not compare")
     return None
 
 

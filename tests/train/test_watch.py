@@ -165,6 +165,27 @@ def test_online_runs_rendered_otherwise_are_flagged():
         "text, and their metrics do not compare")  # what both record still counts
 
 
+
+def test_online_runs_encoded_otherwise_are_flagged():
+    """One file rendered alike, encoded to other sequences: other --turns (each turn a sequence of its
+    own), or another lab version's encoding; a held-out feature set, which the hash leaves out, is not."""
+    def online(encoded, **settings):
+        return {"config": {"batch_size": 8}, "features": {"sha256": "ee", "val_fraction": 0.1, "online": "/c.jsonl",
+                                                          "chat_template_sha256": "aa", "encoded_sha256": encoded,
+                                                          **settings}}
+    every = online("e1")
+    assert comparison_note(every, online("e1"), "step") is None
+    assert comparison_note(online("e2", turns="each"), every, "step") == (
+        "the runs' conversations encode to other sequences (turns each vs none): they validate on other sequences, "
+        "and their metrics do not compare")
+    assert comparison_note(online("e2"), every, "step") == (
+        "the runs' conversations encode to other sequences (the same settings: another lab or transformers "
+        "version): they validate on other sequences, and their metrics do not compare")
+    assert comparison_note({"features": {k: v for k, v in every["features"].items() if k != "encoded_sha256"}},
+                           online("e2"), "train_tokens") is None  # a run from before encodings were recorded
+    held = {"val": {"manifest_sha256": "ff"}, "val_data": "/v"}
+    assert comparison_note(online("e2", turns="each", **held), online("e1", **held), "step") is None
+
 def test_a_half_written_last_line_is_left_out(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "los')

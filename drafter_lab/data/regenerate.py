@@ -11,7 +11,8 @@ template's hash and variables) beside its text, so that a capture can use the ta
 (`data prepare --token-exact`) and refuse another target's, or answers that followed other prompts
 than the capture's. A thinking model's answer
 holds its thinking as the model wrote it (`<think>...</think>` and the answer, which a thinking
-template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes. A turn that
+template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes; one in harmony's
+channels (GPT-OSS) is split as a server splits it (`answer_fields`). A turn that
 makes tool calls stays as recorded (`regenerated_turns`): the tool results after it answer those
 calls, and no tool runs here; the turns around it are the target's. A journal (journal.py) records
 each batch as it finishes, so a killed run resumes.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -99,6 +101,27 @@ def generate_texts(target, prompts: list[str], gen_config) -> list[tuple[str, li
     return answers
 
 
+HARMONY_CHANNEL = "<|channel|>"
+"""The special token that opens a harmony message's channel (GPT-OSS)."""
+HARMONY_MESSAGE = re.compile(r"<\|channel\|>(\w+)[^<]*<\|message\|>(.*?)(?=<\|end\|>|<\|start\|>|\Z)", re.S)
+"""One harmony message in a decoded answer: its channel (analysis, commentary, final) and its text."""
+
+
+def answer_fields(tokenizer, text: str, ids: list[int]) -> dict:
+    """The fields of an answer's message, as a server returns them: where the target wrote harmony's
+    channels, its analysis as `reasoning_content` and its final channel as `content`, as GPT-OSS's
+    parsers in vLLM and SGLang split them (decoded without special tokens, the headers vanish and the
+    channel names run into the texts: "analysisThey ask.assistantfinalIt joins."); else `content`,
+    the text (thinking inline, which the lab reads)."""
+    channel = tokenizer.convert_tokens_to_ids(HARMONY_CHANNEL)
+    if channel is None or channel == tokenizer.unk_token_id or channel not in ids:
+        return {"content": text}
+    messages = HARMONY_MESSAGE.findall(tokenizer.decode(ids, skip_special_tokens=False))
+    analysis = "".join(t for c, t in messages if c == "analysis")
+    return {"content": "".join(t for c, t in messages if c == "final"),
+            **({"reasoning_content": analysis} if analysis else {})}
+
+
 def _rng_state(device: torch.device) -> dict:
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
@@ -167,8 +190,9 @@ def regenerate(
                     for j, (text, token_ids) in zip(chunk, answers):
                         conv, i = jobs[j]
                         conv.messages[i].pop("reasoning_content", None)
-                        conv.messages[i].update(content=text, token_ids=token_ids, temperature=temperature,
-                                                target_fingerprint=target.fingerprint, rendered_with=prompted)
+                        conv.messages[i].update(**answer_fields(target.tokenizer, text, token_ids), token_ids=token_ids,
+                                                temperature=temperature, target_fingerprint=target.fingerprint,
+                                                rendered_with=prompted)
                     advance(len(chunk), round=k + 1)
     return convs
 

@@ -12,9 +12,11 @@ import pytest
 from data_helpers import write_jsonl
 from test_data_chat import spans, word_by_word
 
+from drafter_lab.data import regenerate as regenerate_module
 from drafter_lab.data.chat import dropped_calls, dropped_reasoning, encode_conversation, render
-from drafter_lab.data.conversations import read_conversations
-from drafter_lab.targets.hf import load_tokenizer
+from drafter_lab.data.conversations import Conversation, read_conversations
+from drafter_lab.data.regenerate import answer_fields, regenerate
+from drafter_lab.targets.hf import load_target, load_tokenizer
 
 # In the manner of GPT-OSS's template: the last assistant turn of a training render shows its
 # thinking (`thinking`) in the analysis channel and ends its final channel with `<|return|>`; earlier
@@ -69,6 +71,29 @@ def test_the_last_turn_trains_analysis_and_final_up_to_return(harmony):
     assert [harmony.decode(ids[a:b]) for a, b in spans(mask)] == [
         f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final<|message|>{ANSWER}<|return|>"]
 
+
+
+def test_a_local_regeneration_splits_the_channels_as_a_server_does(harmony, random_llama, monkeypatch):
+    """Decoded without its special tokens, a GPT-OSS answer ran its channel names into its texts, which a
+    capture of the text then trained as one final answer; it is split as vLLM's and SGLang's GPT-OSS
+    parsers split it, and the template writes the analysis where the target did."""
+    written = f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final<|message|>{ANSWER}"
+    ids = harmony(written, add_special_tokens=False)["input_ids"]
+    text = harmony.decode(ids, skip_special_tokens=True)
+    assert text == f"analysis{THOUGHT}assistantfinal{ANSWER}"
+    assert answer_fields(harmony, text, ids) == {"content": ANSWER, "reasoning_content": THOUGHT}
+    final = harmony(f"<|channel|>final<|message|>{ANSWER}", add_special_tokens=False)["input_ids"]
+    assert answer_fields(harmony, "", final) == {"content": ANSWER}
+    plain = load_tokenizer(random_llama)  # no channels: the text, as before
+    assert answer_fields(plain, "It is.", plain("It is.", add_special_tokens=False)["input_ids"]) == {"content": "It is."}
+    target = load_target(random_llama)
+    target.tokenizer = harmony
+    monkeypatch.setattr(regenerate_module, "generate_texts", lambda t, prompts, g: [(text, ids)] * len(prompts))
+    old = {"role": "assistant", "content": "Old.", "reasoning_content": "Old thought."}
+    (conv,) = regenerate(target, [Conversation("c", [*ASKED, old])], show_progress=False)
+    assert (conv.messages[-1]["content"], conv.messages[-1]["reasoning_content"]) == (ANSWER, THOUGHT)
+    ids, mask = encode_conversation(harmony, conv.messages, max_length=10_000, end_ids=returns(harmony))
+    assert [harmony.decode(ids[a:b]) for a, b in spans(mask)] == [f"{written}<|return|>"]
 
 @pytest.mark.parametrize("thought", [False, True], ids=["answer-only", "with-thinking"])
 def test_an_earlier_turn_trains_its_final_channel_up_to_end(harmony, thought):

@@ -27,7 +27,8 @@ tokenized and extended it. Re-tokenizing the whole text instead can split an ans
 tokens than the target wrote (at temperature 1, most answers of the tiny pair), which a replay of
 serving over the text cannot afford. Later turns follow the earlier answers as sampled, where the
 server that wrote them was sent those answers as text and tokenized them again: exact for
-single-turn data, an approximation past the first turn.
+single-turn data, an approximation past the first turn. `last_only` (`--turns last|each`) trains
+the last turn alone, so the earlier ones are text, as that server read them: exact for every turn.
 
 Reasoning (`reasoning_content`, conversations.py) goes to the template with the rest of the turn,
 also as `thinking`, the name GPT-OSS's harmony template reads: a thinking model's template writes it

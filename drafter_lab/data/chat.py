@@ -353,16 +353,18 @@ def _thinking_of(turn: dict) -> str:
 
 
 def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
-                      tools: list[dict] | None = None, last_only: bool = False) -> tuple[int, int]:
+                      tools: list[dict] | None = None, last_only: bool = False,
+                      text: str | None = None) -> tuple[int, int]:
     """(assistant turns with reasoning, those whose reasoning the chat template leaves out of the render):
     kept apart, or inline before `</think>` (a local regeneration's text, which Qwen3's and DeepSeek-R1's
-    templates cut); of the last assistant turn alone where `last_only`."""
+    templates cut); of the last assistant turn alone where `last_only`. `text`: the conversation as
+    `served_text` writes it, where the caller has it."""
     turns = [m for m in messages if m["role"] == "assistant"]
     thought = [t for m in (turns[-1:] if last_only else turns) if (t := _thinking_of(m))]
     if not thought:
         return 0, 0
-    text = _as_served(tokenizer, messages, render(tokenizer, messages, False, template_kwargs, tools), template_kwargs,
-                      tools)
+    if text is None:
+        text = served_text(tokenizer, messages, frozenset(), template_kwargs, tools)
     return len(thought), sum(r not in text for r in thought)
 
 
@@ -460,17 +462,27 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
     return ids + piece, starts + at, sampled + [False] * len(piece)
 
 
+def served_text(tokenizer, messages: list[dict], end_ids: frozenset[int], template_kwargs: dict | None,
+                tools: list[dict] | None) -> str:
+    """The conversation's render as `encode_conversation` masks it: its last turn closed where the
+    template leaves it open (`_closing`) and written as it was served (`_as_served`)."""
+    text = render(tokenizer, messages, False, template_kwargs, tools)
+    text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
+    return _as_served(tokenizer, messages, text, template_kwargs, tools)
+
+
 def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_exact: bool = False,
                         end_ids: frozenset[int] = frozenset(), template_kwargs: dict | None = None,
-                        tools: list[dict] | None = None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        tools: list[dict] | None = None, last_only: bool = False,
+                        text: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
     `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`,
     the tokens the target stops at, which also end a turn's mask), and tool calls the target did not
     sample left unmasked; `template_kwargs` and `tools` as `render`; `last_only`: the last assistant
-    turn alone is masked, and token-exact alone its `token_ids` (the others are prompt, as served)."""
-    text = render(tokenizer, messages, False, template_kwargs, tools)
-    text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
-    text = _as_served(tokenizer, messages, text, template_kwargs, tools)
+    turn alone is masked, and token-exact alone its `token_ids` (the others are prompt, as served);
+    `text`: `served_text`, where the caller has it."""
+    if text is None:
+        text = served_text(tokenizer, messages, end_ids, template_kwargs, tools)
     # `last_only`, the earlier turns are prompt: their text rendered and tokenized, as a server reads a
     # conversation it is sent (and as the target saw it when it sampled the last turn), not their ids.
     spans = assistant_char_spans(tokenizer, messages, text, template_kwargs, tools, end_ids, last_only)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from drafter_lab.data.capture_config import CaptureConfig
-from drafter_lab.data.chat import dropped_calls, dropped_reasoning, encode_conversation
+from drafter_lab.data.chat import dropped_calls, dropped_reasoning, encode_conversation, served_text
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.errors import LabError
 from drafter_lab.progress import maybe_progress
@@ -41,12 +41,13 @@ def encoded(conv: Conversation, tokenizer, cfg: CaptureConfig, end_ids: frozense
     """`conv` encoded as `cfg` says; a LabError names the conversation."""
     last_only = cfg.turns != "all"  # the sequence is cut after the turn it trains (capture.sequences_of)
     try:
+        text = served_text(tokenizer, conv.messages, end_ids, cfg.chat_template_kwargs, conv.tools)
         ids, mask = encode_conversation(tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids,
-                                        cfg.chat_template_kwargs, conv.tools, last_only)
+                                        cfg.chat_template_kwargs, conv.tools, last_only, text)
     except LabError as e:
         raise LabError(f"conversation {conv.id}: {e}") from None
     thought = (0, 0) if cfg.token_exact else dropped_reasoning(tokenizer, conv.messages, cfg.chat_template_kwargs,
-                                                               conv.tools, last_only)
+                                                               conv.tools, last_only, text)
     return Encoded(ids, mask, thought,
                    dropped_calls(tokenizer, conv.messages, cfg.chat_template_kwargs, conv.tools, last_only))
 

@@ -108,7 +108,6 @@ def test_last_only_masks_the_last_turn_as_all_does(random_llama, name):
     assert spans(mask_last) == spans(mask)[-1:] and len(spans(mask)) == 2
 
 
-
 def agent_trace(turns: int) -> list[dict]:
     """A conversation of `turns` thinking answers, each after its own user turn."""
     chat = [ASKED[0]]
@@ -141,6 +140,7 @@ def test_each_places_the_last_turn_as_all_does_in_a_few_renders(random_llama, tm
         assert torch.equal(ids, ids_last) and spans(mask_last) == spans(mask)[-1:]
     if name != "gpt-oss":
         assert len(renders) <= 8  # the walk renders twice per turn: 24 for the last sequence
+
 
 def test_token_exact_each_turn_trains_its_sampled_ids(random_llama):
     tok, end_ids = tokenizer(random_llama, "qwen3")

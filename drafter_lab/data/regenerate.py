@@ -12,10 +12,10 @@ template's hash and variables) beside its text, so that a capture can use the ta
 than the capture's. A thinking model's answer
 holds its thinking as the model wrote it (`<think>...</think>` and the answer, which a thinking
 template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes; one in harmony's
-channels (GPT-OSS) is split as a server splits it (`answer_fields`). A turn that
-makes tool calls stays as recorded (`regenerated_turns`): the tool results after it answer those
-calls, and no tool runs here; the turns around it are the target's. A journal (journal.py) records
-each batch as it finishes, so a killed run resumes.
+channels (GPT-OSS) is split as a server splits it, and think tags a tokenizer marks special stay
+(`answer_fields`). A turn that makes tool calls stays as recorded (`regenerated_turns`): the tool
+results after it answer those calls, and no tool runs here; the turns around it are the target's. A
+journal (journal.py) records each batch as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.data.chat import render, rendered_with
+from drafter_lab.data.chat import THINK, UNTHINK, render, rendered_with, special_token_ids
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
@@ -108,18 +108,30 @@ HARMONY_MESSAGE = re.compile(r"<\|channel\|>(\w+)[^<]*<\|message\|>(.*?)(?=<\|en
 
 
 def answer_fields(tokenizer, text: str, ids: list[int]) -> dict:
-    """The fields of an answer's message, as a server returns them: where the target wrote harmony's
-    channels, its analysis as `reasoning_content` and its final channel as `content`, as GPT-OSS's
-    parsers in vLLM and SGLang split them (decoded without special tokens, the headers vanish and the
-    channel names run into the texts: "analysisThey ask.assistantfinalIt joins."); else `content`,
-    the text (thinking inline, which the lab reads)."""
+    """The fields of an answer's message (`text`, its ids decoded without special tokens): where the
+    target wrote harmony's channels, its analysis as `reasoning_content` and its final channel as
+    `content`, as GPT-OSS's parsers in vLLM and SGLang split them (without special tokens the headers
+    vanish and the channel names run into the texts: "analysisThey ask.assistantfinalIt joins.");
+    else `content`, the text, thinking inline with its tags, kept where the tokenizer marks them
+    special (as some do), so that the lab still reads the thinking apart from the answer."""
     channel = tokenizer.convert_tokens_to_ids(HARMONY_CHANNEL)
     if channel is None or channel == tokenizer.unk_token_id or channel not in ids:
-        return {"content": text}
+        tags = {i for i in tokenizer.convert_tokens_to_ids([THINK, UNTHINK]) if i in special_token_ids(tokenizer)}
+        return {"content": _decoded_keeping(tokenizer, ids, tags) if tags & set(ids) else text}
     messages = HARMONY_MESSAGE.findall(tokenizer.decode(ids, skip_special_tokens=False))
     analysis = "".join(t for c, t in messages if c == "analysis")
     return {"content": "".join(t for c, t in messages if c == "final"),
             **({"reasoning_content": analysis} if analysis else {})}
+
+
+def _decoded_keeping(tokenizer, ids: list[int], keep: set[int]) -> str:
+    """`ids` decoded without special tokens but those in `keep`, which stay as their text."""
+    pieces, start = [], 0
+    for j, t in enumerate(ids):
+        if t in keep:
+            pieces += [tokenizer.decode(ids[start:j], skip_special_tokens=True), tokenizer.convert_ids_to_tokens(t)]
+            start = j + 1
+    return "".join([*pieces, tokenizer.decode(ids[start:], skip_special_tokens=True)])
 
 
 def _rng_state(device: torch.device) -> dict:

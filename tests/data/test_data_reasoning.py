@@ -12,9 +12,10 @@ import torch
 from data_helpers import write_jsonl
 from test_data_chat import spans, word_by_word
 
+from drafter_lab.data import regenerate as regenerate_module
 from drafter_lab.data.chat import dropped_reasoning, encode_conversation
 from drafter_lab.data.conversations import Conversation, content_id, read_conversations
-from drafter_lab.data.regenerate import regenerate
+from drafter_lab.data.regenerate import answer_fields, regenerate
 from drafter_lab.targets.hf import load_target, load_tokenizer
 
 # A thinking template in the manner of Qwen3's: an assistant turn after the last user turn shows its
@@ -141,3 +142,28 @@ def test_think_tokens_marked_special_are_masked_with_the_rest(random_llama):
     ids, mask = encode_conversation(tok, exact, max_length=10_000, token_exact=True, end_ids=frozenset({tok.eos_token_id}))
     assert [ids[a:b].tolist() for a, b in spans(mask)] == [[*sampled, tok.eos_token_id]]
     assert tok.decode(ids).count(THOUGHT) == 1
+
+
+def test_a_local_regeneration_keeps_think_tags_a_tokenizer_marks_special(random_llama, monkeypatch):
+    """Decoded without special tokens, such a tokenizer's answer lost its tags and its thinking ran into
+    the answer, which a capture of the text then trained as one answer; the tags stay, and the
+    template reads the thinking apart as from any inline answer."""
+    tok = thinking_tokenizer(random_llama)
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    written = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
+    ids = tok(written, add_special_tokens=False)["input_ids"]
+    text = tok.decode(ids, skip_special_tokens=True)
+    assert text == f"\n{THOUGHT}\n\n\n{ANSWER}"
+    assert answer_fields(tok, text, ids) == {"content": written}
+    plain = thinking_tokenizer(random_llama)  # tags as text: the text as decoded
+    plain_ids = plain(written, add_special_tokens=False)["input_ids"]
+    assert answer_fields(plain, plain.decode(plain_ids, skip_special_tokens=True), plain_ids) == {"content": written}
+    target = load_target(random_llama)
+    target.tokenizer = tok
+    monkeypatch.setattr(regenerate_module, "generate_texts", lambda t, prompts, g: [(text, ids)] * len(prompts))
+    (conv,) = regenerate(target, [Conversation("c", [*ASKED, {"role": "assistant", "content": "Old."}])],
+                         show_progress=False)
+    assert conv.messages[-1]["content"] == written
+    assert dropped_reasoning(tok, conv.messages) == (1, 0)
+    ids, mask = encode_conversation(tok, conv.messages, max_length=10_000, end_ids=frozenset({tok.eos_token_id}))
+    assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [f"{written}<|im_end|>"]

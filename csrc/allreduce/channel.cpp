@@ -66,6 +66,8 @@ const char* kind_name(uint32_t kind) {
     case kSumTwoShot: return "two-shot sum";
     case kFusedOneShot: return "one-shot sum+residual+rmsnorm";
     case kFusedTwoShot: return "two-shot sum+residual+rmsnorm";
+    case kSumLL: return "LL sum";
+    case kFusedLL: return "LL sum+residual+rmsnorm";
   }
   return "unknown kind";
 }

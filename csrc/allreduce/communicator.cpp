@@ -1,5 +1,5 @@
 // The torch face of the all-reduce: checks tensors, splits calls that exceed the staging buffer
-// into chunks, picks one-shot or two-shot per chunk, and runs the chosen backend. Bound with
+// into chunks, picks LL, one-shot or two-shot per chunk, and runs the chosen backend. Bound with
 // pybind11 (a communicator is an object, not an op); drafter_lab/kernels/allreduce.py wraps it.
 #include <ATen/MemoryOverlap.h>
 #include <torch/extension.h>
@@ -79,7 +79,7 @@ class Communicator {
     } else {
       seg = Segment::attach(name, world_size, timeout_s);
       const Header* h = seg.header();
-      if (h->backend != backend_ || h->max_bytes != Layout::make((uint64_t)max_bytes, blocks).max_bytes ||
+      if (h->backend != backend_ || h->max_bytes != Layout::make((uint64_t)max_bytes, blocks, backend_ != kCpu).max_bytes ||
           h->blocks != (uint32_t)blocks)
         throw CommError("rank 0 created " + name + " with backend " + backend_name(h->backend) + ", max_bytes " +
                         std::to_string(h->max_bytes) + ", blocks " + std::to_string(h->blocks) + "; rank " +
@@ -114,13 +114,14 @@ class Communicator {
     c.dtype = dtype_code(in, "tensor");
     c.numel_total = (uint64_t)in.numel();
     const size_t es = dtype_size(c.dtype);
-    const uint64_t cap = capacity_bytes() / es;
+    check_algo(algo, 3);
+    const uint64_t cap = (algo == 3 ? ll_capacity_bytes() : capacity_bytes()) / es;
     const char* src = static_cast<const char*>(in.data_ptr());
     char* dst = static_cast<char*>(out.data_ptr());
     uint64_t off = 0;
     do {
       c.numel = std::min<uint64_t>(cap, c.numel_total - off);
-      c.kind = one_shot(c.numel * es, algo) ? kSumOneShot : kSumTwoShot;
+      c.kind = sum_kind(c.numel * es, algo);
       c.in = src + off * es;
       c.out = dst + off * es;
       run(ch, c, aligned16(in) && aligned16(out));
@@ -159,6 +160,7 @@ class Communicator {
       throw std::invalid_argument("a row of " + std::to_string(H) + " elements does not fit the staging buffer (max_bytes " +
                                   std::to_string(ch.layout().max_bytes) + ", blocks " +
                                   std::to_string(ch.layout().blocks) + "); raise max_bytes");
+    check_algo(algo, 2);
     const bool aligned = aligned16(x) && aligned16(residual) && aligned16(weight) && aligned16(out) &&
                          aligned16(residual_out) && (H * es) % 16 == 0;
     const uint64_t rows = c.numel_total / H;
@@ -167,7 +169,7 @@ class Communicator {
       const uint64_t n = std::min(cap_rows, rows - row);
       const uint64_t off = row * H * es;
       c.numel = n * H;
-      c.kind = one_shot(c.numel * es, algo) ? kFusedOneShot : kFusedTwoShot;
+      c.kind = fused_kind(n, H, es, algo);
       c.in = static_cast<const char*>(x.data_ptr()) + off;
       c.residual = static_cast<const char*>(residual.data_ptr()) + off;
       c.out = static_cast<char*>(out.data_ptr()) + off;
@@ -206,6 +208,14 @@ class Communicator {
     if (v < 0) throw std::invalid_argument("one_shot_max_bytes must be >= 0");
     one_shot_max_bytes_ = v;
   }
+  int64_t ll_capacity() const { return (int64_t)ll_capacity_bytes(); }
+  int64_t ll_max_bytes() const { return ll_max_bytes_; }
+  void set_ll_max_bytes(int64_t v) {
+    if (v < 0) throw std::invalid_argument("ll_max_bytes must be >= 0");
+    if (v > 0 && backend_ == kCpu)
+      throw std::invalid_argument("the LL protocol runs on the CUDA backends; the cpu backend takes ll_max_bytes=0");
+    ll_max_bytes_ = v;
+  }
 
  private:
   Channel& channel() const {
@@ -220,6 +230,21 @@ class Communicator {
     return channel().layout().max_bytes;
   }
 
+  uint64_t ll_capacity_bytes() const {
+#ifdef DRAFTER_LAB_WITH_CUDA
+    if (cuda_) return cuda_->ll_capacity_bytes();
+#endif
+    return 0;
+  }
+
+  uint64_t ll_capacity_rows(uint64_t hidden, size_t es) const {
+#ifdef DRAFTER_LAB_WITH_CUDA
+    if (cuda_) return cuda_->ll_capacity_rows(hidden, es);
+#endif
+    (void)hidden, (void)es;
+    return 0;
+  }
+
   uint64_t capacity_rows(uint64_t hidden, size_t es) const {
 #ifdef DRAFTER_LAB_WITH_CUDA
     if (cuda_) return cuda_->capacity_rows(hidden, es);
@@ -227,10 +252,28 @@ class Communicator {
     return channel().layout().max_bytes / (hidden * es);
   }
 
-  // algo: 0 = by size against the threshold, 1 = one-shot, 2 = two-shot.
+  // algo: 0 = by size against the thresholds, 1 = one-shot, 2 = two-shot, 3 = LL (sums on CUDA;
+  // fused calls take LL only by the threshold).
+  void check_algo(int64_t algo, int64_t last) const {
+    if (algo < 0 || algo > last)
+      throw std::invalid_argument(last == 3 ? "algo must be 0 (auto), 1 (one-shot), 2 (two-shot) or 3 (LL)"
+                                            : "algo must be 0 (auto), 1 (one-shot) or 2 (two-shot)");
+    if (algo == 3 && backend_ == kCpu) throw std::invalid_argument("the LL protocol (algo 3) runs on the CUDA backends");
+  }
+
   bool one_shot(uint64_t bytes, int64_t algo) const {
-    if (algo < 0 || algo > 2) throw std::invalid_argument("algo must be 0 (auto), 1 (one-shot) or 2 (two-shot)");
     return algo == 0 ? (int64_t)bytes <= one_shot_max_bytes_ : algo == 1;
+  }
+
+  uint32_t fused_kind(uint64_t rows, uint64_t hidden, size_t es, int64_t algo) const {
+    const uint64_t bytes = rows * hidden * es;
+    if (algo == 0 && (int64_t)bytes <= ll_max_bytes_ && rows <= ll_capacity_rows(hidden, es)) return kFusedLL;
+    return one_shot(bytes, algo) ? kFusedOneShot : kFusedTwoShot;
+  }
+
+  uint32_t sum_kind(uint64_t bytes, int64_t algo) const {
+    if (algo == 3 || (algo == 0 && (int64_t)bytes <= ll_max_bytes_ && bytes <= ll_capacity_bytes())) return kSumLL;
+    return one_shot(bytes, algo) ? kSumOneShot : kSumTwoShot;
   }
 
   void check_tensor(const at::Tensor& t, const char* what) const {
@@ -269,6 +312,7 @@ class Communicator {
   uint32_t backend_;
   int device_;
   int64_t one_shot_max_bytes_ = 0;
+  int64_t ll_max_bytes_ = 0;
   std::unique_ptr<Channel> ch_;
 #ifdef DRAFTER_LAB_WITH_CUDA
   std::unique_ptr<CudaBackend> cuda_;
@@ -303,7 +347,9 @@ void register_allreduce(pybind11::module_& m) {
       .def_property_readonly("backend", &Communicator::backend)
       .def_property_readonly("name", &Communicator::name)
       .def_property_readonly("closed", &Communicator::closed)
-      .def_property("one_shot_max_bytes", &Communicator::one_shot_max_bytes, &Communicator::set_one_shot_max_bytes);
+      .def_property("one_shot_max_bytes", &Communicator::one_shot_max_bytes, &Communicator::set_one_shot_max_bytes)
+      .def_property_readonly("ll_capacity", &Communicator::ll_capacity)
+      .def_property("ll_max_bytes", &Communicator::ll_max_bytes, &Communicator::set_ll_max_bytes);
   sub.def("segment_name", &drafter_lab::allreduce::segment_name, py::arg("tag"));
   sub.def("unique_segment_name", &drafter_lab::allreduce::unique_segment_name);
   sub.def("cleanup_stale", &drafter_lab::allreduce::cleanup_stale, py::arg("min_age_s") = 30.0,

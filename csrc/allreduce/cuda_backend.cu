@@ -6,6 +6,7 @@
 // generation) with st.release.sys; readers poll with ld.acquire.sys, sync, then read. Buffers
 // alternate by generation parity; CTA b rewrites a buffer only after seeing every peer's flag of
 // the call in between, which peers post after finishing their reads (no end barrier).
+// LL sums (ll_kernel, below) carry readiness in the data packets instead.
 #include "allreduce/cuda_backend.h"
 
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -21,6 +23,7 @@ namespace allreduce {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr int kLLPerThread = 4;  // LL packets a thread holds until the call is confirmed
 
 #define DL_CUDA_CHECK(expr)                                                                    \
   do {                                                                                         \
@@ -181,6 +184,7 @@ __device__ bool wait_peers(const Params& p, uint32_t gen, int phase, int* s_fail
         break;
       }
       if (spins % 256 == 0) {
+        if (*reinterpret_cast<volatile int*>(s_fail) != 0) break;  // another thread of this CTA failed
         const uint64_t now = globaltimer();
         if (started == 0) started = now;
         if (now - started > p.timeout_ns) {
@@ -331,7 +335,7 @@ struct Span {
   uint64_t lo, hi;
 };
 
-__device__ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 __device__ Span part(uint64_t n, uint64_t parts, uint64_t align, uint64_t i) {
   const uint64_t per = round_up(ceil_div(n, parts), align);
@@ -447,6 +451,255 @@ __global__ void __launch_bounds__(kThreads) allreduce_kernel(Params p) {
   if (threadIdx.x == 0) p.counters[b] = gen;
 }
 
+// LL ("low latency") one-shot sum: readiness travels inside the data. A 16-byte packet is two
+// 8-byte halves of (4 data bytes, the call's generation), sent with one store; an aligned 8-byte
+// half is never torn, so a reader that sees the generation in both halves also has their data.
+// Against the flag protocol this drops the fence before the flag and the flag-then-data round
+// trip: one write and one read over the link per packet, at the price of sending twice the bytes.
+// The flag line is still posted (relaxed, with no fence before it): it confirms the call's
+// signature, and tells a reader stuck on a packet a peer in another call from a late one.
+__device__ __forceinline__ void st_volatile16(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ld_volatile16(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_volatile8(uint64_t* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// The 8 data bytes of packet i: elements [i * E, (i + 1) * E) of n, zero past the end.
+template <typename T>
+__device__ __forceinline__ uint2 ll_load(const T* in, uint64_t i, uint64_t n, bool vec) {
+  constexpr int E = 8 / sizeof(T);
+  if (vec && (i + 1) * E <= n) return reinterpret_cast<const uint2*>(in)[i];
+  T v[E];
+#pragma unroll
+  for (int j = 0; j < E; ++j) v[j] = i * E + j < n ? in[i * E + j] : Conv<T>::store(0.f);
+  uint2 d;
+  memcpy(&d, v, sizeof(d));
+  return d;
+}
+
+template <typename T>
+__device__ __forceinline__ void ll_store(T* out, uint64_t i, uint64_t n, bool vec, uint2 d) {
+  constexpr int E = 8 / sizeof(T);
+  if (vec && (i + 1) * E <= n) {
+    reinterpret_cast<uint2*>(out)[i] = d;
+    return;
+  }
+  T v[E];
+  memcpy(v, &d, sizeof(d));
+#pragma unroll
+  for (int j = 0; j < E; ++j)
+    if (i * E + j < n) out[i * E + j] = v[j];
+}
+
+// Polls `peer`'s packet until both halves carry `gen`. Every 256 polls it looks at what else may
+// have happened: a failure elsewhere in this rank's kernel, the peer's flag line showing another
+// call (mismatch) or a later one (out of step), or the timeout; false once the call failed.
+__device__ bool ll_wait(const Params& p, const uint4* src, int peer, uint32_t gen, uint2* d, int* s_fail) {
+  uint64_t started = 0;
+  for (uint32_t spins = 1;; ++spins) {
+    const uint4 v = ld_volatile16(src);
+    if (v.y == gen && v.w == gen) {
+      *d = make_uint2(v.x, v.z);
+      return true;
+    }
+    if (spins % 256 != 0) continue;
+    if (*reinterpret_cast<volatile int32_t*>(p.claim) != 0) *s_fail = 1;  // another CTA of this rank failed
+    if (*reinterpret_cast<volatile int*>(s_fail) != 0) return false;
+    const uint64_t w = ld_acquire_sys(&p.layout.flag(p.slots, peer, gen, 0, blockIdx.x)->word);
+    const int32_t ahead = (int32_t)((uint32_t)w - gen);  // modulo 2^32
+    if (ahead == 0 && (uint32_t)(w >> 32) != p.sig) {
+      report(p, kMismatched, peer, gen, s_fail);
+      return false;
+    }
+    if (ahead > 0) {
+      report(p, kOutOfStep, peer, gen, s_fail);
+      return false;
+    }
+    const uint64_t now = globaltimer();
+    if (started == 0) started = now;
+    if (now - started > p.timeout_ns) {
+      report(p, kTimedOut, peer, gen, s_fail);
+      return false;
+    }
+  }
+}
+
+// Starts an LL call in this CTA: its generation, and its flag line posted where peers read it.
+template <bool kPush>
+__device__ uint32_t ll_begin(const Params& p, uint32_t* s_gen, int* s_fail) {
+  if (threadIdx.x == 0) {
+    *s_gen = p.counters[blockIdx.x] + 1;
+    *s_fail = 0;
+  }
+  __syncthreads();
+  const uint32_t gen = *s_gen;
+  if (threadIdx.x == 0 && p.world > 1) {
+    const uint64_t word = flag_word(gen, p.sig);
+    if (kPush) {
+      for (int q = 0; q < p.world; ++q)
+        if (q != p.rank) st_volatile8(&p.layout.flag(p.peer[q], p.rank, gen, 0, blockIdx.x)->word, word);
+    } else {
+      st_volatile8(&p.layout.flag(p.slots, p.rank, gen, 0, blockIdx.x)->word, word);
+    }
+  }
+  return gen;
+}
+
+// Sends packet i of this CTA: into our slot (host-staged) or our slot in every peer's buffer (IPC).
+template <bool kPush>
+__device__ __forceinline__ void ll_send(const Params& p, uint32_t gen, uint64_t i, uint2 d) {
+  const uint64_t off = blockIdx.x * p.layout.block_stride();
+  const uint4 packet = make_uint4(d.x, gen, d.y, gen);
+  if (kPush) {
+    for (int q = 0; q < p.world; ++q)
+      if (q != p.rank) st_volatile16(reinterpret_cast<uint4*>(p.layout.ll(p.peer[q], p.rank, gen) + off) + i, packet);
+  } else if (p.world > 1) {
+    st_volatile16(reinterpret_cast<uint4*>(p.layout.ll(p.slots, p.rank, gen) + off) + i, packet);
+  }
+}
+
+// Adds the E elements of packet i of every rank, in rank order, into acc (ours from `own`).
+template <typename T>
+__device__ __forceinline__ bool ll_sum(const Params& p, uint32_t gen, uint64_t i, uint2 own, float* acc, int* s_fail) {
+  constexpr int E = 8 / sizeof(T);
+  const uint64_t off = blockIdx.x * p.layout.block_stride();
+  for (int r = 0; r < p.world; ++r) {
+    uint2 d = own;
+    if (r != p.rank && !ll_wait(p, reinterpret_cast<const uint4*>(p.layout.ll(p.slots, r, gen) + off) + i, r, gen,
+                                &d, s_fail))
+      return false;
+    T v[E];
+    memcpy(v, &d, sizeof(d));
+#pragma unroll
+    for (int j = 0; j < E; ++j) acc[j] = r == 0 ? Conv<T>::load(v[j]) : acc[j] + Conv<T>::load(v[j]);
+  }
+  return true;
+}
+
+// CTA b sends its share of the elements (split as the one-shot kernel splits them) as packets
+// into the LL area at b * stride, sums every rank's packets as they arrive (each thread keeps its
+// at most kLLPerThread results in registers), and writes them out only after the peers' flag
+// lines confirmed the same call: packets carry the generation but not the signature, and ranks
+// sending different sizes must fail, not mix. That check costs no round trip of its own: the flag
+// lines were posted before the packets and are read while they arrive.
+// A packet is rewritten two calls later, as staging is: by then every peer has finished the
+// kernel that read it (it has sent a packet of the call in between, which starts after that
+// kernel ends on its stream).
+template <typename T, bool kPush>
+__global__ void __launch_bounds__(kThreads) ll_kernel(Params p) {
+  constexpr int E = 8 / sizeof(T), V = 16 / sizeof(T);
+  __shared__ uint32_t s_gen;
+  __shared__ int s_fail;
+  const uint32_t gen = ll_begin<kPush>(p, &s_gen, &s_fail);
+  const Span mine = part(p.numel, gridDim.x, V, blockIdx.x);
+  const uint64_t n = mine.hi - mine.lo, packets = ceil_div(n, E);
+  const T* in = static_cast<const T*>(p.in) + mine.lo;
+  T* out = static_cast<T*>(p.out) + mine.lo;
+  const bool vec = p.aligned;
+  uint2 own[kLLPerThread], result[kLLPerThread];
+#pragma unroll
+  for (int k = 0; k < kLLPerThread; ++k) {
+    const uint64_t i = threadIdx.x + (uint64_t)k * blockDim.x;
+    if (i >= packets) break;
+    own[k] = ll_load(in, i, n, vec);
+    ll_send<kPush>(p, gen, i, own[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kLLPerThread; ++k) {
+    const uint64_t i = threadIdx.x + (uint64_t)k * blockDim.x;
+    float acc[E];
+    if (i >= packets || !ll_sum<T>(p, gen, i, own[k], acc, &s_fail)) break;
+    T o[E];
+#pragma unroll
+    for (int j = 0; j < E; ++j) o[j] = Conv<T>::store(acc[j]);
+    memcpy(&result[k], o, sizeof(result[k]));
+  }
+  if (!wait_peers(p, gen, 0, &s_fail)) return;
+#pragma unroll
+  for (int k = 0; k < kLLPerThread; ++k) {
+    const uint64_t i = threadIdx.x + (uint64_t)k * blockDim.x;
+    if (i < packets) ll_store(out, i, n, vec, result[k]);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = gen;
+}
+
+// LL sum + residual + RMSNorm. Rows are split over the CTAs as in the one-shot fused kernel; each
+// row is sent as its own run of packets (so no packet straddles two rows), summed with the
+// residual into shared memory in fp32, normed, and written once the flag lines confirmed the call.
+template <typename T, bool kPush>
+__global__ void __launch_bounds__(kThreads) ll_fused_kernel(Params p) {
+  constexpr int E = 8 / sizeof(T);
+  extern __shared__ float s_acc[];
+  __shared__ float s_scratch[33];
+  __shared__ uint32_t s_gen;
+  __shared__ int s_fail;
+  const uint32_t gen = ll_begin<kPush>(p, &s_gen, &s_fail);
+  const uint64_t H = p.hidden, row_packets = ceil_div(H, E);
+  const Span mine = part(p.numel / H, gridDim.x, 1, blockIdx.x);
+  const bool vec = p.aligned;  // rows are 16-byte multiples then
+  const T* w = static_cast<const T*>(p.weight);
+  for (uint64_t row = mine.lo; row < mine.hi; ++row) {
+    const T* x = static_cast<const T*>(p.in) + row * H;
+    for (uint64_t i = threadIdx.x; i < row_packets; i += blockDim.x)
+      ll_send<kPush>(p, gen, (row - mine.lo) * row_packets + i, ll_load(x, i, H, vec));
+  }
+  for (uint64_t row = mine.lo; row < mine.hi; ++row) {
+    const T* x = static_cast<const T*>(p.in) + row * H;
+    const T* residual = static_cast<const T*>(p.residual) + row * H;
+    float ss = 0.f;
+    for (uint64_t i = threadIdx.x; i < row_packets; i += blockDim.x) {
+      float a[E];
+      if (!ll_sum<T>(p, gen, (row - mine.lo) * row_packets + i, ll_load(x, i, H, vec), a, &s_fail)) break;
+      T res[E];
+      const uint2 rd = ll_load(residual, i, H, vec);
+      memcpy(res, &rd, sizeof(rd));
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        if (i * E + j >= H) break;
+        a[j] += Conv<T>::load(res[j]);
+        s_acc[i * E + j] = a[j];
+        ss += a[j] * a[j];
+      }
+    }
+    if (row == mine.lo && !wait_peers(p, gen, 0, &s_fail)) return;
+    ss = block_sum(ss, s_scratch);  // its barriers also make s_fail the same for every thread
+    if (s_fail != 0) return;
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)H), p.eps)));
+    T* out = static_cast<T*>(p.out) + row * H;
+    T* res_out = static_cast<T*>(p.residual_out) + row * H;
+    for (uint64_t e = threadIdx.x; e < H; e += blockDim.x) {
+      res_out[e] = Conv<T>::store(s_acc[e]);
+      out[e] = Conv<T>::store(s_acc[e] * inv * Conv<T>::load(w[e]));
+    }
+    __syncthreads();  // s_acc is reused by the next row
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) p.counters[blockIdx.x] = gen;
+}
+
+template <typename T, bool kPush>
+void launch_ll(const Params& p, bool fused, uint32_t grid, size_t smem, cudaStream_t stream) {
+  if (fused) {
+    auto kernel = ll_fused_kernel<T, kPush>;
+    if (smem > 48 * 1024) DL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, kThreads, smem, stream>>>(p);
+  } else {
+    ll_kernel<T, kPush><<<grid, kThreads, 0, stream>>>(p);
+  }
+  DL_CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename T, int kKind, bool kPush>
 void launch_typed(const Params& p, uint32_t grid, size_t smem, cudaStream_t stream) {
   auto kernel = allreduce_kernel<T, kKind, kPush>;
@@ -462,6 +715,8 @@ void launch_kind(const Params& p, uint32_t kind, uint32_t grid, size_t smem, cud
     case kSumTwoShot: return launch_typed<T, kSumTwoShot, kPush>(p, grid, smem, stream);
     case kFusedOneShot: return launch_typed<T, kFusedOneShot, kPush>(p, grid, smem, stream);
     case kFusedTwoShot: return launch_typed<T, kFusedTwoShot, kPush>(p, grid, smem, stream);
+    case kSumLL: return launch_ll<T, kPush>(p, false, grid, smem, stream);
+    case kFusedLL: return launch_ll<T, kPush>(p, true, grid, smem, stream);
   }
 }
 
@@ -587,6 +842,16 @@ uint64_t CudaBackend::capacity_bytes() const {
   return l.blocks * l.block_stride();
 }
 
+uint64_t CudaBackend::ll_capacity_bytes() const {
+  const Layout& l = impl_->base.layout;
+  return l.blocks * std::min<uint64_t>(l.block_stride() / 2 / 16 * 16, (uint64_t)kThreads * kLLPerThread * 8);
+}
+
+uint64_t CudaBackend::ll_capacity_rows(uint64_t hidden, size_t elem_size) const {
+  const Layout& l = impl_->base.layout;
+  return l.block_stride() / (ceil_div(hidden, 8 / elem_size) * 16) * l.blocks;
+}
+
 uint64_t CudaBackend::capacity_rows(uint64_t hidden, size_t elem_size) const {
   const Layout& l = impl_->base.layout;
   return l.block_stride() / (hidden * elem_size) * l.blocks;
@@ -604,7 +869,7 @@ void CudaBackend::launch(const Call& c, bool aligned, void* stream) {
   p.eps = c.eps;
   p.sig = c.sig();
   p.aligned = aligned;
-  const bool fused = c.kind == kFusedOneShot || c.kind == kFusedTwoShot;
+  const bool fused = c.kind == kFusedOneShot || c.kind == kFusedTwoShot || c.kind == kFusedLL;
   const size_t smem = fused ? c.hidden * sizeof(float) : 0;
   if (impl_->backend == kCudaIpc)
     launch_push<true>(p, c, p.layout.blocks, smem, static_cast<cudaStream_t>(stream));

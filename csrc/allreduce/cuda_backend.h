@@ -5,6 +5,7 @@
 //    contribution to its own slot over PCIe and reads the peers' slots (works without P2P).
 //  - IPC: each rank owns a device buffer with one slot per peer (cudaIpcGetMemHandle); a rank
 //    pushes its contribution and flags into every peer's buffer and polls only its own memory.
+// Both also run LL (kSumLL, kFusedLL): packets that carry their own readiness, no flag to wait on.
 // Kernels time out after the communicator's timeout, record why in mapped host memory and exit;
 // `error()` reads it without a device sync.
 #pragma once
@@ -29,8 +30,13 @@ class CudaBackend {
   void connect();  // IPC: opens the peers' buffers
   // Bytes one launch can carry: blocks * per-block stride.
   uint64_t capacity_bytes() const;
+  // Bytes one LL launch can carry (its packets take twice the bytes they carry): every CTA's
+  // share, split as the kernel splits it, fits its stride of the LL area.
+  uint64_t ll_capacity_bytes() const;
   // Rows of `hidden` elements one fused launch can carry (0 when a row exceeds a block's stride).
   uint64_t capacity_rows(uint64_t hidden, size_t elem_size) const;
+  // The same for the LL fused kind (a row's packets take twice its bytes, rounded up to packets).
+  uint64_t ll_capacity_rows(uint64_t hidden, size_t elem_size) const;
   // Enqueues `c` on `stream` (a cudaStream_t). `aligned`: every pointer of `c` is 16-byte aligned.
   void launch(const Call& c, bool aligned, void* stream);
   // "" while fine, else the first failure a kernel of this rank reported.

@@ -5,7 +5,10 @@
 // alternately by successive calls (generation & 1), so no call needs an end barrier: a buffer is
 // rewritten two calls later, and a rank only starts that call after it has seen every peer's flag
 // for the call in between, which peers post only after they finished reading.
-// Buffer = flag lines [2 phases][blocks] | staging data (max_bytes) | result area (2 * max_bytes).
+// Buffer = flag lines [2 phases][blocks] | staging data (max_bytes) | result area (2 * max_bytes)
+//          | LL packets (max_bytes, CUDA backends only).
+// The LL area is its own: an LL reader trusts any packet whose flags equal the call's generation,
+// so the bytes it polls must never be anything but LL packets (raw staged data could match).
 #pragma once
 
 #include <cstddef>
@@ -21,7 +24,7 @@ namespace drafter_lab {
 namespace allreduce {
 
 constexpr uint64_t kMagic = 0x31524144424c4144ull;  // "DLBDAR1" little-endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr int kMaxRanks = 16;
 constexpr int kMaxBlocks = 64;
 constexpr size_t kLine = 128;
@@ -35,7 +38,8 @@ enum Dtype : uint32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 enum Backend : uint32_t { kCpu = 0, kCudaHost = 1, kCudaIpc = 2 };
 
 // What a call does; part of the flag signature, so ranks disagreeing on it fail instead of mixing.
-enum Kind : uint32_t { kSumOneShot = 0, kSumTwoShot = 1, kFusedOneShot = 2, kFusedTwoShot = 3 };
+enum Kind : uint32_t { kSumOneShot = 0, kSumTwoShot = 1, kFusedOneShot = 2, kFusedTwoShot = 3, kSumLL = 4,
+                    kFusedLL = 5 };
 
 // One flag line (128 B, so no two flags share a cache line or a PCIe read). `word` packs the
 // uint32 generation (low half) with a uint32 signature of (numel, dtype, kind, hidden) (high half)
@@ -87,16 +91,18 @@ struct Layout {
   uint64_t max_bytes;  // page-rounded staging bytes per buffer
   uint64_t slot_bytes;
   uint32_t blocks;
+  bool with_ll;  // the buffers end in an LL area (CUDA backends)
 
-  DL_HD static Layout make(uint64_t max_bytes, uint32_t blocks) {
+  DL_HD static Layout make(uint64_t max_bytes, uint32_t blocks, bool with_ll) {
     Layout l;
     l.max_bytes = round_up(max_bytes, kPage);
     l.blocks = blocks;
+    l.with_ll = with_ll;
     l.slot_bytes = 2 * l.buffer_bytes();
     return l;
   }
   DL_HD uint64_t flags_bytes() const { return round_up(2 * (uint64_t)blocks * kLine, kPage); }
-  DL_HD uint64_t buffer_bytes() const { return flags_bytes() + 3 * max_bytes; }
+  DL_HD uint64_t buffer_bytes() const { return flags_bytes() + (with_ll ? 4 : 3) * max_bytes; }
   // Per-block staging stride for the CUDA kernels (block b owns [b*stride, (b+1)*stride)).
   DL_HD uint64_t block_stride() const { return max_bytes / blocks / 16 * 16; }
 
@@ -108,6 +114,8 @@ struct Layout {
   }
   DL_HD char* data(char* base, int rank, uint32_t gen) const { return buffer(base, rank, gen) + flags_bytes(); }
   DL_HD char* result(char* base, int rank, uint32_t gen) const { return data(base, rank, gen) + max_bytes; }
+  // LL packets; block b owns [b * block_stride(), (b + 1) * block_stride()) as in staging.
+  DL_HD char* ll(char* base, int rank, uint32_t gen) const { return data(base, rank, gen) + 3 * max_bytes; }
 };
 
 DL_HD uint32_t fmix32(uint32_t h) {

@@ -125,7 +125,7 @@ Segment& Segment::operator=(Segment&& o) noexcept {
 
 Segment Segment::create(const std::string& name, int world_size, uint64_t max_bytes, uint32_t blocks,
                         uint32_t backend) {
-  Layout layout = Layout::make(max_bytes, blocks);
+  Layout layout = Layout::make(max_bytes, blocks, backend != kCpu);
   size_t total = kHeaderBytes + (backend != kCudaIpc ? (size_t)world_size * layout.slot_bytes : 0);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0 && errno == EEXIST) {

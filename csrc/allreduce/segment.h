@@ -50,7 +50,7 @@ class Segment {
   char* slots() const { return base_ + kHeaderBytes; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
-  Layout layout() const { return Layout::make(header()->max_bytes, header()->blocks); }
+  Layout layout() const { return Layout::make(header()->max_bytes, header()->blocks, header()->backend != kCpu); }
 
   void unlink();  // remove the name (mappings stay valid); idempotent
   void unmap();

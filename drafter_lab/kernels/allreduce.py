@@ -8,8 +8,10 @@ and kind beside it), and reads the peers' slots after acquiring theirs.
 
 - one-shot (small messages): every rank reduces the whole message;
 - two-shot (large ones): reduce-scatter then all-gather, one rounding per element;
-- the threshold between them is set (`one_shot_max_bytes=`) or measured at init (all ranks
-  agree: the timings are themselves all-reduced);
+- LL (CUDA backends): one-shot with the readiness inside the data (packets of 4 data bytes beside
+  the generation), so a reader polls the data itself, with no flag to wait for;
+- the thresholds between them are set (`one_shot_max_bytes=`, `ll_max_bytes=`) or measured at
+  init (all ranks agree: the timings are themselves all-reduced);
 - sums run in fp32 in rank order 0..N-1 and round once, so every rank gets identical bits;
 - `allreduce_residual_rmsnorm` fuses the residual add and RMSNorm into the reduction.
 
@@ -64,8 +66,10 @@ class Communicator:
     fixed segment name every rank knows). All ranks must construct their communicators, and then
     call them, in the same order.
 
-    `one_shot_max_bytes=None` times both algorithms at init (collectively, on the current
-    stream); ranks that are streams of one process must pass a value instead.
+    `one_shot_max_bytes=None` times the algorithms at init (collectively, on the current
+    stream); ranks that are streams of one process must pass a value instead. `ll_max_bytes=None`
+    is measured with it on the CUDA backends, and is 0 (LL off) when one_shot_max_bytes is given
+    or the backend is "cpu".
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class Communicator:
         timeout_s: float = 5.0,
         backend: str = "cpu",
         one_shot_max_bytes: int | None = None,
+        ll_max_bytes: int | None = None,
         blocks: int = 16,
         device: int | torch.device | None = None,
     ):
@@ -104,7 +109,11 @@ class Communicator:
             raise AllReduceError(f"rank {rank}: {e}") from None
         except ValueError as e:
             raise AllReduceInputError(str(e)) from None
-        self.one_shot_max_bytes = self._autotune() if one_shot_max_bytes is None else one_shot_max_bytes
+        if one_shot_max_bytes is None:
+            one_shot_max_bytes, tuned_ll = self._autotune(ll=backend != "cpu" and ll_max_bytes is None)
+            ll_max_bytes = tuned_ll if ll_max_bytes is None else ll_max_bytes
+        self.one_shot_max_bytes = one_shot_max_bytes
+        self.ll_max_bytes = ll_max_bytes or 0
 
     def _resolve_device(self, backend: str, device) -> int:
         if backend == "cpu":
@@ -137,23 +146,24 @@ class Communicator:
         if rank == 0:
             self._store.delete_key(key)
 
-    def _autotune(self) -> int:
-        """Largest size at which one-shot beat two-shot, from timings summed over all ranks."""
+    def _autotune(self, ll: bool) -> tuple[int, int]:
+        """(one_shot_max_bytes, ll_max_bytes): the largest sizes up to which one-shot beat two-shot
+        and LL beat both, from timings summed over all ranks (LL timed only when `ll`)."""
         sizes = [s for s in AUTOTUNE_SIZES if s <= self.capacity]
         if self.world_size == 1 or not sizes:
-            return self.capacity
-        times = torch.zeros(2 * len(sizes), device=self.device)
+            return self.capacity, 0
+        algos = (1, 2, 3) if ll else (1, 2)
+        times = torch.full((len(sizes), len(algos)), float("inf"), device=self.device)
         for i, size in enumerate(sizes):
             x = torch.randn(size // 4, device=self.device)
-            for j, algo in enumerate((1, 2)):
-                times[2 * i + j] = self._median_call_us(x, algo)
+            for j, algo in enumerate(algos):
+                if algo != 3 or size <= self._impl.ll_capacity:
+                    times[i, j] = self._median_call_us(x, algo)
         self._call(self._impl.all_reduce, times, times, 1)  # identical sums, so identical choices
-        threshold = 0
-        for i, size in enumerate(sizes):
-            if times[2 * i] > times[2 * i + 1]:
-                break
-            threshold = size
-        return self.capacity if threshold == sizes[-1] else threshold
+        times = times.tolist()
+        one_shot = _largest_prefix(sizes, [t[0] <= t[1] for t in times])
+        ll_max = _largest_prefix(sizes, [len(t) == 3 and t[2] <= min(t[0], t[1]) for t in times])
+        return (self.capacity if one_shot == sizes[-1] else one_shot), ll_max
 
     def _median_call_us(self, x: torch.Tensor, algo: int, reps: int = 15) -> float:
         sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
@@ -265,13 +275,38 @@ class Communicator:
     def one_shot_max_bytes(self, value: int) -> None:
         self._call(setattr, self._impl, "one_shot_max_bytes", int(value))
 
+    @property
+    def ll_max_bytes(self) -> int:
+        """Calls (or chunks) up to this size run LL where they fit its area (sums: `ll_capacity`
+        bytes; fused: the rows a CTA's share of it holds); 0 = never."""
+        return self._impl.ll_max_bytes
+
+    @ll_max_bytes.setter
+    def ll_max_bytes(self, value: int) -> None:
+        self._call(setattr, self._impl, "ll_max_bytes", int(value))
+
+    @property
+    def ll_capacity(self) -> int:
+        """Bytes one LL call carries (half what its packets take); 0 on the cpu backend."""
+        return self._impl.ll_capacity
+
     def __repr__(self) -> str:
         if self._impl.closed:
             return "Communicator(closed)"
         return (
             f"Communicator(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
-            f"capacity={self.capacity}, one_shot_max_bytes={self.one_shot_max_bytes})"
+            f"capacity={self.capacity}, one_shot_max_bytes={self.one_shot_max_bytes}, ll_max_bytes={self.ll_max_bytes})"
         )
+
+
+def _largest_prefix(sizes: list[int], won: list[bool]) -> int:
+    """The largest size before the first loss (0 when the smallest already lost)."""
+    best = 0
+    for size, w in zip(sizes, won):
+        if not w:
+            break
+        best = size
+    return best
 
 
 class CompletedWork:

@@ -12,7 +12,7 @@ interleaved size by size, so machine load hits both alike.
 
 `--gpu-streams` measures the CUDA backends on a single GPU: the ranks are streams of one process
 (processes sharing a GPU are time-sliced, which stalls kernels spinning on a peer), each replaying
-a CUDA graph of 20 calls, event-timed, both algorithms forced in turn.
+a CUDA graph of 20 calls, event-timed, each algorithm forced in turn (LL up to its capacity).
 
 The simulator runs a tensor-parallel verify step at Kimi-like shapes: `--layers` (61) layers, each
 with two row-parallel GEMV pairs (hidden 7168 -> `--inner` -> 7168, a stand-in for attention and
@@ -140,6 +140,13 @@ def _iters(nbytes: int, base: int) -> int:
     return max(50, base if nbytes <= 64 << 10 else base * (64 << 10) // nbytes)
 
 
+def _algo_name(comm: Communicator, nbytes: int) -> str:
+    """What `comm` runs for a sum of `nbytes` by its thresholds."""
+    if nbytes <= min(comm.ll_max_bytes, comm.ll_capacity):
+        return "LL"
+    return "1-shot" if nbytes <= comm.one_shot_max_bytes else "2-shot"
+
+
 def _latency_worker(rank, world, store_path, args, queue):
     torch.set_num_threads(1)
     group = _Group(rank, world, store_path, args.backends, args.timeout)
@@ -153,7 +160,7 @@ def _latency_worker(rank, world, store_path, args, queue):
         if rank == 0:
             queue.put(("progress", nbytes))
     flat = group.max_over_ranks([results[b][s] for b in args.backends for s in args.sizes])
-    algos = {b: {s: "1-shot" if s <= c.one_shot_max_bytes else "2-shot" for s in args.sizes} for b, c in group.comms.items()}
+    algos = {b: {s: _algo_name(c, s) for s in args.sizes} for b, c in group.comms.items()}
     if rank == 0:
         it = iter(flat)
         queue.put(("done", {b: {s: next(it) for s in args.sizes} for b in args.backends}, algos))
@@ -386,11 +393,14 @@ def gpu_streams(args) -> dict:
                         range(world),
                     )
                 )
-            for algo, threshold in (("1-shot", comms[0].capacity), ("2-shot", 0)):
+            cap, ll_cap = comms[0].capacity, comms[0].ll_capacity
+            for algo, one_shot, ll in (("1-shot", cap, 0), ("2-shot", 0, 0), ("LL", cap, ll_cap)):
                 for c in comms:
-                    c.one_shot_max_bytes = threshold
+                    c.one_shot_max_bytes, c.ll_max_bytes = one_shot, ll
                 cols[f"{b} {algo}"] = {
-                    s: _graph_latency_us(comms, max(1, s // dtype.itemsize), dtype, args.sim_reps * 4) for s in args.sizes
+                    s: _graph_latency_us(comms, max(1, s // dtype.itemsize), dtype, args.sim_reps * 4)
+                    for s in args.sizes
+                    if algo != "LL" or s <= ll_cap
                 }
             for c in comms:
                 c.close()
@@ -398,7 +408,7 @@ def gpu_streams(args) -> dict:
         print(f"\nCUDA all-reduce, {args.dtype}, {world} ranks as streams on {gpus} GPU(s), {args.blocks} CTAs: us per call (graph replays)")
         print(f"{'size':>8} " + "".join(f"{k:>18}" for k in cols))
         for s in args.sizes:
-            print(f"{_fmt_size(s):>8} " + "".join(f"{cols[k][s]:>18.2f}" for k in cols))
+            print(f"{_fmt_size(s):>8} " + "".join(f"{cols[k][s]:>18.2f}" if s in cols[k] else f"{'-':>18}" for k in cols))
     out = Path(args.json).with_name(f"allreduce_gpu_streams_{args.blocks}ctas.json")
     write_json(out, {
         "allreduce_us": {f"{w} ranks, {k}": {str(s): v for s, v in col.items()} for w, cols in results.items() for k, col in cols.items()},

@@ -36,7 +36,7 @@ for s in "${STEPS[@]}"; do
         "$PY" setup.py -q build_ext --inplace
       ;;
     tests)
-      step tests 200 "$PY" -m pytest tests/kernels tests/spec/test_fused_decoding.py tests/spec/test_ngram.py tests/spec/test_phases.py \
+      step tests 240 "$PY" -m pytest tests/kernels tests/spec/test_fused_decoding.py tests/spec/test_ngram.py tests/spec/test_phases.py \
         tests/train/test_bench_replay.py -m gpu -q -p no:cacheprovider --timeout=90 -rfEs
       ;;
     bench)
@@ -56,7 +56,7 @@ for s in "${STEPS[@]}"; do
       # Validation's replay solve: blocks against the position loop (launch-bound on a GPU).
       step bench_replay 60 "$PY" -m drafter_lab.train.bench_replay --device cuda
       for blocks in 16 4 1; do
-        step "bench_allreduce_${blocks}ctas" 60 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
+        step "bench_allreduce_${blocks}ctas" 90 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
           --blocks "$blocks" --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"
       done
       ;;

@@ -321,6 +321,13 @@ def test_single_rank_and_bad_input():
         comm.allreduce_residual_rmsnorm(r, r.clone(), torch.ones(7))
     with pytest.raises(AllReduceInputError, match="does not fit"):
         comm.allreduce_residual_rmsnorm(torch.randn(1, 2048), torch.randn(1, 2048), torch.ones(2048))
+    assert comm.ll_capacity == 0 and comm.ll_max_bytes == 0, "the cpu backend has no LL area"
+    with pytest.raises(AllReduceInputError, match="LL protocol.*CUDA"):
+        comm.ll_max_bytes = 1024
+    with pytest.raises(ValueError, match="LL protocol.*CUDA"):  # the native layer: algo 3 forces LL
+        comm._impl.all_reduce(x, x, 3)
+    with pytest.raises(ValueError, match="algo must be"):
+        comm._impl.fused(r, r, w, r.clone(), r.clone(), 1e-6, 3)
     comm.close()
     with pytest.raises(AllReduceError, match="closed"):
         comm.all_reduce(x)

@@ -58,7 +58,7 @@ def _on_streams(comms, calls):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("world", [2, 4])
 def test_cuda_sums_match_torch_bitwise(backend, world):
-    from drafter_lab.kernels.allreduce import residual_rmsnorm_native, sum_native
+    from drafter_lab.kernels.allreduce import sum_native
 
     comms = _group(world, backend)
     gen = torch.Generator().manual_seed(secrets.randbits(31))
@@ -74,37 +74,83 @@ def test_cuda_sums_match_torch_bitwise(backend, world):
                 _on_streams(comms, [partial(c.all_reduce, ins[r], out=outs[r]) for r, c in enumerate(comms)])
                 for r in range(world):
                     assert torch.equal(outs[r].cpu(), ref), f"{backend} rank {r} {dtype} numel={numel} threshold={threshold}"
-            rows, hidden = 6, 7168
-            parts = [torch.randn(rows, hidden, generator=gen).to(dtype) for _ in range(world)]
-            residual = torch.randn(rows, hidden, generator=gen).to(dtype)
-            weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
-            ref_out, ref_res = residual_rmsnorm_native(parts, residual, weight, 1e-6)
-            dev = [c.device for c in comms]
-            ins = [p.to(d) for p, d in zip(parts, dev)]
-            res = [residual.to(d) for d in dev]
-            w = [weight.to(d) for d in dev]
-            outs = [torch.full_like(x, float("nan")) for x in ins]
-            res_outs = [torch.full_like(x, float("nan")) for x in ins]
-            calls = [
-                partial(c.allreduce_residual_rmsnorm, ins[r], res[r], w[r], 1e-6, out=outs[r], residual_out=res_outs[r])
-                for r, c in enumerate(comms)
-            ]
-            _on_streams(comms, calls)
-            tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
-            for r in range(world):
-                assert torch.equal(res_outs[r].cpu(), ref_res), f"{backend} fused residual rank {r} {dtype}"
-                torch.testing.assert_close(outs[r].cpu().float(), ref_out.float(), rtol=tol, atol=tol)
-                assert torch.equal(outs[r], outs[0].to(outs[r].device)), "ranks differ"
+            _check_fused(comms, gen, dtype, 6, 7168, f"{backend} threshold={threshold}")
     for c in comms:
         c.close()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cuda_graph_replays_advance_flags_on_device(backend):
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_ll_sums_match_torch_bitwise(backend, world):
+    """LL sums: every dtype, partial packets, unaligned views, in place; then calls whose sizes
+    change call to call, so that packets of older calls lie where a reader polls."""
+    from drafter_lab.kernels.allreduce import sum_native
+
+    comms = _group(world, backend)
+    ll_cap = comms[0].ll_capacity
+    assert 0 < ll_cap <= comms[0].capacity // 2
+    for c in comms:
+        c.ll_max_bytes = ll_cap
+    gen = torch.Generator().manual_seed(secrets.randbits(31))
+
+    def check(numel: int, dtype: torch.dtype, offset: int, what: str):
+        parts = [torch.randn(numel + offset, generator=gen).to(dtype) for _ in range(world)]
+        ref = sum_native([p[offset:] for p in parts])
+        ins = [p.to(c.device)[offset:] for p, c in zip(parts, comms)]  # offset 1: not 16-byte aligned
+        outs = [torch.full_like(x, float("nan")) for x in ins] if offset == 0 else ins  # offset 1: in place
+        _on_streams(comms, [partial(c.all_reduce, ins[r], out=outs[r]) for r, c in enumerate(comms)])
+        for r in range(world):
+            assert torch.equal(outs[r].cpu(), ref), f"{backend} LL rank {r} {dtype} numel={numel} {what}"
+
+    for dtype in DTYPES:
+        for numel in (1, 3, 5, 7, 1003, 28 * 1024 + 5, ll_cap // dtype.itemsize):
+            for offset in (0, 1):
+                check(numel, dtype, offset, f"offset={offset}")
+    sizes = torch.randint(1, ll_cap // 2, (400 if world == 2 else 100,), generator=gen).tolist()
+    for i, numel in enumerate(sizes):
+        check(numel, torch.bfloat16, 0, f"call {i} of {len(sizes)} with changing sizes")
+    for dtype in DTYPES:  # fused: verify-sized rows, and rows that end mid-packet and unaligned
+        for rows, hidden in ((1, 7168), (8, 7168), (5, 1001)):
+            _check_fused(comms, gen, dtype, rows, hidden, f"LL rows={rows} hidden={hidden}")
+    for c in comms:
+        c.close()
+
+
+def _check_fused(comms, gen, dtype, rows, hidden, what):
+    from drafter_lab.kernels.allreduce import residual_rmsnorm_native
+
+    world = len(comms)
+    parts = [torch.randn(rows, hidden, generator=gen).to(dtype) for _ in range(world)]
+    residual = torch.randn(rows, hidden, generator=gen).to(dtype)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+    ref_out, ref_res = residual_rmsnorm_native(parts, residual, weight, 1e-6)
+    dev = [c.device for c in comms]
+    ins = [p.to(d) for p, d in zip(parts, dev)]
+    res = [residual.to(d) for d in dev]
+    w = [weight.to(d) for d in dev]
+    outs = [torch.full_like(x, float("nan")) for x in ins]
+    res_outs = [torch.full_like(x, float("nan")) for x in ins]
+    calls = [
+        partial(c.allreduce_residual_rmsnorm, ins[r], res[r], w[r], 1e-6, out=outs[r], residual_out=res_outs[r])
+        for r, c in enumerate(comms)
+    ]
+    _on_streams(comms, calls)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    for r in range(world):
+        assert torch.equal(res_outs[r].cpu(), ref_res), f"{what}: fused residual rank {r} {dtype}"
+        torch.testing.assert_close(outs[r].cpu().float(), ref_out.float(), rtol=tol, atol=tol)
+        assert torch.equal(outs[r], outs[0].to(outs[r].device)), f"{what}: ranks differ"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ll", [False, True])
+def test_cuda_graph_replays_advance_flags_on_device(backend, ll):
     from drafter_lab.kernels.allreduce import sum_native
 
     world = 2
     comms = _group(world, backend, one_shot_max_bytes=1 << 20)
+    for c in comms:
+        c.ll_max_bytes = c.ll_capacity if ll else 0
     numel = 8 * 7168  # verify-sized bf16 message
     static_in = [torch.empty(numel, dtype=torch.bfloat16, device=c.device) for c in comms]
     static_out = [torch.empty_like(x) for x in static_in]
@@ -132,10 +178,12 @@ def test_cuda_graph_replays_advance_flags_on_device(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cuda_missing_rank_and_mismatch_are_reported(backend):
+@pytest.mark.parametrize("ll", [False, True])
+def test_cuda_missing_rank_and_mismatch_are_reported(backend, ll):
     from drafter_lab.kernels.allreduce import AllReduceError
 
-    comms = _group(2, backend, timeout_s=0.5)
+    ll_max = 1 << 20 if ll else 0  # LL for every size that fits it
+    comms = _group(2, backend, timeout_s=0.5, ll_max_bytes=ll_max)
     x = torch.randn(1000, device=comms[0].device)
     comms[0].all_reduce(x)  # rank 1 never calls: the kernel gives up after the timeout
     torch.cuda.synchronize(comms[0].device)
@@ -146,7 +194,8 @@ def test_cuda_missing_rank_and_mismatch_are_reported(backend):
     for c in comms:
         c.close()
 
-    comms = _group(2, backend)
+    comms = _group(2, backend, ll_max_bytes=ll_max)
+    # 100 and 101 floats: the packets of both fall in the same places, only the flag lines differ
     xs = [torch.randn(100 + r, device=c.device) for r, c in enumerate(comms)]
     with pytest.raises(AllReduceError, match="mismatch"):
         _on_streams(comms, [partial(c.all_reduce, x) for c, x in zip(comms, xs)])

@@ -593,8 +593,8 @@ __device__ __forceinline__ bool ll_sum(const Params& p, uint32_t gen, uint64_t i
 // sending different sizes must fail, not mix. That check costs no round trip of its own: the flag
 // lines were posted before the packets and are read while they arrive.
 // A packet is rewritten two calls later, as staging is: by then every peer has finished the
-// kernel that read it (it has sent a packet of the call in between, which starts after that
-// kernel ends on its stream).
+// kernel that read it (we confirmed its flag lines of the call in between, posted by a kernel
+// that starts after that one ends on its stream).
 template <typename T, bool kPush>
 __global__ void __launch_bounds__(kThreads) ll_kernel(Params p) {
   constexpr int E = 8 / sizeof(T), V = 16 / sizeof(T);

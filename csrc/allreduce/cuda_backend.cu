@@ -590,14 +590,19 @@ __device__ __forceinline__ bool ll_sum(const Params& p, uint32_t gen, uint64_t i
 // into the LL area at b * stride, sums every rank's packets as they arrive (each thread keeps its
 // at most kLLPerThread results in registers), and writes them out only after the peers' flag
 // lines confirmed the same call: packets carry the generation but not the signature, and ranks
-// sending different sizes must fail, not mix. That check costs no round trip of its own: the flag
-// lines were posted before the packets and are read while they arrive.
+// sending different sizes must fail, not mix.
+// When to confirm (kConfirmFirst): over IPC a reader polls its own memory, so it polls packets at
+// once and reads the flag lines while they arrive, at no round trip of their own. Host-staged,
+// every poll is a read across PCIe, and hundreds of threads polling packets not yet there would
+// crowd the link the packets travel on; there the flag line (posted before the packets, with no
+// fence) is waited for first as a hint, and the packets read after it, polled again only if late.
 // A packet is rewritten two calls later, as staging is: by then every peer has finished the
 // kernel that read it (we confirmed its flag lines of the call in between, posted by a kernel
 // that starts after that one ends on its stream).
 template <typename T, bool kPush>
 __global__ void __launch_bounds__(kThreads) ll_kernel(Params p) {
   constexpr int E = 8 / sizeof(T), V = 16 / sizeof(T);
+  constexpr bool kConfirmFirst = !kPush;
   __shared__ uint32_t s_gen;
   __shared__ int s_fail;
   const uint32_t gen = ll_begin<kPush>(p, &s_gen, &s_fail);
@@ -614,6 +619,7 @@ __global__ void __launch_bounds__(kThreads) ll_kernel(Params p) {
     own[k] = ll_load(in, i, n, vec);
     ll_send<kPush>(p, gen, i, own[k]);
   }
+  if (kConfirmFirst && !wait_peers(p, gen, 0, &s_fail)) return;
 #pragma unroll
   for (int k = 0; k < kLLPerThread; ++k) {
     const uint64_t i = threadIdx.x + (uint64_t)k * blockDim.x;
@@ -624,7 +630,7 @@ __global__ void __launch_bounds__(kThreads) ll_kernel(Params p) {
     for (int j = 0; j < E; ++j) o[j] = Conv<T>::store(acc[j]);
     memcpy(&result[k], o, sizeof(result[k]));
   }
-  if (!wait_peers(p, gen, 0, &s_fail)) return;
+  if (!kConfirmFirst && !wait_peers(p, gen, 0, &s_fail)) return;
 #pragma unroll
   for (int k = 0; k < kLLPerThread; ++k) {
     const uint64_t i = threadIdx.x + (uint64_t)k * blockDim.x;
@@ -636,10 +642,12 @@ __global__ void __launch_bounds__(kThreads) ll_kernel(Params p) {
 
 // LL sum + residual + RMSNorm. Rows are split over the CTAs as in the one-shot fused kernel; each
 // row is sent as its own run of packets (so no packet straddles two rows), summed with the
-// residual into shared memory in fp32, normed, and written once the flag lines confirmed the call.
+// residual into shared memory in fp32, normed, and written once the flag lines confirmed the call
+// (before its first row is read or after, as in ll_kernel).
 template <typename T, bool kPush>
 __global__ void __launch_bounds__(kThreads) ll_fused_kernel(Params p) {
   constexpr int E = 8 / sizeof(T);
+  constexpr bool kConfirmFirst = !kPush;
   extern __shared__ float s_acc[];
   __shared__ float s_scratch[33];
   __shared__ uint32_t s_gen;
@@ -654,6 +662,7 @@ __global__ void __launch_bounds__(kThreads) ll_fused_kernel(Params p) {
     for (uint64_t i = threadIdx.x; i < row_packets; i += blockDim.x)
       ll_send<kPush>(p, gen, (row - mine.lo) * row_packets + i, ll_load(x, i, H, vec));
   }
+  if (kConfirmFirst && mine.lo < mine.hi && !wait_peers(p, gen, 0, &s_fail)) return;
   for (uint64_t row = mine.lo; row < mine.hi; ++row) {
     const T* x = static_cast<const T*>(p.in) + row * H;
     const T* residual = static_cast<const T*>(p.residual) + row * H;
@@ -672,7 +681,7 @@ __global__ void __launch_bounds__(kThreads) ll_fused_kernel(Params p) {
         ss += a[j] * a[j];
       }
     }
-    if (row == mine.lo && !wait_peers(p, gen, 0, &s_fail)) return;
+    if (!kConfirmFirst && row == mine.lo && !wait_peers(p, gen, 0, &s_fail)) return;
     ss = block_sum(ss, s_scratch);  // its barriers also make s_fail the same for every thread
     if (s_fail != 0) return;
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)H), p.eps)));

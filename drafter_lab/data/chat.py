@@ -59,7 +59,10 @@ the server samples do.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import re
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -112,7 +115,28 @@ def tokenizer_sha256(tokenizer) -> str:
     specials = tokenizer.special_tokens_map
     probe = TOKENIZER_PROBE + "".join(sorted(set(tokenizer.all_special_tokens)))
     ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
-    return sha256_json([sorted(tokenizer.get_vocab().items()), specials, ids])[:16]
+    # = sha256_json([sorted vocabulary, specials, ids]), with the vocabulary's part hashed once.
+    h = _vocab_hashed(tokenizer).copy()
+    h.update(f"{_json(specials)}, {_json(ids)}]".encode())
+    return h.hexdigest()[:16]
+
+
+_VOCAB_HASHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _vocab_hashed(tokenizer):
+    """sha256 fed with the start of sha256_json's text of [sorted vocabulary, ...], kept per
+    tokenizer object while its size holds: a command asks for the hash two or three times, and
+    sorting and writing out a 150k vocabulary takes most of a second each time."""
+    cached = _VOCAB_HASHED.get(tokenizer)
+    if cached is None or cached[0] != len(tokenizer):
+        cached = (len(tokenizer), hashlib.sha256(f"[{_json(sorted(tokenizer.get_vocab().items()))}, ".encode()))
+        _VOCAB_HASHED[tokenizer] = cached
+    return cached[1]
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
 
 
 def rendered_with(tokenizer, template_kwargs: dict | None) -> dict:

@@ -107,6 +107,29 @@ def test_the_tokenizer_hash_follows_what_encoding_sees(random_llama):
     assert len({plain, *changed, tokenizer_sha256(retrained)}) == 5
 
 
+def test_the_tokenizer_hash_is_the_recorded_one_and_reads_the_vocabulary_once(random_llama, monkeypatch):
+    from drafter_lab.atomic import sha256_json
+    from drafter_lab.data.chat import TOKENIZER_PROBE
+
+    tok = load_tokenizer(random_llama)
+
+    def as_recorded(t):  # the formula manifests written before the vocabulary's part was kept
+        probe = TOKENIZER_PROBE + "".join(sorted(set(t.all_special_tokens)))
+        ids = t(probe, add_special_tokens=False)["input_ids"]
+        return sha256_json([sorted(t.get_vocab().items()), t.special_tokens_map, ids])[:16]
+
+    first = tokenizer_sha256(tok)
+    assert first == as_recorded(tok)
+    reads = []
+    get_vocab = type(tok).get_vocab
+    monkeypatch.setattr(type(tok), "get_vocab", lambda t: reads.append(1) or get_vocab(t))
+    assert tokenizer_sha256(tok) == first and not reads, "the vocabulary was read again"
+    tok.eos_token = "<|endoftext|>"  # no new entry: the vocabulary's part holds, the rest does not
+    assert tokenizer_sha256(tok) == as_recorded(tok) != first and len(reads) == 1
+    tok.add_tokens(["<tool_call>"], special_tokens=True)  # a new entry: read again
+    assert tokenizer_sha256(tok) == as_recorded(tok) and len(reads) == 3
+
+
 @pytest.mark.parametrize("edit, key, hashed", [(lambda m: edit_template(m, THINKING), TEMPLATE_HASH, template_sha256),
                                                (edit_tokenizer, TOKENIZER_HASH, tokenizer_sha256)])
 def test_a_capture_refuses_to_resume_rendered_otherwise(model, tmp_path, capsys, edit, key, hashed):

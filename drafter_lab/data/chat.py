@@ -448,6 +448,12 @@ def _answer_written(tokenizer, text: str, span: Span, content: str, end_ids: fro
     return None if at < 0 else at + len(content.strip())
 
 
+def _placed_turns(messages: list[dict], spans: list[Span]) -> list[tuple[int, dict, Span]]:
+    """(index, message, span) of the assistant turns `spans` places: every one, or the last alone."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return [(i, messages[i], span) for i, span in zip(turns[len(turns) - len(spans):], spans)]
+
+
 def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
              end_ids: frozenset[int], special: set[int]) -> tuple[list[int], list[int], list[bool]]:
     """Ids and starts of `text` with the text of each assistant turn that `spans` places (every one,
@@ -459,10 +465,8 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
     starts: list[int] = []
     sampled: list[bool] = []
     cursor = 0
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    for i, span in zip(turns[len(turns) - len(spans):], spans):
+    for i, m, span in _placed_turns(messages, spans):
         start = span.start
-        m = messages[i]
         if "token_ids" not in m and "tool_calls" in m:
             continue
         if "token_ids" not in m:
@@ -517,8 +521,7 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         ids, starts = _tokenize(tokenizer, text)
         sampled = [False] * len(ids)
     mask = [False] * len(ids)
-    assistant = [m for m in messages if m["role"] == "assistant"]
-    for m, span in zip(assistant[len(assistant) - len(spans):], spans):  # the last alone where `last_only`
+    for _, m, span in _placed_turns(messages, spans):
         if token_exact and "token_ids" not in m:  # recorded tool calls (_spliced): not the target's tokens
             continue
         begin = span.start

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Everything the kernels need a GPU for, in one call (a machine with no nox: python3 + pytest):
 # build drafter_lab._C for this GPU, the GPU correctness suites, the benchmarks, compute-sanitizer.
-#   OUT=DIR bash tests/kernels/device_check.sh [build] [tests] [bench] [sanitizer]   (default: all)
+#   OUT=DIR bash tests/kernels/device_check.sh [build] [tests] [allreduce] [bench] [sanitizer]   (default: all)
 # Each step has its own time limit and the script goes on after a failure, so one call shows every
 # problem; the log (device_check.log) and the benchmark JSON land in $OUT, and
-# the last lines printed are the summary.
+# the last lines printed are the summary. The limits add up to more than one 600 s device call:
+# where a call must be shorter, run `build tests allreduce` first (a warm machine keeps the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export OUT="${OUT:-runs/device}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
-STEPS=("${@:-build tests bench sanitizer}")
+STEPS=("${@:-build tests allreduce bench sanitizer}")
 read -r -a STEPS <<<"${STEPS[*]}"
 summary=()
 
@@ -55,6 +56,9 @@ for s in "${STEPS[@]}"; do
       rm -rf "$target_dir"
       # Validation's replay solve: blocks against the position loop (launch-bound on a GPU).
       step bench_replay 60 "$PY" -m drafter_lab.train.bench_replay --device cuda
+      ;;
+    allreduce)
+      # Every algorithm (LL, one-shot, two-shot) of both CUDA backends, ranks as streams of one GPU.
       for blocks in 16 4 1; do
         step "bench_allreduce_${blocks}ctas" 90 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
           --blocks "$blocks" --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"
@@ -63,7 +67,7 @@ for s in "${STEPS[@]}"; do
     sanitizer)
       step sanitizer 150 bash tests/kernels/run_sanitizer.sh
       ;;
-    *) echo "unknown step: $s (build, tests, bench, sanitizer)"; exit 2 ;;
+    *) echo "unknown step: $s (build, tests, allreduce, bench, sanitizer)"; exit 2 ;;
   esac
 done
 echo "== summary"

@@ -287,7 +287,8 @@ class Communicator:
 
     @property
     def ll_capacity(self) -> int:
-        """Bytes one LL call carries (half what its packets take); 0 on the cpu backend."""
+        """Bytes one LL sum carries: its packets (twice its bytes) fit each CTA's part of the LL
+        area, and at most 4 per thread (held until the call is confirmed); 0 on the cpu backend."""
         return self._impl.ll_capacity
 
     def __repr__(self) -> str:

@@ -179,11 +179,17 @@ Segment Segment::attach(const std::string& name, int world_size, double timeout_
         auto* h = reinterpret_cast<const Header*>(hp);
         bool ready = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic;
         bool creator_alive = ready && pid_alive(h->creator_pid);
-        uint32_t ws = h->world_size;
+        uint32_t ws = h->world_size, version = h->version;
         uint64_t total = h->total_bytes;
         munmap(hp, kHeaderBytes);
         if (ready && !creator_alive) waiting_for = "to be recreated (its creator is dead)";
         if (ready && creator_alive) {
+          if (version != kVersion) {  // another drafter_lab's layout (the LL area came with version 2)
+            close(fd);
+            throw CommError("shared-memory segment " + name + " has layout version " + std::to_string(version) +
+                            ", this drafter_lab reads version " + std::to_string(kVersion) +
+                            ": all ranks must run one drafter_lab");
+          }
           if ((int)ws != world_size) {
             close(fd);
             throw CommError("shared-memory segment " + name + " was created for world size " + std::to_string(ws) +

@@ -288,6 +288,33 @@ def test_stale_segment_of_a_killed_run_is_removed_at_next_init():
     assert not seg.exists(), "stale segment survived the next init"
 
 
+def test_a_segment_of_another_layout_version_is_refused():
+    from drafter_lab.kernels.allreduce import AllReduceError, Communicator, cleanup_stale_segments
+
+    tag = f"test-version-{os.getpid()}-{secrets.token_hex(4)}"
+    seg = SHM / f"drafter_lab_ar.{tag}"
+    code = (
+        "from drafter_lab.kernels.allreduce import Communicator\n"
+        f"Communicator(0, 2, name={tag!r}, timeout_s=60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 60
+        while not _stamped(seg):
+            assert child.poll() is None and time.monotonic() < deadline, "rank 0 never created its segment"
+            time.sleep(0.05)
+        with open(seg, "r+b") as f:  # Header.version, after the 8-byte magic: as an older lab wrote it
+            f.seek(8)
+            f.write((1).to_bytes(4, "little"))
+        with pytest.raises(AllReduceError, match=r"layout version 1, this drafter_lab reads version 2"):
+            Communicator(1, 2, name=tag, timeout_s=5)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    cleanup_stale_segments(0)
+    assert not seg.exists()
+
+
 def test_single_rank_and_bad_input():
     from drafter_lab.kernels.allreduce import AllReduceError, AllReduceInputError, Communicator
 

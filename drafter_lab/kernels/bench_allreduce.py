@@ -369,6 +369,13 @@ def _graph_latency_us(comms, numel: int, dtype: torch.dtype, reps: int, calls: i
     return statistics.median(samples)
 
 
+def _best(cols: dict, backend: str, size: int) -> str:
+    """The fastest algorithm of `backend` at `size` among the columns, as 'us (algo)'."""
+    timed = {k.removeprefix(backend + " "): col[size] for k, col in cols.items() if k.startswith(backend + " ") and size in col}
+    algo = min(timed, key=timed.get)
+    return f"{timed[algo]:.2f} ({algo})"
+
+
 def gpu_streams(args) -> dict:
     """CUDA backends with the ranks as streams of this process (one GPU is enough)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -406,9 +413,10 @@ def gpu_streams(args) -> dict:
                 c.close()
         results[world] = cols
         print(f"\nCUDA all-reduce, {args.dtype}, {world} ranks as streams on {gpus} GPU(s), {args.blocks} CTAs: us per call (graph replays)")
-        print(f"{'size':>8} " + "".join(f"{k:>18}" for k in cols))
+        print(f"{'size':>8} " + "".join(f"{k:>18}" for k in cols) + "".join(f"{b + ' best':>22}" for b in backends))
         for s in args.sizes:
-            print(f"{_fmt_size(s):>8} " + "".join(f"{cols[k][s]:>18.2f}" if s in cols[k] else f"{'-':>18}" for k in cols))
+            row = "".join(f"{cols[k][s]:>18.2f}" if s in cols[k] else f"{'-':>18}" for k in cols)
+            print(f"{_fmt_size(s):>8} " + row + "".join(f"{_best(cols, b, s):>22}" for b in backends))
     out = Path(args.json).with_name(f"allreduce_gpu_streams_{args.blocks}ctas.json")
     write_json(out, {
         "allreduce_us": {f"{w} ranks, {k}": {str(s): v for s, v in col.items()} for w, cols in results.items() for k, col in cols.items()},

@@ -1,0 +1,50 @@
+"""The all-reduce benchmark's plumbing on CPU: ranks spawned as processes, the latency table with
+each size's algorithm and the ratio against gloo, and the verify-step simulator's JSON in the form
+the cost model reads. Timings are printed, never asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from drafter_lab.kernels import _ext
+
+pytestmark = pytest.mark.skipif(not _ext.available(), reason=_ext.unavailable_reason() or "extension built")
+
+SIZES = {"1 KB": 1024, "256 KB": 256 << 10}
+
+
+def test_latency_table_names_each_sizes_algorithm(capsys):
+    from drafter_lab.kernels.bench_allreduce import main
+
+    argv = ["--ranks", "2", "--sizes", *map(str, SIZES.values()), "--iters", "50", "--backends", "cpu", "gloo"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 ranks on this host" in out
+    rows = {label: line.split() for line in out.splitlines() for label in SIZES if line.strip().startswith(label + " ")}
+    assert set(rows) == set(SIZES), out
+    for label, cells in rows.items():  # size (two words), cpu us, gloo us, cpu algo, gloo/cpu
+        cpu_us, gloo_us, algo, ratio = float(cells[2]), float(cells[3]), cells[4], cells[5]
+        assert cpu_us > 0 and gloo_us > 0 and algo in ("1-shot", "2-shot"), (label, cells)
+        assert ratio.endswith("x") and float(ratio[:-1]) == pytest.approx(gloo_us / cpu_us, rel=0.05, abs=0.1)
+
+
+def test_tp_sim_writes_what_the_cost_model_reads(tmp_path):
+    from drafter_lab.kernels.bench_allreduce import HIDDEN, main
+    from drafter_lab.spec.costinputs import apply_inputs
+    from drafter_lab.spec.costmodel import CostModelConfig
+
+    out = tmp_path / "sim.json"
+    argv = ["--tp-sim", "--ranks", "2", "--backends", "cpu", "gloo", "--layers", "2", "--tokens", "1", "2",
+            "--sim-reps", "1", "--iters", "20", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    sizes = {str(t * HIDDEN * 2) for t in (1, 2)}  # bfloat16 [tokens, hidden] partial sums
+    assert {b: set(t) for b, t in report["allreduce_us"].items()} == {"cpu": sizes, "gloo": sizes}
+    assert {b: set(t) for b, t in report["verify_ms"].items()} == {b: {"1", "2"} for b in ("none", "cpu", "gloo")}
+    assert report["meta"]["allreduces_per_step"] == 4
+    for b in ("cpu", "gloo"):
+        flat = out.with_name(f"sim.costmodel-{b}.json")
+        _, measured = apply_inputs(CostModelConfig(), flat)
+        assert measured == {int(s): us for s, us in report["allreduce_us"][b].items()}

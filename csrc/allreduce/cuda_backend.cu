@@ -6,7 +6,7 @@
 // generation) with st.release.sys; readers poll with ld.acquire.sys, sync, then read. Buffers
 // alternate by generation parity; CTA b rewrites a buffer only after seeing every peer's flag of
 // the call in between, which peers post after finishing their reads (no end barrier).
-// LL sums (ll_kernel, below) carry readiness in the data packets instead.
+// LL calls (ll_kernel, ll_fused_kernel, below) carry readiness in the data packets instead.
 #include "allreduce/cuda_backend.h"
 
 #include <cuda_bf16.h>
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kThreads) allreduce_kernel(Params p) {
   if (threadIdx.x == 0) p.counters[b] = gen;
 }
 
-// LL ("low latency") one-shot sum: readiness travels inside the data. A 16-byte packet is two
+// LL ("low latency") one-shot: readiness travels inside the data. A 16-byte packet is two
 // 8-byte halves of (4 data bytes, the call's generation), sent with one store; an aligned 8-byte
 // half is never torn, so a reader that sees the generation in both halves also has their data.
 // Against the flag protocol this drops the fence before the flag and the flag-then-data round

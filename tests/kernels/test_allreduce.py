@@ -9,6 +9,7 @@ once, so any difference is a bug, not rounding.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -262,10 +263,11 @@ def _stamped(seg: Path) -> bool:
         return False
 
 
-def test_stale_segment_of_a_killed_run_is_removed_at_next_init():
-    from drafter_lab.kernels.allreduce import Communicator, cleanup_stale_segments
-
-    tag = f"test-stale-{os.getpid()}-{secrets.token_hex(4)}"
+@contextlib.contextmanager
+def _waiting_rank0(prefix: str):
+    """A process that created segment `<prefix>-...` as rank 0 of 2 and waits for rank 1; yields
+    (tag, segment path) once the header is stamped, and kills the process on leaving."""
+    tag = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
     seg = SHM / f"drafter_lab_ar.{tag}"
     code = (
         "from drafter_lab.kernels.allreduce import Communicator\n"
@@ -277,11 +279,18 @@ def test_stale_segment_of_a_killed_run_is_removed_at_next_init():
         while not _stamped(seg):
             assert child.poll() is None and time.monotonic() < deadline, "rank 0 never created its segment"
             time.sleep(0.05)
-        assert str("/" + seg.name) not in cleanup_stale_segments(), "removed a live run's segment"
-        assert seg.exists()
+        yield tag, seg
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+
+
+def test_stale_segment_of_a_killed_run_is_removed_at_next_init():
+    from drafter_lab.kernels.allreduce import Communicator, cleanup_stale_segments
+
+    with _waiting_rank0("test-stale") as (tag, seg):
+        assert str("/" + seg.name) not in cleanup_stale_segments(), "removed a live run's segment"
+        assert seg.exists()
     assert seg.exists(), "a killed init should leave its segment behind"
     with Communicator(0, 1, name=f"{tag}-next", one_shot_max_bytes=0):
         pass
@@ -291,26 +300,12 @@ def test_stale_segment_of_a_killed_run_is_removed_at_next_init():
 def test_a_segment_of_another_layout_version_is_refused():
     from drafter_lab.kernels.allreduce import AllReduceError, Communicator, cleanup_stale_segments
 
-    tag = f"test-version-{os.getpid()}-{secrets.token_hex(4)}"
-    seg = SHM / f"drafter_lab_ar.{tag}"
-    code = (
-        "from drafter_lab.kernels.allreduce import Communicator\n"
-        f"Communicator(0, 2, name={tag!r}, timeout_s=60)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, OMP_NUM_THREADS="1"))
-    try:
-        deadline = time.monotonic() + 60
-        while not _stamped(seg):
-            assert child.poll() is None and time.monotonic() < deadline, "rank 0 never created its segment"
-            time.sleep(0.05)
+    with _waiting_rank0("test-version") as (tag, seg):
         with open(seg, "r+b") as f:  # Header.version, after the 8-byte magic: as an older lab wrote it
             f.seek(8)
             f.write((1).to_bytes(4, "little"))
         with pytest.raises(AllReduceError, match=r"layout version 1, this drafter_lab reads version 2"):
             Communicator(1, 2, name=tag, timeout_s=5)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
     cleanup_stale_segments(0)
     assert not seg.exists()
 

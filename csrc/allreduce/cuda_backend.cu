@@ -81,6 +81,9 @@ struct Conv<__half> {
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ void st_volatile8(uint64_t* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -198,20 +201,38 @@ __device__ bool wait_peers(const Params& p, uint32_t gen, int phase, int* s_fail
   return *s_fail == 0;
 }
 
-// Releases this CTA's flag of (gen, phase) where readers look: our slot in the segment, or our
-// slot in every peer's buffer.
+// Stores this CTA's flag of (gen, phase) where readers look: our slot in the segment, or our slot
+// in every peer's buffer. `release`: after our data writes; else relaxed (LL's, which orders nothing).
+template <bool kPush>
+__device__ void post_flag(const Params& p, uint32_t gen, int phase, bool release) {
+  const uint64_t word = flag_word(gen, p.sig);
+  auto store = [&](char* base) {
+    uint64_t* f = &p.layout.flag(base, p.rank, gen, phase, blockIdx.x)->word;
+    release ? st_release_sys(f, word) : st_volatile8(f, word);
+  };
+  if (kPush) {
+    for (int q = 0; q < p.world; ++q)
+      if (q != p.rank) store(p.peer[q]);
+  } else {
+    store(p.slots);
+  }
+}
+
+// Releases this CTA's flag of (gen, phase) once all its threads' data writes are done.
 template <bool kPush>
 __device__ void publish(const Params& p, uint32_t gen, int phase) {
   __syncthreads();
+  if (threadIdx.x == 0) post_flag<kPush>(p, gen, phase, true);
+}
+
+// This CTA's generation for the call (shared by its threads), with its failure flag cleared.
+__device__ uint32_t begin_call(const Params& p, uint32_t* s_gen, int* s_fail) {
   if (threadIdx.x == 0) {
-    const uint64_t word = flag_word(gen, p.sig);
-    if (kPush) {
-      for (int q = 0; q < p.world; ++q)
-        if (q != p.rank) st_release_sys(&p.layout.flag(p.peer[q], p.rank, gen, phase, blockIdx.x)->word, word);
-    } else {
-      st_release_sys(&p.layout.flag(p.slots, p.rank, gen, phase, blockIdx.x)->word, word);
-    }
+    *s_gen = p.counters[blockIdx.x] + 1;
+    *s_fail = 0;
   }
+  __syncthreads();
+  return *s_gen;
 }
 
 template <bool kPush>
@@ -355,12 +376,7 @@ __global__ void __launch_bounds__(kThreads) allreduce_kernel(Params p) {
   __shared__ uint32_t s_gen;
   __shared__ int s_fail;
   const int b = blockIdx.x, me = p.rank;
-  if (threadIdx.x == 0) {
-    s_gen = p.counters[b] + 1;
-    s_fail = 0;
-  }
-  __syncthreads();
-  const uint32_t gen = s_gen;
+  const uint32_t gen = begin_call(p, &s_gen, &s_fail);
   const uint64_t stride = p.layout.block_stride();
   const uint64_t row = kFused ? p.hidden : 1;  // elements per unit
   const uint64_t units = p.numel / row;
@@ -470,9 +486,6 @@ __device__ __forceinline__ uint4 ld_volatile16(const uint4* p) {
                : "memory");
   return v;
 }
-__device__ __forceinline__ void st_volatile8(uint64_t* p, uint64_t v) {
-  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 // The 8 data bytes of packet i: elements [i * E, (i + 1) * E) of n, zero past the end.
 template <typename T>
@@ -534,24 +547,11 @@ __device__ bool ll_wait(const Params& p, const uint4* src, int peer, uint32_t ge
   }
 }
 
-// Starts an LL call in this CTA: its generation, and its flag line posted where peers read it.
+// Starts an LL call in this CTA: its generation, and its flag line posted (relaxed) at once.
 template <bool kPush>
 __device__ uint32_t ll_begin(const Params& p, uint32_t* s_gen, int* s_fail) {
-  if (threadIdx.x == 0) {
-    *s_gen = p.counters[blockIdx.x] + 1;
-    *s_fail = 0;
-  }
-  __syncthreads();
-  const uint32_t gen = *s_gen;
-  if (threadIdx.x == 0 && p.world > 1) {
-    const uint64_t word = flag_word(gen, p.sig);
-    if (kPush) {
-      for (int q = 0; q < p.world; ++q)
-        if (q != p.rank) st_volatile8(&p.layout.flag(p.peer[q], p.rank, gen, 0, blockIdx.x)->word, word);
-    } else {
-      st_volatile8(&p.layout.flag(p.slots, p.rank, gen, 0, blockIdx.x)->word, word);
-    }
-  }
+  const uint32_t gen = begin_call(p, s_gen, s_fail);
+  if (threadIdx.x == 0) post_flag<kPush>(p, gen, 0, false);
   return gen;
 }
 
@@ -697,21 +697,7 @@ __global__ void __launch_bounds__(kThreads) ll_fused_kernel(Params p) {
   if (threadIdx.x == 0) p.counters[blockIdx.x] = gen;
 }
 
-template <typename T, bool kPush>
-void launch_ll(const Params& p, bool fused, uint32_t grid, size_t smem, cudaStream_t stream) {
-  if (fused) {
-    auto kernel = ll_fused_kernel<T, kPush>;
-    if (smem > 48 * 1024) DL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, kThreads, smem, stream>>>(p);
-  } else {
-    ll_kernel<T, kPush><<<grid, kThreads, 0, stream>>>(p);
-  }
-  DL_CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename T, int kKind, bool kPush>
-void launch_typed(const Params& p, uint32_t grid, size_t smem, cudaStream_t stream) {
-  auto kernel = allreduce_kernel<T, kKind, kPush>;
+void launch_kernel(void (*kernel)(Params), const Params& p, uint32_t grid, size_t smem, cudaStream_t stream) {
   if (smem > 48 * 1024) DL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   kernel<<<grid, kThreads, smem, stream>>>(p);
   DL_CUDA_CHECK(cudaGetLastError());
@@ -720,12 +706,12 @@ void launch_typed(const Params& p, uint32_t grid, size_t smem, cudaStream_t stre
 template <typename T, bool kPush>
 void launch_kind(const Params& p, uint32_t kind, uint32_t grid, size_t smem, cudaStream_t stream) {
   switch (kind) {
-    case kSumOneShot: return launch_typed<T, kSumOneShot, kPush>(p, grid, smem, stream);
-    case kSumTwoShot: return launch_typed<T, kSumTwoShot, kPush>(p, grid, smem, stream);
-    case kFusedOneShot: return launch_typed<T, kFusedOneShot, kPush>(p, grid, smem, stream);
-    case kFusedTwoShot: return launch_typed<T, kFusedTwoShot, kPush>(p, grid, smem, stream);
-    case kSumLL: return launch_ll<T, kPush>(p, false, grid, smem, stream);
-    case kFusedLL: return launch_ll<T, kPush>(p, true, grid, smem, stream);
+    case kSumOneShot: return launch_kernel(allreduce_kernel<T, kSumOneShot, kPush>, p, grid, smem, stream);
+    case kSumTwoShot: return launch_kernel(allreduce_kernel<T, kSumTwoShot, kPush>, p, grid, smem, stream);
+    case kFusedOneShot: return launch_kernel(allreduce_kernel<T, kFusedOneShot, kPush>, p, grid, smem, stream);
+    case kFusedTwoShot: return launch_kernel(allreduce_kernel<T, kFusedTwoShot, kPush>, p, grid, smem, stream);
+    case kSumLL: return launch_kernel(ll_kernel<T, kPush>, p, grid, smem, stream);
+    case kFusedLL: return launch_kernel(ll_fused_kernel<T, kPush>, p, grid, smem, stream);
   }
 }
 

@@ -4,6 +4,11 @@
 // heads of the kv head (GQA reads each K/V row once). Scores are rounded to T twice, as the
 // reference's q @ k^T and * scale are; softmax pieces in fp32; p @ v accumulated in fp32. The last
 // block of a (row, kv head) to finish merges the splits (log-sum-exp rescaling) and stores T.
+//
+// A block is a few dependent steps, so its time is load latency, not bandwidth: each thread issues
+// kU rows of K and of V at once (one tile), and the first tile's rows older than this step's entry
+// are requested before waiting for the qkv GEMV that writes q and that entry (pdl.cuh). At batch 1
+// and context 1024 a block's keys are one tile: one round trip for all of its K and V.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 
@@ -13,6 +18,7 @@
 #include "draft_forward/common.cuh"
 #include "draft_forward/epilogue.cuh"
 #include "draft_forward/kernels.cuh"
+#include "draft_forward/pdl.cuh"
 
 namespace drafter_lab::draft_forward::cuda {
 namespace {
@@ -21,6 +27,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kHeadBlock = 4;  // query heads accumulated together in p @ v
 constexpr int kMaxChunk = 1024;
+constexpr int kU = 8;  // K (and V) rows a thread has in flight: 2 x 8 x 16 bytes of registers
 
 template <typename T, int D>
 struct Layout {
@@ -28,6 +35,7 @@ struct Layout {
   static constexpr int kLanes = D / kVec;          // lanes that share one key row
   static constexpr int kPerWarp = 32 / kLanes;     // keys a warp handles at once
   static constexpr int kGroups = kWarps * kPerWarp;
+  static constexpr int kTile = kGroups * kU;       // keys a block loads at once
 };
 
 template <typename T, int D>
@@ -47,44 +55,82 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   const int head0 = kvh * rep;
   const int64_t row_off = static_cast<int64_t>(b) * p.n_heads * D + static_cast<int64_t>(head0) * D;
   T* out = static_cast<T*>(p.out) + row_off;
+  // cache_lens is an input of the op, written before any of its kernels ran.
   const int64_t len = load_index(p.cache_lens, p.lens64, b);
-  if (len < 0 || len >= p.cache_size) {  // no host sync to raise: the row becomes NaN
-    if (split == 0) {
-      for (int i = tid; i < rep * D; i += kThreads) out[i] = from_f<T>(NAN);
-    }
-    return;
-  }
+  const bool bad = len < 0 || len >= p.cache_size;  // no host sync to raise: the row becomes NaN
   const int s0 = split * p.chunk;
-  const int nk = max(0, min(p.chunk, static_cast<int>(len) + 1 - s0));
-  const T* q = static_cast<const T*>(p.q) + row_off;
-  for (int i = tid; i < rep * D; i += kThreads) qs[i] = to_f(q[i]);
-  __syncthreads();
+  const int nk = bad ? 0 : max(0, min(p.chunk, static_cast<int>(len) + 1 - s0));
+  const int fresh = bad ? -1 : static_cast<int>(len) - s0;  // this step's entry, block-local
 
   const int64_t cache_row = (static_cast<int64_t>(b) * p.n_kv + kvh) * p.cache_size + s0;
   const T* kc = static_cast<const T*>(p.k_cache) + cache_row * D;
   const T* vc = static_cast<const T*>(p.v_cache) + cache_row * D;
   const int sub = lane / G, gl = lane % G;
   const int gid = warp * L::kPerWarp + sub;
+  // Rows before this step's entry were written by earlier steps and are streamed; the first tile's
+  // go out before the wait. The entry itself is the qkv GEMV's output: a coherent load (__ldcg is
+  // volatile asm, so it stays after the wait).
+  auto row_at = [&](const T* cache, int j) { return cache + static_cast<int64_t>(j) * D + gl * V; };
+  auto load = [&](const T* cache, int j) {
+    return j == fresh ? __ldcg(reinterpret_cast<const uint4*>(row_at(cache, j))) : ld_stream(row_at(cache, j));
+  };
 
-  // Scores: G lanes per key, each holding V elements of the row.
-  for (int j0 = warp * L::kPerWarp; j0 < nk; j0 += L::kGroups) {
-    const int j = j0 + sub;
-    const bool ok = j < nk;
-    float kf[V];
-    if (ok) {
-      unpack<T>(ld_stream(kc + static_cast<int64_t>(j) * D + gl * V), kf);
-    } else {
+  // The first tile: rows j = u * kGroups + gid.
+  uint4 kr[kU], vr[kU];
 #pragma unroll
-      for (int e = 0; e < V; ++e) kf[e] = 0.0f;
+  for (int u = 0; u < kU; ++u) {
+    const int j = u * L::kGroups + gid;
+    kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+    if (j < nk && j != fresh) {
+      kr[u] = ld_stream_before_wait(row_at(kc, j));
+      vr[u] = ld_stream_before_wait(row_at(vc, j));
     }
-    for (int r = 0; r < rep; ++r) {
-      const float* qr = qs + r * D + gl * V;
-      float d = 0.0f;
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (bad) {
+    if (split == 0) {
+      for (int i = tid; i < rep * D; i += kThreads) out[i] = from_f<T>(NAN);
+    }
+    return;
+  }
 #pragma unroll
-      for (int e = 0; e < V; ++e) d = fmaf(qr[e], kf[e], d);
+  for (int u = 0; u < kU; ++u) {
+    if (u * L::kGroups + gid == fresh && fresh < nk) {
+      kr[u] = load(kc, fresh);
+      vr[u] = load(vc, fresh);
+    }
+  }
+  const T* q = static_cast<const T*>(p.q) + row_off;
+  for (int i = tid; i < rep * D; i += kThreads) qs[i] = to_f(q[i]);
+  __syncthreads();
+
+  // Scores: G lanes per key, each holding V elements of the row; a tile's K rows loaded together.
+  for (int base = 0; base < nk; base += L::kTile) {
+    if (base > 0) {
 #pragma unroll
-      for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      if (ok && gl == 0) sc[r * p.chunk + j] = rnd<T>(__fmul_rn(rnd<T>(d), p.scale));
+      for (int u = 0; u < kU; ++u) {
+        const int j = base + u * L::kGroups + gid;
+        if (j < nk) kr[u] = load(kc, j);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int jw = base + u * L::kGroups + warp * L::kPerWarp;  // the warp's first key: uniform
+      if (jw >= nk) break;
+      const int j = jw + sub;
+      const bool ok = j < nk;
+      float kf[V];
+      unpack<T>(kr[u], kf);
+      for (int r = 0; r < rep; ++r) {
+        const float* qr = qs + r * D + gl * V;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < V; ++e) d = fmaf(qr[e], kf[e], d);
+#pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (ok && gl == 0) sc[r * p.chunk + j] = rnd<T>(__fmul_rn(rnd<T>(d), p.scale));
+      }
     }
   }
   __syncthreads();
@@ -109,20 +155,31 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   }
   __syncthreads();
 
-  // p @ v, kHeadBlock heads at a time; each group sums its keys, then the groups are added in order.
+  // p @ v, kHeadBlock heads at a time, a tile of V rows at a time (the first is still in vr); each
+  // group sums its keys, then the groups are added in order.
   for (int r0 = 0; r0 < rep; r0 += kHeadBlock) {
     float acc[kHeadBlock][V] = {};
-    for (int j0 = warp * L::kPerWarp; j0 < nk; j0 += L::kGroups) {
-      const int j = j0 + sub;
-      if (j < nk) {
-        float vf[V];
-        unpack<T>(ld_stream(vc + static_cast<int64_t>(j) * D + gl * V), vf);
+    for (int base = 0; base < nk; base += L::kTile) {
+      if (r0 > 0 || base > 0) {
 #pragma unroll
-        for (int h = 0; h < kHeadBlock; ++h) {
-          if (r0 + h < rep) {
-            const float pj = sc[(r0 + h) * p.chunk + j];
+        for (int u = 0; u < kU; ++u) {
+          const int j = base + u * L::kGroups + gid;
+          if (j < nk) vr[u] = load(vc, j);
+        }
+      }
 #pragma unroll
-            for (int e = 0; e < V; ++e) acc[h][e] = fmaf(pj, vf[e], acc[h][e]);
+      for (int u = 0; u < kU; ++u) {
+        const int j = base + u * L::kGroups + gid;
+        if (j < nk) {
+          float vf[V];
+          unpack<T>(vr[u], vf);
+#pragma unroll
+          for (int h = 0; h < kHeadBlock; ++h) {
+            if (r0 + h < rep) {
+              const float pj = sc[(r0 + h) * p.chunk + j];
+#pragma unroll
+              for (int e = 0; e < V; ++e) acc[h][e] = fmaf(pj, vf[e], acc[h][e]);
+            }
           }
         }
       }

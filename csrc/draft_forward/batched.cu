@@ -6,6 +6,7 @@
 #include "draft_forward/common.cuh"
 #include "draft_forward/epilogue.cuh"
 #include "draft_forward/kernels.cuh"
+#include "draft_forward/pdl.cuh"
 
 extern "C" __device__ float __nv_logf(float);
 
@@ -95,51 +96,71 @@ __global__ void __launch_bounds__(kThreads) logits_parts_kernel(const T* logits,
   warp_tile_topk(t, tile, b, batch, v, row, valid);
 }
 
-// Row b: log-sum-exp from the tiles' pieces; top-k from their candidates. Each thread keeps its
-// best kMaxTopk candidates in registers (unrolled insertion), then k rounds of a block-wide best
-// pop the winner's head.
+// Row b, one pass over its tiles: each thread folds its tiles' log-sum-exp pieces into a running
+// (max, sum) and keeps its best K candidates in registers (unrolled insertion; a tile's candidates
+// come best first, so the first that misses ends the tile). Then k rounds of a block-wide best pop
+// the winner's head, and the k winners' d2t loads go out together. K >= topk is the list length.
+template <int K>
 __global__ void __launch_bounds__(kMergeThreads)
     topk_merge_kernel(const TopkParts t, int batch, const int64_t* d2t, int64_t* ids, float* logp) {
   __shared__ float scratch[kMergeWarps];
   __shared__ float best_v[kMergeWarps];
   __shared__ int best_i[kMergeWarps];
+  __shared__ float won_v[K];
+  __shared__ int won_i[K];
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float m = -INFINITY;
-  for (int i = tid; i < t.n_tiles; i += kMergeThreads) m = fmaxf(m, t.tile_max[static_cast<int64_t>(i) * batch + b]);
-  m = block_max<kMergeWarps>(m, scratch);
-  float s = 0.0f;
-  for (int i = tid; i < t.n_tiles; i += kMergeThreads) {
-    const int64_t slot = static_cast<int64_t>(i) * batch + b;
-    s += t.tile_sum[slot] * __nv_expf(t.tile_max[slot] - m);
-  }
-  const float log_sum = __nv_logf(block_sum<kMergeWarps>(s, scratch));
+  pdl_wait();
 
-  float lv[kMaxTopk];
-  int li[kMaxTopk];
+  float m = -INFINITY, s = 0.0f;
+  float lv[K];
+  int li[K];
 #pragma unroll
-  for (int j = 0; j < kMaxTopk; ++j) {
+  for (int j = 0; j < K; ++j) {
     lv[j] = -INFINITY;
     li[j] = INT_MAX;
   }
-  const int n = t.n_tiles * t.topk;
-#pragma unroll 4
-  for (int c = tid; c < n; c += kMergeThreads) {
-    const int64_t slot = (static_cast<int64_t>(c / t.topk) * batch + b) * t.topk + c % t.topk;
-    int idx = t.cand_idx[slot];
-    if (idx < 0) continue;
-    float v = t.cand_val[slot];
+#pragma unroll 2
+  for (int i = tid; i < t.n_tiles; i += kMergeThreads) {
+    const int64_t slot = static_cast<int64_t>(i) * batch + b;
+    const float tm = t.tile_max[slot], ts = t.tile_sum[slot];
+    if (tm > m) {
+      s = s * __nv_expf(m - tm) + ts;
+      m = tm;
+    } else {
+      s += ts * __nv_expf(tm - m);
+    }
+    float cv[K];
+    int ci[K];
 #pragma unroll
-    for (int j = 0; j < kMaxTopk; ++j) {
-      if (better(v, idx, lv[j], li[j])) {
-        const float tv = lv[j];
-        const int ti = li[j];
-        lv[j] = v;
-        li[j] = idx;
-        v = tv;
-        idx = ti;
+    for (int r = 0; r < K; ++r) {  // all loads first: they are independent, the insertions are not
+      cv[r] = -INFINITY;
+      ci[r] = -1;
+      if (r < t.topk) {
+        cv[r] = t.cand_val[slot * t.topk + r];
+        ci[r] = t.cand_idx[slot * t.topk + r];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < K; ++r) {
+      float v = cv[r];
+      int idx = ci[r];
+      if (idx < 0 || !better(v, idx, lv[K - 1], li[K - 1])) break;
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        if (better(v, idx, lv[j], li[j])) {
+          const float tv = lv[j];
+          const int ti = li[j];
+          lv[j] = v;
+          li[j] = idx;
+          v = tv;
+          idx = ti;
+        }
       }
     }
   }
+  const float row_max = block_max<kMergeWarps>(m, scratch);
+  const float log_sum = __nv_logf(block_sum<kMergeWarps>(s * __nv_expf(m - row_max), scratch));
+
   for (int r = 0; r < t.topk; ++r) {
     float bv = lv[0];
     int bi = li[0];
@@ -160,19 +181,25 @@ __global__ void __launch_bounds__(kMergeThreads)
     }
     if (li[0] == bi && bi != INT_MAX) {  // the winner pops its head
 #pragma unroll
-      for (int j = 0; j + 1 < kMaxTopk; ++j) {
+      for (int j = 0; j + 1 < K; ++j) {
         lv[j] = lv[j + 1];
         li[j] = li[j + 1];
       }
-      lv[kMaxTopk - 1] = -INFINITY;
-      li[kMaxTopk - 1] = INT_MAX;
+      lv[K - 1] = -INFINITY;
+      li[K - 1] = INT_MAX;
     }
     if (tid == 0) {
-      const int64_t o = static_cast<int64_t>(b) * t.topk + r;
-      const bool found = bi != INT_MAX;
-      ids[o] = found ? bi + d2t[bi] : -1;
-      logp[o] = found ? __fsub_rn(__fsub_rn(bv, m), log_sum) : NAN;
+      won_v[r] = bv;
+      won_i[r] = bi;
     }
+  }
+  __syncthreads();
+  if (tid < t.topk) {
+    const int64_t o = static_cast<int64_t>(b) * t.topk + tid;
+    const int bi = won_i[tid];
+    const bool found = bi != INT_MAX;
+    ids[o] = found ? bi + d2t[bi] : -1;
+    logp[o] = found ? __fsub_rn(__fsub_rn(won_v[tid], row_max), log_sum) : NAN;
   }
 }
 
@@ -238,8 +265,9 @@ void launch_logits_parts(const void* logits, int batch, int vocab, const TopkPar
 void launch_topk_merge(const TopkParts& t, int batch, const int64_t* d2t, int64_t* ids, float* logp,
                        cudaStream_t stream) {
   TORCH_CHECK(t.topk >= 1 && t.topk <= kMaxTopk, "draft_step: topk ", t.topk, " > ", kMaxTopk, " on CUDA");
-  topk_merge_kernel<<<batch, kMergeThreads, 0, stream>>>(t, batch, d2t, ids, logp);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  static_assert(kMaxTopk == 16, "the list lengths below end at kMaxTopk");
+  auto* kernel = t.topk <= 4 ? topk_merge_kernel<4> : t.topk <= 8 ? topk_merge_kernel<8> : topk_merge_kernel<16>;
+  launch_pdl(kernel, dim3(batch), dim3(kMergeThreads), 0, stream, t, batch, d2t, ids, logp);
 }
 
 }  // namespace drafter_lab::draft_forward::cuda

@@ -59,6 +59,17 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return r;
 }
 
+// For loads issued before a griddepcontrol.wait (pdl.cuh): the same streaming load, but coherent
+// (no .nc) and volatile asm. The compiler moves ld_stream, and ptxas moves .nc loads, past the wait,
+// which would undo a load meant to overlap the kernel before; this one stays in place.
+__device__ __forceinline__ uint4 ld_stream_before_wait(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
 // Activations are small and reused by many blocks: ordinary read-only cached loads.
 __device__ __forceinline__ uint4 ld_cached(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 

@@ -18,6 +18,7 @@
 #include "draft_forward/common.cuh"
 #include "draft_forward/epilogue.cuh"
 #include "draft_forward/kernels.cuh"
+#include "draft_forward/pdl.cuh"
 
 namespace drafter_lab::draft_forward::cuda {
 namespace {
@@ -61,10 +62,9 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
   }
 }
 
-// Programmatic dependent launch (sm_90+): a GEMV is launched while the kernel before it drains. The
-// weights do not depend on that kernel, so each lane first pulls one 128-byte line of its rows'
-// first two 64-column blocks (the tensor-core loop's mapping) into L2, then waits for the previous
-// kernel's results; everything that reads activations or writes memory comes after the wait.
+// Launched early (pdl.cuh): the weights do not depend on the kernel before, so each lane first pulls
+// one 128-byte line of its rows' first two 64-column blocks (the tensor-core loop's mapping) into L2,
+// then waits; everything that reads activations or writes memory comes after the wait.
 template <typename T>
 __device__ __forceinline__ void prefetch_then_wait(const GemvParams& p, int tile, int k_col, int len) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -75,9 +75,9 @@ __device__ __forceinline__ void prefetch_then_wait(const GemvParams& p, int tile
     const int blk = (warp >> 1) + (t >> 1) * 4;
     if (blk * 64 < len) asm volatile("prefetch.global.L2 [%0];" ::"l"(weight_row<T>(p, row) + k_col + blk * 64));
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
 #endif
+  pdl_wait();
+  pdl_trigger();
 }
 
 template <typename T, int NB>
@@ -330,37 +330,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   }
 }
 
-bool pdl_enabled();
-
 template <typename T, int NB>
 void launch_typed(const GemvParams& p, cudaStream_t stream) {
   const int smem = p.batch * p.slice_pad * static_cast<int>(sizeof(T));
   TORCH_CHECK(smem <= 48 * 1024, "draft_step: GEMV slice of ", smem, " bytes exceeds shared memory");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(p.n_tiles, p.total_splits);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  if (pdl_enabled()) {
-    cfg.attrs = &pdl;
-    cfg.numAttrs = 1;
-  }
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_kernel<T, NB>, p));
-}
-
-// DRAFTER_LAB_PDL=0 launches the GEMVs plainly (for A/B timing and tools that predate PDL).
-bool pdl_enabled() {
-  static const bool on = [] {
-    int dev = 0, major = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&dev));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const char* env = std::getenv("DRAFTER_LAB_PDL");
-    return major >= 9 && !(env != nullptr && std::string(env) == "0");
-  }();
-  return on;
+  launch_pdl(gemv_kernel<T, NB>, dim3(p.n_tiles, p.total_splits), dim3(kThreads), smem, stream, p);
 }
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -373,6 +347,17 @@ int batch_tile(int batch, c10::ScalarType dtype) {
 }
 
 }  // namespace
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    int dev = 0, major = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const char* env = std::getenv("DRAFTER_LAB_PDL");
+    return major >= 9 && !(env != nullptr && std::string(env) == "0");
+  }();
+  return on;
+}
 
 GemvWork plan_gemv(GemvParams& p, c10::ScalarType dtype, int sm_count) {
   TORCH_CHECK(p.batch >= 1 && p.batch <= kMaxGemvBatch, "draft_step: GEMV batch ", p.batch, " > ", kMaxGemvBatch);

@@ -367,6 +367,18 @@ def test_gpu_named_shapes(name, batch, require_draft_step_op):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("batch", [12, 20])
+@pytest.mark.parametrize("topk", [9, 16])
+def test_gpu_long_topk_and_wide_gqa(batch, topk, require_draft_step_op):
+    """Top-k past 8 (the merge's longest list), 8 query heads per kv head (two head blocks in p @ v),
+    and caches long enough that a block loads its K/V rows in several tiles, on both batch paths."""
+    require_draft_step_op("cuda")
+    shape = Shape(batch=batch, hidden=1024, heads=8, kv_heads=1, head_dim=128, inter=2816, vocab=3001,
+                  target_hidden=512, context=1500, topk=topk, fc=True)
+    check_step(shape, torch.bfloat16, "cuda", 400 + topk)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [3, 40])
 def test_gpu_graph_replay(batch, require_draft_step_op):
     """Capture the op once, change every input in place, replay: matches the reference on the new inputs."""

@@ -366,16 +366,25 @@ def test_gpu_named_shapes(name, batch, require_draft_step_op):
     check_step(shape, torch.bfloat16, "cuda", 300 + batch)
 
 
+# Top-k past 8 (the merge's longest lists) and 8 query heads per kv head (two head blocks in p @ v),
+# with caches long enough that a block loads its K/V rows in several tiles and this step's entry lies
+# past the first: bf16 on both batch paths, and a small fp32 case (32-key tiles) for the sanitizer.
+LONG_TOPK = {
+    "bf16-gemv": (Shape(batch=12, hidden=1024, heads=8, kv_heads=1, head_dim=128, inter=2816, vocab=3001,
+                        target_hidden=512, context=1500, topk=16, fc=True), torch.bfloat16),
+    "bf16-cublas": (Shape(batch=20, hidden=1024, heads=8, kv_heads=1, head_dim=128, inter=2816, vocab=3001,
+                          target_hidden=512, context=1500, topk=9, fc=True), torch.bfloat16),
+    "fp32-small": (Shape(batch=2, hidden=256, heads=8, kv_heads=1, head_dim=128, inter=704, vocab=1500,
+                         target_hidden=256, context=100, topk=12, fc=False), torch.float32),
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [12, 20])
-@pytest.mark.parametrize("topk", [9, 16])
-def test_gpu_long_topk_and_wide_gqa(batch, topk, require_draft_step_op):
-    """Top-k past 8 (the merge's longest list), 8 query heads per kv head (two head blocks in p @ v),
-    and caches long enough that a block loads its K/V rows in several tiles, on both batch paths."""
+@pytest.mark.parametrize("case", list(LONG_TOPK))
+def test_gpu_long_topk_and_wide_gqa(case, require_draft_step_op):
     require_draft_step_op("cuda")
-    shape = Shape(batch=batch, hidden=1024, heads=8, kv_heads=1, head_dim=128, inter=2816, vocab=3001,
-                  target_hidden=512, context=1500, topk=topk, fc=True)
-    check_step(shape, torch.bfloat16, "cuda", 400 + topk)
+    shape, dtype = LONG_TOPK[case]
+    check_step(shape, dtype, "cuda", 400 + shape.topk)
 
 
 @pytest.mark.gpu

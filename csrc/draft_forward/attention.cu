@@ -275,9 +275,7 @@ void launch_typed(const AttnParams& p, int smem, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  const dim3 grid(p.n_split, p.n_kv, p.batch);
-  attention_kernel<T, D><<<grid, kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_pdl(attention_kernel<T, D>, dim3(p.n_split, p.n_kv, p.batch), dim3(kThreads), smem, stream, p);
 }
 
 template <typename T>

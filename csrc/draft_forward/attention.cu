@@ -74,8 +74,16 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   auto load = [&](const T* cache, int j) {
     return j == fresh ? __ldcg(reinterpret_cast<const uint4*>(row_at(cache, j))) : ld_stream(row_at(cache, j));
   };
+  // A tile: rows j = base + u * kGroups + gid, all loads issued before any is used.
+  auto load_tile = [&](const T* cache, int base, uint4(&regs)[kU]) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int j = base + u * L::kGroups + gid;
+      if (j < nk) regs[u] = load(cache, j);
+    }
+  };
 
-  // The first tile: rows j = u * kGroups + gid.
+  // The first tile, all but this step's entry before the wait.
   uint4 kr[kU], vr[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -107,13 +115,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 
   // Scores: G lanes per key, each holding V elements of the row; a tile's K rows loaded together.
   for (int base = 0; base < nk; base += L::kTile) {
-    if (base > 0) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int j = base + u * L::kGroups + gid;
-        if (j < nk) kr[u] = load(kc, j);
-      }
-    }
+    if (base > 0) load_tile(kc, base, kr);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int jw = base + u * L::kGroups + warp * L::kPerWarp;  // the warp's first key: uniform
@@ -160,13 +162,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   for (int r0 = 0; r0 < rep; r0 += kHeadBlock) {
     float acc[kHeadBlock][V] = {};
     for (int base = 0; base < nk; base += L::kTile) {
-      if (r0 > 0 || base > 0) {
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int j = base + u * L::kGroups + gid;
-          if (j < nk) vr[u] = load(vc, j);
-        }
-      }
+      if (r0 > 0 || base > 0) load_tile(vc, base, vr);
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int j = base + u * L::kGroups + gid;

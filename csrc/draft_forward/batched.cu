@@ -119,41 +119,50 @@ __global__ void __launch_bounds__(kMergeThreads)
     lv[j] = -INFINITY;
     li[j] = INT_MAX;
   }
-#pragma unroll 2
-  for (int i = tid; i < t.n_tiles; i += kMergeThreads) {
-    const int64_t slot = static_cast<int64_t>(i) * batch + b;
-    const float tm = t.tile_max[slot], ts = t.tile_sum[slot];
-    if (tm > m) {
-      s = s * __nv_expf(m - tm) + ts;
-      m = tm;
-    } else {
-      s += ts * __nv_expf(tm - m);
-    }
-    float cv[K];
-    int ci[K];
+  // kAhead tiles at a time, every load issued before any is used: the folding and insertions
+  // branch on the values, and the compiler does not hoist loads above those branches by itself.
+  constexpr int kAhead = K <= 8 ? 2 : 1;  // 2 x (2 + 2K) registers of loads; top-16 lists take 32
+  for (int i0 = tid; i0 < t.n_tiles; i0 += kAhead * kMergeThreads) {
+    float tm[kAhead], ts[kAhead], cv[kAhead][K];
+    int ci[kAhead][K];
 #pragma unroll
-    for (int r = 0; r < K; ++r) {  // all loads first: they are independent, the insertions are not
-      cv[r] = -INFINITY;
-      ci[r] = -1;
-      if (r < t.topk) {
-        cv[r] = t.cand_val[slot * t.topk + r];
-        ci[r] = t.cand_idx[slot * t.topk + r];
+    for (int a = 0; a < kAhead; ++a) {
+      const int i = i0 + a * kMergeThreads;
+      const int64_t slot = static_cast<int64_t>(i) * batch + b;
+      const bool here = i < t.n_tiles;
+      tm[a] = here ? t.tile_max[slot] : 0.0f;
+      ts[a] = here ? t.tile_sum[slot] : 0.0f;
+#pragma unroll
+      for (int r = 0; r < K; ++r) {
+        const bool c = here && r < t.topk;
+        cv[a][r] = c ? t.cand_val[slot * t.topk + r] : -INFINITY;
+        ci[a][r] = c ? t.cand_idx[slot * t.topk + r] : -1;
       }
     }
 #pragma unroll
-    for (int r = 0; r < K; ++r) {
-      float v = cv[r];
-      int idx = ci[r];
-      if (idx < 0 || !better(v, idx, lv[K - 1], li[K - 1])) break;
+    for (int a = 0; a < kAhead; ++a) {
+      if (i0 + a * kMergeThreads >= t.n_tiles) break;
+      if (tm[a] > m) {
+        s = s * __nv_expf(m - tm[a]) + ts[a];
+        m = tm[a];
+      } else {
+        s += ts[a] * __nv_expf(tm[a] - m);
+      }
 #pragma unroll
-      for (int j = 0; j < K; ++j) {
-        if (better(v, idx, lv[j], li[j])) {
-          const float tv = lv[j];
-          const int ti = li[j];
-          lv[j] = v;
-          li[j] = idx;
-          v = tv;
-          idx = ti;
+      for (int r = 0; r < K; ++r) {
+        float v = cv[a][r];
+        int idx = ci[a][r];
+        if (idx < 0 || !better(v, idx, lv[K - 1], li[K - 1])) break;
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          if (better(v, idx, lv[j], li[j])) {
+            const float tv = lv[j];
+            const int ti = li[j];
+            lv[j] = v;
+            li[j] = idx;
+            v = tv;
+            idx = ti;
+          }
         }
       }
     }

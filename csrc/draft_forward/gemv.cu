@@ -12,8 +12,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "draft_forward/common.cuh"
 #include "draft_forward/epilogue.cuh"
@@ -347,17 +345,6 @@ int batch_tile(int batch, c10::ScalarType dtype) {
 }
 
 }  // namespace
-
-bool pdl_enabled() {
-  static const bool on = [] {
-    int dev = 0, major = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&dev));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const char* env = std::getenv("DRAFTER_LAB_PDL");
-    return major >= 9 && !(env != nullptr && std::string(env) == "0");
-  }();
-  return on;
-}
 
 GemvWork plan_gemv(GemvParams& p, c10::ScalarType dtype, int sm_count) {
   TORCH_CHECK(p.batch >= 1 && p.batch <= kMaxGemvBatch, "draft_step: GEMV batch ", p.batch, " > ", kMaxGemvBatch);

@@ -11,6 +11,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 namespace drafter_lab::draft_forward::cuda {
@@ -28,8 +30,17 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Whether launches carry the PDL attribute: sm_90+, unless DRAFTER_LAB_PDL=0 (for A/B timing and
-// tools that predate PDL).
-bool pdl_enabled();
+// tools that predate PDL). Read once per process (inline: one static for every file that launches).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    int dev = 0, major = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const char* env = std::getenv("DRAFTER_LAB_PDL");
+    return major >= 9 && !(env != nullptr && std::string(env) == "0");
+  }();
+  return on;
+}
 
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream, Args&&... args) {

@@ -31,10 +31,12 @@ single-turn data, an approximation past the first turn. `last_only` (`--turns la
 the last turn alone, so the earlier ones are text, as that server read them: exact for every turn.
 
 Reasoning (`reasoning_content`, conversations.py) goes to the template with the rest of the turn,
-also as `thinking`, the name GPT-OSS's harmony template reads: a thinking model's template writes it
-inside the assistant turn (Qwen3: `<think>...</think>` before the answer, for the turns after the
-last user turn; harmony: an analysis channel before the final one, for the last turn), so it is
-masked and trains like the answer, and
+also as `thinking`, the name GPT-OSS's harmony template reads, or, to a template that writes thinking
+from content parts alone (Mistral's), as a thinking part ahead of the answer's text: a thinking
+model's template writes it inside the assistant turn (Qwen3: `<think>...</think>` before the answer,
+for the turns after the last user turn; harmony: an analysis channel before the final one, for the
+last turn; Magistral: `[THINK]...[/THINK]` before the answer, in every turn), so it is masked and
+trains like the answer, and
 token-exact, the sampled ids (thinking and answer, as a server returns them) stand for all the
 template wrote for the turn up to its end-of-turn token. A template that hides the last turn's
 thinking where the generation prompt opens a think block (DeepSeek-R1's `<think>\n`, Kimi-K2.5's
@@ -81,8 +83,8 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
     # Older transformers pass each message as it is; 5.x also fills `thinking` from `reasoning_content`.
     # Sampling records go: transformers walks every value of every message on each render, which with
     # the answers' token ids took an 80-turn conversation 17.8 s to encode where 1.1 s do.
-    messages = [{**({"thinking": m["reasoning_content"]} if "reasoning_content" in m else {}),
-                 **{k: v for k, v in m.items() if k not in SAMPLING_FIELDS}} for m in messages]
+    parts = reads_thinking_parts(tokenizer)
+    messages = [_for_template({k: v for k, v in m.items() if k not in SAMPLING_FIELDS}, parts) for m in messages]
     try:
         return tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -90,6 +92,43 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
         )
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
         raise LabError(f"chat template rejects the conversation: {str(e).splitlines()[0][:200]}") from None
+
+
+def _for_template(m: dict, parts: bool) -> dict:
+    """A message as the template reads its thinking: also as `thinking` (harmony's name), or, where the
+    template writes thinking from content parts, as a thinking part ahead of the answer's text."""
+    if "reasoning_content" not in m:
+        return m
+    if not parts:
+        return {"thinking": m["reasoning_content"], **m}
+    rest = {k: v for k, v in m.items() if k != "reasoning_content"}
+    text = [{"type": "text", "text": m["content"]}] if m["content"] else []
+    return {**rest, "content": [{"type": "thinking", "thinking": m["reasoning_content"]}, *text]}
+
+
+_PROBE_THOUGHT, _PROBE_ANSWER = "drafter_lab probe: a thought", "drafter_lab probe: an answer"
+_READS_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def reads_thinking_parts(tokenizer) -> bool:
+    """Whether the chat template writes an answer's thinking from a `{"type": "thinking"}` content part
+    (Mistral's reasoning templates, Magistral's and Ministral-3 Reasoning's, which read no
+    `reasoning_content` and write `[THINK]...[/THINK]` before the text): one probe render per
+    template, kept per tokenizer. A template that writes the parts' repr (a list taken for text) does
+    not read them."""
+    template = tokenizer.chat_template
+    cached = _READS_PARTS.get(tokenizer)
+    if cached is None or cached[0] != template:
+        probe = [{"role": "user", "content": "?"}, {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": _PROBE_THOUGHT}, {"type": "text", "text": _PROBE_ANSWER}]}]
+        try:
+            out = tokenizer.apply_chat_template(probe, tokenize=False)
+        except Exception:  # a template that takes text only may raise on parts, in any manner
+            out = ""
+        reads = (_PROBE_ANSWER in out and _PROBE_THOUGHT in out[:out.find(_PROBE_ANSWER)]
+                 and "'thinking'" not in out and '"thinking"' not in out)
+        cached = _READS_PARTS[tokenizer] = (template, reads)
+    return cached[1]
 
 
 def template_sha256(tokenizer) -> str:
@@ -277,6 +316,8 @@ def _closing(tokenizer, messages: list[dict], text: str, end_ids: frozenset[int]
 
 THINK, UNTHINK = "<think>", "</think>"
 """The tags around a thinking model's thinking (DeepSeek-R1 and V3.1, QwQ, Qwen3, Kimi-K2, GLM-Z1)."""
+THINK_TAGS = ((THINK, UNTHINK), ("[THINK]", "[/THINK]"))
+"""Those, and Mistral's (Magistral, Ministral-3 Reasoning: control tokens of their tokenizers)."""
 OPENS_THINKING = re.compile(r"<think>(\s*)\Z")
 """A generation prompt that opens the target's thinking (`<think>\n`: DeepSeek-R1, QwQ; `<think>`:
 DeepSeek-V3.1's and Kimi-K2.5's with thinking on), and the whitespace after the tag."""
@@ -304,8 +345,8 @@ def _as_served(tokenizer, messages: list[dict], text: str, template_kwargs: dict
     last = messages[-1]
     thinking = _thinking_of(last) if last["role"] == "assistant" else ""
     split = "reasoning_content" in last
-    if len(messages) < 2 or not thinking or (split and thinking in text):
-        return text  # no thinking, or shown (spares the renders below)
+    if len(messages) < 2 or not thinking or (split and thinking in text) or not (split or UNTHINK in last["content"]):
+        return text  # no thinking, shown (spares the renders below), or not in `<think>` tags
     i = len(messages) - 1
     head = render(tokenizer, messages[:-1], True, template_kwargs, tools)
     opener = OPENS_THINKING.search(head)
@@ -369,11 +410,15 @@ def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
 
 
 def _thinking_of(turn: dict) -> str:
-    """An assistant turn's thinking: `reasoning_content`, else its content's before `</think>`."""
+    """An assistant turn's thinking: `reasoning_content`, else its content's before `</think>` (or
+    Mistral's `[/THINK]`)."""
     if "reasoning_content" in turn:
         return turn["reasoning_content"].strip()
-    inline, closed, _ = turn["content"].partition(UNTHINK)
-    return inline.strip().removeprefix(THINK).strip() if closed else ""
+    for opening, closing in THINK_TAGS:
+        inline, closed, _ = turn["content"].partition(closing)
+        if closed:
+            return inline.strip().removeprefix(opening).strip()
+    return ""
 
 
 def dropped_reasoning(tokenizer, messages: list[dict], template_kwargs: dict | None = None,

@@ -17,7 +17,9 @@ An assistant turn of a reasoning model may carry its thinking apart from its ans
 (`reasoning_content`) and vLLM (`reasoning`) return it with a reasoning parser on, and as
 reasoning datasets store it (`thinking` in GPT-OSS's): each name is read and kept as
 `reasoning_content`, the name chat templates (Qwen3, Kimi-K2, DeepSeek) read, so the template renders
-it where the target would see it (chat.render also passes it as `thinking`, for harmony's).
+it where the target would see it (chat.render also passes it as `thinking`, for harmony's, or as a
+thinking content part, for Mistral's). Mistral's own form, thinking parts (`{"type": "thinking",
+"thinking": ...}`) ahead of the text parts of an answer, is read as `reasoning_content` too.
 
 Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation may list the
 `tools` it offers (objects, or a JSON string of them as some datasets store it), an assistant turn may
@@ -136,10 +138,23 @@ def _text_of(content, where: str, path) -> str:
         if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
             return "\n".join(texts)
         raise LabError(f'{where}: turn content parts must all be {{"type": "text", "text": ...}} (a drafter '
-                       "of text reads no images or audio)", path)
+                       "of text reads no images or audio; an answer's thinking parts go ahead of its text)", path)
     if not isinstance(content, str):
         raise LabError(f"{where}: turn content is {type(content).__name__}, not text", path)
     return content
+
+
+def _thinking_parts(content, where: str, path) -> tuple[object, str | None]:
+    """Mistral's thinking parts ahead of a turn's text (`{"type": "thinking", "thinking": ...}`, as
+    mistral-common and Magistral's chat template keep an answer's thinking): the parts after them,
+    and their thinking joined with newlines (None without any)."""
+    if not isinstance(content, list):
+        return content, None
+    n = next((j for j, c in enumerate(content) if not (isinstance(c, dict) and c.get("type") == "thinking")), len(content))
+    thoughts = [c.get("thinking") for c in content[:n]]
+    if not all(isinstance(t, str) for t in thoughts):
+        raise LabError(f'{where}: a thinking part needs its text as "thinking"', path)
+    return content[n:], "\n".join(thoughts) if n else None
 
 
 def _parse_turn(turn, where: str, path) -> dict:
@@ -151,7 +166,12 @@ def _parse_turn(turn, where: str, path) -> dict:
         calls = _json_or_same(content)
         turn = {"role": "assistant", "content": "", "tool_calls": calls if isinstance(calls, list) else [calls]}
         role, content = "assistant", ""
+    content, thought = _thinking_parts(content, where, path)
     reasoning = next((turn[k] for k in REASONING_FIELDS if turn.get(k) is not None), None)
+    if thought is not None:
+        if reasoning is not None:
+            raise LabError(f"{where}: thinking both as content parts and as reasoning_content (or reasoning, thinking)", path)
+        reasoning = thought
     calls = turn.get("tool_calls") or None
     if content is None and (reasoning is not None or calls is not None):
         content = ""  # a call alone, or a server's answer cut off while it was still thinking

@@ -24,12 +24,13 @@ import base64
 import copy
 import re
 from dataclasses import replace
+from itertools import chain
 from pathlib import Path
 
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.data.chat import THINK, UNTHINK, render, rendered_with, special_token_ids
+from drafter_lab.data.chat import THINK_TAGS, render, rendered_with, special_token_ids
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
@@ -112,11 +113,12 @@ def answer_fields(tokenizer, text: str, ids: list[int]) -> dict:
     target wrote harmony's channels, its analysis as `reasoning_content` and its final channel as
     `content`, as GPT-OSS's parsers in vLLM and SGLang split them (without special tokens the headers
     vanish and the channel names run into the texts: "analysisThey ask.assistantfinalIt joins.");
-    else `content`, the text, thinking inline with its tags, kept where the tokenizer marks them
-    special (as some do), so that the lab still reads the thinking apart from the answer."""
+    else `content`, the text, thinking inline with its tags (`<think>`, Mistral's `[THINK]`), kept where
+    the tokenizer marks them special (as some do, and Mistral's always), so that the lab still reads
+    the thinking apart from the answer."""
     channel = tokenizer.convert_tokens_to_ids(HARMONY_CHANNEL)
     if channel is None or channel == tokenizer.unk_token_id or channel not in ids:
-        tags = {i for i in tokenizer.convert_tokens_to_ids([THINK, UNTHINK]) if i in special_token_ids(tokenizer)}
+        tags = {i for i in tokenizer.convert_tokens_to_ids([*chain(*THINK_TAGS)]) if i in special_token_ids(tokenizer)}
         return {"content": _decoded_keeping(tokenizer, ids, tags) if tags & set(ids) else text}
     messages = HARMONY_MESSAGE.findall(tokenizer.decode(ids, skip_special_tokens=False))
     analysis = "".join(t for c, t in messages if c == "analysis")

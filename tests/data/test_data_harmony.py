@@ -60,7 +60,7 @@ def test_a_datasets_thinking_reaches_the_template_as_thinking(harmony, tmp_path,
     real = harmony.apply_chat_template
     monkeypatch.setattr(harmony, "apply_chat_template", lambda messages, **kw: seen.append(messages) or real(messages, **kw))
     text = render(harmony, conv.messages)
-    assert seen[0][-1]["thinking"] == THOUGHT  # whatever transformers version adds or not
+    assert seen[-1][-1]["thinking"] == THOUGHT  # the render (a probe of the template may come first)
     assert f"<|channel|>analysis<|message|>{THOUGHT}<|end|>" in text
     assert dropped_reasoning(harmony, conv.messages) == (1, 0)
 
@@ -158,7 +158,7 @@ def test_sampling_records_do_not_reach_the_template(harmony, monkeypatch):
     turn = {"role": "assistant", "content": ANSWER, "token_ids": [1, 2], "temperature": 1.0,
             "target_fingerprint": "ab", "rendered_with": {"chat_template_sha256": "cd"}}
     render(harmony, [*ASKED, turn])
-    assert seen[0][-1] == {"role": "assistant", "content": ANSWER}
+    assert seen[-1][-1] == {"role": "assistant", "content": ANSWER}
 
 
 def test_a_template_writing_the_next_message_twice_falls_back_to_the_whole_text(harmony):

@@ -10,12 +10,22 @@ import json
 
 import pytest
 import torch
-from test_data_chat import spans
+from data_helpers import write_jsonl
+from test_data_chat import spans, word_by_word
 
+from drafter_lab.data import regenerate as regenerate_module
 from drafter_lab.data.capture import sequences_of
-from drafter_lab.data.chat import dropped_calls, encode_conversation, render
-from drafter_lab.data.conversations import Conversation
-from drafter_lab.targets.hf import load_tokenizer
+from drafter_lab.data.chat import (
+    dropped_calls,
+    dropped_reasoning,
+    encode_conversation,
+    reads_thinking_parts,
+    render,
+)
+from drafter_lab.data.conversations import Conversation, read_conversations
+from drafter_lab.data.regenerate import answer_fields, regenerate
+from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import load_target, load_tokenizer
 
 CONTROL = ["[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]",
            "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"]
@@ -39,6 +49,13 @@ V3 = (  # Mistral-7B-Instruct-v0.3, Mixtral-8x22B: both in the last user turn, w
     "{% if loop.index0 == ns.last and rest is not sameas messages %}{{ messages[0]['content'] }}\n\n{% endif %}"
     "{{ m['content'] }}[/INST]" + ASSISTANT
 )
+# Magistral-Small-2509's and Ministral-3 Reasoning's manner: V7-Tekken, an answer's thinking a content part
+# written in [THINK] tags before its text, in every turn; `reasoning_content` is not read.
+MAGISTRAL = TEKKEN.replace(
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}",
+    "{% elif m['role'] == 'assistant' %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for part in m['content'] %}{% if part['type'] == 'thinking' %}[THINK]{{ part['thinking'] }}[/THINK]"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}")
 TOOLS = [{"type": "function", "function": {"name": "stat", "parameters": {"type": "object"}}}]
 CALL = '[TOOL_CALLS]stat[ARGS]{"path": "setup.py"}'
 ANSWERS = ["It is 2 KB.", "You're welcome."]
@@ -93,3 +110,96 @@ def test_token_exact_splices_the_answers_ids_and_leaves_the_recorded_call(mistra
     assert [ids[a:b].tolist() for a, b in spans(mask)] == [[*sampled[0], end], [*sampled[1], end]]
     text_ids, _ = encode_conversation(mistral, CHAT, 10_000, tools=TOOLS)
     assert torch.equal(ids[:spans(mask)[0][0]], text_ids[:spans(mask)[0][0]])  # the prompt, the call included
+
+
+THOUGHTS = ["They ask for a size: stat the file.", "A thank-you: nothing to look up."]
+THOUGHTFUL = [dict(m, reasoning_content=THOUGHTS[0]) if i == 2 else dict(m, reasoning_content=THOUGHTS[1]) if i == 6
+              else m for i, m in enumerate(CHAT)]
+
+
+def magistral_tokenizer(random_llama, template: str = MAGISTRAL):
+    tok = load_tokenizer(random_llama)
+    tok.add_special_tokens({"additional_special_tokens": [*CONTROL, "[THINK]", "[/THINK]"]})
+    tok.chat_template = template
+    return tok
+
+
+def test_thinking_kept_apart_goes_to_magistral_as_a_thinking_part(random_llama):
+    """Magistral's template reads an answer's thinking from a content part alone: handed
+    `reasoning_content` (until 2026-12-03), it wrote every answer without its thinking."""
+    tok = magistral_tokenizer(random_llama)
+    end = tok.eos_token
+    assert reads_thinking_parts(tok)
+    text = render(tok, THOUGHTFUL, tools=TOOLS)
+    assert f"[/INST][THINK]{THOUGHTS[0]}[/THINK]{CALL}{end}" in text
+    assert f"[/INST][THINK]{THOUGHTS[1]}[/THINK]{ANSWERS[1]}{end}" in text
+    assert dropped_reasoning(tok, THOUGHTFUL, tools=TOOLS) == (2, 0)
+    assert masked(tok, THOUGHTFUL) == [f"[THINK]{THOUGHTS[0]}[/THINK]{CALL}{end}", f"{ANSWERS[0]}{end}",
+                                       f"[THINK]{THOUGHTS[1]}[/THINK]{ANSWERS[1]}{end}"]
+    # Token-exact, the sampled ids (thinking, tags and answer) take the turn's place.
+    sampled = word_by_word(tok, f"[THINK]{THOUGHTS[1]}[/THINK]{ANSWERS[1]}")
+    exact = [*THOUGHTFUL[:6], dict(THOUGHTFUL[6], token_ids=sampled)]
+    ids, mask = encode_conversation(tok, exact, 10_000, True, frozenset({tok.eos_token_id}), tools=TOOLS,
+                                    last_only=True)
+    assert [ids[a:b].tolist() for a, b in spans(mask)] == [[*sampled, tok.eos_token_id]]
+    # A Mistral template without thinking leaves it out, and says so.
+    plain = magistral_tokenizer(random_llama, TEKKEN)
+    assert not reads_thinking_parts(plain)  # it writes the parts' repr: a list taken for text
+    assert THOUGHTS[1] not in render(plain, THOUGHTFUL, tools=TOOLS)
+    assert dropped_reasoning(plain, THOUGHTFUL, tools=TOOLS) == (2, 2)
+
+
+def test_templates_that_take_text_do_not_read_thinking_parts(random_llama):
+    from test_data_reasoning import THINKING
+
+    for template in (V3, THINKING, None):  # Mistral V3, Qwen3's manner, the lab's ChatML
+        tok = load_tokenizer(random_llama)
+        if template is not None:
+            tok.chat_template = template
+        assert not reads_thinking_parts(tok)
+        tok.chat_template = MAGISTRAL  # the answer follows the template the tokenizer has now
+        assert reads_thinking_parts(tok)
+
+
+def test_a_local_regeneration_keeps_the_think_tags_and_encodes_as_the_split_form(random_llama, monkeypatch):
+    """Mistral's tags are control tokens, which decoding without special tokens dropped (the thinking ran
+    into the answer); kept, the inline answer renders as the template writes the split one."""
+    tok = magistral_tokenizer(random_llama)
+    written = f"[THINK]{THOUGHTS[1]}[/THINK]{ANSWERS[1]}"
+    ids = tok(written, add_special_tokens=False)["input_ids"]
+    text = tok.decode(ids, skip_special_tokens=True)
+    assert text == THOUGHTS[1] + ANSWERS[1]
+    assert answer_fields(tok, text, ids) == {"content": written}
+    target = load_target(random_llama)
+    target.tokenizer = tok
+    monkeypatch.setattr(regenerate_module, "generate_texts", lambda t, prompts, g: [(text, ids)] * len(prompts))
+    asked = CHAT[5:6]
+    (conv,) = regenerate(target, [Conversation("c", [*asked, {"role": "assistant", "content": "Old."}])],
+                         show_progress=False)
+    assert conv.messages[-1]["content"] == written
+    assert dropped_reasoning(tok, conv.messages) == (1, 0)
+    end = frozenset({tok.eos_token_id})
+    inline = encode_conversation(tok, conv.messages, 10_000, end_ids=end)
+    split = encode_conversation(tok, [*asked, {"role": "assistant", "content": ANSWERS[1],
+                                               "reasoning_content": THOUGHTS[1]}], 10_000, end_ids=end)
+    assert torch.equal(inline[0], split[0]) and torch.equal(inline[1], split[1])
+    assert [tok.decode(inline[0][a:b]) for a, b in spans(inline[1])] == [f"{written}{tok.eos_token}"]
+
+
+def test_thinking_parts_are_read_as_reasoning(tmp_path):
+    def turn(content, **kw):
+        return {"messages": [{"role": "user", "content": "How big is setup.py?"},
+                             {"role": "assistant", "content": content, **kw}]}
+
+    think = {"type": "thinking", "thinking": THOUGHTS[0]}
+    text = {"type": "text", "text": ANSWERS[0]}
+    convs, _ = read_conversations(write_jsonl(tmp_path / "ok.jsonl", [turn([think, text]), turn([think])]))
+    assert convs[0].messages[-1] == {"role": "assistant", "content": ANSWERS[0], "reasoning_content": THOUGHTS[0]}
+    assert convs[1].messages[-1] == {"role": "assistant", "content": "", "reasoning_content": THOUGHTS[0]}
+    for row, error in [(turn([text, think]), "thinking parts go ahead of its text"),
+                       (turn([think, text], reasoning_content="Also."), "thinking both as content parts"),
+                       (turn([{"type": "thinking", "thinking": None}, text]), "a thinking part needs its text"),
+                       ({"messages": [{"role": "user", "content": [think, text]}, {"role": "assistant", "content": "A."}]},
+                        "on an assistant turn")]:
+        with pytest.raises(LabError, match=error):
+            read_conversations(write_jsonl(tmp_path / "bad.jsonl", [row]))

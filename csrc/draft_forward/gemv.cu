@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "draft_forward/common.cuh"
 #include "draft_forward/epilogue.cuh"
@@ -337,6 +338,18 @@ void launch_typed(const GemvParams& p, cudaStream_t stream) {
 
 int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// Blocks per SM a plan fills. All four fill the register file, so the next kernel's blocks become
+// resident, and prefetch, only in this one's tail; DRAFTER_LAB_GEMV_BLOCKS=1..3 leaves them room to
+// launch early, at less streaming occupancy: an A/B for a GPU (device_check.sh), read once.
+int blocks_per_sm() {
+  static const int n = [] {
+    const char* env = std::getenv("DRAFTER_LAB_GEMV_BLOCKS");
+    const int v = env == nullptr ? 0 : std::atoi(env);
+    return v >= 1 && v <= kBlocksPerSm ? v : kBlocksPerSm;
+  }();
+  return n;
+}
+
 int batch_tile(int batch, c10::ScalarType dtype) {
   if (dtype != c10::kFloat) return batch <= 8 ? 8 : 16;
   int nb = 1;
@@ -352,7 +365,7 @@ GemvWork plan_gemv(GemvParams& p, c10::ScalarType dtype, int sm_count) {
   const int elem = static_cast<int>(c10::elementSize(dtype));
   const int max_slice = std::max(64, kSmemBudget / (p.batch * elem) / 64 * 64);
   // Round down: one more split than fits in a wave leaves a second, nearly empty wave.
-  const int want = std::max(1, kBlocksPerSm * sm_count / p.n_tiles);
+  const int want = std::max(1, blocks_per_sm() * sm_count / p.n_tiles);
   int total = 0, widest = 0;
   for (int s = 0; s < 2; ++s) {
     const int len = p.x_len[s];

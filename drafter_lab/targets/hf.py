@@ -186,6 +186,12 @@ def load_target(
     model.to(device).eval()
     model.requires_grad_(False)
     tok = load_tokenizer(path) if tokenizer else None
+    if tok is not None:
+        rows = model.get_input_embeddings().num_embeddings
+        top = max(tok.vocab_size - 1, max(tok.added_tokens_decoder, default=-1))
+        if top >= rows:  # else the first such id fails deep inside the embedding lookup
+            raise LabError(f"the tokenizer's ids run to {top}, past the model's {rows}-row embedding "
+                           "(tokens added without resizing it?)", path)
     return Target(path=path, model=model, tokenizer=tok, fingerprint=fingerprint(path))
 
 

@@ -18,7 +18,7 @@ from drafter_lab.data.chat import encode_conversation
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.shards import FeatureSet, Manifest, stored_text
 from drafter_lab.errors import LabError
-from drafter_lab.targets.hf import fingerprint, load_target
+from drafter_lab.targets.hf import fingerprint, load_target, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,6 +121,7 @@ def nan_model(root: Path, model: Path) -> Path:
         ("aux ids out of range", "aux layer id(s) [9] out of range: hidden_states indices run 0..8"),
         ("empty conversations file", "no conversation with an assistant turn"),
         ("target computing NaN", "target produced NaN/inf hidden states on sequence"),
+        ("tokenizer past the embedding", "the tokenizer's ids run to 513, past the model's 512-row embedding"),
     ],
 )
 def test_bad_input_one_line_exit_2_no_output(case, message, random_llama, tmp_path, capsys):
@@ -140,6 +141,12 @@ def test_bad_input_one_line_exit_2_no_output(case, message, random_llama, tmp_pa
         extra = ["--aux-layer-ids", "2,4,9"]
     elif case == "empty conversations file":
         convs = write_jsonl(tmp_path / "c.jsonl", [])
+    elif case == "tokenizer past the embedding":
+        target = tmp_path / "grown"
+        shutil.copytree(random_llama, target)
+        tok = load_tokenizer(target)
+        tok.add_special_tokens({"additional_special_tokens": ["[THINK]", "[/THINK]"]})
+        tok.save_pretrained(target)
     else:
         target = nan_model(tmp_path, random_llama)
     out = tmp_path / "out"

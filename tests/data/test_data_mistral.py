@@ -12,6 +12,7 @@ import pytest
 import torch
 from data_helpers import write_jsonl
 from test_data_chat import spans, word_by_word
+from test_data_reasoning import THINKING
 
 from drafter_lab.data import regenerate as regenerate_module
 from drafter_lab.data.capture import sequences_of
@@ -150,8 +151,6 @@ def test_thinking_kept_apart_goes_to_magistral_as_a_thinking_part(random_llama):
 
 
 def test_templates_that_take_text_do_not_read_thinking_parts(random_llama):
-    from test_data_reasoning import THINKING
-
     for template in (V3, THINKING, None):  # Mistral V3, Qwen3's manner, the lab's ChatML
         tok = load_tokenizer(random_llama)
         if template is not None:

@@ -40,7 +40,7 @@ class DraftVocab:
 
     @property
     def used(self) -> torch.Tensor:
-        """Target ids of the draft positions, ascending (int64 [N])."""
+        """Target ids of the draft positions (int64 [N]; ascending in every vocabulary the lab builds)."""
         return self.d2t + torch.arange(self.size, dtype=torch.int64)
 
     @classmethod
@@ -81,19 +81,44 @@ class DraftVocab:
             raise LabError("draft vocabulary file not found", path) from None
         except Exception as e:
             raise LabError(f"truncated or corrupt safetensors ({str(e).splitlines()[0][:200]})", path) from None
+        return cls.checked(d2t, t2d, path)
+
+    @classmethod
+    def checked(cls, d2t: torch.Tensor, t2d: torch.Tensor, where) -> DraftVocab:
+        """The pair read from a file, refused (naming `where`) unless t2d marks exactly the target
+        tokens d2t maps to, each once. Order is d2t's own: engines index lm_head rows through it."""
         if d2t.dim() != 1 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-            raise LabError(f"d2t must be a 1-D integer tensor, got {d2t.dtype} {list(d2t.shape)}", path)
+            raise LabError(f"d2t must be a 1-D integer tensor, got {d2t.dtype} {list(d2t.shape)}", where)
         if t2d.dim() != 1 or t2d.dtype.is_floating_point or (t2d.dtype != torch.bool and t2d.numel() and t2d.max() > 1):
-            raise LabError(f"t2d must be a 1-D bool mask, got {t2d.dtype} {list(t2d.shape)}", path)
+            raise LabError(f"t2d must be a 1-D bool mask, got {t2d.dtype} {list(t2d.shape)}", where)
         vocab = cls(d2t=d2t.to(torch.int64), t2d=t2d.bool())
-        used = vocab.used
-        if (
-            used.numel() != int(vocab.t2d.sum())
-            or (used.numel() and (used.min() < 0 or used.max() >= vocab.target_vocab_size))
-            or not torch.equal(torch.nonzero(vocab.t2d).flatten(), used)
-        ):
-            raise LabError("d2t and t2d disagree (nonzero(t2d) != d2t + arange(N))", path)
+        used, v = vocab.used, vocab.target_vocab_size
+        if used.numel() and (used.min() < 0 or used.max() >= v):
+            raise LabError(f"d2t maps draft ids outside the target vocab (0..{v - 1})", where)
+        if torch.unique(used).numel() != used.numel():
+            raise LabError("d2t maps two draft ids to the same target token", where)
+        marked, unmarked = int(vocab.t2d.sum()), int((~vocab.t2d[used]).sum())
+        if marked != used.numel() or unmarked:
+            raise LabError(f"d2t and t2d disagree: t2d marks {marked} target tokens; of the {used.numel()} that "
+                           f"d2t maps to, {unmarked} are not marked", where)
         return vocab
+
+    @classmethod
+    def of_drafter_file(cls, d2t: torch.Tensor | None, t2d: torch.Tensor | None, size: int,
+                        target_vocab_size: int, where) -> DraftVocab:
+        """A drafter checkpoint's mapping, read as SGLang and vLLM read it: they map draft ids through
+        d2t alone, as the identity when a file has none (so only a whole-vocabulary drafter may leave
+        it out), and never read t2d (derived from d2t here when a file has none)."""
+        if d2t is None:
+            if size != target_vocab_size:
+                raise LabError(f"no 'd2t' tensor, yet the draft vocab ({size}) is smaller than the target's "
+                               f"({target_vocab_size}): its draft ids cannot be mapped to target ids", where)
+            d2t = torch.zeros(size, dtype=torch.int64)
+        if t2d is None:
+            used = d2t.to(torch.int64) + torch.arange(d2t.numel(), dtype=torch.int64)
+            t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+            t2d[used[(used >= 0) & (used < target_vocab_size)]] = True
+        return cls.checked(d2t, t2d, where)
 
 
 def vocab_of_drafter(drafter) -> DraftVocab:

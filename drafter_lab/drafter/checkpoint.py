@@ -1,8 +1,10 @@
 """Reading and writing drafter checkpoints (config.json + weights) in every supported layout.
 
 Reads: our exports, SGLang/SpecForge/EAGLE (`midlayer.*`), speculators (`layers.0.*`), as
-`*.safetensors` (one file or shards) or `pytorch_model.bin`. Writes: the SGLang layout (what a
-training run's output directory holds) or the speculators layout, every file atomically.
+`*.safetensors` (one file or shards) or `pytorch_model.bin`, with what SGLang and vLLM let a file
+leave out: the embedding, t2d, and for a whole-vocabulary drafter d2t and the lm_head (the target's).
+Writes: the SGLang layout (what a training run's output directory holds) or the speculators layout,
+every file atomically.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
+from drafter_lab.data.vocab import DraftVocab
 from drafter_lab.drafter import formats
 from drafter_lab.drafter.config import FORMATS, DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -36,6 +39,11 @@ class Checkpoint:
 
     def weights_file(self) -> Path:
         return self.files[0] if len(self.files) == 1 else self.path
+
+    @property
+    def has_head(self) -> bool:
+        """False for a drafter that shares its target's lm_head (SGLang and vLLM load the target's)."""
+        return formats.HEAD in self.tensors
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -91,6 +99,12 @@ def read_checkpoint(path) -> Checkpoint:
     bias = tensors.get("fc.bias")
     if bias is not None and bool(bias.abs().max() > 0):
         raise LabError("fc.bias is non-zero: this drafter's fc has no bias", where["fc.bias"])
+    n, v = cfg.draft_vocab_size, cfg.target_vocab_size
+    if not ckpt.has_head and n != v:
+        raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "
+                       f"target's ({v}): only a whole-vocabulary drafter shares its target's head", ckpt.weights_file())
+    vocab = DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), n, v, where.get("d2t", ckpt.weights_file()))
+    tensors["d2t"], tensors["t2d"] = vocab.d2t, vocab.t2d
     return ckpt
 
 
@@ -109,28 +123,39 @@ def load_drafter(path, device="cpu", dtype: torch.dtype = torch.float32, target=
 
     The token embedding is the serving target's, as in SGLang (which swaps in the target's embedding
     when the widths agree): `embed_weight`, else `target`'s when its hidden size is the drafter's,
-    else the checkpoint's own `embed_tokens.weight` (EAGLE/SpecForge releases often omit it).
+    else the checkpoint's own `embed_tokens.weight` (EAGLE/SpecForge releases often omit it). A
+    checkpoint without an lm_head takes `target`'s, as SGLang and vLLM serve it.
     """
     ckpt = read_checkpoint(path)
     if embed_weight is None and target is not None and target.hidden_size == ckpt.config.hidden_size:
         embed_weight = target.embed_weight().detach()
-    return build_drafter(ckpt, device, dtype, embed_weight)
+    head_weight = None
+    if not ckpt.has_head and target is not None:
+        head_weight = target.lm_head_weight().detach()
+        if head_weight.shape[1] != ckpt.config.hidden_size:
+            raise LabError(f"the drafter shares its target's lm_head, but the target's is {head_weight.shape[1]} "
+                           f"wide and the drafter's hidden size is {ckpt.config.hidden_size}", ckpt.weights_file())
+    return build_drafter(ckpt, device, dtype, embed_weight, head_weight)
 
 
 def build_drafter(ckpt: Checkpoint, device="cpu", dtype: torch.dtype = torch.float32,
-                  embed_weight: torch.Tensor | None = None) -> Eagle3Drafter:
+                  embed_weight: torch.Tensor | None = None, head_weight: torch.Tensor | None = None) -> Eagle3Drafter:
     """An Eagle3Drafter holding a read checkpoint's tensors (shapes checked, each named on error).
 
-    `embed_weight`, when given, replaces the checkpoint's embedding.
+    `embed_weight`, when given, replaces the checkpoint's embedding; `head_weight` stands for an
+    lm_head the checkpoint does not have.
     """
     shapes = expected_shapes(ckpt.config)
+    given = {formats.EMBED: embed_weight, formats.HEAD: None if ckpt.has_head else head_weight}
+    why = {formats.EMBED: " (pass the target, whose embedding it uses)",
+           formats.HEAD: " (it shares its target's: pass the target)"}
     state = {}
     for name, want in shapes.items():
-        t = embed_weight if name == formats.EMBED and embed_weight is not None else ckpt.tensors.get(name)
+        t = given.get(name)
+        t = ckpt.tensors.get(name) if t is None else t
         if t is None:
             raise LabError(
-                f"checkpoint lacks tensor {formats.export_name(name, ckpt.format)!r}"
-                + (" (pass the target, whose embedding it uses)" if name == formats.EMBED else ""),
+                f"checkpoint lacks tensor {formats.export_name(name, ckpt.format)!r}{why.get(name, '')}",
                 ckpt.weights_file(),
             )
         check_shape(name, t, want, ckpt.where.get(name, ckpt.path))
@@ -147,13 +172,13 @@ def build_drafter(ckpt: Checkpoint, device="cpu", dtype: torch.dtype = torch.flo
     return drafter
 
 
-def drafter_tensors(
-    drafter: Eagle3Drafter, fmt: str = formats.SGLANG, dtype: torch.dtype | None = None, embed: bool = True
-) -> dict:
+def drafter_tensors(drafter: Eagle3Drafter, fmt: str = formats.SGLANG, dtype: torch.dtype | None = None,
+                    embed: bool = True, head: bool = True) -> dict:
     """The drafter's tensors under the layout's names (float weights cast to dtype if given)."""
     out = {}
+    left_out = {n for n, keep in ((formats.EMBED, embed), (formats.HEAD, head)) if not keep}
     for name, t in drafter.state_dict().items():
-        if name == formats.EMBED and not embed:
+        if name in left_out:
             continue
         t = t.detach().cpu()
         if dtype is not None and t.is_floating_point():
@@ -162,17 +187,17 @@ def drafter_tensors(
     return out
 
 
-def save_drafter(
-    drafter: Eagle3Drafter, out_dir, fmt: str = formats.SGLANG, dtype: torch.dtype | None = None, embed: bool = True
-) -> Path:
+def save_drafter(drafter: Eagle3Drafter, out_dir, fmt: str = formats.SGLANG, dtype: torch.dtype | None = None,
+                 embed: bool = True, head: bool = True) -> Path:
     """Write config.json + model.safetensors into out_dir (each file atomically; weights first).
 
-    `embed=False` leaves out the (frozen, target-owned) token embedding, as EAGLE releases do.
+    `embed=False` leaves out the (frozen, target-owned) token embedding, as EAGLE releases do;
+    `head=False` the lm_head of a drafter that shares its target's.
     """
     out_dir = Path(out_dir)
     dtype = dtype or drafter.fc.weight.dtype
-    cfg = formats.config_for(fmt, drafter.config, dtype)
-    tensors = drafter_tensors(drafter, fmt, dtype, embed)
+    cfg = formats.config_for(fmt, drafter.config, dtype, head)
+    tensors = drafter_tensors(drafter, fmt, dtype, embed, head)
     atomic.save_safetensors(tensors, out_dir / WEIGHTS, metadata=formats.file_metadata(drafter.config, fmt))
     atomic.write_json(out_dir / CONFIG, cfg)
     return out_dir
@@ -188,11 +213,11 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None) -> Path:
     ckpt = read_checkpoint(src)
     has_embed = formats.EMBED in ckpt.tensors
     c = ckpt.config
-    # A drafter that shares the target's embedding has none of its own: zeros fill the module so it
-    # builds, and the export leaves that tensor out as the source did.
-    zero_embed = None if has_embed else torch.zeros(c.target_vocab_size, c.hidden_size)
-    drafter = build_drafter(ckpt, embed_weight=zero_embed)
+    # A drafter that shares the target's embedding or head has none of its own: zeros fill the module
+    # so it builds, and the export leaves that tensor out as the source did.
+    zeros = torch.zeros(c.target_vocab_size, c.hidden_size)
+    drafter = build_drafter(ckpt, embed_weight=None if has_embed else zeros, head_weight=zeros)
     dtype = dtype or ckpt.tensors["fc.weight"].dtype
     with atomic.atomic_dir(out) as tmp:
-        save_drafter(drafter, tmp, fmt, dtype, embed=has_embed)
+        save_drafter(drafter, tmp, fmt, dtype, embed=has_embed, head=ckpt.has_head)
     return out

@@ -39,15 +39,11 @@ MIDLAYER_TENSORS = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
-REQUIRED_TENSORS = (
-    "fc.weight",
-    *(f"midlayer.{n}" for n in MIDLAYER_TENSORS),
-    "norm.weight",
-    "lm_head.weight",
-    "d2t",
-    "t2d",
-)
+# Every file holds these. SGLang and vLLM also load a drafter without `lm_head.weight` (it shares its
+# target's head), without `d2t` (its draft ids are target ids) and without `t2d` (which they never read).
+REQUIRED_TENSORS = ("fc.weight", *(f"midlayer.{n}" for n in MIDLAYER_TENSORS), "norm.weight")
 EMBED = "embed_tokens.weight"
+HEAD = "lm_head.weight"
 
 _MIDLAYER_PREFIXES = ("midlayer.", "layers.0.")
 
@@ -94,9 +90,15 @@ def _llama_fields(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
     }
 
 
-def sglang_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
-    """config.json that SGLang's LlamaForCausalLMEagle3 reads (see tests/drafter/test_sglang_compat.py)."""
-    out = {"architectures": [SGLANG_ARCH], **_llama_fields(cfg, dtype), "draft_vocab_size": cfg.draft_vocab_size}
+def sglang_config(cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> dict:
+    """config.json that SGLang's LlamaForCausalLMEagle3 reads (see tests/drafter/test_sglang_compat.py).
+
+    `head=False`: the file has no lm_head (the drafter shares its target's). SGLang loads the target's
+    head only when draft_vocab_size is absent; given one, it would keep an uninitialised head.
+    """
+    out = {"architectures": [SGLANG_ARCH], **_llama_fields(cfg, dtype)}
+    if head:
+        out["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.target_hidden_size != cfg.hidden_size:
         out["target_hidden_size"] = cfg.target_hidden_size
     if cfg.aux_layer_ids:
@@ -130,9 +132,9 @@ def speculators_config(cfg: DrafterConfig, dtype: torch.dtype, ttt_steps: int = 
     }
 
 
-def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> dict:
     if fmt == SGLANG:
-        return sglang_config(cfg, dtype)
+        return sglang_config(cfg, dtype, head)
     if fmt == SPECULATORS:
         return speculators_config(cfg, dtype)
     raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -150,6 +152,9 @@ def _refuse_variants(data: dict, path) -> None:
     for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "norm_before_residual"):
         if data.get(key) or eagle.get(key):
             raise LabError(f"drafter variant {key}=true is not supported (plain EAGLE-3 only)", path)
+    if data.get("tie_word_embeddings"):
+        raise LabError("config sets tie_word_embeddings=true: SGLang would take the embedding as the head and "
+                       "drop lm_head.weight (set it false if lm_head.weight is the head)", path)
     layers = data.get("num_hidden_layers", 1)
     if layers != 1:
         raise LabError(f"drafter has {layers} layers; EAGLE-3 here has exactly one midlayer", path)

@@ -137,20 +137,30 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
             continue
         if name not in params:
             raise LabError(f"unexpected tensor {name!r}: not part of an EAGLE-3 drafter", where)
-        if name == "lm_head.weight":
+        if name == formats.HEAD:
             rows = _lm_head(tensor, used_src, used_new, target, drafter, remap, report, where)
             params[name].copy_(rows.to(params[name].dtype))
             continue
         check_shape(formats.export_name(name, ckpt.format), tensor, shapes[name], where)
         params[name].copy_(tensor.to(params[name].dtype))
         report.loaded.append({"tensor": name, "reason": "copied"})
+    if not ckpt.has_head:
+        params[formats.HEAD].copy_(_lm_head(None, used_src, used_new, target, drafter, remap, report,
+                                            ckpt.weights_file()).to(params[formats.HEAD].dtype))
     drafter.d2t.copy_(new_d2t.to(drafter.d2t.device))
     drafter.t2d.copy_(torch.as_tensor(new_vocab.t2d).bool().to(drafter.t2d.device))
     return report
 
 
 def _lm_head(rows_src, used_src, used_new, target, drafter, remap, report, where) -> torch.Tensor:
+    """The new lm_head. `rows_src` is None for a source that shares its target's head: every row is
+    then the new target's own (the source's target is not at hand, and this one serves the drafter)."""
     hidden = drafter.config.hidden_size
+    if rows_src is None:
+        report.rows_from_target = len(used_new)
+        report.skipped.append({"tensor": "lm_head.weight",
+                               "reason": "absent: the source shares its target's head, so every row is this target's"})
+        return _target_rows(target, used_new, hidden, where)
     if rows_src.shape[1] != hidden:
         raise LabError(f"tensor 'lm_head.weight' has width {rows_src.shape[1]}, the drafter needs {hidden}", where)
     if not remap:
@@ -165,14 +175,7 @@ def _lm_head(rows_src, used_src, used_new, target, drafter, remap, report, where
     out[have] = rows_src[picks[have]].float()
     missing = int((~have).sum())
     if missing:
-        head = target.lm_head_weight().detach().cpu()
-        if head.shape[1] != hidden:
-            raise LabError(
-                f"{missing} lm_head rows need the target's lm_head, but it has width {head.shape[1]} and "
-                f"the drafter hidden size is {hidden} (H != H_target): cannot fill them",
-                where,
-            )
-        out[~have] = head[used_new[~have]].float()
+        out[~have] = _target_rows(target, used_new[~have], hidden, where)
     report.rows_copied = int(have.sum())
     report.rows_from_target = missing
     report.loaded.append(
@@ -183,3 +186,14 @@ def _lm_head(rows_src, used_src, used_new, target, drafter, remap, report, where
         }
     )
     return out
+
+
+def _target_rows(target, tokens: torch.Tensor, hidden: int, where) -> torch.Tensor:
+    head = target.lm_head_weight().detach().cpu()
+    if head.shape[1] != hidden:
+        raise LabError(
+            f"{len(tokens)} lm_head rows need the target's lm_head, but it has width {head.shape[1]} and "
+            f"the drafter hidden size is {hidden} (H != H_target): cannot fill them",
+            where,
+        )
+    return head[tokens].float()

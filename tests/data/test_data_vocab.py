@@ -104,4 +104,4 @@ def test_bad_vocab_files(tmp_path, capsys):
             DraftVocab.load(tmp_path / name)
     assert run_cli("vocab", "compare", tmp_path / "a.safetensors", tmp_path / "mismatch.safetensors") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {tmp_path / 'mismatch.safetensors'}: d2t and t2d disagree (nonzero(t2d) != d2t + arange(N))"]
+    assert err == [f"error: {tmp_path / 'mismatch.safetensors'}: d2t and t2d disagree: t2d marks {a.size} target tokens; of the {a.size} that d2t maps to, {a.size} are not marked"]

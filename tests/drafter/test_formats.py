@@ -156,3 +156,71 @@ def test_export_cli(tmp_path, drafter):
     before = (tmp_path / "dst/model.safetensors").read_bytes()
     assert main(["export", "--drafter", str(tmp_path / "src"), "--format", "sglang", "--out", str(tmp_path / "dst")]) == 2
     assert (tmp_path / "dst/model.safetensors").read_bytes() == before  # an existing directory is never replaced
+
+
+def _whole_vocab_drafter():
+    """A drafter over the target's whole vocabulary (draft ids are target ids), hidden = target hidden."""
+    d = random_drafter(small_config(draft_vocab_size=101, target_hidden_size=48), seed=12, dtype=torch.float32)
+    d.d2t.zero_()
+    d.t2d.fill_(True)
+    return d
+
+
+def _serving_target(cfg, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    embed, head = (torch.randn(cfg.target_vocab_size, cfg.hidden_size, generator=g) for _ in range(2))
+    return SimpleNamespace(hidden_size=cfg.hidden_size, embed_weight=lambda: embed, lm_head_weight=lambda: head)
+
+
+def test_a_drafter_sharing_its_targets_head_and_vocab_loads_as_engines_serve_it(tmp_path):
+    """No lm_head, d2t or t2d in the file: SGLang (draft_vocab_size absent) and vLLM serve such a drafter
+    with the target's head over the whole vocabulary, draft ids being target ids."""
+    drafter = _whole_vocab_drafter()
+    cfg = drafter.config
+    config = {k: v for k, v in formats.sglang_config(cfg, torch.float32).items() if k != "draft_vocab_size"}
+    d = _foreign(tmp_path, drafter, "shared", lambda k: k, config, drop=("lm_head.weight", "d2t", "t2d"))
+    target = _serving_target(cfg)
+    back = load_drafter(d, target=target)
+    assert torch.equal(back.lm_head.weight, target.lm_head_weight())
+    assert torch.equal(back.d2t, torch.zeros(101, dtype=torch.long)) and bool(back.t2d.all())
+    assert torch.equal(back.embed_tokens.weight, target.embed_weight())
+    for name, t in drafter.state_dict().items():
+        if name not in ("lm_head.weight", "embed_tokens.weight"):
+            assert torch.equal(back.state_dict()[name], t), name
+    with pytest.raises(LabError, match=r"lacks tensor 'lm_head.weight' \(it shares its target's: pass the target\)"):
+        load_drafter(d)
+    narrow = SimpleNamespace(hidden_size=40, embed_weight=None, lm_head_weight=lambda: torch.zeros(101, 40))
+    with pytest.raises(LabError, match="shares its target's lm_head, but the target's is 40 wide"):
+        load_drafter(d, target=narrow)
+
+    # exported, it stays head-less: SGLang's config without draft_vocab_size, no lm_head in either layout
+    for fmt in FORMATS:
+        assert main(["export", "--drafter", str(d), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
+        names = set(load_file(str(tmp_path / fmt / "model.safetensors")))
+        assert not any("lm_head" in n for n in names) and {"d2t", "t2d"} <= names
+        assert_same_state(load_drafter(tmp_path / fmt, target=target), back)
+    assert "draft_vocab_size" not in json.loads((tmp_path / "sglang/config.json").read_text())
+
+
+def test_a_missing_t2d_is_derived_and_a_missing_d2t_or_head_needs_the_whole_vocab(tmp_path, capsys):
+    drafter = random_drafter(small_config(), seed=13, dtype=torch.float32)
+    llama = formats.sglang_config(drafter.config, torch.float32)
+    no_t2d = _foreign(tmp_path, drafter, "no_t2d", lambda k: k, llama, drop=("t2d",))
+    assert torch.equal(load_drafter(no_t2d).t2d, drafter.t2d)  # SGLang and vLLM never read it
+    cases = {
+        "no_d2t": (("d2t",), {}, r"no 'd2t' tensor, yet the draft vocab \(37\) is smaller than the target's \(101\)"),
+        "no_head": (("lm_head.weight",), {}, r"lacks tensor 'lm_head.weight', yet its draft vocab \(37\) is smaller"),
+        "tied": ((), {"tie_word_embeddings": True}, "tie_word_embeddings=true: SGLang would take the embedding"),
+    }
+    for name, (drop, over, message) in cases.items():
+        d = _foreign(tmp_path, drafter, name, lambda k: k, {**llama, **over}, drop=drop)
+        with pytest.raises(LabError, match=message):
+            read_checkpoint(d)
+    bad = _foreign(tmp_path, drafter, "bad_t2d", lambda k: k, llama)
+    state = load_file(str(bad / "model.safetensors"))
+    state["t2d"] = torch.roll(state["t2d"], 1)
+    save_file(state, str(bad / "model.safetensors"))
+    assert main(["export", "--drafter", str(bad), "--format", "sglang", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad / "model.safetensors") in err[0] and "d2t and t2d disagree" in err[0]
+    assert not (tmp_path / "out").exists()

@@ -55,7 +55,7 @@ def sglang_params(c: dict) -> dict[str, tuple]:
         layer + "mlp.gate_up_proj.weight": (2 * c["intermediate_size"], h),
         layer + "mlp.down_proj.weight": (h, c["intermediate_size"]),
         "model.norm.weight": (h,),
-        "lm_head.weight": (c["draft_vocab_size"], h),
+        "lm_head.weight": (c.get("draft_vocab_size") or c["vocab_size"], h),
     }
 
 
@@ -92,16 +92,20 @@ def stacked_shape(parts: list) -> tuple:
     return (sum(s[0] for _, s in parts), parts[0][1][1])
 
 
-def check_export(tmp_path, cfg):
+def check_export(tmp_path, cfg, head=True):
     drafter = random_drafter(cfg, seed=31, dtype=torch.float32)
-    save_drafter(drafter, tmp_path)
+    save_drafter(drafter, tmp_path, head=head)
     c = json.loads((tmp_path / "config.json").read_text())
     tensors = load_file(str(tmp_path / "model.safetensors"))
     params, landed, dropped, hot = sglang_load(c, tensors)
 
     assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
     assert c["num_hidden_layers"] == 1 and c["hidden_act"] == "silu" and c["tie_word_embeddings"] is False
-    assert c["draft_vocab_size"] == cfg.draft_vocab_size  # not None: our lm_head, not the target's
+    if head:
+        assert c["draft_vocab_size"] == cfg.draft_vocab_size  # not None: our lm_head, not the target's
+    else:  # None: sglang loads the target's lm_head (load_lm_head_from_target), the one it has no file for
+        assert "draft_vocab_size" not in c and "lm_head.weight" not in tensors
+        params.pop("lm_head.weight")
     assert not any(c.get(k) or (c.get("eagle_config") or {}).get(k) for k in NEUTRAL_SWITCHES)
     for key in ("rms_norm_eps", "rope_theta", "max_position_embeddings", "head_dim", "num_key_value_heads"):
         assert c[key] == getattr(cfg, key)
@@ -124,6 +128,10 @@ def test_export_is_what_sglang_0_5_23_loads(tmp_path):
 
 def test_export_with_other_target_hidden_size(tmp_path):
     check_export(tmp_path, small_config(target_hidden_size=40))
+
+
+def test_a_drafter_sharing_its_targets_head_exports_as_sglang_loads_it(tmp_path):
+    check_export(tmp_path, small_config(target_hidden_size=48, draft_vocab_size=101), head=False)
 
 
 def test_a_name_sglang_would_drop_is_caught():

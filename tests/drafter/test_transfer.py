@@ -75,7 +75,7 @@ def test_remap_counts_and_rows(tmp_path, fmt):
     skipped = {row["tensor"] for row in report.skipped}
     assert skipped == {"d2t", "t2d", "embed_tokens.weight"}
     assert all(row["reason"] for row in report.skipped + report.loaded)
-    assert set(report.transferred) == set(formats.REQUIRED_TENSORS) - {"d2t", "t2d"}
+    assert set(report.transferred) == {*formats.REQUIRED_TENSORS, formats.HEAD}
     # the embedding is not the source's: the new drafter keeps its own (the target's)
     assert not torch.equal(drafter.embed_tokens.weight, src.embed_tokens.weight)
     console = Console(record=True, width=200)
@@ -136,3 +136,22 @@ def test_fill_from_target_needs_matching_width(tmp_path):
         init_from(fresh(cfg), tmp_path / "s", target_head(40), vocab(USED_NEW))
     report = init_from(fresh(cfg), tmp_path / "s", target_head(40), vocab(USED_SRC))  # nothing to fill
     assert report.rows_from_target == 0 and report.positions_agree == N
+
+
+@pytest.mark.parametrize("remap", [True, False])
+def test_a_source_sharing_its_targets_head_gives_every_row_from_the_target(tmp_path, remap):
+    """A whole-vocabulary source without lm_head, d2t or t2d (as SGLang and vLLM load it): its rows
+    are its target's, which is not at hand, so each new row is this target's; the rest transfers."""
+    cfg = small_config(target_vocab_size=V, draft_vocab_size=V, target_hidden_size=48)
+    src = random_drafter(cfg, seed=22, dtype=torch.float32)
+    src.d2t.zero_()
+    src.t2d.fill_(True)
+    save_drafter(src, tmp_path / "src", head=False)
+    drafter = fresh(dataclasses.replace(cfg, draft_vocab_size=N))
+    target = target_head()
+    report = init_from(drafter, tmp_path / "src", target, vocab(USED_NEW), remap=remap)
+    assert torch.equal(drafter.lm_head.weight, target.lm_head_weight()[USED_NEW])
+    assert (report.rows_copied, report.rows_from_target, report.tokens_shared, report.positions_agree) == (0, N, N, 1)
+    assert "lm_head.weight" not in report.transferred and "fc.weight" in report.transferred
+    assert "shares its target's head" in {r["tensor"]: r["reason"] for r in report.skipped}["lm_head.weight"]
+    assert torch.equal(drafter.midlayer.mlp.down_proj.weight, src.midlayer.mlp.down_proj.weight)

@@ -211,6 +211,9 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None) -> Path:
     if out.exists() and any(out.iterdir()):
         raise LabError("output directory exists and is not empty: choose a new one", out)
     ckpt = read_checkpoint(src)
+    if fmt == formats.SGLANG and ckpt.config.norm_before_residual:
+        raise LabError("norm_before_residual=true: SGLang has no such switch and would serve this drafter with "
+                       "plain EAGLE-3's residual; export it in the speculators layout (vLLM) instead", src)
     has_embed = formats.EMBED in ckpt.tensors
     c = ckpt.config
     # A drafter that shares the target's embedding or head has none of its own: zeros fill the module

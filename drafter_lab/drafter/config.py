@@ -38,6 +38,9 @@ class DrafterConfig:
     """RMSNorm epsilon, for all four norms."""
     max_position_embeddings: int = 4096
     """Longest position the drafter is configured for (recorded for SGLang)."""
+    norm_before_residual: bool = False
+    """The residual stream starts from hidden_norm(h), not h: speculators' variant (its default for
+    the drafters it trains), which vLLM serves and SGLang has no switch for."""
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids, **overrides) -> DrafterConfig:

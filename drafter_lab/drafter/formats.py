@@ -99,6 +99,8 @@ def sglang_config(cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> 
     out = {"architectures": [SGLANG_ARCH], **_llama_fields(cfg, dtype)}
     if head:
         out["draft_vocab_size"] = cfg.draft_vocab_size
+    if cfg.norm_before_residual:  # read by vLLM and by the lab; `export --format sglang` refuses it
+        out["norm_before_residual"] = True
     if cfg.target_hidden_size != cfg.hidden_size:
         out["target_hidden_size"] = cfg.target_hidden_size
     if cfg.aux_layer_ids:
@@ -116,7 +118,7 @@ def speculators_config(cfg: DrafterConfig, dtype: torch.dtype, ttt_steps: int = 
         "speculators_model_type": "eagle3",
         "transformer_layer_config": _llama_fields(cfg, dtype),
         "draft_vocab_size": cfg.draft_vocab_size,
-        "norm_before_residual": False,
+        "norm_before_residual": cfg.norm_before_residual,
         "target_hidden_size": cfg.target_hidden_size if cfg.target_hidden_size != cfg.hidden_size else None,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids) or None,
         "speculators_config": {
@@ -149,7 +151,7 @@ def _need(data: dict, key: str, path):
 def _refuse_variants(data: dict, path) -> None:
     """Drafter variants whose math the reference model does not implement are refused, not misread."""
     eagle = data.get("eagle_config") or {}
-    for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "norm_before_residual"):
+    for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output"):
         if data.get(key) or eagle.get(key):
             raise LabError(f"drafter variant {key}=true is not supported (plain EAGLE-3 only)", path)
     if data.get("tie_word_embeddings"):
@@ -193,6 +195,7 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
         rope_theta=float(rope),
         rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
+        norm_before_residual=bool(data.get("norm_before_residual") or layer.get("norm_before_residual")),
     )
     return cfg, fmt
 

@@ -7,6 +7,9 @@
     logits  = lm_head(norm(h2))                            over the draft vocab
     next h  = h2                                           (pre-norm, as SGLang passes it on)
 
+With `norm_before_residual` (speculators' variant) the residual stream starts from hidden_norm(h):
+h1 = hidden_norm(h) + o_proj(...).
+
 Draft ids map to target ids through d2t: target = i + d2t[i]. This module is the oracle that the
 fused `draft_step` op is tested against: keep it plain and exact.
 
@@ -104,13 +107,15 @@ class MidLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        self.norm_before_residual = cfg.norm_before_residual
 
     def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
 
     def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj + residual, then the MLP block with its residual."""
-        h1 = hidden + self.self_attn.o_proj(attn_out)
+        residual = self.hidden_norm(hidden) if self.norm_before_residual else hidden
+        h1 = residual + self.self_attn.o_proj(attn_out)
         return h1 + self.mlp(self.post_attention_layernorm(h1))
 
 

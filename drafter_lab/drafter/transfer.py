@@ -11,6 +11,7 @@ positions meant the same token in both mappings).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -101,6 +102,12 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
     `target` has `lm_head_weight()` (drafter_lab.targets.hf.Target); `new_vocab` has `d2t`/`t2d`.
     """
     ckpt = read_checkpoint(source_path)
+    mine, theirs = drafter.config.norm_before_residual, ckpt.config.norm_before_residual
+    if mine != theirs:
+        raise LabError(f"the source drafter has norm_before_residual={str(theirs).lower()}, this one "
+                       f"{str(mine).lower()}: its weights work with its own residual (train with --draft-config "
+                       f"{Path(source_path) / 'config.json'}, or --drafter-norm-before-residual {str(theirs).lower()})",
+                       source_path)
     src = ckpt.tensors
     shapes = expected_shapes(drafter.config)
     new_d2t = torch.as_tensor(new_vocab.d2t).long()

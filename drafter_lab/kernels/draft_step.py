@@ -63,11 +63,12 @@ def _fake_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc
 
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
                   topk: int) -> bool:
-    """Whether the CUDA kernels take this step: one dtype for activations, cache and weights;
-    head_dim 64 or 128; H and the hidden input width multiples of 8, the MLP width of 16; topk <= 16."""
+    """Whether the CUDA kernels take this step: plain EAGLE-3 (not norm_before_residual); one dtype
+    for activations, cache and weights; head_dim 64 or 128; H and the hidden input width multiples
+    of 8, the MLP width of 16; topk <= 16."""
     c = drafter.config
     dtype = drafter.lm_head.weight.dtype
-    return (embeds.dtype == k_cache.dtype == dtype and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
+    return (not c.norm_before_residual and embeds.dtype == k_cache.dtype == dtype and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
             and c.head_dim in (64, 128) and c.hidden_size % 8 == 0 and hidden.shape[-1] % 8 == 0
             and c.intermediate_size % 16 == 0 and 1 <= topk <= 16)
 
@@ -120,5 +121,7 @@ def draft_step(
         raise LabError(f"the fused draft_step op is unavailable: {why}")
     if not available(embeds.device):
         raise LabError(f"the fused draft_step op was built without a {embeds.device.type} kernel")
+    if drafter.config.norm_before_residual:
+        raise LabError("the fused draft_step op runs plain EAGLE-3; this drafter is norm_before_residual")
     args = op_args(drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
     return torch.ops.drafter_lab.draft_step(*args)

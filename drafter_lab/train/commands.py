@@ -117,9 +117,9 @@ def run(args) -> int:
 
 
 def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
-    """`cfg` with the drafter shape and draft vocab size of a draft-model config.json (SpecForge's
-    `--draft-model-config`, an SGLang or speculators checkpoint's config). RoPE and norm settings
-    always come from the target, so a config made for another target is refused, not half used."""
+    """`cfg` with the drafter shape, residual variant and draft vocab size of a draft-model config.json
+    (SpecForge's `--draft-model-config`, an SGLang or speculators checkpoint's config). RoPE and norm
+    settings always come from the target, so a config made for another target is refused, not half used."""
     from drafter_lab import atomic
     from drafter_lab.drafter.formats import parse_config
 
@@ -132,7 +132,7 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
             raise LabError(f"made for another target: {what} {mine}, the target {target_dir} has {theirs}", path)
     return labconfig.replace(cfg, drafter_hidden_size=d.hidden_size, drafter_intermediate_size=d.intermediate_size,
                              drafter_heads=d.num_attention_heads, drafter_kv_heads=d.num_key_value_heads,
-                             draft_vocab_size=d.draft_vocab_size)
+                             drafter_norm_before_residual=d.norm_before_residual, draft_vocab_size=d.draft_vocab_size)
 
 
 def watch(args) -> int:

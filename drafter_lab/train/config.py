@@ -8,7 +8,7 @@ RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_
 """TrainConfig fields that change how fast a run goes, when bad input is caught or what else it
 keeps, never its results: a resume may change them, and cache keys leave them out."""
 
-UNKEYED_DEFAULTS = {"accumulation_steps": 1, "val_temperature": 0.0}
+UNKEYED_DEFAULTS = {"accumulation_steps": 1, "val_temperature": 0.0, "drafter_norm_before_residual": False}
 """TrainConfig fields added after drafters were cached, at the value that computes what the code
 before them did, bit for bit: there cache keys leave them out, so cached drafters stay valid."""
 
@@ -106,3 +106,6 @@ class TrainConfig:
     """Drafter query heads (0: the target's)."""
     drafter_kv_heads: int = 0
     """Drafter key/value heads (0: the target's)."""
+    drafter_norm_before_residual: bool = False
+    """Start the drafter's residual stream from hidden_norm(h) (speculators' variant; vLLM serves it,
+    SGLang does not). A transfer needs the source's setting."""

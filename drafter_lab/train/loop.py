@@ -82,7 +82,8 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
             ),
         )
     return DrafterConfig.for_target(target.config, n_draft, aux_ids, max_position_embeddings=max(
-        cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)), **over)
+        cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)),
+        norm_before_residual=cfg.drafter_norm_before_residual, **over)
 
 
 def _load_vocab(vocab, source, size: int, target_vocab: int):

@@ -224,3 +224,28 @@ def test_a_missing_t2d_is_derived_and_a_missing_d2t_or_head_needs_the_whole_voca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(bad / "model.safetensors") in err[0] and "d2t and t2d disagree" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_norm_before_residual_is_read_kept_and_never_exported_for_sglang(tmp_path, capsys):
+    """speculators' variant (its default for the drafters it trains): vLLM serves it, SGLang has no switch."""
+    drafter = random_drafter(small_config(norm_before_residual=True), seed=14, dtype=torch.float32)
+    sp = _foreign(tmp_path, drafter, "sp", lambda k: k.replace("midlayer.", "layers.0."),
+                  formats.speculators_config(drafter.config, torch.float32))
+    assert json.loads((sp / "config.json").read_text())["norm_before_residual"] is True
+    back = load_drafter(sp)
+    assert back.config.norm_before_residual and back.midlayer.norm_before_residual
+    assert_same_state(back, drafter)
+    assert main(["export", "--drafter", str(sp), "--format", "speculators", "--out", str(tmp_path / "again")]) == 0
+    assert load_drafter(tmp_path / "again").config == drafter.config
+    capsys.readouterr()
+    assert main(["export", "--drafter", str(sp), "--format", "sglang", "--out", str(tmp_path / "sg")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(sp) in err[0] and "SGLang has no such switch" in err[0]
+    assert not (tmp_path / "sg").exists()
+    # a run directory (SGLang layout) keeps the switch for vLLM and for the lab; plain drafters write none
+    save_drafter(drafter, tmp_path / "run")
+    assert json.loads((tmp_path / "run/config.json").read_text())["norm_before_residual"] is True
+    assert load_drafter(tmp_path / "run").config.norm_before_residual
+    plain = random_drafter(small_config(), seed=14, dtype=torch.float32)
+    save_drafter(plain, tmp_path / "plain")
+    assert "norm_before_residual" not in json.loads((tmp_path / "plain/config.json").read_text())

@@ -85,7 +85,8 @@ def plain_layer(W, cfg: DrafterConfig, emb, h, positions):
             p = np.exp(np.array(scores) - max(scores))
             p /= p.sum()
             attn[t, head * d:(head + 1) * d] = sum(p[s] * v[s, kv * d:(kv + 1) * d] for s in range(t + 1))
-    h1 = h + attn @ W["midlayer.self_attn.o_proj.weight"].T
+    residual = rms(h, W["midlayer.hidden_norm.weight"], eps) if cfg.norm_before_residual else h
+    h1 = residual + attn @ W["midlayer.self_attn.o_proj.weight"].T
     n = rms(h1, W["midlayer.post_attention_layernorm.weight"], eps)
     g = n @ W["midlayer.mlp.gate_proj.weight"].T
     u = n @ W["midlayer.mlp.up_proj.weight"].T
@@ -94,9 +95,10 @@ def plain_layer(W, cfg: DrafterConfig, emb, h, positions):
     return h2, logits
 
 
+@pytest.mark.parametrize("norm_before_residual", [False, True])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
-def test_step0_matches_plain_formula(dtype, tol):
-    cfg = small_config()
+def test_step0_matches_plain_formula(dtype, tol, norm_before_residual):
+    cfg = small_config(norm_before_residual=norm_before_residual)
     d = random_drafter(cfg, seed=1, dtype=dtype)
     W = weights(d)
     T = 7

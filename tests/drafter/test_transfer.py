@@ -155,3 +155,12 @@ def test_a_source_sharing_its_targets_head_gives_every_row_from_the_target(tmp_p
     assert "lm_head.weight" not in report.transferred and "fc.weight" in report.transferred
     assert "shares its target's head" in {r["tensor"]: r["reason"] for r in report.skipped}["lm_head.weight"]
     assert torch.equal(drafter.midlayer.mlp.down_proj.weight, src.midlayer.mlp.down_proj.weight)
+
+
+def test_a_source_with_the_other_residual_is_refused(tmp_path):
+    src, path = source(tmp_path, formats.SPECULATORS, norm_before_residual=True)
+    with pytest.raises(LabError, match=r"source drafter has norm_before_residual=true, this one false: .*"
+                                       r"--drafter-norm-before-residual true"):
+        init_from(fresh(dataclasses.replace(src.config, norm_before_residual=False)), path, target_head(), vocab(USED_NEW))
+    report = init_from(drafter := fresh(src.config), path, target_head(), vocab(USED_NEW))
+    assert report.rows_copied == 17 and drafter.midlayer.norm_before_residual

@@ -307,6 +307,20 @@ def test_cuda_supports():
     assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden[:, :100], inp.k_cache, 3)
     odd = make_drafter(Shape(**{**shape.__dict__, "heads": 1, "kv_heads": 1, "head_dim": 96}), 4, "cpu")
     assert not ds.cuda_supports(odd, inp.embeds, inp.hidden, inp.k_cache, 3)
+    drafter.config.norm_before_residual = True  # speculators' variant: the kernels run plain EAGLE-3 only
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, inp.k_cache, 3)
+
+
+def test_the_op_refuses_norm_before_residual(require_draft_step_op):
+    require_draft_step_op("cpu")
+    shape = Shape(batch=2, hidden=128, heads=2, kv_heads=1, head_dim=64, inter=256, vocab=1000,
+                  target_hidden=64, context=4, topk=2, fc=False)
+    drafter = make_drafter(shape, 3, "cpu")
+    drafter.config.norm_before_residual = drafter.midlayer.norm_before_residual = True
+    inp = make_inputs(shape, 3, "cpu", torch.float32)
+    with pytest.raises(LabError, match="runs plain EAGLE-3; this drafter is norm_before_residual"):
+        ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, inp.cache_lens, 2,
+                      use_fused=True)
 
 
 def _opcheck(device, dtype):

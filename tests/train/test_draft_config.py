@@ -45,3 +45,21 @@ def test_a_config_for_another_target_is_refused(peaked_llama, features, tmp_path
     two = _draft_config(tmp_path / "two.json", peaked_llama, num_hidden_layers=2)
     assert _train(peaked_llama, features, tmp_path / "a", "--draft-config", str(two)) == 2
     assert "exactly one midlayer" in capsys.readouterr().err
+
+
+def test_a_speculators_config_brings_its_residual_variant(peaked_llama, features, tmp_path, capsys):
+    """speculators trains norm_before_residual drafters by default: a run from its config (or the flag)
+    trains that variant, and the run directory says so."""
+    cfg = _draft_config(tmp_path / "sp.json", peaked_llama, norm_before_residual=True)
+    assert _train(peaked_llama, features, tmp_path / "a", "--draft-config", str(cfg)) == 0
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["norm_before_residual"] is True
+    assert _train(peaked_llama, features, tmp_path / "b", "--drafter-norm-before-residual", "true",
+                  "--draft-vocab-size", "100") == 0
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["norm_before_residual"] is True
+    assert _train(peaked_llama, features, tmp_path / "c", "--init-from", str(tmp_path / "a"),
+                  "--draft-config", str(cfg)) == 0
+    plain = _draft_config(tmp_path / "plain.json", peaked_llama)  # the same shape, plain EAGLE-3's residual
+    assert _train(peaked_llama, features, tmp_path / "d", "--init-from", str(tmp_path / "a"),
+                  "--draft-config", str(plain)) == 2
+    assert "norm_before_residual=true, this one false" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "d").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -139,3 +140,14 @@ def test_cli_bad_pilot_recipe_is_one_line_naming_the_file(source, random_llama, 
     assert run.returncode == 2 and not out.exists()
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and str(recipe) in lines[0] and "batch_sise" in lines[0]
+
+
+def test_the_pilot_trains_in_the_sources_residual_variant(random_llama, features, tmp_path):
+    """A norm_before_residual source (speculators' default): both pilot arms take its residual, so the
+    transfer arm's weights work as they did and the scratch arm is the same model."""
+    src = tmp_path / "source"
+    train(dataclasses.replace(RECIPE, drafter_norm_before_residual=True), random_llama, features, src)
+    cfg = ProbeConfig(max_sequences=8, cka_tokens=256, ttt_steps=2, pilot_steps=4)
+    probe(src, random_llama, features, cfg=cfg, pilot_recipe=RECIPE, pilot_dir=tmp_path / "pilot")
+    for arm in ("scratch", "transfer"):
+        assert json.loads((tmp_path / "pilot" / arm / "run.json").read_text())["drafter"]["norm_before_residual"]

@@ -103,6 +103,9 @@ def read_checkpoint(path) -> Checkpoint:
     if not ckpt.has_head and n != v:
         raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "
                        f"target's ({v}): only a whole-vocabulary drafter shares its target's head", ckpt.weights_file())
+    if ckpt.has_head and len(tensors[formats.HEAD]) != n:
+        raise LabError(f"tensor {formats.HEAD!r} has {len(tensors[formats.HEAD])} rows, the config's "
+                       f"draft_vocab_size is {n}", where[formats.HEAD])
     vocab = DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), n, v, where.get("d2t", ckpt.weights_file()))
     tensors["d2t"], tensors["t2d"] = vocab.d2t, vocab.t2d
     return ckpt

@@ -216,6 +216,16 @@ def test_a_missing_t2d_is_derived_and_a_missing_d2t_or_head_needs_the_whole_voca
         d = _foreign(tmp_path, drafter, name, lambda k: k, {**llama, **over}, drop=drop)
         with pytest.raises(LabError, match=message):
             read_checkpoint(d)
+    sizes = {"short_d2t": ("d2t", lambda t: t[:-1], "d2t has 36 entries, the config's draft_vocab_size is 37"),
+             "short_t2d": ("t2d", lambda t: t[:-1], "t2d has 100 entries, the config's vocab_size is 101"),
+             "rows": ("lm_head.weight", lambda t: t[:-1], "'lm_head.weight' has 36 rows, the config's draft_vocab_size")}
+    for name, (tensor, cut, message) in sizes.items():
+        d = _foreign(tmp_path, drafter, name, lambda k: k, llama)
+        state = load_file(str(d / "model.safetensors"))
+        state[tensor] = cut(state[tensor]).contiguous()
+        save_file(state, str(d / "model.safetensors"))
+        with pytest.raises(LabError, match=message):
+            read_checkpoint(d)
     bad = _foreign(tmp_path, drafter, "bad_t2d", lambda k: k, llama)
     state = load_file(str(bad / "model.safetensors"))
     state["t2d"] = torch.roll(state["t2d"], 1)

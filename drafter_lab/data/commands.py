@@ -1,6 +1,5 @@
 """CLI: `data prepare` (features from conversations), `data regenerate` (the target's own answers,
-locally or through a server), `data import-specforge` (features SpecForge captured) and
-`vocab build` / `vocab compare`."""
+locally or through a server), and `data import-specforge` (features SpecForge captured)."""
 
 from __future__ import annotations
 
@@ -77,20 +76,6 @@ def register(subparsers) -> None:
     i.add_argument("--shard-size", type=int, default=d.shard_size, help=docs["shard_size"])
     i.add_argument("--val-fraction", type=float, default=d.val_fraction, help=docs["val_fraction"])
     i.set_defaults(func=_import_specforge)
-
-    vocab = subparsers.add_parser("vocab", help="draft vocabulary (d2t/t2d): build, compare")
-    vocab_sub = vocab.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
-    b = vocab_sub.add_parser("build", help="top-N assistant tokens of the train split -> d2t/t2d safetensors")
-    b.add_argument("--data", required=True, help="feature directory from `data prepare`")
-    b.add_argument("--size", type=int, required=True, help="draft vocabulary size N")
-    b.add_argument("--out", required=True, help="output .safetensors file")
-    b.set_defaults(func=_build)
-    c = vocab_sub.add_parser("compare", help="how far two draft vocabularies agree")
-    c.add_argument("a", help="vocab .safetensors or drafter checkpoint directory")
-    c.add_argument("b", help="vocab .safetensors or drafter checkpoint directory")
-    c.add_argument("--top", type=int, default=10, help="rows in the disagreement tables")
-    c.add_argument("--tokenizer", default=None, help="model directory whose tokenizer shows token text")
-    c.set_defaults(func=_compare)
 
 
 def _prepare(args) -> int:
@@ -189,69 +174,3 @@ def _print_manifest(manifest, out) -> None:
         f"skipped {manifest.skipped or 'none'}",
         highlight=False,
     )
-
-
-def _build(args) -> int:
-    from rich.console import Console
-
-    from drafter_lab.data.vocab import count_train_tokens, vocab_from_counts
-
-    counts = count_train_tokens(args.data)
-    vocab = vocab_from_counts(counts, args.size)
-    vocab.save(args.out)
-    covered = int(counts[vocab.used].sum())
-    Console().print(
-        f"draft vocab {vocab.size} of {vocab.target_vocab_size} target tokens -> {args.out}\n"
-        f"{int((counts > 0).sum())} distinct tokens at loss positions; the vocab covers "
-        f"{covered}/{int(counts.sum())} = {covered / int(counts.sum()):.2%} of them",
-        highlight=False,
-    )
-    return 0
-
-
-def _compare(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from drafter_lab.data.vocab import DraftVocab, compare_vocabs
-
-    a, b = DraftVocab.load(args.a), DraftVocab.load(args.b)
-    r = compare_vocabs(a, b, top=args.top)
-    tok = None
-    if args.tokenizer:
-        from drafter_lab.targets.hf import load_tokenizer
-
-        tok = load_tokenizer(args.tokenizer)
-
-    def show(i: int) -> str:
-        return f"{i} {tok.convert_ids_to_tokens(i)!r}" if tok is not None else str(i)
-
-    console = Console()
-    summary = Table(title="draft vocab comparison")
-    summary.add_column("")
-    summary.add_column("value", justify="right")
-    summary.add_row("A", f"{args.a}: {r['size_a']} of {r['target_vocab_a']}")
-    summary.add_row("B", f"{args.b}: {r['size_b']} of {r['target_vocab_b']}")
-    summary.add_row("positions mapping to the same target token", f"{r['same_positions']} / {min(r['size_a'], r['size_b'])}")
-    summary.add_row("target tokens both hold", str(r["shared_tokens"]))
-    summary.add_row("tokens only in A", str(r["only_a_count"]))
-    summary.add_row("tokens only in B", str(r["only_b_count"]))
-    console.print(summary)
-    if r["largest_gaps"]:
-        gaps = Table(title="largest disagreements by position")
-        for col in ("position", "A target", "B target", "|gap|"):
-            gaps.add_column(col, justify="right")
-        for g in r["largest_gaps"]:
-            gaps.add_row(str(g["position"]), show(g["target_a"]), show(g["target_b"]), str(g["gap"]))
-        console.print(gaps)
-    if r["only_a"] or r["only_b"]:
-        only = Table(title=f"tokens held by one side only (lowest {args.top} ids)")
-        only.add_column("only in A", justify="right")
-        only.add_column("only in B", justify="right")
-        for i in range(max(len(r["only_a"]), len(r["only_b"]))):
-            only.add_row(
-                show(r["only_a"][i]) if i < len(r["only_a"]) else "",
-                show(r["only_b"][i]) if i < len(r["only_b"]) else "",
-            )
-        console.print(only)
-    return 0

@@ -63,12 +63,10 @@ class DraftVocab:
 
     @classmethod
     def load(cls, path) -> DraftVocab:
-        """Read a vocab file, or the `d2t`/`t2d` tensors of a drafter checkpoint directory."""
+        """Read a vocab file (`save`'s; a drafter directory's mapping: drafter.checkpoint.read_vocab)."""
         from safetensors import safe_open
 
         path = Path(path)
-        if path.is_dir():
-            path = path / "model.safetensors"
         try:
             with safe_open(str(path), framework="pt") as f:
                 missing = [k for k in ("d2t", "t2d") if k not in f.keys()]

@@ -111,6 +111,15 @@ def read_checkpoint(path) -> Checkpoint:
     return ckpt
 
 
+def read_vocab(path) -> DraftVocab:
+    """The (d2t, t2d) of a vocab file, or of a drafter directory as `read_checkpoint` reads it."""
+    path = Path(path)
+    if not path.is_dir():
+        return DraftVocab.load(path)
+    tensors = read_checkpoint(path).tensors
+    return DraftVocab(d2t=tensors["d2t"], t2d=tensors["t2d"])
+
+
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple]:
     return {k: tuple(v.shape) for k, v in Eagle3Drafter(cfg).to("meta").state_dict().items()}
 

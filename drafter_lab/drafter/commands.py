@@ -1,4 +1,5 @@
-"""`drafter-lab export`: re-write a drafter checkpoint in the SGLang or speculators layout."""
+"""CLI: `vocab build` / `vocab compare` (the draft vocabulary, d2t/t2d, which travels with a drafter's
+lm_head) and `export` (a drafter checkpoint re-written in the SGLang or speculators layout)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,30 @@ from drafter_lab.drafter.config import FORMATS
 
 
 def register(sub) -> None:
+    vocab = sub.add_parser("vocab", help="draft vocabulary (d2t/t2d): build, compare")
+    vocab_sub = vocab.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
+    b = vocab_sub.add_parser("build", help="top-N assistant tokens of the train split -> d2t/t2d safetensors")
+    b.add_argument("--data", required=True, help="feature directory from `data prepare`")
+    b.add_argument("--size", type=int, required=True, help="draft vocabulary size N")
+    b.add_argument("--out", required=True, help="output .safetensors file")
+    b.set_defaults(func=_build)
+    c = vocab_sub.add_parser("compare", help="how far two draft vocabularies agree")
+    c.add_argument("a", help="vocab .safetensors, or a drafter directory of any layout export reads")
+    c.add_argument("b", help="vocab .safetensors, or a drafter directory of any layout export reads")
+    c.add_argument("--top", type=int, default=10, help="rows in the disagreement tables")
+    c.add_argument("--tokenizer", default=None, help="model directory whose tokenizer shows token text")
+    c.set_defaults(func=_compare)
+
     p = sub.add_parser("export", help="write a drafter in the SGLang or speculators layout")
     p.add_argument("--drafter", required=True, help="drafter directory (any supported layout)")
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", required=True, help="output directory (written whole or not at all)")
     p.add_argument("--dtype", choices=DTYPE_NAMES,
                    help="weight dtype of the export (default: the source's)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=_export)
 
 
-def run(args) -> int:
+def _export(args) -> int:
     import torch
 
     from drafter_lab.drafter.checkpoint import export
@@ -24,4 +39,71 @@ def run(args) -> int:
 
     out = export(args.drafter, args.format, args.out, getattr(torch, args.dtype) if args.dtype else None)
     log(f"exported {args.drafter} as {args.format} -> {out}")
+    return 0
+
+
+def _build(args) -> int:
+    from rich.console import Console
+
+    from drafter_lab.data.vocab import count_train_tokens, vocab_from_counts
+
+    counts = count_train_tokens(args.data)
+    vocab = vocab_from_counts(counts, args.size)
+    vocab.save(args.out)
+    covered = int(counts[vocab.used].sum())
+    Console().print(
+        f"draft vocab {vocab.size} of {vocab.target_vocab_size} target tokens -> {args.out}\n"
+        f"{int((counts > 0).sum())} distinct tokens at loss positions; the vocab covers "
+        f"{covered}/{int(counts.sum())} = {covered / int(counts.sum()):.2%} of them",
+        highlight=False,
+    )
+    return 0
+
+
+def _compare(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from drafter_lab.data.vocab import compare_vocabs
+    from drafter_lab.drafter.checkpoint import read_vocab
+
+    a, b = read_vocab(args.a), read_vocab(args.b)
+    r = compare_vocabs(a, b, top=args.top)
+    tok = None
+    if args.tokenizer:
+        from drafter_lab.targets.hf import load_tokenizer
+
+        tok = load_tokenizer(args.tokenizer)
+
+    def show(i: int) -> str:
+        return f"{i} {tok.convert_ids_to_tokens(i)!r}" if tok is not None else str(i)
+
+    console = Console()
+    summary = Table(title="draft vocab comparison")
+    summary.add_column("")
+    summary.add_column("value", justify="right")
+    summary.add_row("A", f"{args.a}: {r['size_a']} of {r['target_vocab_a']}")
+    summary.add_row("B", f"{args.b}: {r['size_b']} of {r['target_vocab_b']}")
+    summary.add_row("positions mapping to the same target token", f"{r['same_positions']} / {min(r['size_a'], r['size_b'])}")
+    summary.add_row("target tokens both hold", str(r["shared_tokens"]))
+    summary.add_row("tokens only in A", str(r["only_a_count"]))
+    summary.add_row("tokens only in B", str(r["only_b_count"]))
+    console.print(summary)
+    if r["largest_gaps"]:
+        gaps = Table(title="largest disagreements by position")
+        for col in ("position", "A target", "B target", "|gap|"):
+            gaps.add_column(col, justify="right")
+        for g in r["largest_gaps"]:
+            gaps.add_row(str(g["position"]), show(g["target_a"]), show(g["target_b"]), str(g["gap"]))
+        console.print(gaps)
+    if r["only_a"] or r["only_b"]:
+        only = Table(title=f"tokens held by one side only (lowest {args.top} ids)")
+        only.add_column("only in A", justify="right")
+        only.add_column("only in B", justify="right")
+        for i in range(max(len(r["only_a"]), len(r["only_b"]))):
+            only.add_row(
+                show(r["only_a"][i]) if i < len(r["only_a"]) else "",
+                show(r["only_b"][i]) if i < len(r["only_b"]) else "",
+            )
+        console.print(only)
     return 0

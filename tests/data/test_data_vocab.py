@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -11,6 +12,9 @@ from safetensors.torch import save_file
 
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.data.vocab import DraftVocab, build_vocab, compare_vocabs, vocab_from_counts
+from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.formats import sglang_config
+from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 
 
@@ -58,9 +62,13 @@ def constructed_pair(tmp_path):
     a = DraftVocab.from_used(torch.tensor([0, 2, 4, 6, 8, 10]), 20)
     b = DraftVocab.from_used(torch.tensor([0, 2, 5, 6, 15, 19]), 20)
     a.save(tmp_path / "a.safetensors")
-    # b as a drafter checkpoint directory: d2t/t2d beside the weights
+    # b as an EAGLE release ships a drafter: pytorch_model.bin, d2t beside the weights and no t2d
+    cfg = DrafterConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                        draft_vocab_size=6, target_vocab_size=20, target_hidden_size=8)
+    state = {k: v for k, v in Eagle3Drafter(cfg).state_dict().items() if k not in ("t2d", "embed_tokens.weight")}
     (tmp_path / "drafter").mkdir()
-    save_file({"d2t": b.d2t, "t2d": b.t2d, "lm_head.weight": torch.randn(6, 4)}, str(tmp_path / "drafter/model.safetensors"))
+    torch.save({**state, "d2t": b.d2t}, tmp_path / "drafter/pytorch_model.bin")
+    (tmp_path / "drafter/config.json").write_text(json.dumps(sglang_config(cfg, torch.float32)))
     return a, b
 
 

@@ -17,6 +17,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.kernels import _ext
 
 if TYPE_CHECKING:
+    from drafter_lab.drafter.config import DrafterConfig
     from drafter_lab.drafter.model import Eagle3Drafter
 
 OP_NAME = "drafter_lab::draft_step"
@@ -61,16 +62,22 @@ def _fake_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc
     )
 
 
+def op_takes(cfg: DrafterConfig) -> bool:
+    """Whether the CUDA kernels implement this drafter at all: plain EAGLE-3 (not norm_before_residual),
+    head_dim 64 or 128, H a multiple of 8 and the MLP width of 16."""
+    return (not cfg.norm_before_residual and cfg.head_dim in (64, 128) and cfg.hidden_size % 8 == 0
+            and cfg.intermediate_size % 16 == 0)
+
+
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
                   topk: int) -> bool:
-    """Whether the CUDA kernels take this step: plain EAGLE-3 (not norm_before_residual); one dtype
-    for activations, cache and weights; head_dim 64 or 128; H and the hidden input width multiples
-    of 8, the MLP width of 16; topk <= 16."""
+    """Whether the CUDA kernels take this step: `op_takes` the drafter; one dtype for activations,
+    cache and weights; the hidden input width a multiple of 8; topk <= 16."""
     c = drafter.config
     dtype = drafter.lm_head.weight.dtype
-    return (not c.norm_before_residual and embeds.dtype == k_cache.dtype == dtype and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
-            and c.head_dim in (64, 128) and c.hidden_size % 8 == 0 and hidden.shape[-1] % 8 == 0
-            and c.intermediate_size % 16 == 0 and 1 <= topk <= 16)
+    return (op_takes(c) and embeds.dtype == k_cache.dtype == dtype
+            and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
+            and hidden.shape[-1] % 8 == 0 and 1 <= topk <= 16)
 
 
 def op_args(drafter: Eagle3Drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk) -> tuple:

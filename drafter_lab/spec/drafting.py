@@ -28,15 +28,16 @@ from drafter_lab.spec.tree import Candidates, DraftTree, chain
 def resolve_step(drafter, use_fused: bool | None):
     """The draft-step function and whether it may run the fused op.
 
-    use_fused=None: the fused op when it is built for CUDA, the drafter is on CUDA and the op
-    supports its shapes (the face checks, per call), else the reference
+    use_fused=None: the fused op when it is built for CUDA, the drafter is on CUDA and the kernels
+    implement it (`op_takes`; the face checks each call's tensors too), else the reference
     `Eagle3Drafter.draft_step`; True forces the op (an error when it is not built), False forces
     the reference.
     """
     if use_fused is False:
         return drafter.draft_step, False
     device = drafter.fc.weight.device
-    if use_fused is None and not (device.type == "cuda" and fused_op.available(device)):
+    if use_fused is None and not (device.type == "cuda" and fused_op.available(device)
+                                  and fused_op.op_takes(drafter.config)):
         return drafter.draft_step, False
     return functools.partial(fused_op.draft_step, drafter, use_fused=use_fused), True
 

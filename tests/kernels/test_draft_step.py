@@ -10,8 +10,10 @@ The CPU cases are small and run in CI; the `gpu` cases cover the full ranges of 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -309,6 +311,23 @@ def test_cuda_supports():
     assert not ds.cuda_supports(odd, inp.embeds, inp.hidden, inp.k_cache, 3)
     drafter.config.norm_before_residual = True  # speculators' variant: the kernels run plain EAGLE-3 only
     assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, inp.k_cache, 3)
+
+
+def test_a_drafter_the_kernels_do_not_implement_drafts_on_the_reference_from_the_start(monkeypatch):
+    """On CUDA with the op built, `auto` picks the reference for such a drafter up front, so the eval
+    neither reports a fused draft step nor hands the reference whole caches."""
+    from drafter_lab.spec.drafting import resolve_step
+
+    monkeypatch.setattr(ds, "available", lambda device=None: True)
+    shape = Shape(batch=2, hidden=128, heads=2, kv_heads=2, head_dim=64, inter=192, vocab=1000,
+                  target_hidden=64, context=6, topk=3, fc=True)
+    for over, fused in (({}, True), ({"norm_before_residual": True}, False), ({"head_dim": 96}, False),
+                        ({"intermediate_size": 200}, False)):
+        cfg = dataclasses.replace(make_drafter(shape, 4, "cpu").config, **over)
+        cuda_weight = SimpleNamespace(device=torch.device("cuda"))
+        on_cuda = SimpleNamespace(config=cfg, fc=SimpleNamespace(weight=cuda_weight), draft_step="reference")
+        step, got = resolve_step(on_cuda, None)
+        assert got is fused and (step == "reference") is not fused, over
 
 
 def test_the_op_refuses_norm_before_residual(require_draft_step_op):

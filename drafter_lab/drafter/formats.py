@@ -154,9 +154,6 @@ def _refuse_variants(data: dict, path) -> None:
     for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output"):
         if data.get(key) or eagle.get(key):
             raise LabError(f"drafter variant {key}=true is not supported (plain EAGLE-3 only)", path)
-    if data.get("tie_word_embeddings"):
-        raise LabError("config sets tie_word_embeddings=true: SGLang would take the embedding as the head and "
-                       "drop lm_head.weight (set it false if lm_head.weight is the head)", path)
     layers = data.get("num_hidden_layers", 1)
     if layers != 1:
         raise LabError(f"drafter has {layers} layers; EAGLE-3 here has exactly one midlayer", path)
@@ -173,6 +170,9 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
     else:
         layer = data
         _refuse_variants(data, path)
+        if data.get("tie_word_embeddings"):  # vLLM's EAGLE-3 model keeps its own head whatever the flag says
+            raise LabError("config sets tie_word_embeddings=true: SGLang would take the embedding as the head and "
+                           "drop lm_head.weight (set it false if lm_head.weight is the head)", path)
         eagle = data.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids") or []
         aux = [int(i) + 1 for i in ids]

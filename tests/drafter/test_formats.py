@@ -259,3 +259,13 @@ def test_norm_before_residual_is_read_kept_and_never_exported_for_sglang(tmp_pat
     plain = random_drafter(small_config(), seed=14, dtype=torch.float32)
     save_drafter(plain, tmp_path / "plain")
     assert "norm_before_residual" not in json.loads((tmp_path / "plain/config.json").read_text())
+
+
+def test_a_tied_flag_in_a_speculators_layer_config_is_not_refused(tmp_path):
+    """vLLM's EAGLE-3 model builds its own head whatever tie_word_embeddings says (a verifier's layer
+    config copied into a speculators file may carry it); only SGLang ties it to the embedding."""
+    drafter = random_drafter(small_config(), seed=15, dtype=torch.float32)
+    cfg = formats.speculators_config(drafter.config, torch.float32)
+    cfg["transformer_layer_config"]["tie_word_embeddings"] = True
+    sp = _foreign(tmp_path, drafter, "sp", lambda k: k.replace("midlayer.", "layers.0."), cfg)
+    assert_same_state(load_drafter(sp), drafter)

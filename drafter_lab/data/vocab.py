@@ -116,7 +116,8 @@ class DraftVocab:
             used = d2t.to(torch.int64) + torch.arange(d2t.numel(), dtype=torch.int64)
             t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
             t2d[used[(used >= 0) & (used < target_vocab_size)]] = True
-        for name, t, want, key in (("d2t", d2t, size, "draft_vocab_size"), ("t2d", t2d, target_vocab_size, "vocab_size")):
+        for name, t, want, key in (("d2t", d2t, size, "draft_vocab_size"),
+                                   ("t2d", t2d, target_vocab_size, "vocab_size")):
             if t.numel() != want:
                 raise LabError(f"{name} has {t.numel()} entries, the config's {key} is {want}", where)
         return cls.checked(d2t, t2d, where)

@@ -106,7 +106,8 @@ def read_checkpoint(path) -> Checkpoint:
     if ckpt.has_head and len(tensors[formats.HEAD]) != n:
         raise LabError(f"tensor {formats.HEAD!r} has {len(tensors[formats.HEAD])} rows, the config's "
                        f"draft_vocab_size is {n}", where[formats.HEAD])
-    vocab = DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), n, v, where.get("d2t", ckpt.weights_file()))
+    vocab = DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), n, v,
+                                       where.get("d2t", ckpt.weights_file()))
     tensors["d2t"], tensors["t2d"] = vocab.d2t, vocab.t2d
     return ckpt
 

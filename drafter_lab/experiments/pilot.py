@@ -25,10 +25,11 @@ ARMS = {"scratch": False, "transfer": True}
 
 
 def pilot_config(recipe: TrainConfig, steps: int, source: DrafterConfig) -> TrainConfig:
-    """`recipe` cut to `steps`, validated at 0 and every quarter, in the source drafter's shape, residual
-    variant and draft-vocab size so that every transferred tensor fits and works as it did. Warmup takes at most a fifth of the
-    pilot, so that, like the full run, it spends most of its steps near the peak learning rate.
-    No scan of the whole feature set: the pilot reads a few batches, each checked as it is read."""
+    """`recipe` cut to `steps`, validated at 0 and every quarter, in the source drafter's shape,
+    residual variant and draft-vocab size so that every transferred tensor fits and works as it did.
+    Warmup takes at most a fifth of the pilot, so that, like the full run, it spends most of its steps
+    near the peak learning rate. No scan of the whole feature set: the pilot reads a few batches, each
+    checked as it is read."""
     return dataclasses.replace(
         recipe, max_steps=steps, epochs=10_000, eval_every=max(1, steps // 4), eval_at_start=True,
         scan_features=False,

@@ -151,23 +151,19 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
         check_shape(formats.export_name(name, ckpt.format), tensor, shapes[name], where)
         params[name].copy_(tensor.to(params[name].dtype))
         report.loaded.append({"tensor": name, "reason": "copied"})
-    if not ckpt.has_head:
-        params[formats.HEAD].copy_(_lm_head(None, used_src, used_new, target, drafter, remap, report,
-                                            ckpt.weights_file()).to(params[formats.HEAD].dtype))
+    if not ckpt.has_head:  # it shares its target's head, which is not at hand: this target's serves it
+        report.rows_from_target = len(used_new)
+        report.skipped.append({"tensor": formats.HEAD,
+                               "reason": "absent: the source shares its target's head, so every row is this target's"})
+        rows = _target_rows(target, used_new, drafter.config.hidden_size, ckpt.weights_file())
+        params[formats.HEAD].copy_(rows.to(params[formats.HEAD].dtype))
     drafter.d2t.copy_(new_d2t.to(drafter.d2t.device))
     drafter.t2d.copy_(torch.as_tensor(new_vocab.t2d).bool().to(drafter.t2d.device))
     return report
 
 
 def _lm_head(rows_src, used_src, used_new, target, drafter, remap, report, where) -> torch.Tensor:
-    """The new lm_head. `rows_src` is None for a source that shares its target's head: every row is
-    then the new target's own (the source's target is not at hand, and this one serves the drafter)."""
     hidden = drafter.config.hidden_size
-    if rows_src is None:
-        report.rows_from_target = len(used_new)
-        report.skipped.append({"tensor": "lm_head.weight",
-                               "reason": "absent: the source shares its target's head, so every row is this target's"})
-        return _target_rows(target, used_new, hidden, where)
     if rows_src.shape[1] != hidden:
         raise LabError(f"tensor 'lm_head.weight' has width {rows_src.shape[1]}, the drafter needs {hidden}", where)
     if not remap:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import nox
@@ -74,10 +75,33 @@ def experiment(session: nox.Session) -> None:
     session.run("drafter-lab", "experiment", *args, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
 
 
+# Libraries whose recorded versions `reproduce` installs: a newer release may save or round differently
+# (transformers writes its version into every config.json). Torch is the session's own CPU build.
+RECORDED_PACKAGES = ("transformers", "tokenizers", "safetensors", "numpy")
+
+
+def recorded_versions(args: list[str]) -> list[str]:
+    """`name==version` for each of RECORDED_PACKAGES that the run directory among `args` recorded in its
+    manifest.json; none without a readable one (`drafter-lab reproduce` then says what is wrong)."""
+    manifest = next((m for m in (os.path.join(a, "manifest.json") for a in args) if os.path.isfile(m)), None)
+    if manifest is None:
+        return []
+    try:
+        with open(manifest) as f:
+            packages = json.load(f).get("packages") or {}
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object
+        return []
+    return [f"{name}=={packages[name]}" for name in RECORDED_PACKAGES if isinstance(packages.get(name), str)]
+
+
 @nox.session
 def reproduce(session: nox.Session) -> None:
-    """Re-run a run directory's config here and compare: `nox -s reproduce -- RUN_DIR [--cache DIR]`."""
+    """Re-run a run directory's config here, with the library versions it recorded, and compare:
+    `nox -s reproduce -- RUN_DIR [--cache DIR]`."""
     install_lab(session, extras="")
+    pins = recorded_versions(session.posargs)
+    if pins:
+        session.install(*pins)
     session.run("drafter-lab", "reproduce", *session.posargs, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 

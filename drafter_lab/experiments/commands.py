@@ -110,14 +110,15 @@ def _reproduce(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from drafter_lab.experiments.reproduce import machine_note, reproduce
+    from drafter_lab.experiments.reproduce import machine_note, package_note, reproduce
 
     cache = _cache_root(args)
     new_dir, diffs = reproduce(args.run_dir, Path(args.runs), cache, args.rel_tol)
     con = Console()
-    note = machine_note(*(json.loads((Path(d) / "manifest.json").read_text()) for d in (args.run_dir, new_dir)))
-    if note:
-        con.print(f"[yellow]note:[/] {note}")
+    manifests = [json.loads((Path(d) / "manifest.json").read_text()) for d in (args.run_dir, new_dir)]
+    for note in (machine_note(*manifests), package_note(*manifests)):
+        if note:
+            con.print(f"[yellow]note:[/] {note}")
     if not diffs:
         con.print(f"[bold green]identical[/]: every metric of {args.run_dir} reproduced in {new_dir}")
         return 0

@@ -118,6 +118,17 @@ def machine_note(original: dict, again: dict) -> str | None:
             "across instruction sets, so metrics may differ for that reason alone (compare with --rel-tol)")
 
 
+def package_note(original: dict, again: dict) -> str | None:
+    """One line naming the recorded packages whose versions differ between two manifests; None when
+    none does (a package only one of them recorded is not a difference)."""
+    a, b = original.get("packages") or {}, again.get("packages") or {}
+    moved = [f"{name} {a[name]} -> {b[name]}" for name in sorted(set(a) & set(b)) if a[name] != b[name]]
+    if not moved:
+        return None
+    return (f"package versions differ from the original's ({', '.join(moved)}): results may differ for that "
+            "reason alone; `nox -s reproduce` installs the versions the run recorded")
+
+
 def _fresh_dir(runs_root: Path, name: str) -> Path:
     """A directory no earlier reproduction used: the study resumes arms it finds, which would make a
     second reproduction compare a run with its own checkpoints."""

@@ -8,7 +8,7 @@ import torch
 
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ExperimentConfig
-from drafter_lab.experiments.reproduce import compare, flat_metrics, machine_note, reproduce
+from drafter_lab.experiments.reproduce import compare, flat_metrics, machine_note, package_note, reproduce
 from drafter_lab.experiments.study import run_study
 
 # The micro target pair and a few steps of everything: the whole pipeline, in seconds.
@@ -38,7 +38,7 @@ def test_reproduce_from_an_empty_cache_is_identical_and_names_what_differs(tmp_p
     assert new_dir == runs / "orig-repro" and (new_dir / "manifest.json").exists()
     manifests = [json.loads((d / "manifest.json").read_text()) for d in (run_dir, new_dir)]
     assert manifests[0]["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert machine_note(*manifests) is None  # same machine
+    assert machine_note(*manifests) is None and package_note(*manifests) is None  # same machine, same packages
     # Everything was built again in the empty cache, under the same content keys.
     assert sorted(p.name for p in (tmp_path / "fresh-cache" / "features").iterdir()) == \
         sorted(p.name for p in (tmp_path / "cache" / "features").iterdir())
@@ -92,3 +92,12 @@ def test_machine_note_names_both_cpus():
     there = {"cpu": {"model": "Intel Xeon", "torch_capability": "AVX2"}}
     assert machine_note(there, here).startswith("the original ran on AVX2 (Intel Xeon), this run on AVX512 (AMD EPYC)")
     assert machine_note(here, dict(here)) is None and machine_note({}, here) is None  # older manifests: no record
+
+
+def test_package_note_names_each_version_that_moved():
+    there = {"packages": {"torch": "2.13.0+cpu", "transformers": "5.24.0", "numpy": "2.4.6", "sglang": "0.5"}}
+    here = {"packages": {"torch": "2.13.0+cpu", "transformers": "5.25.0", "numpy": "2.4.7"}}
+    note = package_note(there, here)
+    assert note.startswith("package versions differ from the original's (numpy 2.4.6 -> 2.4.7, "
+                           "transformers 5.24.0 -> 5.25.0)")
+    assert package_note(here, dict(here)) is None and package_note({}, here) is None

@@ -1,0 +1,47 @@
+"""noxfile: `nox -s reproduce` installs the library versions the run recorded. Loaded with a stand-in
+`nox` module, since the test venv has none (nox runs the sessions from outside it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+NOXFILE = Path(__file__).resolve().parents[1] / "noxfile.py"
+
+
+@pytest.fixture
+def noxfile(monkeypatch):
+    def session(*args, **kwargs):
+        return args[0] if args and callable(args[0]) else (lambda f: f)
+
+    monkeypatch.setitem(sys.modules, "nox", types.SimpleNamespace(session=session, options=types.SimpleNamespace()))
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", NOXFILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reproduce_pins_what_the_run_recorded(noxfile, tmp_path):
+    run = tmp_path / "smoke"
+    run.mkdir()
+    packages = {"drafter_lab": "0.1.0", "torch": "2.13.0+cpu", "transformers": "5.24.0", "tokenizers": "0.23.3",
+                "numpy": "2.4.6"}
+    (run / "manifest.json").write_text(json.dumps({"packages": packages}))
+    # The run directory is found among the session's arguments, wherever it stands.
+    for args in ([str(run)], ["--cache", str(tmp_path / "c"), str(run)], [str(run), "--rel-tol", "0.01"]):
+        assert noxfile.recorded_versions(args) == ["transformers==5.24.0", "tokenizers==0.23.3", "numpy==2.4.6"]
+
+
+@pytest.mark.parametrize("manifest", [None, "{broken", "[1]", '{"packages": null}', '{"command": []}'])
+def test_no_readable_record_pins_nothing(noxfile, tmp_path, manifest):
+    run = tmp_path / "run"
+    run.mkdir()
+    if manifest is not None:
+        (run / "manifest.json").write_text(manifest)
+    assert noxfile.recorded_versions([str(run)]) == []
+    assert noxfile.recorded_versions([]) == []

@@ -37,7 +37,8 @@ def test_reproduce_pins_what_the_run_recorded(noxfile, tmp_path):
         assert noxfile.recorded_versions(args) == ["transformers==5.24.0", "tokenizers==0.23.3", "numpy==2.4.6"]
 
 
-@pytest.mark.parametrize("manifest", [None, "{broken", "[1]", '{"packages": null}', '{"command": []}'])
+@pytest.mark.parametrize("manifest", [None, "{broken", "[1]", '{"packages": null}', '{"command": []}',
+                                      '{"packages": {"transformers": null}}'])
 def test_no_readable_record_pins_nothing(noxfile, tmp_path, manifest):
     run = tmp_path / "run"
     run.mkdir()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,31 +50,25 @@ def _weight_files(path: Path) -> list[Path]:
     return [f for f in files if not f.name.startswith(".")]
 
 
-# Keys of config.json that record who wrote it, not what the model is.
-WRITER_KEYS = ("transformers_version",)
-
-
 def fingerprint(path) -> str:
-    """sha256 over config.json's settings (keys sorted) and, per weight file, its name, size and
-    leading/trailing MiB (all of it under 2 MiB).
+    """sha256 over config.json and, per weight file, its name, size and leading/trailing MiB.
 
-    Cheap on a 1 TB checkpoint, yet any retrained or re-saved weights change it. The same model saved
-    by another transformers release keeps it: `transformers_version` is left out.
+    Cheap on a 1 TB checkpoint, yet any retrained or re-saved weights change it.
     """
     path = Path(path)
     h = hashlib.sha256()
-    config = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
-    if not isinstance(config, dict):
-        raise LabError("config.json is not a JSON object", path / "config.json")
-    settings = {k: v for k, v in config.items() if k not in WRITER_KEYS}
-    h.update(json.dumps(settings, sort_keys=True).encode())
+    try:
+        h.update((path / "config.json").read_bytes())
+    except FileNotFoundError:
+        raise LabError("not a model directory: config.json is missing", path) from None
     for f in _weight_files(path):
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
         with open(f, "rb") as fh:
             h.update(fh.read(1 << 20))
-            fh.seek(max(1 << 20, size - (1 << 20)))  # the last MiB, or all of a file under 2 MiB
-            h.update(fh.read())
+            if size > 2 << 20:
+                fh.seek(-(1 << 20), 2)
+                h.update(fh.read())
     return h.hexdigest()[:16]
 
 

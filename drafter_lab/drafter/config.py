@@ -34,6 +34,11 @@ class DrafterConfig:
     """Target HF hidden_states indices the fc input comes from (convention hf_hidden_states)."""
     rope_theta: float = 10000.0
     """RoPE base."""
+    rope_scaling: dict | None = None
+    """RoPE frequency scaling, as config.json's `rope_scaling` names it: None (plain RoPE), {"rope_type":
+    "linear", "factor"}, or {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}. SpecForge, SGLang and vLLM apply it; the lab's own drafters
+    keep plain RoPE (for_target does not copy the target's)."""
     rms_norm_eps: float = 1e-6
     """RMSNorm epsilon, for all four norms."""
     max_position_embeddings: int = 4096
@@ -68,3 +73,4 @@ class DrafterConfig:
 def _rope_theta(target_config) -> float:
     params = getattr(target_config, "rope_parameters", None) or getattr(target_config, "rope_scaling", None) or {}
     return float(params.get("rope_theta", 10000.0)) if isinstance(params, dict) else 10000.0
+

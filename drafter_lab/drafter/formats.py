@@ -80,7 +80,7 @@ def _llama_fields(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": cfg.rope_scaling,
         "max_position_embeddings": cfg.max_position_embeddings,
         "vocab_size": cfg.target_vocab_size,
         "num_hidden_layers": 1,
@@ -159,6 +159,52 @@ def _refuse_variants(data: dict, path) -> None:
         raise LabError(f"drafter has {layers} layers; EAGLE-3 here has exactly one midlayer", path)
 
 
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+"""The RoPE scalings the reference implements, with the keys each needs."""
+
+
+def rope_scaling_of(layer: dict, where) -> dict | None:
+    """The RoPE scaling a config.json's layer fields ask for (`rope_scaling`, or transformers 5's
+    `rope_parameters`), checked; None for plain RoPE. A kind the reference does not implement (yarn,
+    dynamic, longrope, mrope) is one line, not plain RoPE in disguise."""
+    params = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise LabError(f"rope_scaling is not a JSON object: {params!r}", where)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in ROPE_SCALING_KEYS:
+        raise LabError(f"RoPE scaling {kind!r} is not supported (plain, {' or '.join(ROPE_SCALING_KEYS)} only)", where)
+    missing = [k for k in ROPE_SCALING_KEYS[kind] if not isinstance(params.get(k), int | float)]
+    if missing:
+        raise LabError(f"{kind} RoPE scaling lacks {', '.join(missing)}", where)
+    out = {"rope_type": kind, **{k: float(params[k]) for k in ROPE_SCALING_KEYS[kind]}}
+    if kind == "llama3":
+        out["original_max_position_embeddings"] = int(params["original_max_position_embeddings"])
+        if out["high_freq_factor"] <= out["low_freq_factor"]:
+            raise LabError("llama3 RoPE scaling needs high_freq_factor > low_freq_factor", where)
+    return out
+
+
+def rope_scaling_from_text(text: str, where) -> dict | None:
+    """A `--drafter-rope-scaling` value ("" = plain RoPE, else config.json's `rope_scaling` as JSON), checked."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LabError(f"rope scaling is not JSON: {text!r} ({e})", where) from None
+    return rope_scaling_of({"rope_scaling": value}, where)
+
+
+def rope_scaling_text(scaling: dict | None) -> str:
+    """The inverse of rope_scaling_from_text."""
+    return json.dumps(scaling, sort_keys=True) if scaling else ""
+
+
 def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
     """DrafterConfig from a config.json of any supported layout; returns (config, format)."""
     fmt = detect_format(data)
@@ -181,6 +227,7 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
     rope = layer.get("rope_theta")
     if rope is None:
         rope = (layer.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    scaling = rope_scaling_of(layer, path)
     target_vocab = int(_need(layer, "vocab_size", path))
     cfg = DrafterConfig(
         hidden_size=hidden,
@@ -193,6 +240,7 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
         target_hidden_size=int(data.get("target_hidden_size") or hidden),
         aux_layer_ids=[int(i) for i in aux],
         rope_theta=float(rope),
+        rope_scaling=scaling,
         rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
         norm_before_residual=bool(data.get("norm_before_residual") or layer.get("norm_before_residual")),

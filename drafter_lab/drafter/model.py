@@ -22,6 +22,8 @@ Two entry points share the same weights and math:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,10 +49,27 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None, device=None, dtype=torch.float32):
+    """The head_dim/2 rotation frequencies, scaled as DrafterConfig.rope_scaling says.
+
+    llama3 keeps the fast frequencies (wavelength under original_max / high_freq_factor), divides the
+    slow ones (over original_max / low_freq_factor) by `factor`, and blends linearly in between.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=dtype) / head_dim))
+    if scaling is None:
+        return inv
+    if scaling["rope_type"] == "linear":
+        return inv / scaling["factor"]
+    # Rotations per original context: above high_freq_factor kept, below low_freq_factor scaled.
+    turns = scaling["original_max_position_embeddings"] * inv / (2 * math.pi)
+    keep = ((turns - scaling["low_freq_factor"]) / (scaling["high_freq_factor"] - scaling["low_freq_factor"])).clamp(0, 1)
+    return keep * inv + (1 - keep) * inv / scaling["factor"]
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32, scaling: dict | None = None):
     """cos/sin of shape positions.shape + [head_dim] (HF Llama's rotate_half layout)."""
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=work) / head_dim))
+    inv = rope_inv_freq(head_dim, theta, scaling, positions.device, work)
     freqs = positions.to(work)[..., None] * inv
     emb = torch.cat([freqs, freqs], -1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -79,7 +98,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(*shape, c.num_attention_heads, c.head_dim).transpose(-2, -3)
         k = self.k_proj(x).view(*shape, c.num_key_value_heads, c.head_dim).transpose(-2, -3)
         v = self.v_proj(x).view(*shape, c.num_key_value_heads, c.head_dim).transpose(-2, -3)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, q.dtype)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, q.dtype, c.rope_scaling)
         cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 

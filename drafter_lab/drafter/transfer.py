@@ -108,6 +108,12 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
                        f"{str(mine).lower()}: its weights work with its own residual (train with --draft-config "
                        f"{Path(source_path) / 'config.json'}, or --drafter-norm-before-residual {str(theirs).lower()})",
                        source_path)
+    if drafter.config.rope_scaling != ckpt.config.rope_scaling:
+        theirs = formats.rope_scaling_text(ckpt.config.rope_scaling)
+        raise LabError(f"the source drafter's RoPE scaling is {theirs or 'none'}, this one's "
+                       f"{formats.rope_scaling_text(drafter.config.rope_scaling) or 'none'}: its attention weights work with "
+                       f"its own positions (train with --draft-config {Path(source_path) / 'config.json'}, or "
+                       f"--drafter-rope-scaling '{theirs}')", source_path)
     src = ckpt.tensors
     shapes = expected_shapes(drafter.config)
     new_d2t = torch.as_tensor(new_vocab.d2t).long()

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.formats import rope_scaling_text
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.metrics_log import read_metrics
@@ -26,7 +27,7 @@ ARMS = {"scratch": False, "transfer": True}
 
 def pilot_config(recipe: TrainConfig, steps: int, source: DrafterConfig) -> TrainConfig:
     """`recipe` cut to `steps`, validated at 0 and every quarter, in the source drafter's shape,
-    residual variant and draft-vocab size so that every transferred tensor fits and works as it did.
+    residual variant, RoPE and draft-vocab size so that every transferred tensor fits and works as it did.
     Warmup takes at most a fifth of the pilot, so that, like the full run, it spends most of its steps
     near the peak learning rate. No scan of the whole feature set: the pilot reads a few batches, each
     checked as it is read."""
@@ -37,6 +38,7 @@ def pilot_config(recipe: TrainConfig, steps: int, source: DrafterConfig) -> Trai
         draft_vocab_size=source.draft_vocab_size, drafter_hidden_size=source.hidden_size,
         drafter_intermediate_size=source.intermediate_size, drafter_heads=source.num_attention_heads,
         drafter_kv_heads=source.num_key_value_heads, drafter_norm_before_residual=source.norm_before_residual,
+        drafter_rope_scaling=rope_scaling_text(source.rope_scaling),
     )
 
 

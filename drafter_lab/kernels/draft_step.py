@@ -63,10 +63,10 @@ def _fake_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc
 
 
 def op_takes(cfg: DrafterConfig) -> bool:
-    """Whether the CUDA kernels implement this drafter at all: plain EAGLE-3 (not norm_before_residual),
-    head_dim 64 or 128, H a multiple of 8 and the MLP width of 16."""
-    return (not cfg.norm_before_residual and cfg.head_dim in (64, 128) and cfg.hidden_size % 8 == 0
-            and cfg.intermediate_size % 16 == 0)
+    """Whether the CUDA kernels implement this drafter at all: plain EAGLE-3 (not norm_before_residual)
+    with plain RoPE, head_dim 64 or 128, H a multiple of 8 and the MLP width of 16."""
+    return (not cfg.norm_before_residual and cfg.rope_scaling is None and cfg.head_dim in (64, 128)
+            and cfg.hidden_size % 8 == 0 and cfg.intermediate_size % 16 == 0)
 
 
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
@@ -130,5 +130,8 @@ def draft_step(
         raise LabError(f"the fused draft_step op was built without a {embeds.device.type} kernel")
     if drafter.config.norm_before_residual:
         raise LabError("the fused draft_step op runs plain EAGLE-3; this drafter is norm_before_residual")
+    if drafter.config.rope_scaling is not None:  # the op computes its frequencies from rope_theta alone
+        raise LabError(f"the fused draft_step op runs plain RoPE; this drafter scales it "
+                       f"({drafter.config.rope_scaling['rope_type']})")
     args = op_args(drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
     return torch.ops.drafter_lab.draft_step(*args)

@@ -117,11 +117,12 @@ def run(args) -> int:
 
 
 def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
-    """`cfg` with the drafter shape, residual variant and draft vocab size of a draft-model config.json
-    (SpecForge's `--draft-model-config`, an SGLang or speculators checkpoint's config). RoPE and norm
-    settings always come from the target, so a config made for another target is refused, not half used."""
+    """`cfg` with the drafter shape, residual variant, RoPE scaling and draft vocab size of a draft-model
+    config.json (SpecForge's `--draft-model-config`, an SGLang or speculators checkpoint's config). RoPE
+    theta and norm settings always come from the target, so a config made for another target is refused,
+    not half used."""
     from drafter_lab import atomic
-    from drafter_lab.drafter.formats import parse_config
+    from drafter_lab.drafter.formats import parse_config, rope_scaling_text
 
     d, _ = parse_config(atomic.read_json(path, "draft model config not found"), path)
     target = atomic.read_json(target_dir / "config.json", "not a model directory: config.json is missing")
@@ -132,7 +133,8 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
             raise LabError(f"made for another target: {what} {mine}, the target {target_dir} has {theirs}", path)
     return labconfig.replace(cfg, drafter_hidden_size=d.hidden_size, drafter_intermediate_size=d.intermediate_size,
                              drafter_heads=d.num_attention_heads, drafter_kv_heads=d.num_key_value_heads,
-                             drafter_norm_before_residual=d.norm_before_residual, draft_vocab_size=d.draft_vocab_size)
+                             drafter_norm_before_residual=d.norm_before_residual,
+                             drafter_rope_scaling=rope_scaling_text(d.rope_scaling), draft_vocab_size=d.draft_vocab_size)
 
 
 def watch(args) -> int:

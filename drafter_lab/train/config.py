@@ -8,7 +8,8 @@ RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_
 """TrainConfig fields that change how fast a run goes, when bad input is caught or what else it
 keeps, never its results: a resume may change them, and cache keys leave them out."""
 
-UNKEYED_DEFAULTS = {"accumulation_steps": 1, "val_temperature": 0.0, "drafter_norm_before_residual": False}
+UNKEYED_DEFAULTS = {"accumulation_steps": 1, "val_temperature": 0.0, "drafter_norm_before_residual": False,
+                    "drafter_rope_scaling": ""}
 """TrainConfig fields added after drafters were cached, at the value that computes what the code
 before them did, bit for bit: there cache keys leave them out, so cached drafters stay valid."""
 
@@ -109,3 +110,7 @@ class TrainConfig:
     drafter_norm_before_residual: bool = False
     """Start the drafter's residual stream from hidden_norm(h) (speculators' variant; vLLM serves it,
     SGLang does not). A transfer needs the source's setting."""
+    drafter_rope_scaling: str = ""
+    """The drafter's RoPE scaling as config.json's `rope_scaling` JSON ("" = plain RoPE), e.g. a
+    SpecForge Llama-3.1 drafter's llama3 scaling; `--draft-config` sets it. A transfer needs the
+    source's."""

@@ -22,6 +22,7 @@ from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import ENCODED_HASH, CaptureConfig, as_recorded, without
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.formats import rope_scaling_from_text
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import TransferReport
 from drafter_lab.drafter.transfer import init_from as transfer_init
@@ -83,7 +84,9 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
         )
     return DrafterConfig.for_target(target.config, n_draft, aux_ids, max_position_embeddings=max(
         cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)),
-        norm_before_residual=cfg.drafter_norm_before_residual, **over)
+        norm_before_residual=cfg.drafter_norm_before_residual,
+        rope_scaling=rope_scaling_from_text(cfg.drafter_rope_scaling, "--drafter-rope-scaling"),
+        **over)
 
 
 def _load_vocab(vocab, source, size: int, target_vocab: int):

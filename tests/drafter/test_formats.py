@@ -269,3 +269,37 @@ def test_a_tied_flag_in_a_speculators_layer_config_is_not_refused(tmp_path):
     cfg["transformer_layer_config"]["tie_word_embeddings"] = True
     sp = _foreign(tmp_path, drafter, "sp", lambda k: k.replace("midlayer.", "layers.0."), cfg)
     assert_same_state(load_drafter(sp), drafter)
+
+
+def test_rope_scaling_is_read_from_either_layout_kept_and_checked(tmp_path):
+    """SpecForge's Llama-3.1 drafters carry the target's llama3 scaling, which SGLang and vLLM apply:
+    it is read (as rope_scaling, or transformers 5's rope_parameters), written back by every export, and
+    a kind the reference does not implement is one line, never plain RoPE in disguise."""
+    from .test_model import LLAMA3
+
+    drafter = random_drafter(small_config(rope_scaling=LLAMA3), seed=15, dtype=torch.float32)
+    sg = _foreign(tmp_path, drafter, "sg", lambda k: k, formats.sglang_config(drafter.config, torch.float32))
+    assert json.loads((sg / "config.json").read_text())["rope_scaling"] == LLAMA3
+    assert load_drafter(sg).config.rope_scaling == LLAMA3
+    for fmt in FORMATS:
+        export(sg, fmt, tmp_path / fmt)
+        assert load_drafter(tmp_path / fmt).config == drafter.config
+    layer = formats.sglang_config(small_config(), torch.float32)
+    assert formats.parse_config(layer, "c")[0].rope_scaling is None
+    as_v5 = {**layer, "rope_scaling": None, "rope_parameters": {**LLAMA3, "rope_theta": 500.0}}
+    assert formats.parse_config(as_v5, "c")[0].rope_scaling == LLAMA3
+    default_v5 = {**layer, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}
+    assert formats.parse_config(default_v5, "c")[0].rope_scaling is None
+    for scaling, problem in (({"rope_type": "yarn", "factor": 4.0}, "RoPE scaling 'yarn' is not supported"),
+                             ({"type": "dynamic", "factor": 2.0}, "RoPE scaling 'dynamic' is not supported"),
+                             ({"rope_type": "llama3", "factor": 8.0}, "llama3 RoPE scaling lacks low_freq_factor"),
+                             ({**LLAMA3, "high_freq_factor": 1.0}, "needs high_freq_factor > low_freq_factor"),
+                             ("linear", "rope_scaling is not a JSON object")):
+        with pytest.raises(LabError, match=problem) as e:
+            formats.parse_config({**layer, "rope_scaling": scaling}, tmp_path / "config.json")
+        assert str(tmp_path / "config.json") in str(e.value)
+    text = formats.rope_scaling_text(LLAMA3)
+    assert formats.rope_scaling_from_text(text, "x") == LLAMA3 and formats.rope_scaling_text(None) == ""
+    assert formats.rope_scaling_from_text("", "x") is None
+    with pytest.raises(LabError, match="rope scaling is not JSON"):
+        formats.rope_scaling_from_text("{llama3", "--drafter-rope-scaling")

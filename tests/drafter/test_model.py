@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drafter_lab.drafter.config import DrafterConfig
-from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.drafter.model import Eagle3Drafter, rope_inv_freq
 
 
 def small_config(**over) -> DrafterConfig:
@@ -52,12 +52,52 @@ def rms(x, w, eps):
     return w * x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
 
 
-def rope(vec, pos, theta):
-    """Rotate pairs (i, i + d/2) by pos * theta^(-2i/d)."""
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+"""Llama-3.1's scaling with a short original context, so that head_dim 16 at theta 500 has kept, blended
+and scaled frequencies."""
+
+
+def freqs(cfg: DrafterConfig) -> list[float]:
+    """theta^(-2i/d), scaled piece by piece as Meta's Llama 3.1 reference describes it."""
+    out = []
+    for i in range(cfg.head_dim // 2):
+        f = cfg.rope_theta ** (-2.0 * i / cfg.head_dim)
+        sc = cfg.rope_scaling
+        if sc is not None and sc["rope_type"] == "linear":
+            f /= sc["factor"]
+        elif sc is not None:
+            wavelen, old = 2 * math.pi / f, sc["original_max_position_embeddings"]
+            if wavelen > old / sc["low_freq_factor"]:
+                f /= sc["factor"]
+            elif wavelen >= old / sc["high_freq_factor"]:
+                smooth = (old / wavelen - sc["low_freq_factor"]) / (sc["high_freq_factor"] - sc["low_freq_factor"])
+                f = (1 - smooth) * f / sc["factor"] + smooth * f
+        out.append(f)
+    return out
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}])
+def test_rope_frequencies_are_transformers_own(scaling):
+    """The scaled frequencies equal those transformers gives a Llama config with the same rope_scaling."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = small_config(rope_scaling=scaling)
+    hf = LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
+                     rope_theta=cfg.rope_theta, rope_scaling=dict(scaling))
+    want = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](hf, "cpu")[0]
+    torch.testing.assert_close(rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), want, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(freqs(cfg), want.double().numpy(), rtol=1e-6)
+    assert not torch.allclose(want, rope_inv_freq(cfg.head_dim, cfg.rope_theta))  # scaling moves them
+
+
+def rope(vec, pos, inv):
+    """Rotate pairs (i, i + d/2) by pos * inv[i]."""
     d = len(vec)
     out = np.empty_like(vec)
     for i in range(d // 2):
-        ang = pos * theta ** (-2.0 * i / d)
+        ang = pos * inv[i]
         c, s = math.cos(ang), math.sin(ang)
         out[i] = vec[i] * c - vec[i + d // 2] * s
         out[i + d // 2] = vec[i + d // 2] * c + vec[i] * s
@@ -69,7 +109,7 @@ def plain_layer(W, cfg: DrafterConfig, emb, h, positions):
     eps, d, nh, nkv = cfg.rms_norm_eps, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     x = np.concatenate([rms(emb, W["midlayer.input_layernorm.weight"], eps),
                         rms(h, W["midlayer.hidden_norm.weight"], eps)], -1)
-    T = len(x)
+    T, inv = len(x), freqs(cfg)
     q = x @ W["midlayer.self_attn.q_proj.weight"].T
     k = x @ W["midlayer.self_attn.k_proj.weight"].T
     v = x @ W["midlayer.self_attn.v_proj.weight"].T
@@ -77,10 +117,10 @@ def plain_layer(W, cfg: DrafterConfig, emb, h, positions):
     for head in range(nh):
         kv = head // (nh // nkv)
         for t in range(T):
-            qt = rope(q[t, head * d:(head + 1) * d], positions[t], cfg.rope_theta)
+            qt = rope(q[t, head * d:(head + 1) * d], positions[t], inv)
             scores = []
             for s in range(t + 1):
-                ks = rope(k[s, kv * d:(kv + 1) * d], positions[s], cfg.rope_theta)
+                ks = rope(k[s, kv * d:(kv + 1) * d], positions[s], inv)
                 scores.append(qt @ ks / math.sqrt(d))
             p = np.exp(np.array(scores) - max(scores))
             p /= p.sum()
@@ -95,10 +135,10 @@ def plain_layer(W, cfg: DrafterConfig, emb, h, positions):
     return h2, logits
 
 
-@pytest.mark.parametrize("norm_before_residual", [False, True])
+@pytest.mark.parametrize("norm_before_residual, rope_scaling", [(False, None), (True, None), (False, LLAMA3)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
-def test_step0_matches_plain_formula(dtype, tol, norm_before_residual):
-    cfg = small_config(norm_before_residual=norm_before_residual)
+def test_step0_matches_plain_formula(dtype, tol, norm_before_residual, rope_scaling):
+    cfg = small_config(norm_before_residual=norm_before_residual, rope_scaling=rope_scaling)
     d = random_drafter(cfg, seed=1, dtype=dtype)
     W = weights(d)
     T = 7

@@ -164,3 +164,15 @@ def test_a_source_with_the_other_residual_is_refused(tmp_path):
         init_from(fresh(dataclasses.replace(src.config, norm_before_residual=False)), path, target_head(), vocab(USED_NEW))
     report = init_from(drafter := fresh(src.config), path, target_head(), vocab(USED_NEW))
     assert report.rows_copied == 17 and drafter.midlayer.norm_before_residual
+
+
+def test_a_source_with_other_rope_scaling_is_refused(tmp_path):
+    """A SpecForge Llama-3.1 drafter learned its attention with llama3-scaled RoPE."""
+    from .test_model import LLAMA3
+
+    src, path = source(tmp_path, formats.SGLANG, rope_scaling=LLAMA3)
+    with pytest.raises(LabError, match=r"source drafter's RoPE scaling is \{.*llama3.*\}, this one's none: .*"
+                                       r"--drafter-rope-scaling '\{.*\}'"):
+        init_from(fresh(dataclasses.replace(src.config, rope_scaling=None)), path, target_head(), vocab(USED_NEW))
+    report = init_from(drafter := fresh(src.config), path, target_head(), vocab(USED_NEW))
+    assert report.rows_copied == 17 and drafter.config.rope_scaling == LLAMA3

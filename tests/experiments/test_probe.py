@@ -142,12 +142,17 @@ def test_cli_bad_pilot_recipe_is_one_line_naming_the_file(source, random_llama, 
     assert len(lines) == 1 and str(recipe) in lines[0] and "batch_sise" in lines[0]
 
 
-def test_the_pilot_trains_in_the_sources_residual_variant(random_llama, features, tmp_path):
-    """A norm_before_residual source (speculators' default): both pilot arms take its residual, so the
-    transfer arm's weights work as they did and the scratch arm is the same model."""
+def test_the_pilot_trains_in_the_sources_residual_variant_and_rope(random_llama, features, tmp_path):
+    """A norm_before_residual source (speculators' default) with llama3-scaled RoPE (SpecForge's Llama-3.1
+    drafters): both pilot arms take its residual and RoPE, so the transfer arm's weights work as they
+    did and the scratch arm is the same model."""
+    llama3 = '{"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, ' \
+             '"original_max_position_embeddings": 64, "rope_type": "llama3"}'
     src = tmp_path / "source"
-    train(dataclasses.replace(RECIPE, drafter_norm_before_residual=True), random_llama, features, src)
+    train(dataclasses.replace(RECIPE, drafter_norm_before_residual=True, drafter_rope_scaling=llama3),
+          random_llama, features, src)
     cfg = ProbeConfig(max_sequences=8, cka_tokens=256, ttt_steps=2, pilot_steps=4)
     probe(src, random_llama, features, cfg=cfg, pilot_recipe=RECIPE, pilot_dir=tmp_path / "pilot")
     for arm in ("scratch", "transfer"):
-        assert json.loads((tmp_path / "pilot" / arm / "run.json").read_text())["drafter"]["norm_before_residual"]
+        made = json.loads((tmp_path / "pilot" / arm / "run.json").read_text())["drafter"]
+        assert made["norm_before_residual"] and made["rope_scaling"] == json.loads(llama3), arm

@@ -321,8 +321,10 @@ def test_a_drafter_the_kernels_do_not_implement_drafts_on_the_reference_from_the
     monkeypatch.setattr(ds, "available", lambda device=None: True)
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=2, head_dim=64, inter=192, vocab=1000,
                   target_hidden=64, context=6, topk=3, fc=True)
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
     for over, fused in (({}, True), ({"norm_before_residual": True}, False), ({"head_dim": 96}, False),
-                        ({"intermediate_size": 200}, False)):
+                        ({"intermediate_size": 200}, False), ({"rope_scaling": llama3}, False)):
         cfg = dataclasses.replace(make_drafter(shape, 4, "cpu").config, **over)
         cuda_weight = SimpleNamespace(device=torch.device("cuda"))
         on_cuda = SimpleNamespace(config=cfg, fc=SimpleNamespace(weight=cuda_weight), draft_step="reference")
@@ -330,7 +332,7 @@ def test_a_drafter_the_kernels_do_not_implement_drafts_on_the_reference_from_the
         assert got is fused and (step == "reference") is not fused, over
 
 
-def test_the_op_refuses_norm_before_residual(require_draft_step_op):
+def test_the_op_refuses_norm_before_residual_and_scaled_rope(require_draft_step_op):
     require_draft_step_op("cpu")
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=1, head_dim=64, inter=256, vocab=1000,
                   target_hidden=64, context=4, topk=2, fc=False)
@@ -338,6 +340,11 @@ def test_the_op_refuses_norm_before_residual(require_draft_step_op):
     drafter.config.norm_before_residual = drafter.midlayer.norm_before_residual = True
     inp = make_inputs(shape, 3, "cpu", torch.float32)
     with pytest.raises(LabError, match="runs plain EAGLE-3; this drafter is norm_before_residual"):
+        ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, inp.cache_lens, 2,
+                      use_fused=True)
+    drafter.config.norm_before_residual = drafter.midlayer.norm_before_residual = False
+    drafter.config.rope_scaling = {"rope_type": "linear", "factor": 2.0}  # the op has rope_theta alone
+    with pytest.raises(LabError, match=r"runs plain RoPE; this drafter scales it \(linear\)"):
         ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, inp.cache_lens, 2,
                       use_fused=True)
 

@@ -63,3 +63,24 @@ def test_a_speculators_config_brings_its_residual_variant(peaked_llama, features
                   "--draft-config", str(plain)) == 2
     assert "norm_before_residual=true, this one false" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "d").exists()
+
+
+def test_a_specforge_llama3_config_brings_its_rope_scaling(peaked_llama, features, tmp_path, capsys):
+    """SpecForge's Llama-3.1 draft configs copy the target's llama3 RoPE scaling, and SGLang serves the
+    drafter with it: a run from such a config (or the flag) trains with it, and its directory says so."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    cfg = _draft_config(tmp_path / "l3.json", peaked_llama, rope_scaling=llama3)
+    assert _train(peaked_llama, features, tmp_path / "a", "--draft-config", str(cfg)) == 0
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["rope_scaling"] == llama3
+    assert _train(peaked_llama, features, tmp_path / "b", "--drafter-rope-scaling", json.dumps(llama3),
+                  "--draft-vocab-size", "100") == 0
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["rope_scaling"] == llama3
+    assert _train(peaked_llama, features, tmp_path / "c", "--drafter-rope-scaling", '{"rope_type": "yarn"}',
+                  "--draft-vocab-size", "100") == 2
+    assert "--drafter-rope-scaling: RoPE scaling 'yarn' is not supported" in " ".join(capsys.readouterr().err.split())
+    plain = _draft_config(tmp_path / "plain.json", peaked_llama)
+    assert _train(peaked_llama, features, tmp_path / "d", "--init-from", str(tmp_path / "a"),
+                  "--draft-config", str(plain)) == 2
+    assert "RoPE scaling is {" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "d").exists()

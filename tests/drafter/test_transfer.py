@@ -17,7 +17,7 @@ from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import init_from
 from drafter_lab.errors import LabError
 
-from .test_model import random_drafter, small_config
+from .test_model import LLAMA3, random_drafter, small_config
 
 V, N = 101, 37
 USED_SRC = list(range(0, 74, 2))  # 37 even tokens 0..72
@@ -157,22 +157,19 @@ def test_a_source_sharing_its_targets_head_gives_every_row_from_the_target(tmp_p
     assert torch.equal(drafter.midlayer.mlp.down_proj.weight, src.midlayer.mlp.down_proj.weight)
 
 
-def test_a_source_with_the_other_residual_is_refused(tmp_path):
-    src, path = source(tmp_path, formats.SPECULATORS, norm_before_residual=True)
-    with pytest.raises(LabError, match=r"source drafter has norm_before_residual=true, this one false: .*"
-                                       r"--drafter-norm-before-residual true"):
-        init_from(fresh(dataclasses.replace(src.config, norm_before_residual=False)), path, target_head(), vocab(USED_NEW))
+@pytest.mark.parametrize("fmt, over, refusal", [
+    # speculators' default residual
+    (formats.SPECULATORS, {"norm_before_residual": True},
+     r"source drafter has norm_before_residual=true, this one false: .*--drafter-norm-before-residual true"),
+    # a SpecForge Llama-3.1 drafter learned its attention with llama3-scaled RoPE
+    (formats.SGLANG, {"rope_scaling": LLAMA3},
+     r"source drafter's RoPE scaling is \{.*llama3.*\}, this one's none: .*--drafter-rope-scaling '\{.*\}'"),
+])
+def test_a_source_with_another_residual_or_rope_is_refused(tmp_path, fmt, over, refusal):
+    src, path = source(tmp_path, fmt, **over)
+    plain = {k: type(v)() if isinstance(v, bool) else None for k, v in over.items()}
+    with pytest.raises(LabError, match=refusal):
+        init_from(fresh(dataclasses.replace(src.config, **plain)), path, target_head(), vocab(USED_NEW))
     report = init_from(drafter := fresh(src.config), path, target_head(), vocab(USED_NEW))
-    assert report.rows_copied == 17 and drafter.midlayer.norm_before_residual
-
-
-def test_a_source_with_other_rope_scaling_is_refused(tmp_path):
-    """A SpecForge Llama-3.1 drafter learned its attention with llama3-scaled RoPE."""
-    from .test_model import LLAMA3
-
-    src, path = source(tmp_path, formats.SGLANG, rope_scaling=LLAMA3)
-    with pytest.raises(LabError, match=r"source drafter's RoPE scaling is \{.*llama3.*\}, this one's none: .*"
-                                       r"--drafter-rope-scaling '\{.*\}'"):
-        init_from(fresh(dataclasses.replace(src.config, rope_scaling=None)), path, target_head(), vocab(USED_NEW))
-    report = init_from(drafter := fresh(src.config), path, target_head(), vocab(USED_NEW))
-    assert report.rows_copied == 17 and drafter.config.rope_scaling == LLAMA3
+    assert report.rows_copied == 17 and drafter.config == src.config
+    assert drafter.midlayer.norm_before_residual == src.config.norm_before_residual

@@ -36,6 +36,9 @@ class Checkpoint:
     files: list[Path]
     where: dict[str, Path] = field(default_factory=dict)
     """File each tensor came from (for error messages)."""
+    filled: tuple[str, ...] = ()
+    """Vocab tensors the file left out and reading filled in (SGLang and vLLM do the same): d2t as the
+    identity, t2d from d2t."""
 
     def weights_file(self) -> Path:
         return self.files[0] if len(self.files) == 1 else self.path
@@ -108,6 +111,7 @@ def read_checkpoint(path) -> Checkpoint:
                        f"draft_vocab_size is {n}", where[formats.HEAD])
     vocab = DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), n, v,
                                        where.get("d2t", ckpt.weights_file()))
+    ckpt.filled = tuple(k for k in ("d2t", "t2d") if k not in tensors)
     tensors["d2t"], tensors["t2d"] = vocab.d2t, vocab.t2d
     return ckpt
 

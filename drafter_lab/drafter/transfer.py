@@ -28,6 +28,10 @@ SKIP_REASONS = {
     "verifier_norm.weight": "the source verifier's norm, not a drafter weight",
     "fc.bias": "all-zero bias (this drafter's fc has none)",
 }
+FILLED_REASONS = {
+    "d2t": "not in the source file (read as the identity); the new draft vocab's mapping is used",
+    "t2d": "not in the source file (derived from its d2t); the new draft vocab's mask is used",
+}
 
 
 @dataclass
@@ -146,7 +150,8 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
         if name in SKIP_REASONS:
             if name == "fc.bias" and bool(tensor.abs().max() > 0):
                 raise LabError("fc.bias is non-zero: this drafter's fc has no bias", where)
-            report.skipped.append({"tensor": name, "reason": SKIP_REASONS[name]})
+            report.skipped.append({"tensor": name, "reason": FILLED_REASONS.get(name) if name in ckpt.filled
+                                   else SKIP_REASONS[name]})
             continue
         if name not in params:
             raise LabError(f"unexpected tensor {name!r}: not part of an EAGLE-3 drafter", where)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from rich.console import Console
+from safetensors.torch import load_file, save_file
 
 from drafter_lab.data.vocab import DraftVocab
 from drafter_lab.drafter import formats
@@ -74,6 +75,7 @@ def test_remap_counts_and_rows(tmp_path, fmt):
     assert torch.equal(drafter.d2t, new_vocab.d2t) and torch.equal(drafter.t2d, new_vocab.t2d)
     skipped = {row["tensor"] for row in report.skipped}
     assert skipped == {"d2t", "t2d", "embed_tokens.weight"}
+    assert all(row["reason"].startswith("source ") for row in report.skipped if row["tensor"] in ("d2t", "t2d"))
     assert all(row["reason"] for row in report.skipped + report.loaded)
     assert set(report.transferred) == {*formats.REQUIRED_TENSORS, formats.HEAD}
     # the embedding is not the source's: the new drafter keeps its own (the target's)
@@ -147,13 +149,19 @@ def test_a_source_sharing_its_targets_head_gives_every_row_from_the_target(tmp_p
     src.d2t.zero_()
     src.t2d.fill_(True)
     save_drafter(src, tmp_path / "src", head=False)
+    weights = tmp_path / "src" / "model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if k not in ("d2t", "t2d")}, weights)
     drafter = fresh(dataclasses.replace(cfg, draft_vocab_size=N))
     target = target_head()
     report = init_from(drafter, tmp_path / "src", target, vocab(USED_NEW), remap=remap)
     assert torch.equal(drafter.lm_head.weight, target.lm_head_weight()[USED_NEW])
     assert (report.rows_copied, report.rows_from_target, report.tokens_shared, report.positions_agree) == (0, N, N, 1)
     assert "lm_head.weight" not in report.transferred and "fc.weight" in report.transferred
-    assert "shares its target's head" in {r["tensor"]: r["reason"] for r in report.skipped}["lm_head.weight"]
+    reasons = {r["tensor"]: r["reason"] for r in report.skipped}
+    assert "shares its target's head" in reasons["lm_head.weight"]
+    # the report says the file had no vocab tensors, not that it had some and they were set aside
+    assert reasons["d2t"].startswith("not in the source file (read as the identity)")
+    assert reasons["t2d"].startswith("not in the source file (derived from its d2t)")
     assert torch.equal(drafter.midlayer.mlp.down_proj.weight, src.midlayer.mlp.down_proj.weight)
 
 

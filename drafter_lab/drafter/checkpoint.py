@@ -56,12 +56,15 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def _read_file(f: Path) -> dict[str, torch.Tensor]:
+def _read_file(f: Path, only: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The tensors in one weights file; with `only`, just those (by our names), read alone from a
+    safetensors file (a whole .bin is read either way)."""
     try:
         if f.suffix == ".safetensors":
-            from safetensors.torch import load_file
+            from safetensors import safe_open
 
-            return load_file(str(f))
+            with safe_open(str(f), "pt") as fh:
+                return {k: fh.get_tensor(k) for k in fh.keys() if not only or formats.canonical_name(k) in only}
         state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many types for a bad file
         raise LabError(f"truncated or corrupt weights file ({str(e).splitlines()[0][:200]})", f) from None
@@ -69,7 +72,20 @@ def _read_file(f: Path) -> dict[str, torch.Tensor]:
         state = state["state_dict"]
     if not isinstance(state, dict):
         raise LabError("weights file does not hold a state dict", f)
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in state.items()
+            if isinstance(v, torch.Tensor) and (not only or formats.canonical_name(k) in only)}
+
+
+def _read_tensors(files: list[Path], only: tuple[str, ...] = ()) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    """Tensors of every file under our names, and the file each came from."""
+    tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
+    for f in files:
+        for name, t in _read_file(f, only).items():
+            canon = formats.canonical_name(name)
+            tensors[canon] = t
+            where[canon] = f
+    return tensors, where
 
 
 def read_config(path) -> tuple[DrafterConfig, str]:
@@ -88,13 +104,7 @@ def read_checkpoint(path) -> Checkpoint:
     files = _weight_files(path)
     if not files:
         raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
-    tensors: dict[str, torch.Tensor] = {}
-    where: dict[str, Path] = {}
-    for f in files:
-        for name, t in _read_file(f).items():
-            canon = formats.canonical_name(name)
-            tensors[canon] = t
-            where[canon] = f
+    tensors, where = _read_tensors(files)
     ckpt = Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
     for name in formats.REQUIRED_TENSORS:
         if name not in tensors:
@@ -117,12 +127,18 @@ def read_checkpoint(path) -> Checkpoint:
 
 
 def read_vocab(path) -> DraftVocab:
-    """The (d2t, t2d) of a vocab file, or of a drafter directory as `read_checkpoint` reads it."""
+    """The (d2t, t2d) of a vocab file, or of a drafter directory as `read_checkpoint` fills them in,
+    reading those two tensors alone (not a large drafter's embedding and head)."""
     path = Path(path)
     if not path.is_dir():
         return DraftVocab.load(path)
-    tensors = read_checkpoint(path).tensors
-    return DraftVocab(d2t=tensors["d2t"], t2d=tensors["t2d"])
+    cfg, _ = read_config(path)
+    files = _weight_files(path)
+    if not files:
+        raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
+    tensors, where = _read_tensors(files, ("d2t", "t2d"))
+    return DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), cfg.draft_vocab_size,
+                                      cfg.target_vocab_size, where.get("d2t", files[0] if len(files) == 1 else path))
 
 
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple]:

@@ -303,3 +303,46 @@ def test_rope_scaling_is_read_from_either_layout_kept_and_checked(tmp_path):
     assert formats.rope_scaling_from_text("", "x") is None
     with pytest.raises(LabError, match="rope scaling is not JSON"):
         formats.rope_scaling_from_text("{llama3", "--drafter-rope-scaling")
+
+
+def test_read_vocab_reads_the_two_vocab_tensors_alone(tmp_path, drafter, monkeypatch):
+    """`vocab compare DIR` on a sharded drafter: d2t and t2d as read_checkpoint fills them in, without
+    reading the weights (a Kimi-K2 drafter's embedding and head are gigabytes)."""
+    import safetensors
+
+    from drafter_lab.drafter.checkpoint import read_vocab
+
+    state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    d = tmp_path / "sharded"
+    d.mkdir()
+    save_file({f"model.{k}": v for k, v in state.items() if k not in ("d2t", "t2d")}, str(d / "model-00001-of-00002.safetensors"))
+    save_file({"d2t": state["d2t"]}, str(d / "model-00002-of-00002.safetensors"))  # t2d left out: derived
+    (d / "config.json").write_text(json.dumps(formats.sglang_config(drafter.config, torch.float32)))
+    read = []
+    real = safetensors.safe_open
+
+    class Recording:
+        def __init__(self, *a, **k):
+            self.inner = real(*a, **k)
+
+        def __enter__(self):
+            self.fh = self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def keys(self):
+            return self.fh.keys()
+
+        def get_tensor(self, k):
+            read.append(k)
+            return self.fh.get_tensor(k)
+
+    monkeypatch.setattr(safetensors, "safe_open", Recording)
+    vocab = read_vocab(d)
+    assert sorted(read) == ["d2t"]
+    assert torch.equal(vocab.d2t, drafter.d2t) and torch.equal(vocab.t2d, drafter.t2d)
+    read.clear()
+    full = read_checkpoint(d)
+    assert len(read) == len(state) - 1 and torch.equal(full.tensors["t2d"], vocab.t2d)

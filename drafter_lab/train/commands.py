@@ -113,6 +113,11 @@ def run(args) -> int:
         stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
     )
     print(json.dumps(result))
+    if cfg.drafter_norm_before_residual:  # the run directory is in SGLang's layout, which has no such switch
+        from drafter_lab.progress import log
+
+        log(f"note: {args.out} is a norm_before_residual drafter: vLLM serves it (this directory, or `export "
+            "--format speculators`); SGLang would serve it with the plain residual")
     return STOP_EXIT if args.stop_if_behind and stopped_at(Path(args.out)) == result["step"] else 0
 
 

@@ -29,6 +29,7 @@ def _train(peaked_llama, features, out, *extra) -> int:
 def test_the_drafter_takes_the_configs_shape_and_flags_still_win(peaked_llama, features, tmp_path, capsys):
     cfg = _draft_config(tmp_path / "eagle3.json", peaked_llama)
     assert _train(peaked_llama, features, tmp_path / "a", "--draft-config", str(cfg)) == 0
+    assert "norm_before_residual" not in capsys.readouterr().err  # a plain drafter: no serving note
     made = json.loads((tmp_path / "a" / "config.json").read_text())
     assert (made["hidden_size"], made["intermediate_size"], made["num_attention_heads"],
             made["num_key_value_heads"], made["draft_vocab_size"]) == (32, 96, 2, 1, 100)
@@ -53,6 +54,7 @@ def test_a_speculators_config_brings_its_residual_variant(peaked_llama, features
     cfg = _draft_config(tmp_path / "sp.json", peaked_llama, norm_before_residual=True)
     assert _train(peaked_llama, features, tmp_path / "a", "--draft-config", str(cfg)) == 0
     assert json.loads((tmp_path / "a" / "config.json").read_text())["norm_before_residual"] is True
+    assert "is a norm_before_residual drafter: vLLM serves it" in " ".join(capsys.readouterr().err.split())
     assert _train(peaked_llama, features, tmp_path / "b", "--drafter-norm-before-residual", "true",
                   "--draft-vocab-size", "100") == 0
     assert json.loads((tmp_path / "b" / "config.json").read_text())["norm_before_residual"] is True

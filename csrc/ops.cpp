@@ -10,6 +10,7 @@ TORCH_LIBRARY(drafter_lab, m) {
   // RMSNorms and the concat, q/k/v with RoPE, attention over the KV cache (this step's k/v written
   // in place at cache_lens[b]; the row attends to entries 0..cache_lens[b]), o_proj + residual,
   // post_attention_layernorm, SwiGLU + residual, final norm, lm_head, log_softmax and top-k.
+  // rope_inv_freq [head_dim / 2] fp32 holds the RoPE frequencies, scaled as the drafter's config says.
   // Head counts come from the shapes: head_dim = k_cache.size(3), kv heads = k_cache.size(1),
   // query heads = q_weight.size(0) / head_dim. Returns (hidden_out [B,H] pre-norm, top-k target
   // ids [B,topk] int64 mapped through d2t, their log-probs over the draft vocab [B,topk] fp32).
@@ -19,5 +20,5 @@ TORCH_LIBRARY(drafter_lab, m) {
       "Tensor hidden_norm_weight, Tensor q_weight, Tensor k_weight, Tensor v_weight, "
       "Tensor o_weight, Tensor post_norm_weight, Tensor gate_weight, Tensor up_weight, "
       "Tensor down_weight, Tensor norm_weight, Tensor lm_head_weight, Tensor d2t, float eps, "
-      "float rope_theta, int topk) -> (Tensor, Tensor, Tensor)");
+      "Tensor rope_inv_freq, int topk) -> (Tensor, Tensor, Tensor)");
 }

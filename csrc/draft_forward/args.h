@@ -12,7 +12,8 @@ struct DraftStep {
   at::Tensor embeds, hidden, positions, k_cache, v_cache, cache_lens;
   std::optional<at::Tensor> fc;
   at::Tensor input_norm, hidden_norm, q, k, v, o, post_norm, gate, up, down, norm, lm_head, d2t;
-  double eps, rope_theta;
+  double eps;
+  at::Tensor rope_inv_freq;
   int64_t topk;
 
   int64_t batch, hidden_size, n_heads, n_kv, head_dim, cache_size, inter, vocab;
@@ -38,7 +39,7 @@ inline DraftStep make_draft_step(
     const at::Tensor& v_weight, const at::Tensor& o_weight, const at::Tensor& post_norm_weight,
     const at::Tensor& gate_weight, const at::Tensor& up_weight, const at::Tensor& down_weight,
     const at::Tensor& norm_weight, const at::Tensor& lm_head_weight, const at::Tensor& d2t,
-    double eps, double rope_theta, int64_t topk) {
+    double eps, const at::Tensor& rope_inv_freq, int64_t topk) {
   TORCH_CHECK(embeds.dim() == 2, "draft_step: embeds must be [B, H], got ", embeds.sizes());
   const auto dtype = embeds.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
@@ -46,7 +47,7 @@ inline DraftStep make_draft_step(
   DraftStep s{embeds.contiguous(), hidden.contiguous(), positions.contiguous(), k_cache, v_cache,
               cache_lens.contiguous(), fc_weight, input_norm_weight, hidden_norm_weight, q_weight,
               k_weight, v_weight, o_weight, post_norm_weight, gate_weight, up_weight, down_weight,
-              norm_weight, lm_head_weight, d2t, eps, rope_theta, topk};
+              norm_weight, lm_head_weight, d2t, eps, rope_inv_freq, topk};
   s.dtype = dtype;
   s.batch = embeds.size(0);
   s.hidden_size = embeds.size(1);
@@ -88,6 +89,9 @@ inline DraftStep make_draft_step(
   check_vector(d2t, "d2t", s.vocab);
   check_vector(positions, "positions", s.batch);
   check_vector(cache_lens, "cache_lens", s.batch);
+  check_vector(rope_inv_freq, "rope_inv_freq", s.head_dim / 2);
+  TORCH_CHECK(rope_inv_freq.scalar_type() == at::kFloat && rope_inv_freq.is_contiguous(),
+              "draft_step: rope_inv_freq must be a contiguous float32 vector, got ", rope_inv_freq.scalar_type());
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == s.batch, "draft_step: hidden must be [B, *], got ",
               hidden.sizes());
   if (fc_weight) {
@@ -123,7 +127,7 @@ inline DraftStep make_draft_step(
   const at::Tensor* all[] = {&hidden, &positions, &k_cache, &v_cache, &cache_lens, &input_norm_weight,
                              &hidden_norm_weight, &q_weight, &k_weight, &v_weight, &o_weight,
                              &post_norm_weight, &gate_weight, &up_weight, &down_weight, &norm_weight,
-                             &lm_head_weight, &d2t};
+                             &lm_head_weight, &d2t, &rope_inv_freq};
   for (const at::Tensor* t : all) {
     TORCH_CHECK(t->device() == device, "draft_step: all tensors must be on ", device, "; found one on ",
                 t->device());

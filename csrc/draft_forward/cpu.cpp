@@ -186,12 +186,10 @@ std::vector<int64_t> index_values(const at::Tensor& t) {
   return t.scalar_type() == at::kLong ? read_index<int64_t>(t) : read_index<int32_t>(t);
 }
 
-// cos/sin of model.py's rope_cos_sin, computed with the same ATen ops on the same shapes so that
-// the tables are bit-identical to the reference's: [B, head_dim] each, rounded to T.
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t head_dim, double theta,
+// cos/sin of model.py's rope_cos_sin from its frequencies, computed with the same ATen ops on the same
+// shapes so that the tables are bit-identical to the reference's: [B, head_dim] each, rounded to T.
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, const at::Tensor& inv,
                                               at::ScalarType dtype) {
-  const auto fopt = positions.options().dtype(at::kFloat);
-  const at::Tensor inv = at::pow(theta, at::arange(0, head_dim, 2, fopt) / head_dim).reciprocal() * 1.0;
   const at::Tensor freqs = positions.to(at::kFloat).view({-1, 1, 1}) * inv;
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos().to(dtype).to(at::kFloat).contiguous(), emb.sin().to(dtype).to(at::kFloat).contiguous()};
@@ -226,7 +224,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const DraftStep& s) {
   linear<T>(x, B, s.v.data_ptr<T>(), nkv * d, 2 * H, v.data());
 
   // RoPE (HF rotate_half): x * cos + cat(-x2, x1) * sin, each product rounded to T.
-  const auto [cos_t, sin_t] = rope_tables(s.positions, d, s.rope_theta, s.dtype);
+  const auto [cos_t, sin_t] = rope_tables(s.positions, s.rope_inv_freq, s.dtype);
   const float* cosv = cos_t.data_ptr<float>();
   const float* sinv = sin_t.data_ptr<float>();
   auto rope = [&](std::vector<float>& t, int64_t heads) {
@@ -349,11 +347,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_step_cpu(
     const at::Tensor& k_weight, const at::Tensor& v_weight, const at::Tensor& o_weight,
     const at::Tensor& post_norm_weight, const at::Tensor& gate_weight, const at::Tensor& up_weight,
     const at::Tensor& down_weight, const at::Tensor& norm_weight, const at::Tensor& lm_head_weight,
-    const at::Tensor& d2t, double eps, double rope_theta, int64_t topk) {
+    const at::Tensor& d2t, double eps, const at::Tensor& rope_inv_freq, int64_t topk) {
   const DraftStep s = make_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc_weight,
                                       input_norm_weight, hidden_norm_weight, q_weight, k_weight, v_weight,
                                       o_weight, post_norm_weight, gate_weight, up_weight, down_weight,
-                                      norm_weight, lm_head_weight, d2t, eps, rope_theta, topk);
+                                      norm_weight, lm_head_weight, d2t, eps, rope_inv_freq, topk);
   switch (s.dtype) {
     case at::kFloat:
       return run<float>(s);

@@ -75,7 +75,7 @@ QkvOut qkv_out(const DraftStep& s, at::Tensor& q_out) {
   o.n_kv = static_cast<int>(s.n_kv);
   o.head_dim = static_cast<int>(s.head_dim);
   o.cache_size = static_cast<int>(s.cache_size);
-  o.rope_theta = static_cast<float>(s.rope_theta);
+  o.rope_inv_freq = s.rope_inv_freq.data_ptr<float>();
   return o;
 }
 
@@ -260,12 +260,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_step_cuda(
     const at::Tensor& k_weight, const at::Tensor& v_weight, const at::Tensor& o_weight,
     const at::Tensor& post_norm_weight, const at::Tensor& gate_weight, const at::Tensor& up_weight,
     const at::Tensor& down_weight, const at::Tensor& norm_weight, const at::Tensor& lm_head_weight,
-    const at::Tensor& d2t, double eps, double rope_theta, int64_t topk) {
+    const at::Tensor& d2t, double eps, const at::Tensor& rope_inv_freq, int64_t topk) {
   const c10::cuda::CUDAGuard guard(embeds.device());
   DraftStep s = make_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc_weight,
                                 input_norm_weight, hidden_norm_weight, q_weight, k_weight, v_weight, o_weight,
                                 post_norm_weight, gate_weight, up_weight, down_weight, norm_weight, lm_head_weight,
-                                d2t, eps, rope_theta, topk);
+                                d2t, eps, rope_inv_freq, topk);
   check_cuda(s);
   s.embeds = realigned(s.embeds);
   s.hidden = realigned(s.hidden);

@@ -9,9 +9,8 @@
 #include "draft_forward/kernels.cuh"
 
 // libdevice's accurate functions: the ones PyTorch's own CUDA kernels compile to. The extension is
-// built with --use_fast_math, under which powf/cosf/sinf/expf become approximate intrinsics; RoPE
-// angles reach thousands of radians, where those would not match the reference.
-extern "C" __device__ float __nv_powf(float, float);
+// built with --use_fast_math, under which cosf/sinf/expf become approximate intrinsics; RoPE angles
+// reach thousands of radians, where those would not match the reference.
 extern "C" __device__ float __nv_cosf(float);
 extern "C" __device__ float __nv_sinf(float);
 extern "C" __device__ float __nv_expf(float);
@@ -20,12 +19,9 @@ extern "C" __device__ double __nv_log(double);
 namespace drafter_lab::draft_forward::cuda {
 
 // cos/sin of model.py's rope_cos_sin for element e < head_dim / 2, computed as PyTorch does:
-// inv = 1 / theta^(2e / d) in fp32, angle = float(position) * inv, cos/sin in fp32.
-__device__ __forceinline__ void rope_cos_sin(int64_t position, int e, int head_dim, float theta, float& c,
-                                             float& s) {
-  const float expo = __fmul_rn(static_cast<float>(2 * e), __fdiv_rn(1.0f, static_cast<float>(head_dim)));
-  const float inv = __fdiv_rn(1.0f, __nv_powf(theta, expo));
-  const float angle = __fmul_rn(static_cast<float>(position), inv);
+// angle = float(position) * inv[e] in fp32 (inv as the reference made it), cos/sin in fp32.
+__device__ __forceinline__ void rope_cos_sin(int64_t position, int e, const float* inv, float& c, float& s) {
+  const float angle = __fmul_rn(static_cast<float>(position), __ldg(inv + e));
   c = __nv_cosf(angle);
   s = __nv_sinf(angle);
 }
@@ -38,7 +34,7 @@ __device__ __forceinline__ void store_qkv(const QkvOut& o, int b, int head, int 
   const int d = o.head_dim, half = d / 2;
   if (head < o.n_heads + o.n_kv) {
     float c, s;
-    rope_cos_sin(load_index(o.positions, o.positions64, b), e, d, o.rope_theta, c, s);
+    rope_cos_sin(load_index(o.positions, o.positions64, b), e, o.rope_inv_freq, c, s);
     c = rnd<T>(c);
     s = rnd<T>(s);
     const float y1 = rnd<T>(__fadd_rn(rnd<T>(__fmul_rn(x1, c)), rnd<T>(__fmul_rn(-x2, s))));

@@ -29,7 +29,7 @@ struct QkvOut {
   const void* cache_lens;
   bool positions64, lens64;
   int n_heads, n_kv, head_dim, cache_size;
-  float rope_theta;
+  const float* rope_inv_freq;  // [head_dim / 2], the reference's frequencies (scaled RoPE included)
 };
 
 // Per-(tile, row) partial results of the lm_head: top-k candidates and log-sum-exp pieces.

@@ -51,7 +51,7 @@ def _has_kernel(dispatch_key: str) -> bool:
 
 def _fake_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc_weight, input_norm_weight,
                      hidden_norm_weight, q_weight, k_weight, v_weight, o_weight, post_norm_weight, gate_weight,
-                     up_weight, down_weight, norm_weight, lm_head_weight, d2t, eps, rope_theta, topk):
+                     up_weight, down_weight, norm_weight, lm_head_weight, d2t, eps, rope_inv_freq, topk):
     torch._check(embeds.dim() == 2, lambda: "draft_step: embeds must be [B, H]")
     batch, hidden_size = embeds.shape
     torch._check(topk >= 1 and topk <= lm_head_weight.shape[0], lambda: "draft_step: topk outside [1, N]")
@@ -63,10 +63,10 @@ def _fake_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc
 
 
 def op_takes(cfg: DrafterConfig) -> bool:
-    """Whether the CUDA kernels implement this drafter at all: plain EAGLE-3 (not norm_before_residual)
-    with plain RoPE, head_dim 64 or 128, H a multiple of 8 and the MLP width of 16."""
-    return (not cfg.norm_before_residual and cfg.rope_scaling is None and cfg.head_dim in (64, 128)
-            and cfg.hidden_size % 8 == 0 and cfg.intermediate_size % 16 == 0)
+    """Whether the CUDA kernels implement this drafter at all: plain EAGLE-3 (not norm_before_residual),
+    head_dim 64 or 128, H a multiple of 8 and the MLP width of 16."""
+    return (not cfg.norm_before_residual and cfg.head_dim in (64, 128) and cfg.hidden_size % 8 == 0
+            and cfg.intermediate_size % 16 == 0)
 
 
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
@@ -98,7 +98,21 @@ def op_args(drafter: Eagle3Drafter, embeds, hidden, positions, k_cache, v_cache,
     )
     weights = tuple(None if w is None else w.detach() for w in weights)
     return (embeds, hidden, positions, k_cache, v_cache, cache_lens, *weights, drafter.d2t,
-            float(cfg.rms_norm_eps), float(cfg.rope_theta), int(topk))
+            float(cfg.rms_norm_eps), rope_frequencies(drafter, embeds.device), int(topk))
+
+
+def rope_frequencies(drafter: Eagle3Drafter, device) -> torch.Tensor:
+    """The drafter's RoPE frequencies (model.rope_inv_freq, fp32) on `device`, made once per drafter,
+    device and RoPE setting: a draft step launches nothing to remake them, and a CUDA graph replays
+    the same memory."""
+    from drafter_lab.drafter.model import rope_inv_freq
+
+    cfg = drafter.config
+    key = (str(device), cfg.head_dim, cfg.rope_theta, repr(cfg.rope_scaling))
+    made = drafter.__dict__.setdefault("_rope_frequencies", {})
+    if key not in made:
+        made[key] = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, device, torch.float32)
+    return made[key]
 
 
 def draft_step(
@@ -130,8 +144,5 @@ def draft_step(
         raise LabError(f"the fused draft_step op was built without a {embeds.device.type} kernel")
     if drafter.config.norm_before_residual:
         raise LabError("the fused draft_step op runs plain EAGLE-3; this drafter is norm_before_residual")
-    if drafter.config.rope_scaling is not None:  # the op computes its frequencies from rope_theta alone
-        raise LabError(f"the fused draft_step op runs plain RoPE; this drafter scales it "
-                       f"({drafter.config.rope_scaling['rope_type']})")
     args = op_args(drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
     return torch.ops.drafter_lab.draft_step(*args)

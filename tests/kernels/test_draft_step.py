@@ -74,14 +74,21 @@ def draw_shape(rng: random.Random, *, hidden, batch, context, vocab, fc: bool | 
     )
 
 
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+"""Llama-3.1's RoPE scaling: positions up to 4160 turn its blended and scaled frequencies far enough to show."""
+
+
 def make_drafter(shape: Shape, seed: int, device) -> Eagle3Drafter:
-    """fp32 drafter with every weight random (norm weights too) and an injective d2t."""
+    """fp32 drafter with every weight random (norm weights too) and an injective d2t; by seed, plain,
+    llama3-scaled or linearly scaled RoPE."""
     gen = torch.Generator(device=device).manual_seed(seed)
     cfg = DrafterConfig(
         hidden_size=shape.hidden, intermediate_size=shape.inter, num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, draft_vocab_size=shape.vocab,
         target_vocab_size=shape.vocab + 1 + seed % 5000, target_hidden_size=shape.target_hidden,
         rope_theta=[10000.0, 500000.0][seed % 2], rms_norm_eps=[1e-6, 1e-5][seed % 3 == 0],
+        rope_scaling=[None, LLAMA31_ROPE, None, {"rope_type": "linear", "factor": 4.0}][seed % 4],
     )
     with torch.device(device):
         drafter = Eagle3Drafter(cfg)
@@ -226,7 +233,7 @@ def check_step(shape: Shape, dtype, device, seed: int, *, index_dtype=torch.int6
 
 # --- CPU: small random draws, every dtype, with and without fc ----------------------------------------
 CPU_LIMITS = dict(hidden=(128, 448), batch=(1, 5), context=(0, 160), vocab=(1000, 3000))
-CPU_CASES = [(dt, fc, seed) for dt in DTYPES for fc in (True, False) for seed in (11, 12)]
+CPU_CASES = [(dt, fc, seed) for dt in DTYPES for fc in (True, False) for seed in (11, 12, 13)]
 
 
 @pytest.mark.parametrize("dtype_name,fc,seed", CPU_CASES, ids=[f"{d}-{'fc' if f else 'nofc'}-{s}" for d, f, s in CPU_CASES])
@@ -266,6 +273,14 @@ def test_cpu_op_rejects_bad_input(require_draft_step_op):
     with pytest.raises(RuntimeError, match="topk"):
         ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, inp.cache_lens,
                       shape.vocab + 1, use_fused=True)
+    args = list(ds.op_args(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache,
+                           inp.cache_lens, 2))
+    inv = args[-2]
+    for bad, match in ((inv[:-1], r"rope_inv_freq has shape \[31\], want \[32\]"),
+                       (inv.double(), "rope_inv_freq must be a contiguous float32 vector")):
+        args[-2] = bad
+        with pytest.raises(RuntimeError, match=match):
+            torch.ops.drafter_lab.draft_step(*args)
     with pytest.raises(RuntimeError, match="must be"):
         ds.draft_step(drafter, inp.embeds.double(), inp.hidden, inp.positions, inp.k_cache, inp.v_cache,
                       inp.cache_lens, 2, use_fused=True)
@@ -321,10 +336,8 @@ def test_a_drafter_the_kernels_do_not_implement_drafts_on_the_reference_from_the
     monkeypatch.setattr(ds, "available", lambda device=None: True)
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=2, head_dim=64, inter=192, vocab=1000,
                   target_hidden=64, context=6, topk=3, fc=True)
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}
     for over, fused in (({}, True), ({"norm_before_residual": True}, False), ({"head_dim": 96}, False),
-                        ({"intermediate_size": 200}, False), ({"rope_scaling": llama3}, False)):
+                        ({"intermediate_size": 200}, False), ({"rope_scaling": LLAMA31_ROPE}, True)):
         cfg = dataclasses.replace(make_drafter(shape, 4, "cpu").config, **over)
         cuda_weight = SimpleNamespace(device=torch.device("cuda"))
         on_cuda = SimpleNamespace(config=cfg, fc=SimpleNamespace(weight=cuda_weight), draft_step="reference")
@@ -332,7 +345,7 @@ def test_a_drafter_the_kernels_do_not_implement_drafts_on_the_reference_from_the
         assert got is fused and (step == "reference") is not fused, over
 
 
-def test_the_op_refuses_norm_before_residual_and_scaled_rope(require_draft_step_op):
+def test_the_op_refuses_norm_before_residual(require_draft_step_op):
     require_draft_step_op("cpu")
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=1, head_dim=64, inter=256, vocab=1000,
                   target_hidden=64, context=4, topk=2, fc=False)
@@ -340,11 +353,6 @@ def test_the_op_refuses_norm_before_residual_and_scaled_rope(require_draft_step_
     drafter.config.norm_before_residual = drafter.midlayer.norm_before_residual = True
     inp = make_inputs(shape, 3, "cpu", torch.float32)
     with pytest.raises(LabError, match="runs plain EAGLE-3; this drafter is norm_before_residual"):
-        ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, inp.cache_lens, 2,
-                      use_fused=True)
-    drafter.config.norm_before_residual = drafter.midlayer.norm_before_residual = False
-    drafter.config.rope_scaling = {"rope_type": "linear", "factor": 2.0}  # the op has rope_theta alone
-    with pytest.raises(LabError, match=r"runs plain RoPE; this drafter scales it \(linear\)"):
         ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, inp.cache_lens, 2,
                       use_fused=True)
 

@@ -95,17 +95,32 @@ def read_config(path) -> tuple[DrafterConfig, str]:
     return formats.parse_config(data, cfg_file)
 
 
+def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
+    """Config and tensors (all, or `only` those) of a drafter directory, unchecked."""
+    cfg, fmt = read_config(path)
+    files = _weight_files(path)
+    if not files:
+        raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
+    tensors, where = _read_tensors(files, only)
+    return Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
+
+
+def _fill_vocab(ckpt: Checkpoint) -> None:
+    """d2t and t2d checked against each other and the config, and filled in where the file left them out."""
+    t = ckpt.tensors
+    vocab = DraftVocab.of_drafter_file(t.get("d2t"), t.get("t2d"), ckpt.config.draft_vocab_size,
+                                       ckpt.config.target_vocab_size, ckpt.where.get("d2t", ckpt.weights_file()))
+    ckpt.filled = tuple(k for k in ("d2t", "t2d") if k not in t)
+    t["d2t"], t["t2d"] = vocab.d2t, vocab.t2d
+
+
 def read_checkpoint(path) -> Checkpoint:
     """Read config and tensors of any supported layout; names come back in our layout."""
     path = Path(path)
     if not path.is_dir():
         raise LabError("drafter checkpoint directory not found", path)
-    cfg, fmt = read_config(path)
-    files = _weight_files(path)
-    if not files:
-        raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
-    tensors, where = _read_tensors(files)
-    ckpt = Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
+    ckpt = _open(path)
+    cfg, fmt, tensors, where = ckpt.config, ckpt.format, ckpt.tensors, ckpt.where
     for name in formats.REQUIRED_TENSORS:
         if name not in tensors:
             raise LabError(f"checkpoint lacks tensor {formats.export_name(name, fmt)!r}", ckpt.weights_file())
@@ -119,10 +134,7 @@ def read_checkpoint(path) -> Checkpoint:
     if ckpt.has_head and len(tensors[formats.HEAD]) != n:
         raise LabError(f"tensor {formats.HEAD!r} has {len(tensors[formats.HEAD])} rows, the config's "
                        f"draft_vocab_size is {n}", where[formats.HEAD])
-    vocab = DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), n, v,
-                                       where.get("d2t", ckpt.weights_file()))
-    ckpt.filled = tuple(k for k in ("d2t", "t2d") if k not in tensors)
-    tensors["d2t"], tensors["t2d"] = vocab.d2t, vocab.t2d
+    _fill_vocab(ckpt)
     return ckpt
 
 
@@ -132,13 +144,9 @@ def read_vocab(path) -> DraftVocab:
     path = Path(path)
     if not path.is_dir():
         return DraftVocab.load(path)
-    cfg, _ = read_config(path)
-    files = _weight_files(path)
-    if not files:
-        raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
-    tensors, where = _read_tensors(files, ("d2t", "t2d"))
-    return DraftVocab.of_drafter_file(tensors.get("d2t"), tensors.get("t2d"), cfg.draft_vocab_size,
-                                      cfg.target_vocab_size, where.get("d2t", files[0] if len(files) == 1 else path))
+    ckpt = _open(path, ("d2t", "t2d"))
+    _fill_vocab(ckpt)
+    return DraftVocab(d2t=ckpt.tensors["d2t"], t2d=ckpt.tensors["t2d"])
 
 
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple]:

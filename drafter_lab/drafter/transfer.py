@@ -150,8 +150,8 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
         if name in SKIP_REASONS:
             if name == "fc.bias" and bool(tensor.abs().max() > 0):
                 raise LabError("fc.bias is non-zero: this drafter's fc has no bias", where)
-            report.skipped.append({"tensor": name, "reason": FILLED_REASONS.get(name) if name in ckpt.filled
-                                   else SKIP_REASONS[name]})
+            reason = FILLED_REASONS[name] if name in ckpt.filled else SKIP_REASONS[name]
+            report.skipped.append({"tensor": name, "reason": reason})
             continue
         if name not in params:
             raise LabError(f"unexpected tensor {name!r}: not part of an EAGLE-3 drafter", where)

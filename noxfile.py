@@ -48,10 +48,34 @@ print(f"{os.path.basename(lib)}: CUDA kernels registered; machine code for {', '
 """
 
 
+# The host sessions install the versions the CPU image locked, so a library release can't turn a green
+# commit red or make the host's runs differ from the image's. DRAFTER_LAB_NEWEST=1 takes the newest instead.
+CPU_LOCK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers", "requirements-cpu.lock")
+
+
+def lock_constraints(lock_text: str) -> list[str]:
+    """`name==version` for each package a lock written by containers/build.py pins, torch excepted (each
+    session names its own build; the lock's carries a local version tag)."""
+    pins = []
+    for line in lock_text.splitlines():
+        spec = line.split("#", 1)[0].split()
+        if spec and "==" in spec[0] and spec[0].split("==")[0] != "torch":
+            pins.append(spec[0])
+    return pins
+
+
 def install_lab(session: nox.Session, torch_spec: str = CPU_TORCH, extras: str = "test") -> None:
-    session.install("--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
-    session.install(torch_spec)
-    session.install("--no-build-isolation", "-e", f".[{extras}]" if extras else ".")
+    constraints = []
+    if os.environ.get("DRAFTER_LAB_NEWEST") != "1":
+        with open(CPU_LOCK) as f:
+            pins = lock_constraints(f.read())
+        path = os.path.join(session.create_tmp(), "constraints.txt")
+        with open(path, "w") as f:
+            f.write("\n".join(pins) + "\n")
+        constraints = ["-c", path]
+    session.install(*constraints, "--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
+    session.install(*constraints, torch_spec)
+    session.install(*constraints, "--no-build-isolation", "-e", f".[{extras}]" if extras else ".")
 
 
 @nox.session

@@ -1,5 +1,6 @@
-"""noxfile: `nox -s reproduce` installs the library versions the run recorded. Loaded with a stand-in
-`nox` module, since the test venv has none (nox runs the sessions from outside it)."""
+"""noxfile: the host sessions install under the CPU image's lock, and `nox -s reproduce` installs the
+library versions the run recorded. Loaded with a stand-in `nox` module, since the test venv has none
+(nox runs the sessions from outside it)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,41 @@ def test_no_readable_record_pins_nothing(noxfile, tmp_path, manifest):
         (run / "manifest.json").write_text(manifest)
     assert noxfile.recorded_versions([str(run)]) == []
     assert noxfile.recorded_versions([]) == []
+
+
+class FakeSession:
+    def __init__(self, tmp):
+        self.tmp, self.installs = tmp, []
+
+    def create_tmp(self):
+        return str(self.tmp)
+
+    def install(self, *args):
+        self.installs.append(args)
+
+
+def test_lock_constraints_pin_every_locked_package_but_torch(noxfile):
+    text = Path(noxfile.CPU_LOCK).read_text()
+    locked = {line.split("==")[0]: line.split("==")[1].split()[0] for line in text.splitlines()
+              if line and not line.startswith("#")}
+    pins = noxfile.lock_constraints(text)
+    assert "torch" in locked and "transformers" in locked
+    assert sorted(pins) == sorted(f"{n}=={v}" for n, v in locked.items() if n != "torch")
+
+
+@pytest.mark.parametrize("newest", [None, "1"])
+def test_host_sessions_install_under_the_lock(noxfile, tmp_path, monkeypatch, newest):
+    if newest is None:
+        monkeypatch.delenv("DRAFTER_LAB_NEWEST", raising=False)
+    else:
+        monkeypatch.setenv("DRAFTER_LAB_NEWEST", newest)
+    session = FakeSession(tmp_path)
+    noxfile.install_lab(session)
+    assert [a for call in session.installs for a in call if a.startswith("torch")] == [noxfile.CPU_TORCH]
+    if newest:
+        assert all("-c" not in call for call in session.installs)
+        return
+    constraints = str(tmp_path / "constraints.txt")
+    assert all(call[:2] == ("-c", constraints) for call in session.installs)
+    locked = Path(noxfile.CPU_LOCK).read_text()
+    assert Path(constraints).read_text().split() == noxfile.lock_constraints(locked)

@@ -204,25 +204,34 @@ def _check_model_dir(path: Path) -> None:
         raise LabError("no weight files (*.safetensors or *.bin)", path)
 
 
+@contextlib.contextmanager
+def _safetensors(f: Path):
+    """safe_open, with a missing, truncated or corrupt file as a one-line error naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(f), "pt") as fh:
+            yield fh
+    except (OSError, SafetensorError) as e:
+        raise LabError(f"cannot read safetensors file: {_first_line(e)}", f) from None
+
+
 def _tensor_files(path: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it (the shard index when there is one)."""
-    from safetensors import safe_open
-
     index = path / "model.safetensors.index.json"
     if index.exists():
         weight_map = atomic.read_json(index, "shard index is missing", path).get("weight_map", {})
         return {name: path / f for name, f in weight_map.items()}
     out = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as fh:
-            out.update(dict.fromkeys(fh.keys(), f))
+    for f in _weight_files(path):
+        if f.suffix == ".safetensors":
+            with _safetensors(f) as fh:
+                out.update(dict.fromkeys(fh.keys(), f))
     return out
 
 
 def _read_tensor(name: str, files: dict[str, Path]) -> torch.Tensor:
-    from safetensors import safe_open
-
-    with safe_open(str(files[name]), "pt") as fh:
+    with _safetensors(files[name]) as fh:
         return fh.get_tensor(name)
 
 
@@ -232,7 +241,6 @@ def load_target_head(path, device="cpu") -> TargetHead:
     The names are found by suffix (`embed_tokens.weight`, `lm_head.weight`, under any prefix such as
     a multimodal wrapper's); a tied head is the embedding. A checkpoint without safetensors is loaded
     whole, once, to take the two matrices."""
-    from safetensors import SafetensorError
     from transformers import AutoConfig
 
     path = Path(path)
@@ -256,11 +264,8 @@ def load_target_head(path, device="cpu") -> TargetHead:
         raise LabError("no embed_tokens.weight tensor in the safetensors files", path)
     if head_name is None and not getattr(config, "tie_word_embeddings", False):
         raise LabError("no lm_head.weight tensor, and the config does not tie it to the embedding", path)
-    try:
-        embed = _read_tensor(embed_name, files).float()
-        head = embed if head_name is None else _read_tensor(head_name, files).float()
-    except (OSError, SafetensorError) as e:
-        raise LabError(f"cannot read the embedding or lm_head: {_first_line(e)}", path) from None
+    embed = _read_tensor(embed_name, files).float()
+    head = embed if head_name is None else _read_tensor(head_name, files).float()
     if embed.shape[1] != int(config.hidden_size) or head.shape[1] != int(config.hidden_size):
         raise LabError(f"embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not match "
                        f"hidden_size {config.hidden_size}", path)

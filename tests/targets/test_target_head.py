@@ -66,3 +66,19 @@ def test_a_head_that_cannot_be_found_is_one_line_naming_the_dir(tmp_path):
         load_target_head(path)
     with pytest.raises(LabError, match="model directory not found"):
         load_target_head(tmp_path / "nothing")
+
+
+def test_a_bad_weights_file_is_one_line_naming_it(tmp_path):
+    path = _llama(tmp_path / "truncated")
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(LabError, match="cannot read safetensors file") as e:
+        load_target_head(path)
+    assert str(weights) in str(e.value) and len(str(e.value).splitlines()) == 1
+    path = _llama(tmp_path / "sharded", max_shard_size="20KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shard = path / index["weight_map"]["lm_head.weight"]
+    shard.unlink()
+    with pytest.raises(LabError, match="cannot read safetensors file") as e:
+        load_target_head(path)
+    assert str(shard) in str(e.value)

@@ -49,14 +49,17 @@ print(f"{os.path.basename(lib)}: CUDA kernels registered; machine code for {', '
 """
 
 
-# The host sessions install the versions the CPU image locked, so a library release can't turn a green
-# commit red or make the host's runs differ from the image's. DRAFTER_LAB_NEWEST=1 takes the newest instead.
-CPU_LOCK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers", "requirements-cpu.lock")
+# The sessions install what the images locked (CPU sessions the CPU image's, build_cuda the GPU image's),
+# so a library release can't turn a green commit red or make the host's runs differ from the image's.
+# DRAFTER_LAB_NEWEST=1 takes the newest releases instead.
+LOCKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "containers")
+CPU_LOCK = os.path.join(LOCKS, "requirements-cpu.lock")
+GPU_LOCK = os.path.join(LOCKS, "requirements-gpu.lock")
 
 
 def lock_constraints(lock_text: str) -> list[str]:
     """`name==version` for each package a lock written by containers/build.py pins, torch excepted (each
-    session names its own build; the lock's carries a local version tag)."""
+    session names its own build; the CPU lock's carries a local version tag)."""
     pins = []
     for line in lock_text.splitlines():
         spec = line.split("#", 1)[0].split()
@@ -65,18 +68,23 @@ def lock_constraints(lock_text: str) -> list[str]:
     return pins
 
 
+def constrained(session: nox.Session, lock: str) -> list[str]:
+    """pip arguments that hold an install to `lock`'s versions (none with DRAFTER_LAB_NEWEST=1)."""
+    if os.environ.get("DRAFTER_LAB_NEWEST") == "1":
+        return []
+    with open(lock) as f:
+        pins = lock_constraints(f.read())
+    path = os.path.join(session.create_tmp(), "constraints.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(pins) + "\n")
+    return ["-c", path]
+
+
 def install_lab(session: nox.Session, torch_spec: str = CPU_TORCH, extras: str = "test") -> None:
-    constraints = []
-    if os.environ.get("DRAFTER_LAB_NEWEST") != "1":
-        with open(CPU_LOCK) as f:
-            pins = lock_constraints(f.read())
-        path = os.path.join(session.create_tmp(), "constraints.txt")
-        with open(path, "w") as f:
-            f.write("\n".join(pins) + "\n")
-        constraints = ["-c", path]
-    session.install(*constraints, "--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
-    session.install(*constraints, torch_spec)
-    session.install(*constraints, "--no-build-isolation", "-e", f".[{extras}]" if extras else ".")
+    c = constrained(session, CPU_LOCK)
+    session.install(*c, "--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
+    session.install(*c, torch_spec)
+    session.install(*c, "--no-build-isolation", "-e", f".[{extras}]" if extras else ".")
 
 
 @nox.session
@@ -146,8 +154,9 @@ def build_cuda(session: nox.Session) -> None:
     if not os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
         session.error(f"no nvcc under CUDA_HOME={cuda_home}")
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0;12.0")
-    session.install("--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
-    session.install(CUDA_TORCH)
+    c = constrained(session, GPU_LOCK)
+    session.install(*c, "--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
+    session.install(*c, CUDA_TORCH)
     out = session.create_tmp()
     env = {"CUDA_HOME": cuda_home, "TORCH_CUDA_ARCH_LIST": archs}
     session.run("python", "setup.py", "-q", "build_ext", "-b", f"{out}/lib", "-t", f"{out}/obj", env=env)

@@ -51,7 +51,7 @@ def test_no_readable_record_pins_nothing(noxfile, tmp_path, manifest):
 
 class FakeSession:
     def __init__(self, tmp):
-        self.tmp, self.installs = tmp, []
+        self.tmp, self.installs, self.runs = tmp, [], []
 
     def create_tmp(self):
         return str(self.tmp)
@@ -59,9 +59,13 @@ class FakeSession:
     def install(self, *args):
         self.installs.append(args)
 
+    def run(self, *args, **kwargs):
+        self.runs.append(args)
 
-def test_lock_constraints_pin_every_locked_package_but_torch(noxfile):
-    text = Path(noxfile.CPU_LOCK).read_text()
+
+@pytest.mark.parametrize("lock", ["CPU_LOCK", "GPU_LOCK"])
+def test_lock_constraints_pin_every_locked_package_but_torch(noxfile, lock):
+    text = Path(getattr(noxfile, lock)).read_text()
     locked = {line.split("==")[0]: line.split("==")[1].split()[0] for line in text.splitlines()
               if line and not line.startswith("#")}
     pins = noxfile.lock_constraints(text)
@@ -69,19 +73,29 @@ def test_lock_constraints_pin_every_locked_package_but_torch(noxfile):
     assert sorted(pins) == sorted(f"{n}=={v}" for n, v in locked.items() if n != "torch")
 
 
+def _installed_under(session, lock, noxfile):
+    """Whether every install of `session` was held to `lock`'s versions."""
+    constraints = str(session.tmp / "constraints.txt")
+    return (all(call[:2] == ("-c", constraints) for call in session.installs)
+            and Path(constraints).read_text().split() == noxfile.lock_constraints(Path(lock).read_text()))
+
+
 @pytest.mark.parametrize("newest", [None, "1"])
-def test_host_sessions_install_under_the_lock(noxfile, tmp_path, monkeypatch, newest):
+def test_sessions_install_under_their_lock(noxfile, tmp_path, monkeypatch, newest):
     if newest is None:
         monkeypatch.delenv("DRAFTER_LAB_NEWEST", raising=False)
     else:
         monkeypatch.setenv("DRAFTER_LAB_NEWEST", newest)
-    session = FakeSession(tmp_path)
-    noxfile.install_lab(session)
-    assert [a for call in session.installs for a in call if a.startswith("torch")] == [noxfile.CPU_TORCH]
-    if newest:
-        assert all("-c" not in call for call in session.installs)
-        return
-    constraints = str(tmp_path / "constraints.txt")
-    assert all(call[:2] == ("-c", constraints) for call in session.installs)
-    locked = Path(noxfile.CPU_LOCK).read_text()
-    assert Path(constraints).read_text().split() == noxfile.lock_constraints(locked)
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    (tmp_path / "cuda" / "bin" / "nvcc").touch()
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    for session_fn, lock, torch_spec in ((noxfile.install_lab, noxfile.CPU_LOCK, noxfile.CPU_TORCH),
+                                         (noxfile.build_cuda, noxfile.GPU_LOCK, noxfile.CUDA_TORCH)):
+        (tmp_path / Path(lock).stem).mkdir()
+        session = FakeSession(tmp_path / Path(lock).stem)
+        session_fn(session)
+        assert [a for call in session.installs for a in call if a.startswith("torch")] == [torch_spec]
+        if newest:
+            assert all("-c" not in call for call in session.installs)
+        else:
+            assert _installed_under(session, lock, noxfile)

@@ -25,6 +25,9 @@ from drafter_lab.errors import LabError
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
+LLAMA_EAGLE3_ARCHS = (SGLANG_ARCH, "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
+"""Architecture names of plain Llama EAGLE-3 math: SGLang's and SpecForge's, vLLM's, and the
+`LlamaForCausalLM` of EAGLE's own releases (which SGLang serves as EAGLE-3 under that algorithm)."""
 SGLANG_AUX_CONVENTION = "output_of_layer"  # hidden_states index = id + 1
 
 MIDLAYER_TENSORS = (
@@ -148,6 +151,22 @@ def _need(data: dict, key: str, path):
     return data[key]
 
 
+def _refuse_other_families(data: dict, layer: dict, path) -> None:
+    """Drafters of another family (SpecForge's GPT-OSS, Qwen-MoE or DFlash drafters, speculators' EAGLE-1,
+    a Qwen3 layer with its q/k norms) share the config fields but not the math: refused, not read as
+    a Llama EAGLE-3 midlayer."""
+    kind = data.get("speculators_model_type")
+    if kind is not None and kind != "eagle3":
+        raise LabError(f"speculators model type {kind!r} is not supported (eagle3 only)", path)
+    archs = [a for a in data.get("architectures") or [] if a not in (*LLAMA_EAGLE3_ARCHS, SPECULATORS_ARCH)]
+    if archs:
+        raise LabError(f"drafter architecture {archs[0]!r} is not supported (Llama EAGLE-3 only: "
+                       f"{', '.join(LLAMA_EAGLE3_ARCHS)} or {SPECULATORS_ARCH})", path)
+    model_type = layer.get("model_type", "llama")
+    if model_type != "llama":
+        raise LabError(f"drafter layer model_type {model_type!r} is not supported (Llama EAGLE-3 only)", path)
+
+
 def _refuse_variants(data: dict, path) -> None:
     """Drafter variants whose math the reference model does not implement are refused, not misread."""
     eagle = data.get("eagle_config") or {}
@@ -208,14 +227,13 @@ def rope_scaling_text(scaling: dict | None) -> str:
 def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
     """DrafterConfig from a config.json of any supported layout; returns (config, format)."""
     fmt = detect_format(data)
+    layer = (data.get("transformer_layer_config") or {}) if fmt == SPECULATORS else data
+    _refuse_other_families(data, layer, path)
+    _refuse_variants(data, path)
     if fmt == SPECULATORS:
-        _refuse_variants(data, path)
-        layer = data.get("transformer_layer_config") or {}
         _refuse_variants(layer, path)
         aux = list(data.get("eagle_aux_hidden_state_layer_ids") or [])  # already hf_hidden_states
     else:
-        layer = data
-        _refuse_variants(data, path)
         if data.get("tie_word_embeddings"):  # vLLM's EAGLE-3 model keeps its own head whatever the flag says
             raise LabError("config sets tie_word_embeddings=true: SGLang would take the embedding as the head and "
                            "drop lm_head.weight (set it false if lm_head.weight is the head)", path)

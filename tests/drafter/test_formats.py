@@ -147,6 +147,32 @@ def test_unsupported_variant_and_truncated_file(tmp_path, drafter):
         read_checkpoint(t)
 
 
+def _with_layer(cfg, **over):
+    return {**cfg, "transformer_layer_config": {**cfg["transformer_layer_config"], **over}}
+
+
+@pytest.mark.parametrize("layout, change, refusal", [
+    ("sglang", lambda c: {**c, "architectures": ["GptOssForCausalLMEagle3"]}, "architecture 'GptOssForCausalLMEagle3'"),
+    ("sglang", lambda c: {**c, "architectures": ["DFlashDraftModel"]}, "architecture 'DFlashDraftModel'"),
+    ("sglang", lambda c: {**c, "model_type": "qwen3"}, "model_type 'qwen3'"),
+    ("speculators", lambda c: {**c, "speculators_model_type": "eagle"}, "speculators model type 'eagle'"),
+    ("speculators", lambda c: _with_layer(c, model_type="qwen3"), "model_type 'qwen3'"),
+])
+def test_drafters_of_another_family_are_refused_not_read_as_llama(drafter, layout, change, refusal):
+    cfg = formats.config_for(layout, drafter.config, torch.float32)
+    with pytest.raises(LabError, match=refusal) as e:
+        formats.parse_config(change(cfg), "cfg.json")
+    assert str(e.value).startswith("cfg.json: ")
+
+
+@pytest.mark.parametrize("arch", formats.LLAMA_EAGLE3_ARCHS)
+def test_every_name_of_llama_eagle3_reads_the_same(drafter, arch):
+    cfg = formats.sglang_config(drafter.config, torch.float32)
+    assert formats.parse_config({**cfg, "architectures": [arch]}, "cfg.json") == (drafter.config, "sglang")
+    bare = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
+    assert formats.parse_config(bare, "cfg.json") == (drafter.config, "sglang")
+
+
 def test_export_cli(tmp_path, drafter):
     save_drafter(drafter, tmp_path / "src")
     assert main(["export", "--drafter", str(tmp_path / "src"), "--format", "speculators",

@@ -127,6 +127,12 @@ def read_checkpoint(path) -> Checkpoint:
     bias = tensors.get("fc.bias")
     if bias is not None and bool(bias.abs().max() > 0):
         raise LabError("fc.bias is non-zero: this drafter's fc has no bias", where["fc.bias"])
+    known = (*formats.MIDLAYER_TENSORS, *formats.MIDLAYER_BUFFERS)
+    for name in sorted(tensors):  # a bias, an extra norm or experts: another family's midlayer, not ours
+        part = name.removeprefix("midlayer.")
+        if part != name and part not in known and not (part.endswith(".bias") and not tensors[name].any()):
+            raise LabError(f"tensor {formats.export_name(name, fmt)!r} is not part of a Llama EAGLE-3 midlayer",
+                           where[name])
     n, v = cfg.draft_vocab_size, cfg.target_vocab_size
     if not ckpt.has_head and n != v:
         raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "

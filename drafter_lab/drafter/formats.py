@@ -42,6 +42,8 @@ MIDLAYER_TENSORS = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
+MIDLAYER_BUFFERS = ("self_attn.rotary_emb.inv_freq",)
+"""Midlayer tensors a file may carry beside the weights (older transformers saved RoPE's buffer); not read."""
 # Every file holds these. SGLang and vLLM also load a drafter without `lm_head.weight` (it shares its
 # target's head), without `d2t` (its draft ids are target ids) and without `t2d` (which they never read).
 REQUIRED_TENSORS = ("fc.weight", *(f"midlayer.{n}" for n in MIDLAYER_TENSORS), "norm.weight")
@@ -170,9 +172,13 @@ def _refuse_other_families(data: dict, layer: dict, path) -> None:
 def _refuse_variants(data: dict, path) -> None:
     """Drafter variants whose math the reference model does not implement are refused, not misread."""
     eagle = data.get("eagle_config") or {}
-    for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output"):
+    for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "additional_fc", "attention_bias",
+                "mlp_bias"):
         if data.get(key) or eagle.get(key):
             raise LabError(f"drafter variant {key}=true is not supported (plain EAGLE-3 only)", path)
+    act = data.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise LabError(f"drafter hidden_act {act!r} is not supported (SiLU only)", path)
     layers = data.get("num_hidden_layers", 1)
     if layers != 1:
         raise LabError(f"drafter has {layers} layers; EAGLE-3 here has exactly one midlayer", path)

@@ -157,6 +157,10 @@ def _with_layer(cfg, **over):
     ("sglang", lambda c: {**c, "model_type": "qwen3"}, "model_type 'qwen3'"),
     ("speculators", lambda c: {**c, "speculators_model_type": "eagle"}, "speculators model type 'eagle'"),
     ("speculators", lambda c: _with_layer(c, model_type="qwen3"), "model_type 'qwen3'"),
+    ("sglang", lambda c: {**c, "attention_bias": True}, "attention_bias=true"),
+    ("sglang", lambda c: {**c, "additional_fc": True}, "additional_fc=true"),
+    ("sglang", lambda c: {**c, "hidden_act": "gelu_pytorch_tanh"}, "hidden_act 'gelu_pytorch_tanh'"),
+    ("speculators", lambda c: _with_layer(c, mlp_bias=True), "mlp_bias=true"),
 ])
 def test_drafters_of_another_family_are_refused_not_read_as_llama(drafter, layout, change, refusal):
     cfg = formats.config_for(layout, drafter.config, torch.float32)
@@ -171,6 +175,25 @@ def test_every_name_of_llama_eagle3_reads_the_same(drafter, arch):
     assert formats.parse_config({**cfg, "architectures": [arch]}, "cfg.json") == (drafter.config, "sglang")
     bare = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
     assert formats.parse_config(bare, "cfg.json") == (drafter.config, "sglang")
+
+
+@pytest.mark.parametrize("layout", FORMATS)
+def test_a_midlayer_tensor_of_another_family_is_refused_naming_it(tmp_path, drafter, layout):
+    cfg = formats.config_for(layout, drafter.config, torch.float32)
+    d = _foreign(tmp_path, drafter, "plain", lambda k: formats.export_name(k, layout), cfg)
+    weights = d / "model.safetensors"
+    state = load_file(str(weights))
+    q = formats.export_name("midlayer.self_attn.q_proj", layout)
+    # A zero bias and RoPE's saved buffer change nothing: read as before.
+    save_file({**state, f"{q}.bias": torch.zeros(len(state[f"{q}.weight"])),
+               formats.export_name("midlayer.self_attn.rotary_emb.inv_freq", layout): torch.ones(4)}, str(weights))
+    assert_same_state(load_drafter(d), drafter)
+    for extra, value in ((f"{q}.bias", torch.ones(len(state[f"{q}.weight"]))),
+                         (formats.export_name("midlayer.self_attn.q_norm.weight", layout), torch.ones(4))):
+        save_file({**state, extra: value}, str(weights))
+        with pytest.raises(LabError, match=f"tensor '{extra}' is not part of a Llama EAGLE-3 midlayer") as e:
+            read_checkpoint(d)
+        assert str(e.value).startswith(f"{weights}: ")
 
 
 def test_export_cli(tmp_path, drafter):

@@ -179,6 +179,11 @@ def _refuse_variants(data: dict, path) -> None:
     act = data.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise LabError(f"drafter hidden_act {act!r} is not supported (SiLU only)", path)
+    if eagle.get("use_aux_hidden_state", True) is False:  # vLLM: no fc, the target's last state goes in as is
+        raise LabError("drafter with use_aux_hidden_state=false is not supported (EAGLE-3's fc over aux states only)",
+                       path)
+    if data.get("logit_scale", 1.0) != 1.0:  # vLLM scales the draft logits by it
+        raise LabError(f"drafter logit_scale {data['logit_scale']} is not supported (1.0 only)", path)
     layers = data.get("num_hidden_layers", 1)
     if layers != 1:
         raise LabError(f"drafter has {layers} layers; EAGLE-3 here has exactly one midlayer", path)

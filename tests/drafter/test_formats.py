@@ -161,6 +161,9 @@ def _with_layer(cfg, **over):
     ("sglang", lambda c: {**c, "additional_fc": True}, "additional_fc=true"),
     ("sglang", lambda c: {**c, "hidden_act": "gelu_pytorch_tanh"}, "hidden_act 'gelu_pytorch_tanh'"),
     ("speculators", lambda c: _with_layer(c, mlp_bias=True), "mlp_bias=true"),
+    ("sglang", lambda c: {**c, "eagle_config": {**c["eagle_config"], "use_aux_hidden_state": False}},
+     "use_aux_hidden_state=false"),
+    ("sglang", lambda c: {**c, "logit_scale": 0.5}, "logit_scale 0.5"),
 ])
 def test_drafters_of_another_family_are_refused_not_read_as_llama(drafter, layout, change, refusal):
     cfg = formats.config_for(layout, drafter.config, torch.float32)

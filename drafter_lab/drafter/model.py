@@ -128,12 +128,15 @@ class MidLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.norm_before_residual = cfg.norm_before_residual
 
-    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's input cat(input_layernorm(e), hidden_norm(h)), and the residual stream's start
+        (h; hidden_norm(h) with norm_before_residual)."""
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), normed], -1)
+        return x, normed if self.norm_before_residual else hidden
 
-    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj + residual, then the MLP block with its residual."""
-        residual = self.hidden_norm(hidden) if self.norm_before_residual else hidden
         h1 = residual + self.self_attn.o_proj(attn_out)
         return h1 + self.mlp(self.post_attention_layernorm(h1))
 
@@ -176,7 +179,8 @@ class Eagle3Drafter(nn.Module):
         """
         layer = self.midlayer
         attn = layer.self_attn
-        q, k, v = attn.qkv(layer.attn_input(embeds, hidden), positions)
+        x, residual = layer.attn_input(embeds, hidden)
+        q, k, v = attn.qkv(x, positions)
         cache.append((k, v))
         B, T = embeds.shape[:2]
         scale = attn.cfg.head_dim ** -0.5
@@ -194,7 +198,7 @@ class Eagle3Drafter(nn.Module):
         for j, vj in enumerate(diag_v):
             out = out + probs[..., T + j, None] * vj
         out = out.transpose(1, 2).reshape(B, T, -1)
-        return layer.finish(hidden, out)
+        return layer.finish(residual, out)
 
     # -- decoding -------------------------------------------------------------------------------
     def draft_step(
@@ -220,7 +224,8 @@ class Eagle3Drafter(nn.Module):
             raise ValueError(f"hidden has width {hidden.shape[-1]}, want {self.config.hidden_size} or 3*H_t")
         layer = self.midlayer
         attn = layer.self_attn
-        q, k, v = attn.qkv(layer.attn_input(embeds, hidden)[:, None], positions[:, None])  # [B, h, 1, d]
+        x, residual = layer.attn_input(embeds, hidden)
+        q, k, v = attn.qkv(x[:, None], positions[:, None])  # [B, h, 1, d]
         B = embeds.shape[0]
         rows = torch.arange(B, device=embeds.device)
         k_cache[rows, :, cache_lens] = k[:, :, 0].to(k_cache.dtype)
@@ -233,7 +238,7 @@ class Eagle3Drafter(nn.Module):
         scores = scores.masked_fill(~valid[:, None, None, :], torch.finfo(scores.dtype).min)
         probs = torch.softmax(upcast(scores), -1).to(q.dtype)
         out = torch.matmul(probs, vv)[:, :, 0].reshape(B, -1)
-        h = layer.finish(hidden, out)
+        h = layer.finish(residual, out)
         logp = torch.log_softmax(upcast(self.logits(h)), -1)
         top_logp, top = logp.topk(topk, -1)
         return h, self.to_target_ids(top), top_logp

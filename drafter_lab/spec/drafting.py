@@ -78,7 +78,8 @@ class DrafterRunner:
         B, m = next_ids.shape
         hidden = d.project(aux)
         pos = self.lens[:, None] + torch.arange(m, device=next_ids.device)
-        q, k, v = attn.qkv(layer.attn_input(d.embed(next_ids), hidden), pos)  # [B, h, m, d]
+        x, residual = layer.attn_input(d.embed(next_ids), hidden)
+        q, k, v = attn.qkv(x, pos)  # [B, h, m, d]
         rows, cols = (torch.arange(m, device=pos.device)[None] < counts[:, None]).nonzero(as_tuple=True)
         slots = pos[rows, cols]
         self.k[rows, :, slots] = k[rows, :, cols].to(self.k.dtype)
@@ -91,7 +92,7 @@ class DrafterRunner:
         scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores.float(), -1).to(q.dtype)
         out = torch.matmul(probs, vv).transpose(1, 2).reshape(B, m, -1)
-        h = layer.finish(hidden, out)
+        h = layer.finish(residual, out)
         last = h[torch.arange(B, device=h.device), (counts - 1).clamp_min(0)]
         logp = torch.log_softmax(d.logits(last).float(), -1)
         top_logp, top = logp.topk(topk, -1)

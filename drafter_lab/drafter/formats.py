@@ -25,9 +25,10 @@ from drafter_lab.errors import LabError
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
-LLAMA_EAGLE3_ARCHS = (SGLANG_ARCH, "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
-"""Architecture names of plain Llama EAGLE-3 math: SGLang's and SpecForge's, vLLM's, and the
-`LlamaForCausalLM` of EAGLE's own releases (which SGLang serves as EAGLE-3 under that algorithm)."""
+LLAMA_EAGLE3_ARCHS = (SGLANG_ARCH, "Eagle3LlamaForCausalLM", "Eagle3DraftModel", "LlamaForCausalLM")
+"""Architecture names of plain Llama EAGLE-3 math: SGLang's and SpecForge's, vLLM's and AngelSlim's,
+SpecForge's base class (as some checkpoints name it), and the `LlamaForCausalLM` of EAGLE's own
+releases (which SGLang serves as EAGLE-3 under that algorithm)."""
 SGLANG_AUX_CONVENTION = "output_of_layer"  # hidden_states index = id + 1
 
 MIDLAYER_TENSORS = (

@@ -128,9 +128,10 @@ def read_checkpoint(path) -> Checkpoint:
     if bias is not None and bool(bias.abs().max() > 0):
         raise LabError("fc.bias is non-zero: this drafter's fc has no bias", where["fc.bias"])
     known = (*formats.MIDLAYER_TENSORS, *formats.MIDLAYER_BUFFERS)
-    for name in sorted(tensors):  # a bias, an extra norm or experts: another family's midlayer, not ours
+    for name in sorted(tensors):  # a bias, an extra norm, experts or a second layer: another family's
         part = name.removeprefix("midlayer.")
-        if part != name and part not in known and not (part.endswith(".bias") and not tensors[name].any()):
+        foreign = part != name and part not in known and not (part.endswith(".bias") and not tensors[name].any())
+        if foreign or name.startswith("layers."):  # layers.0 is the midlayer; a file with layers.1 has more
             raise LabError(f"tensor {formats.export_name(name, fmt)!r} is not part of a Llama EAGLE-3 midlayer",
                            where[name])
     n, v = cfg.draft_vocab_size, cfg.target_vocab_size

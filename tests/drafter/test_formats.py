@@ -192,7 +192,9 @@ def test_a_midlayer_tensor_of_another_family_is_refused_naming_it(tmp_path, draf
                formats.export_name("midlayer.self_attn.rotary_emb.inv_freq", layout): torch.ones(4)}, str(weights))
     assert_same_state(load_drafter(d), drafter)
     for extra, value in ((f"{q}.bias", torch.ones(len(state[f"{q}.weight"]))),
-                         (formats.export_name("midlayer.self_attn.q_norm.weight", layout), torch.ones(4))):
+                         (formats.export_name("midlayer.self_attn.q_norm.weight", layout), torch.ones(4)),
+                         ("layers.1.mlp.down_proj.weight", state[formats.export_name("midlayer.mlp.down_proj.weight",
+                                                                                     layout)].clone())):
         save_file({**state, extra: value}, str(weights))
         with pytest.raises(LabError, match=f"tensor '{extra}' is not part of a Llama EAGLE-3 midlayer") as e:
             read_checkpoint(d)

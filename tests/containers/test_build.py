@@ -81,6 +81,15 @@ def test_lock_is_accepted_by_pip_and_rejects_a_changed_wheel(tmp_path):
     assert "hash" in bad.stderr.lower()
 
 
+@pytest.mark.parametrize("flavor, session", [("cpu", "nox -s container"), ("gpu", "nox -s container -- gpu")])
+def test_committed_locks_were_resolved_from_pyprojects_requirements(flavor, session):
+    # The images install them and the host's nox sessions install under them: a requirement changed
+    # without resolving the lock again would hold both to versions the project no longer asks for.
+    lock = ROOT / "containers" / f"requirements-{flavor}.lock"
+    recorded = [line.removeprefix("# input: ") for line in lock.read_text().splitlines() if line.startswith("# input: ")]
+    assert recorded == build.lock_inputs(flavor), f"{lock.name} is stale: `{session}` resolves it again"
+
+
 def test_inputs_key_follows_inputs_and_target():
     t311, t312 = build.Target("3.11", "manylinux_2_36_x86_64"), build.Target("3.12", "manylinux_2_39_x86_64")
     assert build.inputs_key(["a", "b"], t311) == build.inputs_key(["a", "b"], t311)

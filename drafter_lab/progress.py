@@ -20,7 +20,7 @@ console = Console(stderr=True)
 
 def log(message: str) -> None:
     """A status line on stderr (stdout is kept for results)."""
-    console.print(message, highlight=False)
+    console.print(message, highlight=False, soft_wrap=True)  # one line per message, paths unbroken, in logs too
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.progress import progress
+from drafter_lab.progress import log, progress
 
 
 def test_atomic_writes_get_the_umask_modes(tmp_path):
@@ -87,6 +87,15 @@ def test_progress_logs_lines_without_a_terminal(capsys):
         advance(0, loss=1.0)  # a status after the end waits for every_s
     err = capsys.readouterr().err
     assert err.count("again 2/2") == 1 and "again 2/2 [0 s] loss=2" in err
+
+
+def test_a_logged_line_stays_one_line_whatever_its_length(capsys):
+    # A CI log or a test's capture is no terminal: a path longer than the console's 80 columns must not
+    # be folded into pieces that grep and a reader can't put back together.
+    path = "/" + "/".join(f"directory-{i}" for i in range(12)) + "/conversations.jsonl"
+    log(f"{path}: 1 of 4 conversations hold answers another target sampled: they train as text")
+    assert capsys.readouterr().err == f"{path}: 1 of 4 conversations hold answers another target sampled: " \
+        "they train as text\n"
 
 
 def test_safetensors_bytes_do_not_depend_on_the_process(tmp_path):

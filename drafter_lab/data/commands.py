@@ -173,4 +173,5 @@ def _print_manifest(manifest, out) -> None:
         f"aux layer ids {manifest.aux_layer_ids} ({manifest.aux_convention}), dtype {manifest.dtype}, "
         f"skipped {manifest.skipped or 'none'}",
         highlight=False,
+        soft_wrap=True,
     )

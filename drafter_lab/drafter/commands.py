@@ -56,6 +56,7 @@ def _build(args) -> int:
         f"{int((counts > 0).sum())} distinct tokens at loss positions; the vocab covers "
         f"{covered}/{int(counts.sum())} = {covered / int(counts.sum()):.2%} of them",
         highlight=False,
+        soft_wrap=True,
     )
     return 0
 

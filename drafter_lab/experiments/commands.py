@@ -56,7 +56,7 @@ def _probe(args) -> int:
         table.add_row(f"pilot step {row['step']}: val cond_acc_0 transfer / scratch",
                       f"{row['transfer_cond_acc_0']:.3f} / {row['scratch_cond_acc_0']:.3f}")
     con.print(table)
-    con.print(f"[bold]verdict: {result['verdict']}[/] — {result['reason']}")
+    con.print(f"[bold]verdict: {result['verdict']}[/] — {result['reason']}", soft_wrap=True)
     return 0
 
 
@@ -118,9 +118,9 @@ def _reproduce(args) -> int:
     manifests = [json.loads((Path(d) / "manifest.json").read_text()) for d in (args.run_dir, new_dir)]
     for note in (machine_note(*manifests), package_note(*manifests)):
         if note:
-            con.print(f"[yellow]note:[/] {note}")
+            con.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     if not diffs:
-        con.print(f"[bold green]identical[/]: every metric of {args.run_dir} reproduced in {new_dir}")
+        con.print(f"[bold green]identical[/]: every metric of {args.run_dir} reproduced in {new_dir}", soft_wrap=True)
         return 0
     table = Table(title=f"metrics that differ ({len(diffs)})")
     for col in ("metric", "original", "reproduced"):

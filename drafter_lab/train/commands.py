@@ -192,5 +192,5 @@ def _print_verdict(verdict, cfg: WatchConfig, note: str | None, last: int = 10) 
     if verdict.rows:
         con.print(table)
     if note:
-        con.print(f"[yellow]note:[/] {note}")
-    con.print(("[bold red]stop[/]: " if verdict.stop else "[bold green]keep training[/]: ") + verdict.reason)
+        con.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    con.print(("[bold red]stop[/]: " if verdict.stop else "[bold green]keep training[/]: ") + verdict.reason, soft_wrap=True)

@@ -50,9 +50,10 @@ def test_padding_with_unused_low_ids_when_few_tokens_occur():
 
 def test_cli_build_saves_a_loadable_vocab(features, tmp_path, capsys):
     distinct = len({t for s in FeatureSet(features).sequences("train") for t in s.input_ids[s.loss_mask].tolist()})
-    out = tmp_path / "vocab.safetensors"
+    out = tmp_path / ("a-directory-name-long-enough-to-pass-eighty-columns-" * 2) / "vocab.safetensors"
     assert run_cli("vocab", "build", "--data", features, "--size", distinct + 20, "--out", out) == 0
-    assert "covers" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "covers" in printed and f" -> {out}\n" in printed  # the path whole, on the line that names it
     v = DraftVocab.load(out)
     assert_invariant(v, distinct + 20, FeatureSet(features).manifest.target["vocab_size"])
     assert torch.equal(v.d2t, build_vocab(features, distinct + 20).d2t)

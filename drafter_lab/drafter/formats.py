@@ -44,7 +44,7 @@ MIDLAYER_TENSORS = (
     "mlp.down_proj.weight",
 )
 MIDLAYER_BUFFERS = ("self_attn.rotary_emb.inv_freq",)
-"""Midlayer tensors a file may carry beside the weights (older transformers saved RoPE's buffer); not read."""
+"""Midlayer tensors a file may carry beside the weights (older transformers saved RoPE's buffer); dropped."""
 # Every file holds these. SGLang and vLLM also load a drafter without `lm_head.weight` (it shares its
 # target's head), without `d2t` (its draft ids are target ids) and without `t2d` (which they never read).
 REQUIRED_TENSORS = ("fc.weight", *(f"midlayer.{n}" for n in MIDLAYER_TENSORS), "norm.weight")

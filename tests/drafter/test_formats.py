@@ -10,9 +10,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from drafter_lab.cli import main
+from drafter_lab.data.vocab import DraftVocab
 from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import export, load_drafter, read_checkpoint, save_drafter
 from drafter_lab.drafter.config import FORMATS
+from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.drafter.transfer import init_from
 from drafter_lab.errors import LabError
 
 from .test_model import random_drafter, small_config
@@ -191,6 +194,8 @@ def test_a_midlayer_tensor_of_another_family_is_refused_naming_it(tmp_path, draf
     save_file({**state, f"{q}.bias": torch.zeros(len(state[f"{q}.weight"])),
                formats.export_name("midlayer.self_attn.rotary_emb.inv_freq", layout): torch.ones(4)}, str(weights))
     assert_same_state(load_drafter(d), drafter)
+    report = init_from(Eagle3Drafter(drafter.config), d, SimpleNamespace(), DraftVocab(drafter.d2t, drafter.t2d))
+    assert not any("bias" in r["tensor"] or "inv_freq" in r["tensor"] for r in report.skipped + report.loaded)
     for extra, value in ((f"{q}.bias", torch.ones(len(state[f"{q}.weight"]))),
                          (formats.export_name("midlayer.self_attn.q_norm.weight", layout), torch.ones(4)),
                          ("layers.1.mlp.down_proj.weight", state[formats.export_name("midlayer.mlp.down_proj.weight",

@@ -74,7 +74,7 @@ def constrained(session: nox.Session, lock: str) -> list[str]:
         return []
     with open(lock) as f:
         pins = lock_constraints(f.read())
-    path = os.path.join(session.create_tmp(), "constraints.txt")
+    path = os.path.join(session.virtualenv.location, "constraints.txt")  # create_tmp() would also move TMPDIR
     with open(path, "w") as f:
         f.write("\n".join(pins) + "\n")
     return ["-c", path]

@@ -52,6 +52,7 @@ def test_no_readable_record_pins_nothing(noxfile, tmp_path, manifest):
 class FakeSession:
     def __init__(self, tmp):
         self.tmp, self.installs, self.runs = tmp, [], []
+        self.virtualenv = types.SimpleNamespace(location=str(tmp))
 
     def create_tmp(self):
         return str(self.tmp)

@@ -1,7 +1,7 @@
 // Schemas of every drafter_lab torch op. CPU and CUDA implementations register against them with
 // TORCH_LIBRARY_IMPL next to their code; fake (meta) kernels for torch.compile are registered in
-// Python (drafter_lab/kernels/draft_step.py), which torch imports on demand through
-// set_python_module.
+// Python when drafter_lab/kernels/draft_step.py is imported; set_python_module makes torch's error
+// for a missing fake kernel name that module.
 #include <torch/library.h>
 
 TORCH_LIBRARY(drafter_lab, m) {

@@ -2,8 +2,9 @@
 
 `draft_step(drafter, ...)` takes the same arguments and returns the same tuple as
 `Eagle3Drafter.draft_step` (the reference and test oracle): by default it runs the compiled op when
-the extension is built and the tensors are on CUDA, else the reference. The fake kernel that
-torch.compile traces with is registered here; the op's schema lives in csrc/ops.cpp.
+the extension is built and the tensors are on CUDA, else the reference. Importing this module
+registers the op and the fake kernel that torch.compile and opcheck trace with; the op's schema
+lives in csrc/ops.cpp.
 """
 
 from __future__ import annotations
@@ -146,3 +147,8 @@ def draft_step(
         raise LabError("the fused draft_step op runs plain EAGLE-3; this drafter is norm_before_residual")
     args = op_args(drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
     return torch.ops.drafter_lab.draft_step(*args)
+
+
+# Importing this module is what registers the fake kernel: torch's error for a traced or opcheck'd
+# call without one names this module (csrc/ops.cpp's set_python_module) but does not import it.
+_load()

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -370,6 +374,16 @@ def _opcheck(device, dtype):
 def test_opcheck_cpu(require_draft_step_op):
     require_draft_step_op("cpu")
     _opcheck("cpu", torch.float32)
+
+
+def test_importing_the_face_registers_the_fake_kernel(require_draft_step_op):
+    """torch's error for a traced call without a fake kernel says to import drafter_lab.kernels.draft_step;
+    that import alone (nothing calling `available()` first) must then be enough for opcheck."""
+    require_draft_step_op("cpu")
+    code = "import torch; from tests.kernels.test_draft_step import _opcheck; _opcheck('cpu', torch.float32)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], capture_output=True,
+                          text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # --- CUDA: the full ranges of the issue, named shapes, both batch paths, graphs -------------------------

@@ -146,6 +146,14 @@ class Communicator {
     check_pair(x, out, "out");
     check_pair(x, residual_out, "residual_out");
     if (weight.scalar_type() != x.scalar_type()) throw std::invalid_argument("weight must have the dtype of x");
+    // A row is read whole before its results are written, so an input may be its output, but an
+    // output that starts elsewhere inside an input overwrites rows not read yet.
+    check_overlap(residual, residual_out, "residual_out", "residual");
+    check_overlap(residual, out, "out", "residual");
+    for (const auto& [written, name] : {std::pair(&out, "out"), std::pair(&residual_out, "residual_out")}) {
+      if (at::get_overlap_status(*written, weight) != at::MemOverlapStatus::No)
+        throw std::invalid_argument(std::string(name) + " must not overlap weight");
+    }
     if (at::get_overlap_status(out, residual_out) != at::MemOverlapStatus::No)
       throw std::invalid_argument("out and residual_out must not overlap");
     Call c{};
@@ -290,8 +298,13 @@ class Communicator {
   static void check_pair(const at::Tensor& a, const at::Tensor& b, const char* what) {
     if (b.scalar_type() != a.scalar_type() || b.numel() != a.numel())
       throw std::invalid_argument(std::string(what) + " must match the input's dtype and size");
+    check_overlap(a, b, what, "the input");
+  }
+
+  // `b` may be `a` itself (in place) or apart from it, not part of it.
+  static void check_overlap(const at::Tensor& a, const at::Tensor& b, const char* what, const char* of) {
     if (b.data_ptr() != a.data_ptr() && at::get_overlap_status(a, b) != at::MemOverlapStatus::No)
-      throw std::invalid_argument(std::string(what) + " partially overlaps the input");
+      throw std::invalid_argument(std::string(what) + " partially overlaps " + of);
   }
 
   void run(Channel& ch, const Call& c, bool aligned) {

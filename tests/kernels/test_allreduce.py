@@ -341,6 +341,17 @@ def test_single_rank_and_bad_input():
         comm.all_reduce(y[:6], out=y[2:])
     with pytest.raises(AllReduceInputError, match="weight"):
         comm.allreduce_residual_rmsnorm(r, r.clone(), torch.ones(7))
+    # An output starting one row into an input would overwrite rows before they are read.
+    buf = torch.randn(3, 1024)
+    with pytest.raises(AllReduceInputError, match="residual_out partially overlaps residual"):
+        comm.allreduce_residual_rmsnorm(r, buf[:2], w, residual_out=buf[1:])
+    with pytest.raises(AllReduceInputError, match="out partially overlaps residual"):
+        comm.allreduce_residual_rmsnorm(r, buf[:2], w, out=buf[1:])
+    with pytest.raises(AllReduceInputError, match="out must not overlap weight"):
+        comm.allreduce_residual_rmsnorm(r, r.clone(), buf[0], out=buf[:2])
+    res = r.clone()  # in place is fine: residual_out and out may be residual and x themselves
+    got = comm.allreduce_residual_rmsnorm(x[:2048].view(2, 1024), res, w, residual_out=res)
+    assert got[1].data_ptr() == res.data_ptr() and torch.equal(res, ref[1])
     with pytest.raises(AllReduceInputError, match="does not fit"):
         comm.allreduce_residual_rmsnorm(torch.randn(1, 2048), torch.randn(1, 2048), torch.ones(2048))
     assert comm.ll_capacity == 0 and comm.ll_max_bytes == 0, "the cpu backend has no LL area"

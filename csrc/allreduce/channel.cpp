@@ -131,6 +131,12 @@ void Channel::fail(const std::string& message) {
   throw CommError(message);
 }
 
+void Channel::refresh_lines(uint32_t gen) {
+  for (int phase = 0; phase < 2; ++phase)
+    for (uint32_t b = 0; b < layout_.blocks; ++b)
+      __atomic_store_n(&layout_.flag(slots(), rank_, gen, phase, (int)b)->word, flag_word(gen - 2, 0), __ATOMIC_RELEASE);
+}
+
 void Channel::write_header(uint32_t gen, const Call& c) {
   FlagLine* f = layout_.flag(slots(), rank_, gen, 0, 0);
   f->numel = c.numel_total;

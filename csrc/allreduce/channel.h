@@ -44,6 +44,10 @@ class Channel {
   Segment& segment() { return seg_; }
   double timeout_s() const { return timeout_s_; }
   uint32_t next_generation() { return ++gen_; }
+  // The next call is generation `gen` + 1 (tests of wrap-around; every rank sets the same).
+  void set_generation(uint32_t gen) { gen_ = gen; }
+  // Stamps every flag line of this rank in `gen`'s buffer with gen - 2 (see refresh_due).
+  void refresh_lines(uint32_t gen);
 
   // Every rank arrives; raises (naming the rank it still waits for) after the timeout.
   void barrier(const char* what);

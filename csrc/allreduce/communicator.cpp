@@ -189,6 +189,17 @@ class Communicator {
 
   void barrier() { channel().barrier("user"); }
 
+  // The next call is generation `gen` + 1 (tests of wrap-around); every rank sets the same.
+  void set_generation(int64_t gen) {
+#ifdef DRAFTER_LAB_WITH_CUDA
+    if (cuda_) {
+      cuda_->set_generation((uint32_t)gen);
+      return;
+    }
+#endif
+    channel().set_generation((uint32_t)gen);
+  }
+
   void close() {
 #ifdef DRAFTER_LAB_WITH_CUDA
     cuda_.reset();
@@ -350,6 +361,7 @@ void register_allreduce(pybind11::module_& m) {
       .def("fused", &Communicator::fused, py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("out"),
            py::arg("residual_out"), py::arg("eps"), py::arg("algo") = 0, release())
       .def("barrier", &Communicator::barrier, release())
+      .def("_set_generation", &Communicator::set_generation, py::arg("gen"), release())
       .def("close", &Communicator::close, release())
       .def("error", &Communicator::error)
       .def_property_readonly("rank", &Communicator::rank)

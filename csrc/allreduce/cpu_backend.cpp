@@ -65,6 +65,7 @@ class Run {
  private:
   // Copy our input into our slot block by block, releasing each block's flag behind it.
   void stage() {
+    if (refresh_due(gen_)) ch_.refresh_lines(gen_);
     ch_.write_header(gen_, c_);
     char* dst = l_.data(ch_.slots(), me_, gen_);
     const char* src = static_cast<const char*>(c_.in);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 namespace drafter_lab {
 namespace allreduce {
@@ -225,10 +226,17 @@ __device__ void publish(const Params& p, uint32_t gen, int phase) {
   if (threadIdx.x == 0) post_flag<kPush>(p, gen, phase, true);
 }
 
-// This CTA's generation for the call (shared by its threads), with its failure flag cleared.
+// This CTA's generation for the call (shared by its threads), with its failure flag cleared; its
+// flag lines of the call's buffer stamped with gen - 2 when a refresh is due (layout.h).
+template <bool kPush>
 __device__ uint32_t begin_call(const Params& p, uint32_t* s_gen, int* s_fail) {
   if (threadIdx.x == 0) {
-    *s_gen = p.counters[blockIdx.x] + 1;
+    const uint32_t gen = p.counters[blockIdx.x] + 1;
+    if (refresh_due(gen)) {
+      post_flag<kPush>(p, gen - 2, 0, false);
+      post_flag<kPush>(p, gen - 2, 1, false);
+    }
+    *s_gen = gen;
     *s_fail = 0;
   }
   __syncthreads();
@@ -376,7 +384,7 @@ __global__ void __launch_bounds__(kThreads) allreduce_kernel(Params p) {
   __shared__ uint32_t s_gen;
   __shared__ int s_fail;
   const int b = blockIdx.x, me = p.rank;
-  const uint32_t gen = begin_call(p, &s_gen, &s_fail);
+  const uint32_t gen = begin_call<kPush>(p, &s_gen, &s_fail);
   const uint64_t stride = p.layout.block_stride();
   const uint64_t row = kFused ? p.hidden : 1;  // elements per unit
   const uint64_t units = p.numel / row;
@@ -550,7 +558,7 @@ __device__ bool ll_wait(const Params& p, const uint4* src, int peer, uint32_t ge
 // Starts an LL call in this CTA: its generation, and its flag line posted (relaxed) at once.
 template <bool kPush>
 __device__ uint32_t ll_begin(const Params& p, uint32_t* s_gen, int* s_fail) {
-  const uint32_t gen = begin_call(p, s_gen, s_fail);
+  const uint32_t gen = begin_call<kPush>(p, s_gen, s_fail);
   if (threadIdx.x == 0) post_flag<kPush>(p, gen, 0, false);
   return gen;
 }
@@ -814,6 +822,13 @@ void CudaBackend::connect() {
     m.base.peer[q] = static_cast<char*>(ptr);
     m.opened[q] = true;
   }
+}
+
+void CudaBackend::set_generation(uint32_t gen) {
+  DeviceScope scope(impl_->device);
+  DL_CUDA_CHECK(cudaDeviceSynchronize());  // calls in flight still advance the counters
+  const std::vector<uint32_t> counters(kMaxBlocks, gen);
+  DL_CUDA_CHECK(cudaMemcpy(impl_->base.counters, counters.data(), kMaxBlocks * sizeof(uint32_t), cudaMemcpyHostToDevice));
 }
 
 CudaBackend::~CudaBackend() {

@@ -39,6 +39,8 @@ class CudaBackend {
   uint64_t ll_capacity_rows(uint64_t hidden, size_t elem_size) const;
   // Enqueues `c` on `stream` (a cudaStream_t). `aligned`: every pointer of `c` is 16-byte aligned.
   void launch(const Call& c, bool aligned, void* stream);
+  // Sets every CTA's generation counter to `gen` (tests of wrap-around), once queued calls are done.
+  void set_generation(uint32_t gen);
   // "" while fine, else the first failure a kernel of this rank reported.
   std::string error() const;
 

@@ -137,6 +137,15 @@ DL_HD uint32_t signature(uint64_t numel, uint32_t dtype, uint32_t kind, uint64_t
 
 DL_HD uint64_t flag_word(uint32_t gen, uint32_t sig) { return ((uint64_t)sig << 32) | gen; }
 
+// Generations compare modulo 2^32, which is exact only while no flag line lags its writer's
+// counter by 2^31 or more. Lines a run of calls leaves unwritten (phase 1 while every call is
+// one-shot, high blocks while every call is small) would lag that far after 2^31 calls (days of
+// serving) and then read as a peer ahead. So once per kRefreshPeriod generations, before writing
+// anything for the call, a writer stamps all its lines of the call's buffer with gen - 2: the last
+// call that buffer served, which every peer has finished reading.
+constexpr uint32_t kRefreshPeriod = 1u << 30;
+DL_HD bool refresh_due(uint32_t gen) { return (gen & (kRefreshPeriod - 1)) < 2; }
+
 inline size_t dtype_size(uint32_t dtype) { return dtype == kF32 ? 4 : 2; }
 
 }  // namespace allreduce

@@ -171,9 +171,33 @@ def rank_failures(comm, rank: int, world: int, seed: int, store: str) -> dict:
     return result
 
 
+def rank_wrap(comm, rank: int, world: int, seed: int, store: str) -> dict:
+    """Generations compare modulo 2^32: small one-shot calls across 2^31 and across 2^32 leave the
+    phase-1 and higher-block flag lines unwritten, and the two-shot calls after them still work."""
+    from drafter_lab.kernels.allreduce import residual_rmsnorm_native, sum_native
+
+    gen = torch.Generator().manual_seed(seed)
+    small = [[torch.randn(37, generator=gen) for _ in range(world)] for _ in range(3)]
+    big = [torch.randn(3, 40_000, generator=gen) for _ in range(world)]  # 480 KB: several flag blocks
+    residual, weight = torch.randn(3, 40_000, generator=gen), torch.rand(40_000, generator=gen) + 0.5
+    for start in (2**31 - 40, 2**32 - 40):
+        comm.barrier()  # no rank still reads the last call's buffer
+        comm._impl._set_generation(start)
+        comm.one_shot_max_bytes = comm.capacity
+        for i in range(80):
+            assert torch.equal(comm.all_reduce(small[i % 3][rank].clone()), sum_native(small[i % 3])), i
+        comm.one_shot_max_bytes = 0
+        assert torch.equal(comm.all_reduce(big[rank].clone()), sum_native(big)), f"two-shot sum after {start}"
+        got = comm.allreduce_residual_rmsnorm(big[rank], residual, weight)
+        ref = residual_rmsnorm_native(big, residual, weight)
+        assert torch.equal(got[1], ref[1]), f"two-shot fused after {start}"
+    return {}
+
+
 STUCK_TIMEOUT = 1.0
 DEAD_TIMEOUT = 10.0
-SCENARIOS = {"correct": (rank_correct, None, 30.0), "failures": (rank_failures, 0, STUCK_TIMEOUT)}
+SCENARIOS = {"correct": (rank_correct, None, 30.0), "failures": (rank_failures, 0, STUCK_TIMEOUT),
+             "wrap": (rank_wrap, 0, 30.0)}  # a set threshold: no autotune calls write flag lines first
 
 
 def rank_main(scenario: str, rank: int, world: int, store: str, seed: int, outdir: str) -> None:
@@ -232,6 +256,11 @@ def test_sums_match_torch_and_agree_bitwise_across_ranks(world, tmp_path):
     for r in results:
         assert "mismatch" in r["errors"][0] and "failed earlier" in r["errors"][1], r["errors"]
     assert not (SHM / results[0]["segment"].lstrip("/")).exists(), "segment name not unlinked after init"
+
+
+def test_generations_wrap_around(tmp_path):
+    procs, outdir, seed = _launch("wrap", 2, tmp_path)
+    _collect(procs, outdir, seed, range(2))
 
 
 def test_dead_and_late_ranks_raise_instead_of_hanging(tmp_path):

@@ -116,6 +116,40 @@ def test_cuda_ll_sums_match_torch_bitwise(backend, world):
         c.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_generations_wrap_around(backend):
+    """Small one-shot calls across 2^31 and 2^32 leave the phase-1 flag lines unwritten; the two-shot,
+    fused and LL calls after them still work (generations compare modulo 2^32)."""
+    from drafter_lab.kernels.allreduce import sum_native
+
+    comms = _group(2, backend)
+    gen = torch.Generator().manual_seed(secrets.randbits(31))
+    ll_cap = comms[0].ll_capacity
+
+    def check(numel: int, what: str):
+        parts = [torch.randn(numel, generator=gen) for _ in comms]
+        ins = [p.to(c.device) for p, c in zip(parts, comms)]
+        _on_streams(comms, [partial(c.all_reduce, ins[r]) for r, c in enumerate(comms)])
+        for r in range(2):
+            assert torch.equal(ins[r].cpu(), sum_native(parts)), f"{backend} rank {r}: {what}"
+
+    for start in (2**31 - 40, 2**32 - 40):
+        for c in comms:
+            c._impl._set_generation(start)
+            c.one_shot_max_bytes, c.ll_max_bytes = c.capacity, 0
+        for i in range(80):
+            check(37, f"one-shot call {i} after {start}")
+        for c in comms:
+            c.one_shot_max_bytes = 0
+        check(200_003, f"two-shot after {start}")
+        _check_fused(comms, gen, torch.float32, 6, 7168, f"{backend} two-shot fused after {start}")
+        for c in comms:
+            c.ll_max_bytes = ll_cap
+        check(1003, f"LL after {start}")
+    for c in comms:
+        c.close()
+
+
 def _check_fused(comms, gen, dtype, rows, hidden, what):
     from drafter_lab.kernels.allreduce import residual_rmsnorm_native
 

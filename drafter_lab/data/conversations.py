@@ -64,6 +64,7 @@ ROLES = {
     "gpt": "assistant",
     "model": "assistant",
     "system": "system",
+    "developer": "developer",  # OpenAI's system turn for reasoning models; GPT-OSS's template reads it
     "tool": "tool",
     "ipython": "tool",
     "observation": "tool",
@@ -235,8 +236,11 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
         where = f"line {lineno}"
         try:
             obj = json.loads(raw)
+            json.dumps(obj, ensure_ascii=False).encode()  # json takes a lone UTF-16 surrogate; no tokenizer does
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise LabError(f"{where} is not valid JSON ({e})", path) from None
+        except UnicodeEncodeError as e:
+            raise LabError(f"{where}: text holds an unpaired surrogate (\\u{ord(e.object[e.start]):04x})", path) from None
         if not isinstance(obj, dict):
             raise LabError(f"{where}: expected a JSON object, got {type(obj).__name__}", path)
         turns = obj.get("conversations", obj.get("messages"))

@@ -14,10 +14,14 @@ from drafter_lab.errors import LabError
 def test_reads_both_dialects_with_stable_ids(tmp_path):
     rows = make_conversations(4)
     rows.append({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    rows.append({"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "a"},
+                              {"role": "assistant", "content": "b"}]})
     path = write_jsonl(tmp_path / "c.jsonl", rows)
     convs, skipped = read_conversations(path)
     assert skipped == {}
-    assert len(convs) == 5
+    assert len(convs) == 6
+    # OpenAI's `developer` turn reaches the chat template as it is, as a server hands it over.
+    assert [m["role"] for m in convs[5].messages] == ["developer", "user", "assistant"]
     # ShareGPT `human`/`gpt` turns come out as user/assistant, with the system turn kept.
     assert [m["role"] for m in convs[0].messages] == ["system", "user", "assistant", "user", "assistant"]
     assert convs[0].messages[2]["content"] == rows[0]["conversations"][2]["value"]
@@ -74,6 +78,8 @@ def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
         ('{"conversations": [{"role": "user", "content": [{"type": "text"}]}]}',
          'line 3: turn content parts must all be {"type": "text", "text": ...}'),
         ('{"conversations": [{"role": "user", "content": 7}]}', "line 3: turn content is int, not text"),
+        ('{"conversations": [{"role": "user", "content": "hi \\ud83d there"}]}',  # json takes it, tokenizers do not
+         "line 3: text holds an unpaired surrogate (\\ud83d)"),
     ],
 )
 def test_bad_line_names_file_and_line(tmp_path, bad, message):

@@ -21,7 +21,7 @@ into a layout fixed by the planned lengths (`ShardWriter`), and read a sequence 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -96,9 +96,13 @@ class Manifest:
     def load(cls, directory) -> Manifest:
         path = Path(directory) / MANIFEST
         data = atomic.read_json(path, "not a feature directory: manifest.json is missing", directory)
+        if not isinstance(data, dict):
+            raise LabError("not a JSON object", path)
         if data.get("format") != FORMAT:
             raise LabError(f"unknown feature format {data.get('format')!r} (want {FORMAT})", path)
         data.pop("counts", None)
+        if unknown := sorted(data.keys() - {f.name for f in fields(cls)}):
+            raise LabError(f"unknown field {unknown[0]!r} (written by a newer drafter_lab?)", path)
         return cls(**data)
 
 
@@ -291,17 +295,21 @@ class FeatureSet:
                 self.dir,
             )
 
-    def index(self, split: str) -> list[SequenceRef]:
-        """Every sequence of `split`, located but not read (shard headers and offsets only)."""
+    def shards(self, split: str) -> list[dict]:
+        """The manifest rows of `split`'s shards, refused until the capture has written all it planned."""
         rows = self.manifest.shards.get(split, [])
         planned = self.manifest.source.get("planned", {}).get(split, {}).get("shards", 0)
-        if len(rows) < planned:  # a killed `data prepare`: training on part of it would be silently different
+        if len(rows) < planned:  # a killed `data prepare`: using part of it would be silently different
             raise LabError(
                 f"partial capture: {split} has {len(rows)} of {planned} shards; run the same "
                 "`drafter-lab data prepare` again to finish it",
                 self.dir,
             )
-        return [ref for r in rows for ref in self.reader.index(self.dir / r["file"], self.hidden_size)]
+        return rows
+
+    def index(self, split: str) -> list[SequenceRef]:
+        """Every sequence of `split`, located but not read (shard headers and offsets only)."""
+        return [ref for r in self.shards(split) for ref in self.reader.index(self.dir / r["file"], self.hidden_size)]
 
     def require(self, split: str) -> list[SequenceRef]:
         """`index(split)`, refused when the manifest counts no loss token in it."""

@@ -133,7 +133,7 @@ def count_train_tokens(feature_dir) -> torch.Tensor:
     features = FeatureSet(feature_dir)
     vocab_size = int(features.manifest.target["vocab_size"])
     counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for row in features.manifest.shards.get("train", []):
+    for row in features.shards("train"):
         path = features.dir / row["file"]
         # only the two small tensors: the hidden states are not needed here
         ids, mask = (features.reader.rows(path, key, 0, row["tokens"]) for key in ("input_ids", "loss_mask"))

@@ -1,14 +1,17 @@
 """ShardWriter: sequences put in any order, as capture finishes them, give the same shard as in
-order, and read back equal; a shard missing a sequence never lands."""
+order, and read back equal; a shard missing a sequence never lands; a manifest this lab cannot read is
+one line naming it."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 import torch
 
-from drafter_lab.data.shards import FeatureSet, ShardReader, ShardWriter
+from drafter_lab.data.shards import MANIFEST, FeatureSet, ShardReader, ShardWriter
+from drafter_lab.errors import LabError
 
 
 def test_sequences_put_in_any_order_give_the_same_shard(features, tmp_path):
@@ -48,3 +51,15 @@ def test_a_shard_lands_only_with_every_sequence_in_its_slot(features, tmp_path):
         w.put(0, seqs[0])
         w.put(2, seqs[2])
     assert w.row is None and list(tmp_path.iterdir()) == []  # no shard, no temp file
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda m: {**m, "created_by": "drafter_lab 9"}, "unknown field 'created_by' (written by a newer drafter_lab?)"),
+    (lambda m: [m], "not a JSON object"),
+])
+def test_a_manifest_of_another_shape_is_one_line_naming_it(features, tmp_path, edit, message):
+    manifest = json.loads((features / MANIFEST).read_text())
+    (tmp_path / MANIFEST).write_text(json.dumps(edit(manifest)))
+    with pytest.raises(LabError) as e:
+        FeatureSet(tmp_path)
+    assert str(e.value) == f"{tmp_path / MANIFEST}: {message}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 
 import pytest
@@ -114,3 +115,19 @@ def test_bad_vocab_files(tmp_path, capsys):
     assert run_cli("vocab", "compare", tmp_path / "a.safetensors", tmp_path / "mismatch.safetensors") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {tmp_path / 'mismatch.safetensors'}: d2t and t2d disagree: t2d marks {a.size} target tokens; of the {a.size} that d2t maps to, {a.size} are not marked"]
+
+
+def test_build_refuses_a_partial_capture(features, tmp_path, capsys):
+    """A killed `data prepare` lists fewer train shards than it planned: a vocab from part of them is
+    refused, in the line training gives."""
+    out = tmp_path / "feat"
+    shutil.copytree(features, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"]["train"].pop()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(LabError, match="partial capture: train has") as refused:
+        FeatureSet(out).require("train")  # as training opens it
+    vocab = tmp_path / "v.safetensors"
+    assert run_cli("vocab", "build", "--data", out, "--size", "32", "--out", vocab) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {refused.value}"]
+    assert not vocab.exists()

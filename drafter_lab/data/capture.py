@@ -9,9 +9,10 @@ conversation id (a conversation's sequences share its split), shard k of a split
 same sequences, and batches inside a shard are formed the same way every run, so a rerun recomputes
 exactly the shards the manifest does not list and skips the rest. A manifest made from another
 target, chat template or settings is refused. Regenerated conversations are cached beside the shards
-(`regenerated-<hash>.jsonl`, journalled batch by batch while they are generated), so a resumed run
-does not generate again. Memory holds one batch of hidden states: each sequence is written into its
-shard (laid out from the planned lengths) as its batch finishes.
+(`regenerated-<hash>.jsonl`, named by what decides the answers and journalled batch by batch while
+they are generated), so a resumed run, or one with other capture settings, does not generate again.
+Memory holds one batch of hidden states: each sequence is written into its shard (laid out from the
+planned lengths) as its batch finishes.
 
 Targets that do not fit one device: launch the same command under torchrun, e.g.
 
@@ -40,6 +41,8 @@ from drafter_lab import config as cfglib
 from drafter_lab.data.capture_config import (
     DTYPE_NAMES,
     RECORDED_SINCE,
+    TEMPLATE_HASH,
+    TOKENIZER_HASH,
     TURNS,
     CaptureConfig,
     as_recorded,
@@ -175,17 +178,28 @@ def check_out_dir(out: Path) -> None:
         raise LabError(f"output directory holds other files ({', '.join(sorted(foreign)[:3])}) and no manifest", out)
 
 
-def _regenerated(out: Path, settings: dict) -> Path:
-    """Where a regeneration made with `settings` (resume_settings) is cached."""
-    return out / f"regenerated-{atomic.sha256_json(settings)[:12]}.jsonl"
+REGENERATION_KEYS = ("target fingerprint", "dtype", "sha256", "regenerate", TEMPLATE_HASH, "chat_template_kwargs",
+                     TOKENIZER_HASH)
+"""What of a capture's settings (resume_settings) decides its regenerated answers: the target and the dtype it
+runs in, the conversations, the sampling (`regenerate`; its batch size too, as padding can flip near-ties) and
+how prompts are rendered and tokenized. The rest (max_length, turns, token_exact, the split, shard and capture
+batch sizes, aux ids) acts on the answers once written: changing it reuses them."""
 
 
 def _partial(cache: Path) -> Path:
     return cache.with_name(cache.name + ".partial")
 
 
+def _regeneration(out: Path, settings: dict) -> tuple[Path, dict]:
+    """Where a regeneration for `settings` (resume_settings) is cached, and the settings its journal records:
+    those of REGENERATION_KEYS, or all of `settings` where a lab that named it by them began it."""
+    named = [{k: v for k, v in settings.items() if k in REGENERATION_KEYS}, settings]
+    caches = [(out / f"regenerated-{atomic.sha256_json(s)[:12]}.jsonl", s) for s in named]
+    return next(((c, s) for c, s in caches if c.exists() or _partial(c).exists()), caches[0])
+
+
 def _regeneration_begun(out: Path, settings: dict) -> bool:
-    cache = _regenerated(out, settings)
+    cache = _regeneration(out, settings)[0]
     return cache.exists() or _partial(cache).exists()
 
 
@@ -204,11 +218,11 @@ def _earlier_settings(out: Path, existing: Manifest | None, settings: dict) -> d
 def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict, main: bool) -> list[Conversation]:
     if not cfg.regenerate:
         return convs
-    cache = _regenerated(out, settings)
+    cache, recorded = _regeneration(out, settings)
     if cache.exists():
         log(f"regenerate: reusing {cache}")
         return read_conversations(cache, strict=True)[0]
-    with Journal(_partial(cache), settings, write=main) as journal:
+    with Journal(_partial(cache), recorded, write=main) as journal:
         convs = regenerate(
             target,
             convs,

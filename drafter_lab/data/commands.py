@@ -139,7 +139,10 @@ def _regenerate(args) -> int:
         gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                    seed=args.seed, template_kwargs=args.chat_template_kwargs)
         partial = out.with_name(out.name + ".partial")
-        settings = as_recorded(Journal.settings_of(partial), regeneration_settings(target, source, **gen), partial)
+        before, now = Journal.settings_of(partial), regeneration_settings(target, source, **gen)
+        if "path" in (before or {}).get("target", {}):  # begun when the path counted: resumed from any path now
+            now["target"]["path"] = before["target"]["path"]
+        settings = as_recorded(before, now, partial)
         with Journal(partial, settings) as journal:
             result = regenerate(target, convs, journal=journal, **gen)
         write_conversations(out, result)

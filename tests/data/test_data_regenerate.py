@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
+from test_data_capture import snapshot
 
 from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render
@@ -212,3 +214,57 @@ def test_prepare_resumes_an_interrupted_regeneration(random_llama, tmp_path, int
                           batch_size=2, seed=3)
     (cache,) = out.glob("regenerated-*.jsonl")
     assert [c.messages for c in read_conversations(cache)[0]] == [c.messages for c in expected]
+
+
+def test_a_regeneration_resumes_with_its_target_spelled_otherwise(random_llama, tmp_path, interrupt_at, monkeypatch):
+    """A journal names the target by what it is: resumed through a relative path, from a copy moved
+    elsewhere, or begun when the lab checked the path, it generates only the 2 of 4 batches left."""
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
+    args = ("data", "regenerate", "--conversations", convs, "--batch-size", "2", *SAMPLED)
+    assert run_cli(*args, "--target", random_llama, "--out", tmp_path / "whole.jsonl") == 0
+    moved = tmp_path / "moved"
+    shutil.copytree(random_llama, moved)
+    monkeypatch.chdir(random_llama.parent)
+    out, partial = tmp_path / "r.jsonl", tmp_path / "r.jsonl.partial"
+    for spelled, path_checked in ((random_llama.name, False), (moved, False), (moved, True)):
+        out.unlink(missing_ok=True)
+        interrupt_at(3)
+        assert run_cli(*args, "--target", random_llama, "--out", out) == 130
+        if path_checked:  # the journal as a lab that checked the path wrote it
+            head, *records = partial.read_text().split("\n")
+            head = json.loads(head)
+            head["settings"]["target"]["path"] = str(random_llama)
+            partial.write_text("\n".join([json.dumps(head), *records]))
+        calls = interrupt_at(None)
+        assert run_cli(*args, "--target", spelled, "--out", out) == 0
+        assert len(calls) == 2 and out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+
+
+def test_prepare_with_other_capture_settings_reuses_the_regeneration(random_llama, tmp_path, monkeypatch,
+                                                                     interrupt_at):
+    """The regenerated answers are cached by what decides them: a capture that ran out of memory before
+    its first shard, run again with a smaller batch (and other lengths, shards, split and turns),
+    generates nothing again and ends as a fresh run with those settings."""
+    from drafter_lab.data import capture
+
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
+    out = tmp_path / "feat"
+    args = ("data", "prepare", "--target", random_llama, "--conversations", convs, "--regenerate",
+            "--regen-batch-size", "2", *SAMPLED)
+    real = capture.capture_states
+
+    def out_of_memory(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(capture, "capture_states", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        run_cli(*args, "--out", out, "--batch-size", "8")
+    (cache,) = out.glob("regenerated-*.jsonl")
+    monkeypatch.setattr(capture, "capture_states", real)
+    calls = interrupt_at(None)
+    other = ("--batch-size", "2", "--max-length", "200", "--shard-size", "2", "--val-fraction", "0.5",
+             "--turns", "each", "--token-exact")
+    assert run_cli(*args, "--out", out, *other) == 0
+    assert not calls and list(out.glob("regenerated-*")) == [cache]
+    assert run_cli(*args, "--out", tmp_path / "fresh", *other) == 0
+    assert calls and snapshot(out) == snapshot(tmp_path / "fresh")

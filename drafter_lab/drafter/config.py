@@ -47,6 +47,11 @@ class DrafterConfig:
     """The residual stream starts from hidden_norm(h), not h: speculators' variant (its default for
     the drafters it trains), which vLLM serves and SGLang has no switch for."""
 
+    @property
+    def own_embedding(self) -> bool:
+        """H != H_t: the target's embedding has the wrong width, so the drafter trains its own."""
+        return self.hidden_size != self.target_hidden_size
+
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids, **overrides) -> DrafterConfig:
         """Mirror the target's attention layout, as SpecForge's and SGLang's drafters do."""

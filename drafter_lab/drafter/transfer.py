@@ -6,6 +6,10 @@ used_new[i], so lm_head is rebuilt row by row: the source row for that target to
 source vocab has it, else the target model's own lm_head row for it. `remap=False` copies rows as
 they are (the seeds' first, naive attempt: random-level loss because only a few hundred of 32,000
 positions meant the same token in both mappings).
+
+A drafter whose hidden size differs from its target's owns its token embedding, and takes the
+source's whole: its rows are target token ids, which the remap above takes to mean the same tokens
+for both targets. A drafter of the target's width embeds with the target's own.
 """
 
 from __future__ import annotations
@@ -146,8 +150,11 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
     for name in sorted(src):
         tensor = src[name]
         where = ckpt.where.get(name, ckpt.path)
-        if name in SKIP_REASONS:
-            reason = FILLED_REASONS[name] if name in ckpt.filled else SKIP_REASONS[name]
+        reason = FILLED_REASONS[name] if name in ckpt.filled else SKIP_REASONS.get(name)
+        if name == formats.EMBED and drafter.config.own_embedding:
+            have, want = tuple(tensor.shape), shapes[name]
+            reason = None if have == want else f"shape {have}, this drafter's own embedding is {want}: it starts fresh"
+        if reason is not None:
             report.skipped.append({"tensor": name, "reason": reason})
             continue
         if name not in params:

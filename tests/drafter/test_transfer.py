@@ -181,3 +181,31 @@ def test_a_source_with_another_residual_or_rope_is_refused(tmp_path, fmt, over, 
     report = init_from(drafter := fresh(src.config), path, target_head(), vocab(USED_NEW))
     assert report.rows_copied == 17 and drafter.config == src.config
     assert drafter.midlayer.norm_before_residual == src.config.norm_before_residual
+
+
+@pytest.mark.parametrize("remap", [True, False])
+def test_an_embedding_the_drafter_owns_comes_from_the_source(tmp_path, remap):
+    """H != H_target: the drafter trains its own embedding, so it starts from the source's, whose
+    rows are target token ids either way; one made for another target vocabulary is skipped."""
+    cfg = small_config(target_vocab_size=V, draft_vocab_size=N)  # H 48, H_target 40
+    src = random_drafter(cfg, seed=23, dtype=torch.float32)
+    src.d2t.copy_(vocab(USED_SRC).d2t)
+    src.t2d.copy_(vocab(USED_SRC).t2d)
+    save_drafter(src, tmp_path / "src")
+    drafter = fresh(cfg)
+    report = init_from(drafter, tmp_path / "src", target_head(40), vocab(USED_SRC), remap=remap)
+    assert torch.equal(drafter.embed_tokens.weight, src.embed_tokens.weight)
+    assert "embed_tokens.weight" in report.transferred  # trained at the transfer's rate, anchored by L2-SP
+    assert "embed_tokens.weight" not in {row["tensor"] for row in report.skipped}
+
+    other = random_drafter(dataclasses.replace(cfg, target_vocab_size=V + 10), seed=23, dtype=torch.float32)
+    wider = DraftVocab.from_used(torch.tensor(USED_SRC), V + 10)
+    other.d2t.copy_(wider.d2t)
+    other.t2d.copy_(wider.t2d)
+    save_drafter(other, tmp_path / "other")
+    drafter = fresh(cfg)
+    before = drafter.embed_tokens.weight.clone()
+    report = init_from(drafter, tmp_path / "other", target_head(40), vocab(USED_SRC), remap=remap)
+    reasons = {row["tensor"]: row["reason"] for row in report.skipped}
+    assert reasons["embed_tokens.weight"] == "shape (111, 48), this drafter's own embedding is (101, 48): it starts fresh"
+    assert torch.equal(drafter.embed_tokens.weight, before) and "fc.weight" in report.transferred

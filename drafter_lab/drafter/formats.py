@@ -148,10 +148,35 @@ def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = Tr
     raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
 
 
-def _need(data: dict, key: str, path):
-    if data.get(key) is None:
-        raise LabError(f"config lacks {key!r}", path)
-    return data[key]
+def _positive(data: dict, key: str, path, default=None, kind: type = int):
+    """Field `key`, a positive int (or with `kind=float`, any positive number); `default` when it is
+    absent or null, required without one."""
+    value = data.get(key)
+    if value is None:
+        if default is None:
+            raise LabError(f"config lacks {key!r}", path)
+        return default
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float) or not value > 0:
+        raise LabError(f"config's {key!r} is {value!r}, not a positive {'integer' if kind is int else 'number'}", path)
+    return kind(value)
+
+
+def _ids(data: dict, key: str, path) -> list[int]:
+    """Field `key`, a list of layer ids ([] when absent or null)."""
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+        raise LabError(f"config's {key!r} is {value!r}, not a list of integers", path)
+    return value
+
+
+def _object(data: dict, key: str, path) -> dict:
+    """Field `key`, a JSON object ({} when absent or null)."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise LabError(f"config's {key!r} is {value!r}, not a JSON object", path)
+    return value or {}
 
 
 def _refuse_other_families(data: dict, layer: dict, path) -> None:
@@ -172,7 +197,7 @@ def _refuse_other_families(data: dict, layer: dict, path) -> None:
 
 def _refuse_variants(data: dict, path) -> None:
     """Drafter variants whose math the reference model does not implement are refused, not misread."""
-    eagle = data.get("eagle_config") or {}
+    eagle = _object(data, "eagle_config", path)
     for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "additional_fc", "attention_bias",
                 "mlp_bias"):
         if data.get(key) or eagle.get(key):
@@ -237,43 +262,43 @@ def rope_scaling_text(scaling: dict | None) -> str:
 
 
 def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
-    """DrafterConfig from a config.json of any supported layout; returns (config, format)."""
+    """DrafterConfig from a config.json of any supported layout; returns (config, format). Every field
+    is checked as it is read: a malformed one is a line naming the file, not a traceback."""
     fmt = detect_format(data)
-    layer = (data.get("transformer_layer_config") or {}) if fmt == SPECULATORS else data
+    layer = _object(data, "transformer_layer_config", path) if fmt == SPECULATORS else data
     _refuse_other_families(data, layer, path)
     _refuse_variants(data, path)
     if fmt == SPECULATORS:
         _refuse_variants(layer, path)
-        aux = list(data.get("eagle_aux_hidden_state_layer_ids") or [])  # already hf_hidden_states
+        aux = _ids(data, "eagle_aux_hidden_state_layer_ids", path)  # already hf_hidden_states
+        # as vLLM reads it (update_eagle3): the speculators default when the file does not say
+        norm_before_residual = bool(data.get("norm_before_residual", True))
     else:
         if data.get("tie_word_embeddings"):  # vLLM's EAGLE-3 model keeps its own head whatever the flag says
             raise LabError("config sets tie_word_embeddings=true: SGLang would take the embedding as the head and "
                            "drop lm_head.weight (set it false if lm_head.weight is the head)", path)
-        eagle = data.get("eagle_config") or {}
-        ids = eagle.get("eagle_aux_hidden_state_layer_ids") or []
-        aux = [int(i) + 1 for i in ids]
-    hidden = int(_need(layer, "hidden_size", path))
-    heads = int(_need(layer, "num_attention_heads", path))
-    rope = layer.get("rope_theta")
-    if rope is None:
-        rope = (layer.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        aux = [i + 1 for i in _ids(_object(data, "eagle_config", path), "eagle_aux_hidden_state_layer_ids", path)]
+        norm_before_residual = bool(data.get("norm_before_residual"))
+    hidden = _positive(layer, "hidden_size", path)
+    heads = _positive(layer, "num_attention_heads", path)
     scaling = rope_scaling_of(layer, path)
-    target_vocab = int(_need(layer, "vocab_size", path))
+    rope = _positive(_object(layer, "rope_parameters", path), "rope_theta", path, 10000.0, float)
+    target_vocab = _positive(layer, "vocab_size", path)
     cfg = DrafterConfig(
         hidden_size=hidden,
-        intermediate_size=int(_need(layer, "intermediate_size", path)),
+        intermediate_size=_positive(layer, "intermediate_size", path),
         num_attention_heads=heads,
-        num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
-        head_dim=int(layer.get("head_dim") or hidden // heads),
-        draft_vocab_size=int(data.get("draft_vocab_size") or target_vocab),
+        num_key_value_heads=_positive(layer, "num_key_value_heads", path, heads),
+        head_dim=_positive(layer, "head_dim", path, hidden // heads),
+        draft_vocab_size=_positive(data, "draft_vocab_size", path, target_vocab),
         target_vocab_size=target_vocab,
-        target_hidden_size=int(data.get("target_hidden_size") or hidden),
-        aux_layer_ids=[int(i) for i in aux],
-        rope_theta=float(rope),
+        target_hidden_size=_positive(data, "target_hidden_size", path, hidden),
+        aux_layer_ids=aux,
+        rope_theta=_positive(layer, "rope_theta", path, rope, float),
         rope_scaling=scaling,
-        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
-        norm_before_residual=bool(data.get("norm_before_residual") or layer.get("norm_before_residual")),
+        rms_norm_eps=_positive(layer, "rms_norm_eps", path, 1e-6, float),
+        max_position_embeddings=_positive(layer, "max_position_embeddings", path, 4096),
+        norm_before_residual=norm_before_residual,
     )
     return cfg, fmt
 

@@ -175,6 +175,41 @@ def test_drafters_of_another_family_are_refused_not_read_as_llama(drafter, layou
     assert str(e.value).startswith("cfg.json: ")
 
 
+def _without(cfg, *keys):
+    return {k: v for k, v in cfg.items() if k not in keys}
+
+
+@pytest.mark.parametrize("layout, change, problem", [
+    ("sglang", lambda c: {**_without(c, "head_dim"), "num_attention_heads": 0},
+     "'num_attention_heads' is 0, not a positive integer"),
+    ("sglang", lambda c: {**c, "eagle_config": {"eagle_aux_hidden_state_layer_ids": "1,3,4"}},
+     "'eagle_aux_hidden_state_layer_ids' is '1,3,4', not a list of integers"),
+    ("speculators", lambda c: {**c, "eagle_aux_hidden_state_layer_ids": "1,3,4"},
+     "'eagle_aux_hidden_state_layer_ids' is '1,3,4', not a list of integers"),
+    ("sglang", lambda c: {**c, "eagle_config": [1, 3, 4]}, "'eagle_config' is [1, 3, 4], not a JSON object"),
+    ("sglang", lambda c: {**c, "hidden_size": "48"}, "'hidden_size' is '48', not a positive integer"),
+    ("speculators", lambda c: _with_layer(c, rms_norm_eps=-1e-5), "'rms_norm_eps' is -1e-05, not a positive number"),
+    ("speculators", lambda c: _with_layer(c, rope_theta="big"), "'rope_theta' is 'big', not a positive number"),
+    ("speculators", lambda c: {**c, "transformer_layer_config": "llama"},
+     "'transformer_layer_config' is 'llama', not a JSON object"),
+])
+def test_a_malformed_config_value_is_one_line_naming_the_file(drafter, layout, change, problem):
+    cfg = formats.config_for(layout, drafter.config, torch.float32)
+    with pytest.raises(LabError) as e:
+        formats.parse_config(change(cfg), "cfg.json")
+    assert str(e.value) == f"cfg.json: config's {problem}"
+
+
+def test_a_missing_norm_before_residual_reads_as_vllm_and_sglang_read_it(drafter):
+    """vLLM's speculators reader (update_eagle3) takes a speculators config without the field as
+    speculators' default, true; SGLang's layout has no such default: plain EAGLE-3."""
+    sp = formats.speculators_config(drafter.config, torch.float32)
+    assert formats.parse_config(_without(sp, "norm_before_residual"), "c")[0].norm_before_residual is True
+    assert formats.parse_config(sp, "c")[0].norm_before_residual is False  # written, as every export writes it
+    sg = formats.sglang_config(drafter.config, torch.float32)
+    assert "norm_before_residual" not in sg and formats.parse_config(sg, "c")[0].norm_before_residual is False
+
+
 @pytest.mark.parametrize("arch", formats.LLAMA_EAGLE3_ARCHS)
 def test_every_name_of_llama_eagle3_reads_the_same(drafter, arch):
     cfg = formats.sglang_config(drafter.config, torch.float32)

@@ -28,6 +28,7 @@ from drafter_lab.drafter.transfer import TransferReport
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, progress
+from drafter_lab.targets.hf import fingerprint
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
@@ -164,6 +165,20 @@ def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
         raise LabError(f"--resume with a different config ({', '.join(diff)}): the run would not be the same", out_dir)
 
 
+def _check_resume_transfer(saved: dict | None, now: dict | None, out_dir) -> None:
+    """A transfer's source weights, remap, L2-SP and learning-rate scale shape every step (the anchors
+    and learning rates of the transferred weights): a resume needs the same. The source counts by its
+    fingerprint, so a moved copy of it resumes."""
+    if saved is None or now is None:
+        names = [block["source"] if block else "none" for block in (saved, now)]
+        diff = [] if saved is now else [f"init_from {names[0]} there, {names[1]} now"]
+    else:
+        diff = [f"{k} {saved.get(k)} there, {v} now" for k, v in now.items() if k != "source" and saved.get(k) != v]
+    if diff:
+        raise LabError(f"--resume with a different transfer ({'; '.join(diff)}): the run would not be the same",
+                       out_dir)
+
+
 def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = False, init_from=None,
           remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None,
           online: CaptureConfig | None = None, target=None, stop_if_behind=None,
@@ -268,10 +283,15 @@ class _Run:
 
         self.t2d = t2d  # on the CPU, where a step's loss counts are taken from its micro-batches
         self.drafter = drafter = _new_drafter(cfg, dcfg, target, d2t, t2d)
-        self.own_embed = dcfg.hidden_size != dcfg.target_hidden_size
+        self.own_embed = dcfg.own_embedding
         self.report: TransferReport | None = None
+        transfer = None
         if init_from is not None:
             self.report = transfer_init(drafter, init_from, target, vocab, remap=remap)
+            transfer = {"source": str(init_from), "source_fingerprint": fingerprint(init_from), "remap": remap,
+                        "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale}
+        if self.saved is not None:  # states saved before it was kept lack it
+            _check_resume_transfer(self.saved.get("init_from", transfer), transfer, out_dir)
         transferred = set(self.report.transferred) if self.report else set()
         self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
                         if n in transferred} if l2sp > 0 else {}
@@ -311,8 +331,7 @@ class _Run:
             "drafter": dataclasses.asdict(dcfg),
             "target": target.describe(),
             "features": {**source.describe(), **self.data, "train_sequences": len(self.train_ex), "val_sequences": len(self.val_ex)},
-            "init_from": None if init_from is None else {
-                "source": str(init_from), "remap": remap, "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale},
+            "init_from": transfer,
             "total_steps": total,
             "total_tokens": self.total_tokens,
             "world_size": d.world,
@@ -336,8 +355,9 @@ class _Run:
         self.sched.load_state_dict(s["scheduler"])
         self.step, self.epoch, self.cursor = s["step"], s["epoch"], s["cursor"]
         self.tokens = _tokens_before(self.cfg, self.lengths, self.epoch, self.cursor)
-        saved = s["log_counts"]  # a state saved before the sampled columns existed has fewer
-        self.log_counts[:, :saved.shape[1]] = saved.to(self.d.device)
+        if self.d.main:  # the counts of every rank since the last train line; the others add theirs from zero
+            saved = s["log_counts"]  # a state saved before the sampled columns existed has fewer
+            self.log_counts[:, :saved.shape[1]] = saved.to(self.d.device)
         self.last_val = s.get("last_val")
         self.best = _kept_best(self.out_dir, self.cfg.keep_best)
         self.metrics.truncate(s["metrics_bytes"])
@@ -401,18 +421,20 @@ class _Run:
             self.stop_reason = "stopped by the watch on rank 0"
 
     def checkpoint(self) -> None:
+        log_counts = self.d.sum(self.log_counts)  # every rank's share of the next train line
         if not self.d.main:
             return
         save_drafter(self.drafter, self.out_dir)
         state.save(self.out_dir, {
             "config": labconfig.to_dict(self.cfg),
             "data": self.data,
+            "init_from": self.info["init_from"],
             "model": {k: v for k, v in self.drafter.state_dict().items()
                       if k != "embed_tokens.weight" or self.own_embed},
             "optimizer": self.optim.state_dict(),
             "scheduler": self.sched.state_dict(),
             "step": self.step, "epoch": self.epoch, "cursor": self.cursor,
-            "log_counts": self.log_counts.cpu(),
+            "log_counts": log_counts.cpu(),
             "last_val": self.last_val,
             "metrics_bytes": self.metrics.sync_size(),
             "rng": state.rng_state(),
@@ -548,9 +570,8 @@ def _new_drafter(cfg: TrainConfig, dcfg: DrafterConfig, target, d2t, t2d) -> Eag
     """Seeded init; the target's frozen embedding (or, if H != H_target, an own trainable one)."""
     torch.manual_seed(cfg.seed)
     drafter = Eagle3Drafter(dcfg)
-    own_embed = dcfg.hidden_size != dcfg.target_hidden_size
     with torch.no_grad():
-        if own_embed:  # the target's embedding has the wrong width: the drafter learns its own
+        if dcfg.own_embedding:  # the target's embedding has the wrong width: the drafter learns its own
             drafter.embed_tokens.weight.normal_(0.0, 0.02)
             drafter.embed_tokens.weight.requires_grad_(True)
         else:
@@ -558,7 +579,7 @@ def _new_drafter(cfg: TrainConfig, dcfg: DrafterConfig, target, d2t, t2d) -> Eag
         drafter.d2t.copy_(d2t)
         drafter.t2d.copy_(t2d)
         if cfg.init_lm_head_from_target:
-            if own_embed:
+            if dcfg.own_embedding:
                 raise LabError("init_lm_head_from_target needs the drafter hidden size to equal the target's")
             drafter.lm_head.weight.copy_(target.lm_head_weight()[torch.arange(len(d2t)) + d2t])
     return drafter

@@ -1,5 +1,5 @@
-"""Real processes: SIGKILL mid-epoch + --resume equals an uninterrupted run; torchrun DDP (with gradient
-accumulation too) equals 1 process."""
+"""Real processes: SIGKILL mid-epoch + --resume equals an uninterrupted run, under torchrun DDP too; torchrun
+DDP (with gradient accumulation too) equals 1 process."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from drafter_lab.train.metrics_log import read_metrics
 
 ARGS = ["--draft-vocab-size", "128", "--epochs", "2", "--batch-size", "4", "--ttt-steps", "3", "--lr", "3e-3",
         "--warmup-steps", "3", "--eval-every", "4", "--log-every", "1", "--threads", "1"]
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "drafter_lab")
 
 
 def env():
@@ -36,6 +38,22 @@ def finish(proc) -> str:
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     return out
+
+
+def kill_at_first_state(proc, out) -> dict:
+    """SIGKILL the run once it has written a train state, torchrun's workers (each in a session of its
+    own) before torchrun; returns that state."""
+    path = state.state_path(out)
+    deadline = time.time() + 240
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    if proc.poll() is None:
+        workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        for pid in [*map(int, workers), proc.pid]:
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    return state.load(out)
 
 
 def data_args(features, online: bool):
@@ -57,14 +75,7 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(peaked_llama, featur
     features = data_args(features, online)
     full = cli(peaked_llama, features, tmp_path / "full", "--checkpoint-every", "2")
     killed = cli(peaked_llama, features, tmp_path / "killed", "--checkpoint-every", "2")
-    path = state.state_path(tmp_path / "killed")
-    deadline = time.time() + 240
-    while not path.exists() and killed.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    assert killed.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-    saved = state.load(tmp_path / "killed")
+    saved = kill_at_first_state(killed, tmp_path / "killed")
     assert saved["epoch"] == 0 and 0 < saved["cursor"], "the kill must land mid-epoch"
     finish(cli(peaked_llama, features, tmp_path / "killed", "--checkpoint-every", "2", "--resume"))
     finish(full)
@@ -80,10 +91,8 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(peaked_llama, featur
 @pytest.mark.parametrize("online", [False, True], ids=["captured", "online"])
 def test_torchrun_two_processes_match_one(peaked_llama, features, tmp_path, online):
     features = data_args(features, online)  # online: each rank's target computes its rows of a batch
-    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                "-m", "drafter_lab")
     parts = () if online else ("--accumulation-steps", "2")  # captured: each rank's rows one at a time
-    ddp = cli(peaked_llama, features, tmp_path / "ddp", *parts, launcher=launcher)
+    ddp = cli(peaked_llama, features, tmp_path / "ddp", *parts, launcher=TORCHRUN)
     one = cli(peaked_llama, features, tmp_path / "one")
     finish(ddp)
     finish(one)
@@ -98,3 +107,19 @@ def test_torchrun_two_processes_match_one(peaked_llama, features, tmp_path, onli
     wa, wb = load_file(str(tmp_path / "one/model.safetensors")), load_file(str(tmp_path / "ddp/model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_torchrun_sigkill_then_resume_equals_uninterrupted(peaked_llama, features, tmp_path):
+    """Killed between two train lines, a DDP run keeps every rank's counts since the last one: the
+    first line after --resume sums the whole batch of each step, as the uninterrupted run's does."""
+    every = ("--epochs", "1", "--checkpoint-every", "3", "--log-every", "4")  # states at steps 3 and 6
+    full = cli(peaked_llama, features, tmp_path / "full", *every, launcher=TORCHRUN)
+    killed = cli(peaked_llama, features, tmp_path / "killed", *every, launcher=TORCHRUN)
+    saved = kill_at_first_state(killed, tmp_path / "killed")
+    assert saved["step"] % 4 and saved["cursor"], "the kill must land between two train lines"
+    finish(cli(peaked_llama, features, tmp_path / "killed", *every, "--resume", launcher=TORCHRUN))
+    finish(full)
+    assert rows(tmp_path / "full") == rows(tmp_path / "killed")
+    wa, wb = load_file(str(tmp_path / "full/model.safetensors")), load_file(str(tmp_path / "killed/model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -93,6 +94,25 @@ def test_transfer_through_train(trained, peaked_llama, features, tmp_path):
         return float(sum(((c[k] - a[k]) ** 2).sum() for k in a if k.startswith("midlayer.")))
 
     assert drift(1e4, "d") < 0.5 * drift(0.0, "b0")
+
+    # A resume brings the transfer it began with: the same source weights (wherever they now lie) and settings.
+    final = read_metrics(tmp_path / "d")[-1]
+    moved = tmp_path / "moved"
+    shutil.copytree(src, moved)
+    assert train(cfg, peaked_llama, features, tmp_path / "d", resume=True, init_from=moved, l2sp=1e4)["loss_0"] == \
+        final["loss_0"]
+    for kwargs, problem in (({"init_from": src}, "l2sp 10000.0 there, 0.0 now"),
+                            ({"l2sp": 1e4}, f"init_from {src} there, none now"),
+                            ({"init_from": src, "l2sp": 1e4, "remap": False}, "remap True there, False now"),
+                            ({"init_from": src, "l2sp": 1e4, "transfer_lr_scale": 0.5}, "transfer_lr_scale 1.0 there")):
+        with pytest.raises(LabError, match=re.escape(f"--resume with a different transfer ({problem}")):
+            train(cfg, peaked_llama, features, tmp_path / "d", resume=True, **kwargs)
+    with pytest.raises(LabError, match=re.escape(f"(init_from none there, {src} now)")):
+        train(CFG, peaked_llama, features, src, resume=True, init_from=src)  # the scratch run
+    w = load_file(str(moved / "model.safetensors"))
+    save_file({**w, "fc.weight": 2 * w["fc.weight"]}, str(moved / "model.safetensors"))  # other source weights
+    with pytest.raises(LabError, match="source_fingerprint"):
+        train(cfg, peaked_llama, features, tmp_path / "d", resume=True, init_from=moved, l2sp=1e4)
 
 
 def test_bad_input_exits_2_and_writes_nothing(trained, peaked_llama, features, tmp_path, capsys):

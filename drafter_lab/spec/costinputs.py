@@ -44,7 +44,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
-from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, with_verify_tokens
+from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency
 from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
 
 
@@ -165,7 +165,7 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
         over["steps"] = conf["steps"]
         over["batch"] = batch_of(data)
         over["topk"] = int(conf.get("topk") or 1)
-        cfg = with_verify_tokens(cfg, int(conf.get("draft_tokens") or conf["steps"]) + 1)
+        over["verify_tokens"] = int(conf.get("draft_tokens") or conf["steps"]) + 1
     return dataclasses.replace(cfg, **over)
 
 
@@ -234,7 +234,7 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
                 f"{cfg.verify_allreduce_us} us",
                 path,
             )
-        cfg = dataclasses.replace(cfg, verify_layer_compute_us=compute)
+        cfg = dataclasses.replace(cfg, verify_layer_compute_us=compute, verify_compute_tokens=cfg.verify_tokens)
     measured = None
     if "allreduce_us" in data:
         ar = data["allreduce_us"]

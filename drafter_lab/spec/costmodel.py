@@ -61,8 +61,8 @@ class CostModelConfig:
     allreduces_per_layer: int = 2
     """Tensor-parallel all-reduces per layer (attention output + MLP/MoE output)."""
     verify_layer_compute_us: float = 82.0
-    """Compute of one layer in the verify pass (everything but all-reduces) of `verify_tokens`
-    tokens, microseconds."""
+    """Compute of one layer in the verify pass (everything but all-reduces) of
+    `verify_compute_tokens` tokens, microseconds."""
     verify_allreduce_us: float = 205.0
     """Latency of one all-reduce inside the verify pass, microseconds."""
     decode_ms: float = 1000.0 / 82.0
@@ -88,8 +88,12 @@ class CostModelConfig:
     """Tokens in one verify pass (draft tokens + the root)."""
     verify_token_compute_us: float = 0.0
     """Verify compute per layer that each further verified token adds, microseconds: 0 keeps it
-    flat, as for memory-bound dense layers; an MoE layer reads more experts as tokens grow. The
-    draft-steps and settings tables move verify_layer_compute_us by this much per token."""
+    flat, as for memory-bound dense layers; an MoE layer reads more experts as tokens grow. A verify
+    of verify_tokens tokens (an eval's, a draft-steps or settings row's) moves verify_layer_compute_us
+    by this much per token it verifies beyond verify_compute_tokens."""
+    verify_compute_tokens: int = 4
+    """Tokens per verify at which verify_layer_compute_us holds: the preset's, or those of the verify
+    an input measured (`verify_ms`)."""
     accept_lengths: list[float] = field(default_factory=lambda: [1.5, 2.0, 2.5, 3.0, 3.5, 4.0])
     """Served accept lengths (bonus included) for the what-if tables."""
     whatif_allreduce_us: list[float] = field(default_factory=lambda: [200.0, 40.0, 25.0, 15.0, 8.0])
@@ -137,9 +141,9 @@ class CostModel:
         if cfg.batch < 1 or any(b < 1 for b in cfg.batches) or cfg.topk < 1:
             raise LabError(f"batch sizes and topk must be >= 1, got batch {cfg.batch}, batches {cfg.batches}, "
                            f"topk {cfg.topk}")
-        if cfg.verify_layer_compute_us <= 0:
+        if self.layer_compute_us <= 0:
             raise LabError(f"verify compute per layer at {cfg.verify_tokens} tokens comes to "
-                           f"{cfg.verify_layer_compute_us:g} us: lower verify_token_compute_us")
+                           f"{self.layer_compute_us:g} us: lower verify_token_compute_us")
         if self.decode_compute_ms <= 0:
             raise LabError(
                 f"the decode step's {self.n_allreduce} all-reduces of {cfg.decode_allreduce_us:g} us "
@@ -160,11 +164,17 @@ class CostModel:
         return interpolate_linear({b: interpolate_linear(row, tokens) for b, row in table.items()}, self.cfg.batch)
 
     @property
+    def layer_compute_us(self) -> float:
+        """One layer's verify compute for one sequence's verify_tokens tokens."""
+        c = self.cfg
+        return c.verify_layer_compute_us + c.verify_token_compute_us * (c.verify_tokens - c.verify_compute_tokens)
+
+    @property
     def verify_compute_ms(self) -> float:
         c = self.cfg
         if c.pass_ms_by_tokens:
             return self._measured_pass_ms(c.verify_tokens)
-        return c.num_layers * c.verify_layer_compute_us / 1000 + self._extra_tokens_ms(c.verify_tokens)
+        return c.num_layers * self.layer_compute_us / 1000 + self._extra_tokens_ms(c.verify_tokens)
 
     @property
     def decode_compute_ms(self) -> float:
@@ -226,14 +236,7 @@ class CostModel:
 
     def at_steps(self, steps: int) -> CostModel:
         """The same deployment drafting a chain of `steps` tokens (verify = steps + 1 tokens)."""
-        return CostModel(dataclasses.replace(with_verify_tokens(self.cfg, steps + 1), steps=steps))
-
-
-def with_verify_tokens(cfg: CostModelConfig, tokens: int) -> CostModelConfig:
-    """The deployment verifying `tokens` tokens: per-layer compute moved by verify_token_compute_us
-    per token."""
-    compute = cfg.verify_layer_compute_us + cfg.verify_token_compute_us * (tokens - cfg.verify_tokens)
-    return dataclasses.replace(cfg, verify_tokens=tokens, verify_layer_compute_us=compute)
+        return CostModel(dataclasses.replace(self.cfg, verify_tokens=steps + 1, steps=steps))
 
 
 def interpolate_linear(table: dict, x: float) -> float:

@@ -79,6 +79,7 @@ def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
         "config": dataclasses.asdict(cfg),
         "n_allreduce": m.n_allreduce,
         "verify_compute_ms": m.verify_compute_ms,
+        "layer_compute_us": m.layer_compute_us,
         "verify_ms": m.verify_ms(),
         "draft_step_us": m.draft_step_us,
         "draft_ms": m.draft_ms,
@@ -120,8 +121,8 @@ def format_report(r: dict, name: str) -> str:
         "  verify   = "
         + (f"measured pass of {c['batch']} x {c['verify_tokens']} tokens, {r['verify_compute_ms']:.2f} ms"
            if c["pass_ms_by_tokens"] else
-           f"{c['num_layers']} layers x {c['verify_layer_compute_us']:.3g} us compute"
-           + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - c['verify_layer_compute_us']:.3g} us for the "
+           f"{c['num_layers']} layers x {r['layer_compute_us']:.3g} us compute"
+           + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - r['layer_compute_us']:.3g} us for the "
               f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else ""))
         + f" + {r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
         f"  draft    = {'extend + ' + str(c['steps'] - 1) if c['draft_extend_us_by_batch'] else c['steps']} steps x "

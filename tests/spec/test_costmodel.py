@@ -245,6 +245,22 @@ def test_verify_compute_can_grow_with_the_tokens_verified():
         steps_table(dataclasses.replace(moe, verify_token_compute_us=50.0))
 
 
+def test_a_flag_for_the_per_token_compute_prices_an_evals_verify_as_its_sweep_row(tmp_path):
+    """An eval that verified 13 tokens, priced with 5 us a layer per token beyond the preset's 4: the
+    same verify whether the eval comes alone or as a one-row sweep, and whichever way the flag and the
+    files meet (the flag is applied after them)."""
+    ev = {"served_accept_len": 3.19, "config": {"steps": 4, "topk": 2, "draft_tokens": 12, "batch": 1}}
+    (tmp_path / "ev.json").write_text(json.dumps(ev))
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": [ev]}))
+    flag = ["--verify-token-compute-us", "5", "--json"]
+    assert main(["costmodel", "--inputs", str(tmp_path / "ev.json"), *flag, str(tmp_path / "a.json")]) == 0
+    assert main(["costmodel", "--inputs", str(tmp_path / "sweep.json"), *flag, str(tmp_path / "b.json")]) == 0
+    alone = json.loads((tmp_path / "a.json").read_text())
+    (row,) = json.loads((tmp_path / "b.json").read_text())["settings"]
+    flat = CostModel(dataclasses.replace(PRESETS[SEEDS], verify_tokens=13)).verify_ms()
+    assert alone["verify_ms"] == pytest.approx(flat + 61 * 5.0 * 9 / 1000) == pytest.approx(row["verify_ms"])
+
+
 def test_a_batch_scales_every_sequences_work():
     """B sequences: tok/s counts all of them. With flat compute and one latency the ratio does not move;
     with per-token compute the verify (B x 4 tokens) grows 4x faster than the decode step (B tokens),

@@ -178,12 +178,14 @@ class SpecEngine:
     def _done(self, out: list[int]) -> bool:
         return len(out) >= self.cfg.max_new_tokens or any(t in self.eos for t in out)
 
-    def _trim(self, out: list[int]) -> list[int]:
-        for i, t in enumerate(out):
+    def _emitted(self, out: list[int], tokens: list[int]) -> list[int]:
+        """What of a verify step's `tokens` a row whose output is `out` emits: up to its first eos and
+        max_new_tokens. Accept lengths count these only, as SGLang's do: a server returns no more."""
+        for i, t in enumerate(tokens):
             if t in self.eos:
-                out = out[: i + 1]
+                tokens = tokens[: i + 1]
                 break
-        return out[: self.cfg.max_new_tokens]
+        return tokens[: self.cfg.max_new_tokens - len(out)]
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, speculative: bool = True, generator=None,
@@ -222,7 +224,7 @@ class SpecEngine:
 
         def stream(indices: list[int]) -> None:
             for i in indices:
-                new = self._trim(out[i])[streamed[i]:]
+                new = out[i][streamed[i]:]
                 if new:
                     streamed[i] += len(new)
                     on_tokens(i, new)
@@ -252,7 +254,6 @@ class SpecEngine:
             if on_tokens is not None:
                 stream(emitting)
                 clock.mark("accept")
-        gen.tokens = [self._trim(o) for o in out]
         gen.phase_seconds = clock.seconds()
         times = clock.elapsed()
         gen.first_token_seconds = [times[m] for m in first_mark]
@@ -283,7 +284,7 @@ class SpecEngine:
     def _leave(self, batch: _Batch, finished: list[int], prompts, out) -> None:
         """The finished rows leave the batch (n-gram drafting across prompts may look them up next)."""
         if batch.ngram:
-            self.ngram.finish([prompts[batch.rows[b]] + self._trim(out[batch.rows[b]]) for b in finished])
+            self.ngram.finish([prompts[batch.rows[b]] + out[batch.rows[b]] for b in finished])
         keep = torch.tensor([b for b in range(len(batch.rows)) if b not in finished], dtype=torch.long,
                             device=self.target.device)
         self.target.keep(keep)
@@ -325,10 +326,11 @@ class SpecEngine:
         for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
             if done[b]:
                 continue
-            gen.accept_lengths.append(n)
+            emitted = self._emitted(out[batch.rows[b]], row[:n])
+            gen.accept_lengths.append(len(emitted))
             if drafted is not None:
                 gen.draft_lengths.append(drafted[b])
-            out[batch.rows[b]].extend(row[:n])
+            out[batch.rows[b]].extend(emitted)
             done[b] = self._done(out[batch.rows[b]])
             if done[b]:
                 ended.append(batch.rows[b])

@@ -54,6 +54,8 @@ def test_trained_drafter_accepts_and_rolls_back_losslessly(target, trained_draft
     assert sum(accept) / len(accept) > 2.0  # several tokens per verify step
     assert any(a < top for a in accept)  # and rejections: rollback happened
     assert all(1 <= a <= top for a in accept)
+    # each verify step counts what it emitted: the output past the prefill's token, none cut at max_new_tokens
+    assert sum(accept) == sum(len(t) - 1 for t in spec_tokens)
 
 
 def test_batch_rows_of_different_lengths_and_eos(target, trained_drafter, prompts):
@@ -65,6 +67,7 @@ def test_batch_rows_of_different_lengths_and_eos(target, trained_drafter, prompt
     spec = engine.generate(prompts[:3])
     assert spec.tokens == base.tokens
     assert len(base.tokens[1]) <= 7 and base.tokens[1][-1] in engine.eos
+    assert sum(spec.accept_lengths) == sum(len(t) - 1 for t in spec.tokens)  # none counted past an eos
 
 
 @pytest.mark.parametrize("mode", MODES)

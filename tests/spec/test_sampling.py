@@ -147,9 +147,10 @@ def test_engine_sampling_matches_target_distribution(tmp_path, kind, mode, slots
     V = target.vocab_size
     prompt = [3, 7, 1, 4]
     R = 6000
-    engine = SpecEngine(target, drafter, SpecConfig(temperature=1.0, max_new_tokens=3, stop_at_eos=False, **mode))
+    # a fourth token, so that drafts accepted in the verify that reaches the third are not cut (nor uncounted)
+    engine = SpecEngine(target, drafter, SpecConfig(temperature=1.0, max_new_tokens=4, stop_at_eos=False, **mode))
     gen = engine.generate([prompt] * R, generator=torch.Generator().manual_seed(0), slots=slots)
-    out = torch.tensor(gen.tokens)  # [R, 3]
+    out = torch.tensor(gen.tokens)[:, :3]  # [R, 3]
     assert 1 in gen.accept_lengths and max(gen.accept_lengths) >= 2
 
     p1 = _exact_next(target, torch.tensor([prompt]))[0]

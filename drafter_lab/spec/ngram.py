@@ -3,7 +3,8 @@
 vLLM serves it as `method: ngram` (`prompt_lookup_min/max`), SGLang as its NGRAM algorithm, and
 the seeds turned to it once their transfer failed. Each cycle, per row: find the longest suffix of
 the row's tokens so far (prompt + output), between `min_n` and `max_n` tokens long, that occurred
-earlier; propose the (up to) `steps` tokens that followed its most recent earlier occurrence. No
+earlier; propose the (up to) `steps` tokens that followed its most recent earlier occurrence
+(vLLM's proposer takes the earliest one, so a suffix that recurs can draft otherwise there). No
 match proposes nothing, and the row verifies its root alone. With `across_prompts`, rows decoded
 earlier by the same drafter are looked up too, after the row's own tokens at each length (SGLang's
 NGRAM keeps such a cache across requests).

@@ -114,6 +114,9 @@ def sglang_answer(events, start: float, endpoint: str) -> Answer:
             meta, now = event["meta_info"], int(event["meta_info"]["completion_tokens"])
         except (KeyError, TypeError, ValueError):
             raise LabError(f"streamed event has no meta_info.completion_tokens: {str(event)[:200]}", endpoint) from None
+        reason = meta.get("finish_reason")
+        if isinstance(reason, dict) and reason.get("type") == "abort":  # SGLang streams an abort as an answer
+            raise LabError(f"the server aborted the request: {reason.get('message') or reason}", endpoint)
         if event.get("text") is not None:  # recent servers send it with the last event only
             text = str(event["text"])
         if now > count:
@@ -136,8 +139,11 @@ def vllm_answer(events, start: float, endpoint: str) -> Answer:
         if event.get("choices"):
             try:
                 text.append(str(event["choices"][0].get("text") or ""))
+                aborted = event["choices"][0].get("finish_reason") == "abort"
             except (AttributeError, TypeError):
                 raise LabError(f"streamed event has no choices[0].text: {str(event)[:200]}", endpoint) from None
+            if aborted:  # vLLM streams an abort as a finish reason, not an error event
+                raise LabError("the server aborted the request (finish_reason 'abort')", endpoint)
             stamps.append(at)
         if isinstance(event.get("usage"), dict) and "completion_tokens" in event["usage"]:
             tokens = int(event["usage"]["completion_tokens"])
@@ -294,19 +300,22 @@ def _in_flight(answers: list[Answer], seconds: float) -> float:
 def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | None]:
     """From SGLang meta_infos: (served accept length, verify steps, histogram {served length: verify
     steps} or None)."""
-    if not all("spec_verify_ct" in m for m in metas):
+    if not any("spec_verify_ct" in m for m in metas):
         raise LabError("the server reports no speculative decoding (meta_info has no spec_verify_ct); launch "
                        "it with --speculative-algorithm EAGLE3 and a draft model", endpoint)
-    verify = sum(int(m["spec_verify_ct"]) for m in metas)
+    # Recent SGLang writes the speculative fields only for a request that ran a verify step: one that
+    # ended at its first token (an eos at once) has none.
+    verified = [m for m in metas if int(m.get("spec_verify_ct") or 0) > 0]
+    verify = sum(int(m["spec_verify_ct"]) for m in verified)
     if verify == 0:
         raise LabError("the server ran no verify step: raise --max-new-tokens", endpoint)
-    if all(isinstance(m.get("spec_accept_histogram"), list) for m in metas):
-        width = max(len(m["spec_accept_histogram"]) for m in metas)
-        counts = [sum(int(m["spec_accept_histogram"][i]) for m in metas if i < len(m["spec_accept_histogram"]))
+    if all(isinstance(m.get("spec_accept_histogram"), list) for m in verified):
+        width = max(len(m["spec_accept_histogram"]) for m in verified)
+        counts = [sum(int(m["spec_accept_histogram"][i]) for m in verified if i < len(m["spec_accept_histogram"]))
                   for i in range(width)]
         hist = {str(i + 1): c for i, c in enumerate(counts)}  # i drafts accepted = i + 1 tokens emitted
         return sum((i + 1) * c for i, c in enumerate(counts)) / sum(counts), sum(counts), hist
-    tokens = sum(int(m["completion_tokens"]) - 1 for m in metas)
+    tokens = sum(int(m["completion_tokens"]) - 1 for m in verified)
     return tokens / verify, verify, None
 
 

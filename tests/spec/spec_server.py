@@ -86,7 +86,7 @@ def sglang_generate(req: dict):
             continue
         g = so_far
         meta = {"completion_tokens": len(g.tokens[0])}
-        if drafter is not None:
+        if drafter is not None and g.accept_lengths:  # as recent SGLang: only for a request that verified
             meta["spec_verify_ct"] = len(g.accept_lengths)
             meta["spec_accept_histogram"] = [g.accept_lengths.count(n + 1)
                                              for n in range(max(g.accept_lengths, default=0))]

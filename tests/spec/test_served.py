@@ -120,6 +120,11 @@ def test_accept_length_without_a_histogram_leaves_out_the_prefill_token():
     hist = [{"completion_tokens": 4, "spec_verify_ct": 2, "spec_accept_histogram": [1, 0, 1]},
             {"completion_tokens": 3, "spec_verify_ct": 1, "spec_accept_histogram": [0, 1]}]
     assert acceptance(hist, "url") == (2.0, 3, {"1": 1, "2": 1, "3": 1})
+    # recent SGLang leaves the speculative fields out for a request that ended at its first token
+    assert acceptance([*metas, {"completion_tokens": 1}], "url") == (2.0, 6, None)
+    assert acceptance([*hist, {"completion_tokens": 1}], "url") == (2.0, 3, {"1": 1, "2": 1, "3": 1})
+    with pytest.raises(LabError, match="no speculative decoding"):
+        acceptance([{"completion_tokens": 9}], "url")
 
 
 def test_a_streamed_sglang_answer_is_timed_from_its_events():
@@ -144,6 +149,10 @@ def test_a_streamed_sglang_answer_is_timed_from_its_events():
         sglang_answer([(1.0, {"text": "hi"})], 0.0, "u")
     with pytest.raises(LabError, match="^u: the streamed answer carried no tokens$"):
         sglang_answer([], 0.0, "u")
+    abort = {"type": "abort", "message": "Abort in waiting queue", "status_code": 503}  # streamed, then [DONE]
+    with pytest.raises(LabError, match="^u: the server aborted the request: Abort in waiting queue$"):
+        sglang_answer([*cumulative[:2], (12.0, {"output_ids": [7, 8, 9], "meta_info": {
+            "completion_tokens": 3, "finish_reason": abort}})], 10.0, "u")
 
 
 def test_a_streamed_vllm_answer_counts_its_usage():
@@ -154,6 +163,9 @@ def test_a_streamed_vllm_answer_counts_its_usage():
     assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ("Hello", 4, 0.25, 1.0, 3)
     with pytest.raises(LabError, match=r"^u: the stream ended without usage.completion_tokens"):
         vllm_answer(events[:-1], 2.0, "u")
+    aborted = [*events[:2], (3.0, {"choices": [{"text": "", "finish_reason": "abort"}]}), events[-1]]
+    with pytest.raises(LabError, match=r"^u: the server aborted the request \(finish_reason 'abort'\)$"):
+        vllm_answer(aborted, 2.0, "u")
 
 
 def test_arrivals_are_a_seeded_poisson_process():

@@ -20,31 +20,31 @@ from collections.abc import Iterator
 from drafter_lab.errors import LabError
 
 
-def _open(url: str, data: bytes | None, timeout_s: float, retries: int):
-    """The open response (to be closed by the caller), once the server answered 2xx."""
+def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: bool = False):
+    """The open response (to be closed by the caller), once the server answered 2xx; `whole`: its body,
+    read within the tries (a body cut short or stalled fails that try, as a refused connection does)."""
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     for attempt in itertools.count():
         try:
-            return urllib.request.urlopen(request, timeout=timeout_s)
+            r = urllib.request.urlopen(request, timeout=timeout_s)
+            if not whole:
+                return r
+            with r:
+                return r.read()
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace").strip().replace("\n", " ")[:200]
             if e.code < 500 or attempt == retries:
                 raise LabError(f"server answered HTTP {e.code}: {detail}", url) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
             if attempt == retries:
-                reason = getattr(e, "reason", e)
+                reason = getattr(e, "reason", None) or repr(e)
                 raise LabError(f"cannot reach the server ({reason}) after {retries + 1} tries", url) from None
         time.sleep(2**attempt)
 
 
-def _request(url: str, data: bytes | None, timeout_s: float, retries: int) -> bytes:
-    with _open(url, data, timeout_s, retries) as r:
-        return r.read()
-
-
 def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0, retries: int = 3):
     """POST `body` as JSON to `url` (GET without one); returns the decoded answer."""
-    raw = _request(url, None if body is None else json.dumps(body).encode(), timeout_s, retries)
+    raw = _open(url, None if body is None else json.dumps(body).encode(), timeout_s, retries, whole=True)
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
@@ -53,7 +53,7 @@ def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0
 
 def request_text(url: str, *, timeout_s: float = 600.0, retries: int = 3) -> str:
     """GET `url` as text (e.g. Prometheus /metrics)."""
-    return _request(url, None, timeout_s, retries).decode(errors="replace")
+    return _open(url, None, timeout_s, retries, whole=True).decode(errors="replace")
 
 
 def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int = 3) -> Iterator[tuple[float, object]]:

@@ -17,7 +17,8 @@ from drafter_lab.errors import LabError
 def server(monkeypatch):
     """(base URL, script): each request pops the next (status, body) of `script`, a body given as a
     list being sent in those chunks (HTTP/1.1 chunked, as uvicorn streams SGLang's and vLLM's
-    events); retries do not sleep."""
+    events), one given as (length, bytes) cut short (the length announced, the bytes sent, the
+    connection closed); retries do not sleep."""
     monkeypatch.setattr(httpjson.time, "sleep", lambda s: None)
     script: list[tuple[int, bytes | list[bytes]]] = []
     seen: list[str] = []
@@ -36,7 +37,12 @@ def server(monkeypatch):
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     self.wfile.flush()
                 return
-            self.send_header("Content-Length", str(len(body)))
+            if isinstance(body, tuple):
+                length, body = body
+                self.close_connection = True
+            else:
+                length = len(body)
+            self.send_header("Content-Length", str(length))
             self.end_headers()
             self.wfile.write(body)
 
@@ -78,6 +84,12 @@ def test_what_retries_do_not_cure_is_one_line(server):
     script += [(200, b"<html>")]
     with pytest.raises(LabError, match=rf"^{url}/x: server answer is not JSON$"):
         httpjson.request_json(url + "/x")
+    # a body cut short is a failed try: retried, then one line
+    script += [(200, (100, b'{"ok": 1')), (200, json.dumps({"ok": 2}).encode())]
+    assert httpjson.request_json(url + "/x", retries=1) == {"ok": 2}
+    script += [(200, (100, b'{"ok": 1'))] * 2
+    with pytest.raises(LabError, match=rf"^{url}/x: cannot reach the server \(IncompleteRead\(8 bytes read, 92 more"):
+        httpjson.request_text(url + "/x", retries=1)
     closed = "http://127.0.0.1:9/x"  # the discard port: nothing listens
     with pytest.raises(LabError, match=rf"^{closed}: cannot reach the server .* after 3 tries$"):
         httpjson.request_json(closed, retries=2)

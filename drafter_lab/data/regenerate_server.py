@@ -36,7 +36,7 @@ from drafter_lab.data.regenerate import SAMPLER, regenerated_turns
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json
 from drafter_lab.journal import Journal
-from drafter_lab.progress import maybe_progress
+from drafter_lab.progress import log, maybe_progress
 from drafter_lab.servers import PLAIN, served_model
 
 
@@ -151,17 +151,29 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     done = {r["id"]: Conversation.of(r) for r in journal.records}
     todo = [c for c in conversations if c.id not in done]
     pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-regenerate")
+    failure: Exception | None = None
     try:
         with journal, maybe_progress("regenerate", len(conversations), show_progress) as advance:
             advance(len(done))
-            for future in as_completed([pool.submit(_regenerate_one, cfg, c) for c in todo]):
-                conv = future.result()
+            futures = [pool.submit(_regenerate_one, cfg, c) for c in todo]
+            for future in as_completed(futures):
+                try:
+                    conv = future.result()
+                except Exception as e:  # the first failure drops the queue; what is in flight still lands
+                    if failure is None:
+                        failure = e
+                        for f in futures:
+                            f.cancel()
+                        log(f"regenerate: {e}; journalling the {sum(not f.done() for f in futures)} "
+                            "conversations in flight for a resume, then stopping")
+                    continue
                 journal.append(conv.record())
                 done[conv.id] = conv
                 advance(1)
     finally:
-        # On a failure or Ctrl-C the queued conversations are dropped; requests in flight end on their own.
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: the queue is dropped
+    if failure is not None:
+        raise failure
     result = [done[c.id] for c in conversations]
     write_conversations(out, result)
     journal.discard()

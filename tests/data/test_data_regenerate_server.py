@@ -3,10 +3,12 @@ as regenerating locally, a killed run resumes without asking again, and failures
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,12 +17,14 @@ import pytest
 import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 
+from drafter_lab.data import regenerate_server
 from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render, rendered_with
-from drafter_lab.data.conversations import Conversation
+from drafter_lab.data.conversations import Conversation, read_conversations
 from drafter_lab.data.regenerate import generate_texts, generation_config, stop_token_ids
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
+from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.servers import PLAIN
 from drafter_lab.targets.hf import fingerprint, load_target, load_tokenizer
@@ -235,3 +239,31 @@ def test_server_failures_are_one_line(stopping_llama, server, tmp_path, capsys):
     partial.write_text(json.dumps({"settings": before}) + "\n")
     assert run_cli("data", "regenerate", "--conversations", convs, "--out", out, "--server", url, *GEN) == 2
     assert f"{partial}: partial run made with other settings" in capsys.readouterr().err
+
+
+def test_a_failure_keeps_the_answers_in_flight_for_a_resume(tmp_path, monkeypatch):
+    """One conversation fails while others are in flight: those still land in the journal, the queue
+    is dropped, the failure is raised, and a resume asks only for what is missing."""
+    convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", make_conversations(6)))
+    failing, started = convs[0].id, threading.Event()
+    asked = []
+
+    def answer(cfg, conv):
+        asked.append(conv.id)
+        if conv.id == failing:
+            started.wait(10)  # the others are in flight before it fails
+            raise LabError("server answered HTTP 400: bad request", "url")
+        started.set()
+        time.sleep(0.2)
+        return dataclasses.replace(conv, messages=[*conv.messages[:-1], {"role": "assistant", "content": "ok"}])
+
+    monkeypatch.setattr(regenerate_server, "_regenerate_one", answer)
+    cfg, out = ServerConfig(url="url", model="m", concurrency=3), tmp_path / "out.jsonl"
+    with pytest.raises(LabError, match="HTTP 400"):
+        regenerate_server.regenerate_via_server(convs, tmp_path / "c.jsonl", out, cfg, show_progress=False)
+    kept = {json.loads(line).get("id") for line in out.with_name("out.jsonl.partial").read_text().splitlines()[1:]}
+    assert kept == set(asked) - {failing} and len(asked) < len(convs)  # those in flight kept, the queue dropped
+    asked.clear()
+    monkeypatch.setattr(regenerate_server, "_regenerate_one", lambda cfg, conv: asked.append(conv.id) or conv)
+    result = regenerate_server.regenerate_via_server(convs, tmp_path / "c.jsonl", out, cfg, show_progress=False)
+    assert sorted(asked) == sorted({c.id for c in convs} - kept) and [c.id for c in result] == [c.id for c in convs]

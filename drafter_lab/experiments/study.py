@@ -162,7 +162,8 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     probe_result = probe(
         source_dir, pair_dir / "tuned", tuned_feats, pair_dir / "base",
         # The arms' recipe; the probe cuts it to the pilot's steps.
-        cfg=ProbeConfig(pilot_steps=cfg.probe_pilot_steps), pilot_recipe=_train_config(cfg, cfg.arm_steps),
+        cfg=ProbeConfig(pilot_steps=cfg.probe_pilot_steps, ttt_steps=cfg.ttt_steps),
+        pilot_recipe=_train_config(cfg, cfg.arm_steps),
         pilot_dir=level_dir / "probe-pilot", transfer_lr_scale=cfg.transfer_lr_scale,
     )
     atomic.write_json(level_dir / "probe.json", probe_result)
@@ -246,6 +247,7 @@ def data_record(level: dict) -> dict:
 
 def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path | None = None,
               command: list[str] | None = None) -> Path:
+    arms_for(cfg)  # bad --arms fail before the pair, the data and the source drafter are made
     run_dir = run_dir or runs_root / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()

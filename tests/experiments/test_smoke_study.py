@@ -7,14 +7,18 @@ import math
 
 import pytest
 
+from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import get_config
 from drafter_lab.experiments.study import run_study
 
 
 @pytest.mark.slow
 def test_smoke_study_writes_everything_then_reuses_its_cache(tmp_path):
-    cfg = dataclasses.replace(get_config("smoke"), served_eval=False)
+    cfg = dataclasses.replace(get_config("smoke"), served_eval=False, ttt_steps=3)
     cache = tmp_path / "cache"
+    with pytest.raises(LabError, match="arms must include a and b"):  # before anything is built
+        run_study(dataclasses.replace(cfg, arms=["a", "c"]), tmp_path / "runs", cache)
+    assert not cache.exists() and not (tmp_path / "runs").exists()
     run = run_study(cfg, tmp_path / "runs", cache, command=["test"])
     for name in ("report.md", "curves.png", "cond_acc_k.png", "manifest.json", "results.json", "probe.json",
                  "metrics-a.jsonl", "metrics-b.jsonl", "metrics-c.jsonl"):
@@ -37,4 +41,7 @@ def test_smoke_study_writes_everything_then_reuses_its_cache(tmp_path):
     again = run_study(cfg, tmp_path / "runs", cache, run_dir=tmp_path / "runs" / "second", command=["test"])
     assert {p: p.stat().st_mtime_ns for p in cached} == cached  # nothing rebuilt or rewritten
     first, second = (json.loads((d / "results.json").read_text()) for d in (run, again))
+    level = first["levels"][0]  # the probe's drafters are measured at the arms' K
+    assert {k for k in level["probe"]["zero_shot"] if k.startswith("cond_acc_")} == \
+        {k for k in level["arms"][0]["final"] if k.startswith("cond_acc_")} == {"cond_acc_0", "cond_acc_1", "cond_acc_2"}
     assert [a["final"] for a in first["levels"][0]["arms"]] == [a["final"] for a in second["levels"][0]["arms"]]

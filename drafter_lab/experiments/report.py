@@ -104,7 +104,9 @@ def _lead_trend(a, b) -> str | None:
         return None
     picks = [steps[0], steps[len(steps) // 2], steps[-1]]
     leads = [100 * (vb[s] - va[s]) for s in picks]
-    if lead_closing(leads[0], leads[-1]):
+    if leads[0] * leads[-1] < 0:
+        tail = f"the lead reversed: (b) now {'trails' if leads[-1] < 0 else 'leads'}"
+    elif lead_closing(leads[0], leads[-1]):
         tail = "the gap is closing: a longer budget may erase it"
     else:
         tail = "the gap holds"

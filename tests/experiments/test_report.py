@@ -125,6 +125,9 @@ def test_lead_trend_closing_and_holding():
         r["cond_acc_0"] = v
     assert report._lead_trend(a, b).endswith("+40.0 / +16.0 / +8.0 points; the gap is closing: a longer budget "
                                              "may erase it.")
+    for r in report._val(b):  # ahead early, behind at the end: the seeds' negative transfer
+        r["cond_acc_0"] = 0.6
+    assert report._lead_trend(a, b).endswith("+30.0 / +0.0 / -10.0 points; the lead reversed: (b) now trails.")
 
 
 def test_speed_section_prices_each_served_histogram_at_its_best_depth():

@@ -144,6 +144,8 @@ def evaluate(
                     f"target-only {want}, speculative {got}",
                     where,
                 )
+    if not accept:  # every prompt ended at its first token, which the prefill makes
+        raise LabError("no verify step ran: every prompt ended at its first token; raise --max-new-tokens", where)
     tokens = {k: sum(len(o) for o in v) for k, v in outputs.items()}
     spec_tps = tokens[True] / seconds[True]
     base_tps = tokens[False] / seconds[False]

@@ -101,6 +101,12 @@ def test_lossless_failure_names_prompt_and_position(target, trained_drafter, con
         evaluate(target, trained_drafter, conversations[:1], max_new_tokens=8)
 
 
+def test_a_decode_without_a_verify_step_is_refused(target, trained_drafter, conversations):
+    """One new token comes from the prefill alone: no accept length to report (it was NaN)."""
+    with pytest.raises(LabError, match="no verify step ran: .* raise --max-new-tokens"):
+        evaluate(target, trained_drafter, conversations[:2], max_new_tokens=1)
+
+
 def test_cli_eval(random_llama, drafter_dir, prompts_file, tmp_path, capsys):
     out = tmp_path / "eval.json"
     rc = main(["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),

@@ -53,7 +53,9 @@ class ServerConfig:
     max_new_tokens: int = 128
     """Longest regenerated assistant turn, in tokens."""
     seed: int = 0
-    """Sent with each request, for servers that seed sampling per request."""
+    """Seeds each request, for servers that seed sampling per request: with the conversation's id and
+    the turn (`request_seed`), so answers reproduce and no two conversations share a random stream
+    (one seed for all would give every copy of a prompt the same sampled answer)."""
     concurrency: int = 8
     """Conversations in flight at once."""
     timeout_s: float = 600.0
@@ -69,7 +71,12 @@ def _endpoint(cfg: ServerConfig) -> str:
     return cfg.url.rstrip("/") + "/v1/chat/completions"
 
 
-def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None = None) -> tuple[dict, list[int] | None]:
+def request_seed(seed: int, conversation_id: str, turn: int) -> int:
+    """The seed of one request: 31 bits of a hash of the run's seed, the conversation and the turn."""
+    return int.from_bytes(bytes.fromhex(atomic.sha256_json([seed, conversation_id, turn])[:8]), "big") >> 1
+
+
+def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed: int) -> tuple[dict, list[int] | None]:
     """The server's answer to `messages` (offering `tools`) as a turn's fields (`content`, and
     `reasoning_content` or `tool_calls` when the server parsed those out), and the token ids it sampled
     (None from a server that does not return them); a failure that retries do not cure is a LabError
@@ -77,7 +84,8 @@ def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None = None
     # return_token_ids: recent vLLM and SGLang answer with choices[0].token_ids, the end token they
     # stopped at included; servers without it ignore the field.
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
-               "temperature": cfg.temperature, "seed": cfg.seed, **PLAIN, "return_token_ids": True,
+               "temperature": cfg.temperature, "seed": seed, **PLAIN,
+               "return_token_ids": True,
                **template_setting(cfg.chat_template_kwargs), **({"tools": tools} if tools is not None else {})}
     answer = request_json(_endpoint(cfg), request, timeout_s=cfg.timeout_s, retries=cfg.retries)
     try:
@@ -126,7 +134,7 @@ def _wire(messages: list[dict]) -> list[dict]:
 def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
     out = Conversation(id=conv.id, messages=copy.deepcopy(conv.messages), tools=conv.tools)
     for i in regenerated_turns(out):
-        turn, ids = ask(cfg, _wire(out.messages[:i]), out.tools)
+        turn, ids = ask(cfg, _wire(out.messages[:i]), out.tools, request_seed(cfg.seed, conv.id, i))
         sampled = {"token_ids": ids, "temperature": cfg.temperature} if ids is not None else {}
         out.messages[i] = {"role": "assistant", **turn, **sampled}  # nothing of the old answer stays
     return out
@@ -135,7 +143,7 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
 def _settings(cfg: ServerConfig, source: Path) -> dict:
     skip = ("url", "concurrency", "timeout_s", "retries", "chat_template_kwargs")
     keep = {k: v for k, v in asdict(cfg).items() if k not in skip}
-    return {**keep, **template_setting(cfg.chat_template_kwargs), **SAMPLER,
+    return {**keep, **template_setting(cfg.chat_template_kwargs), **SAMPLER, "request_seeds": "per turn",
             "conversations_sha256": atomic.sha256_file(source)}
 
 

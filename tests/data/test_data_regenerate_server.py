@@ -21,7 +21,7 @@ from drafter_lab.data import regenerate_server
 from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render, rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations
-from drafter_lab.data.regenerate import generate_texts, generation_config, stop_token_ids
+from drafter_lab.data.regenerate import generate_texts, generation_config, regenerated_turns, stop_token_ids
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.errors import LabError
@@ -117,6 +117,8 @@ def test_server_regeneration_equals_local_and_resumes(stopping_llama, server, tm
                                    and r["model"] == str(stopping_llama) for r in sent)  # as /v1/models names it
     # Turn 2 is asked with turn 1 as regenerated, not as written, and as text only.
     regenerated = [Conversation(r["id"], r["conversations"]) for r in rows]
+    seeds = {regenerate_server.request_seed(0, c.id, i) for c in regenerated for i in regenerated_turns(c)}
+    assert {r["seed"] for r in sent} == seeds and len(seeds) == 12  # a random stream per conversation turn
     second = [r["messages"] for r in sent if sum(m["role"] == "assistant" for m in r["messages"]) == 1]
     for messages in second:
         (conv,) = [c for c in regenerated if [m["content"] for m in c.messages[: len(messages) - 1]] ==

@@ -265,12 +265,12 @@ def test_calls_a_servers_tool_parser_found_are_kept(monkeypatch, calls, says):
     monkeypatch.setattr(regenerate_server, "request_json", lambda *a, **k: answer)
     cfg = regenerate_server.ServerConfig(url="http://127.0.0.1:1", model="m")
     if says is None:
-        assert regenerate_server.ask(cfg, [{"role": "user", "content": "q"}], TOOLS) == (
+        assert regenerate_server.ask(cfg, [{"role": "user", "content": "q"}], TOOLS, 0) == (
             {"content": "", "tool_calls": [{"id": "c9", "type": "function",
                                              "function": {"name": "stat", "arguments": {"path": "a.py"}}}]}, [5, 6])
         return
     with pytest.raises(LabError, match=says) as e:
-        regenerate_server.ask(cfg, [{"role": "user", "content": "q"}], TOOLS)
+        regenerate_server.ask(cfg, [{"role": "user", "content": "q"}], TOOLS, 0)
     assert "http://127.0.0.1:1/v1/chat/completions" in str(e.value)
 
 

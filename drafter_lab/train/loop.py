@@ -283,7 +283,6 @@ class _Run:
 
         self.t2d = t2d  # on the CPU, where a step's loss counts are taken from its micro-batches
         self.drafter = drafter = _new_drafter(cfg, dcfg, target, d2t, t2d)
-        self.own_embed = dcfg.own_embedding
         self.report: TransferReport | None = None
         transfer = None
         if init_from is not None:
@@ -335,7 +334,7 @@ class _Run:
             "total_steps": total,
             "total_tokens": self.total_tokens,
             "world_size": d.world,
-            "own_embedding": self.own_embed,
+            "own_embedding": dcfg.own_embedding,
         }
         if self.watch:
             self.watch_note = comparison_note(self.info, base_info, watch.watch_axis)
@@ -430,7 +429,7 @@ class _Run:
             "data": self.data,
             "init_from": self.info["init_from"],
             "model": {k: v for k, v in self.drafter.state_dict().items()
-                      if k != "embed_tokens.weight" or self.own_embed},
+                      if k != "embed_tokens.weight" or self.drafter.config.own_embedding},
             "optimizer": self.optim.state_dict(),
             "scheduler": self.sched.state_dict(),
             "step": self.step, "epoch": self.epoch, "cursor": self.cursor,

@@ -179,6 +179,17 @@ def _object(data: dict, key: str, path) -> dict:
     return value or {}
 
 
+def _flag(data: dict, key: str, path, default: bool = False) -> bool:
+    """Field `key`, a JSON boolean (`default` when absent or null); a string such as "false" would be
+    truthy, so anything else is refused rather than read as true."""
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise LabError(f"config's {key!r} is {value!r}, not true or false", path)
+    return value
+
+
 def _refuse_other_families(data: dict, layer: dict, path) -> None:
     """Drafters of another family (SpecForge's GPT-OSS, Qwen-MoE or DFlash drafters, speculators' EAGLE-1,
     a Qwen3 layer with its q/k norms) share the config fields but not the math: refused, not read as
@@ -200,12 +211,12 @@ def _refuse_variants(data: dict, path) -> None:
     eagle = _object(data, "eagle_config", path)
     for key in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "additional_fc", "attention_bias",
                 "mlp_bias"):
-        if data.get(key) or eagle.get(key):
+        if _flag(data, key, path) or _flag(eagle, key, path):
             raise LabError(f"drafter variant {key}=true is not supported (plain EAGLE-3 only)", path)
     act = data.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise LabError(f"drafter hidden_act {act!r} is not supported (SiLU only)", path)
-    if eagle.get("use_aux_hidden_state", True) is False:  # vLLM: no fc, the target's last state goes in as is
+    if not _flag(eagle, "use_aux_hidden_state", path, True):  # vLLM: no fc, the target's last state goes in as is
         raise LabError("drafter with use_aux_hidden_state=false is not supported (EAGLE-3's fc over aux states only)",
                        path)
     if data.get("logit_scale", 1.0) != 1.0:  # vLLM scales the draft logits by it
@@ -271,14 +282,15 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
     if fmt == SPECULATORS:
         _refuse_variants(layer, path)
         aux = _ids(data, "eagle_aux_hidden_state_layer_ids", path)  # already hf_hidden_states
-        # as vLLM reads it (update_eagle3): the speculators default when the file does not say
-        norm_before_residual = bool(data.get("norm_before_residual", True))
+        # as vLLM reads it (update_eagle3): the speculators default when the file does not say; an explicit
+        # null reaches vLLM's model as None, the plain residual
+        norm_before_residual = _flag(data, "norm_before_residual", path, "norm_before_residual" not in data)
     else:
-        if data.get("tie_word_embeddings"):  # vLLM's EAGLE-3 model keeps its own head whatever the flag says
+        if _flag(data, "tie_word_embeddings", path):  # vLLM's EAGLE-3 model keeps its own head whatever the flag says
             raise LabError("config sets tie_word_embeddings=true: SGLang would take the embedding as the head and "
                            "drop lm_head.weight (set it false if lm_head.weight is the head)", path)
         aux = [i + 1 for i in _ids(_object(data, "eagle_config", path), "eagle_aux_hidden_state_layer_ids", path)]
-        norm_before_residual = bool(data.get("norm_before_residual"))
+        norm_before_residual = _flag(data, "norm_before_residual", path)
     hidden = _positive(layer, "hidden_size", path)
     heads = _positive(layer, "num_attention_heads", path)
     scaling = rope_scaling_of(layer, path)

@@ -192,6 +192,15 @@ def _without(cfg, *keys):
     ("speculators", lambda c: _with_layer(c, rope_theta="big"), "'rope_theta' is 'big', not a positive number"),
     ("speculators", lambda c: {**c, "transformer_layer_config": "llama"},
      "'transformer_layer_config' is 'llama', not a JSON object"),
+    # a string "false" is truthy: read as true it would build another model, or refuse a plain one
+    ("sglang", lambda c: {**c, "norm_before_residual": "false"}, "'norm_before_residual' is 'false', not true or false"),
+    ("speculators", lambda c: {**c, "norm_before_residual": "false"},
+     "'norm_before_residual' is 'false', not true or false"),
+    ("sglang", lambda c: {**c, "tie_word_embeddings": "false"}, "'tie_word_embeddings' is 'false', not true or false"),
+    ("sglang", lambda c: {**c, "attention_bias": "false"}, "'attention_bias' is 'false', not true or false"),
+    ("speculators", lambda c: _with_layer(c, mlp_bias=0), "'mlp_bias' is 0, not true or false"),
+    ("sglang", lambda c: {**c, "eagle_config": {**c["eagle_config"], "use_aux_hidden_state": "false"}},
+     "'use_aux_hidden_state' is 'false', not true or false"),
 ])
 def test_a_malformed_config_value_is_one_line_naming_the_file(drafter, layout, change, problem):
     cfg = formats.config_for(layout, drafter.config, torch.float32)
@@ -208,6 +217,11 @@ def test_a_missing_norm_before_residual_reads_as_vllm_and_sglang_read_it(drafter
     assert formats.parse_config(sp, "c")[0].norm_before_residual is False  # written, as every export writes it
     sg = formats.sglang_config(drafter.config, torch.float32)
     assert "norm_before_residual" not in sg and formats.parse_config(sg, "c")[0].norm_before_residual is False
+    # null, as vLLM passes it on (None: the plain residual); the other flags read null as their default
+    assert formats.parse_config({**sp, "norm_before_residual": None}, "c")[0].norm_before_residual is False
+    nulls = {"norm_before_residual": None, "tie_word_embeddings": None, "attention_bias": None}
+    assert formats.parse_config({**sg, **nulls, "eagle_config": {**sg["eagle_config"], "use_aux_hidden_state": None}},
+                                "c")[0] == formats.parse_config(sg, "c")[0]
 
 
 @pytest.mark.parametrize("arch", formats.LLAMA_EAGLE3_ARCHS)

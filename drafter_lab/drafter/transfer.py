@@ -145,6 +145,12 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
     want_aux, have_aux = list(drafter.config.aux_layer_ids), list(ckpt.config.aux_layer_ids)
     if have_aux and want_aux and have_aux != want_aux:
         report.notes.append(f"source fc was trained on aux layers {have_aux}; the new drafter reads {want_aux}")
+    # a new target version may change these (unlike the RoPE scaling, refused above): told, not refused
+    for key, why in (("rope_theta", "attention weights were trained under another RoPE"),
+                     ("max_position_embeddings", "the source was configured for another context length")):
+        theirs, mine = getattr(ckpt.config, key), getattr(drafter.config, key)
+        if theirs != mine:
+            report.notes.append(f"{key} {theirs:.15g} -> {mine:.15g}: {why}")
 
     params = dict(drafter.named_parameters())
     for name in sorted(src):

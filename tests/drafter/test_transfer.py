@@ -209,3 +209,17 @@ def test_an_embedding_the_drafter_owns_comes_from_the_source(tmp_path, remap):
     reasons = {row["tensor"]: row["reason"] for row in report.skipped}
     assert reasons["embed_tokens.weight"] == "shape (111, 48), this drafter's own embedding is (101, 48): it starts fresh"
     assert torch.equal(drafter.embed_tokens.weight, before) and "fc.weight" in report.transferred
+
+
+def test_a_source_with_another_rope_theta_or_context_length_is_reported(tmp_path):
+    """A new target version may change RoPE theta or max_position_embeddings: the transfer goes on, and
+    the report (printed, and kept in transfer.json) says the attention weights were trained otherwise."""
+    src, path = source(tmp_path, formats.SGLANG, rope_theta=500000.0, max_position_embeddings=2048)
+    assert init_from(fresh(src.config), path, target_head(), vocab(USED_NEW)).notes == []
+    new = dataclasses.replace(src.config, rope_theta=1e6, max_position_embeddings=8192)
+    report = init_from(fresh(new), path, target_head(), vocab(USED_NEW))
+    assert report.notes == [
+        "rope_theta 500000 -> 1000000: attention weights were trained under another RoPE",
+        "max_position_embeddings 2048 -> 8192: the source was configured for another context length",
+    ]
+    assert "midlayer.self_attn.q_proj.weight" in report.transferred and report.to_json()["notes"] == report.notes

@@ -20,11 +20,15 @@ from collections.abc import Iterator
 from drafter_lab.errors import LabError
 
 
-def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: bool = False):
+def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: bool = False,
+          sent: list[float] | None = None):
     """The open response (to be closed by the caller), once the server answered 2xx; `whole`: its body,
-    read within the tries (a body cut short or stalled fails that try, as a refused connection does)."""
+    read within the tries (a body cut short or stalled fails that try, as a refused connection does).
+    `sent`: time.perf_counter() as each try is sent is appended to it."""
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     for attempt in itertools.count():
+        if sent is not None:
+            sent.append(time.perf_counter())
         try:
             r = urllib.request.urlopen(request, timeout=timeout_s)
             if not whole:
@@ -56,13 +60,16 @@ def request_text(url: str, *, timeout_s: float = 600.0, retries: int = 3) -> str
     return _open(url, None, timeout_s, retries, whole=True).decode(errors="replace")
 
 
-def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int = 3) -> Iterator[tuple[float, object]]:
+def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int = 3,
+                sent: list[float] | None = None) -> Iterator[tuple[float, object]]:
     """POST `body` and yield (time.perf_counter() at its arrival, decoded JSON) for each server-sent
     event's `data:` line, until `data: [DONE]`, which SGLang and vLLM send last. An event that
     carries an error (how they report a failure after the stream began) or is not JSON, an answer
-    with no events, and a stream that ends before [DONE] or stalls past `timeout_s`, are a LabError."""
+    with no events, and a stream that ends before [DONE] or stalls past `timeout_s`, are a LabError.
+    `sent` gets time.perf_counter() as each try is sent, by the first event: the last is the try
+    that was answered (a time to first token counts from it, not from the retries and their waits)."""
     events = 0
-    with _open(url, json.dumps(body).encode(), timeout_s, retries) as r:
+    with _open(url, json.dumps(body).encode(), timeout_s, retries, sent=sent) as r:
         try:
             for raw in r:
                 line = raw.strip()

@@ -104,10 +104,12 @@ def test_a_stream_yields_each_event_with_its_arrival_time(server):
     script += [(503, b"warming up"),
                (200, _events('data: {"n": 1}', ": a comment", "event: ping", 'data:{"n": 2}', "data: [DONE]",
                              'data: {"n": 3}'))]
-    events = list(httpjson.stream_json(url + "/generate", {"stream": True}, retries=1))
+    sent: list[float] = []
+    events = list(httpjson.stream_json(url + "/generate", {"stream": True}, retries=1, sent=sent))
     assert [e for _, e in events] == [{"n": 1}, {"n": 2}]  # nothing after [DONE]
     assert events[0][0] <= events[1][0]
     assert seen == ["POST", "POST"]  # a 5xx before the stream began is retried
+    assert len(sent) == 2 and sent[0] <= sent[1] <= events[0][0]  # each try's sending, the answered one last
 
 
 def test_a_chunked_stream_splits_events_anywhere(server):

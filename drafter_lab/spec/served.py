@@ -18,12 +18,15 @@ length is the lab's (tokens emitted per verify step, bonus included):
 
 Requests are streamed (`"stream": true`, as SGLang's and vLLM's bench_serving send them), so each
 one's TTFT (from sending it to its first token; requests beyond --concurrency wait in the client,
-as with bench_serving's --max-concurrency) and TPOT (from its first token to its last, per token
-after the first) are measured as a user sees them, with the events that carried tokens counted.
+as with bench_serving's --max-concurrency; a request retried after a refused connection or a 5xx
+counts from the try that was answered, its retries counted apart) and TPOT (from its first token
+to its last, per token after the first) are measured as a user sees them, with the events that
+carried tokens counted.
 They are sent all at once (only --concurrency holding them back), or arrive at --request-rate as
 a seeded Poisson process (bench_serving's --request-rate), the same arrivals on both servers; the
 mean requests in flight (Little's law: the requests' seconds over the wall seconds) is the load
-the server actually carried.
+the server actually carried. The first request that fails is raised at once, the others in flight
+abandoned: a served eval journals whole settings, not requests.
 
 With a baseline server (the same target served without speculation) the same prompts run there
 too, so both tok/s come from the same run, and greedy outputs are compared; a serving engine's
@@ -33,16 +36,17 @@ batching need not be bitwise deterministic, so a difference is reported, not rai
 from __future__ import annotations
 
 import math
+import queue
 import random
 import re
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from drafter_lab.data.chat import rendered_with
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json, request_text, stream_json
-from drafter_lab.progress import progress
+from drafter_lab.progress import log, progress
 from drafter_lab.servers import PLAIN, served_model
 from drafter_lab.spec.eval import WARMUP_TOKENS, add_request, first_difference, latency, render_prompts
 
@@ -88,24 +92,29 @@ class Answer:
     meta: dict
     """SGLang's meta_info ({} for vLLM)."""
     first_s: float
-    """Seconds from sending the request to its first token (its TTFT)."""
+    """Seconds from sending the request (the try that was answered) to its first token (its TTFT)."""
     last_s: float
-    """Seconds from sending the request to its last token."""
+    """Seconds from sending the request (the try that was answered) to its last token."""
     chunks: int
     """Streamed events that carried tokens (one per verify step where the server streams every step)."""
+    retries: int = 0
+    """Tries before the one that was answered (a refused connection, a 5xx)."""
 
 
-def _answer(output: list | str, tokens: int, meta: dict, start: float, stamps: list[float], endpoint: str) -> Answer:
+def _answer(output: list | str, tokens: int, meta: dict, sent: list[float], stamps: list[float],
+            endpoint: str) -> Answer:
     if not stamps:
         raise LabError("the streamed answer carried no tokens", endpoint)
-    return Answer(output, tokens, meta, stamps[0] - start, stamps[-1] - start, len(stamps))
+    start = sent[-1]  # the try that was answered: retries and their back-off are no part of the TTFT
+    return Answer(output, tokens, meta, stamps[0] - start, stamps[-1] - start, len(stamps), len(sent) - 1)
 
 
-def sglang_answer(events, start: float, endpoint: str) -> Answer:
-    """One streamed `/generate` answer from (arrival time, event)s. Every event carries the
-    cumulative meta_info.completion_tokens and the output ids so far, or only the new ones where the
-    server runs with --incremental-streaming-output; the speculative counts come with the last.
-    Servers older than that send ids only with --return-token-ids: their text so far is the output."""
+def sglang_answer(events, sent: list[float], endpoint: str) -> Answer:
+    """One streamed `/generate` answer from (arrival time, event)s, `sent` the times its tries were
+    sent (stream_json's, filled once the events begin). Every event carries the cumulative
+    meta_info.completion_tokens and the output ids so far, or only the new ones where the server runs
+    with --incremental-streaming-output; the speculative counts come with the last. Servers older
+    than that send ids only with --return-token-ids: their text so far is the output."""
     ids: list[int] | None = None
     text, count, meta = "", 0, {}
     stamps: list[float] = []
@@ -125,12 +134,12 @@ def sglang_answer(events, start: float, endpoint: str) -> Answer:
                 ids = list(new) if len(new) == now else (ids or []) + list(new)
             count = now
             stamps.append(at)
-    return _answer(text if ids is None else ids, count, meta, start, stamps, endpoint)
+    return _answer(text if ids is None else ids, count, meta, sent, stamps, endpoint)
 
 
-def vllm_answer(events, start: float, endpoint: str) -> Answer:
-    """One streamed `/v1/completions` answer from (arrival time, event)s: each event with a choice
-    carries new tokens (their text, which may be empty), the last the usage."""
+def vllm_answer(events, sent: list[float], endpoint: str) -> Answer:
+    """One streamed `/v1/completions` answer from (arrival time, event)s, `sent` as sglang_answer's:
+    each event with a choice carries new tokens (their text, which may be empty), the last the usage."""
     text: list[str] = []
     tokens, stamps = None, []
     for at, event in events:
@@ -150,7 +159,7 @@ def vllm_answer(events, start: float, endpoint: str) -> Answer:
     if tokens is None:
         raise LabError("the stream ended without usage.completion_tokens (asked for with "
                        "stream_options.include_usage)", endpoint)
-    return _answer("".join(text), tokens, {}, start, stamps, endpoint)
+    return _answer("".join(text), tokens, {}, sent, stamps, endpoint)
 
 
 class SGLang:
@@ -167,10 +176,10 @@ class SGLang:
         return {k: v for k, v in info.items() if k.startswith("speculative_")} if isinstance(info, dict) else {}
 
     def generate(self, ids: list[int], max_new_tokens: int) -> Answer:
-        endpoint, start = self.url + "/generate", time.perf_counter()
+        endpoint, sent = self.url + "/generate", []
         return sglang_answer(stream_json(endpoint, {"input_ids": ids, "stream": True, "sampling_params": {
             **PLAIN, "temperature": self.cfg.temperature, "max_new_tokens": max_new_tokens}},
-            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries), start, endpoint)
+            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries, sent=sent), sent, endpoint)
 
     def start_counting(self) -> None:
         pass
@@ -219,12 +228,11 @@ class VLLM:
         return {"model": self._model()}
 
     def generate(self, ids: list[int], max_new_tokens: int) -> Answer:
-        endpoint, model = self.url + "/v1/completions", self._model()
-        start = time.perf_counter()
+        endpoint, model, sent = self.url + "/v1/completions", self._model(), []
         return vllm_answer(stream_json(endpoint, {
             "model": model, "prompt": ids, "max_tokens": max_new_tokens, "temperature": self.cfg.temperature, **PLAIN,
             "stream": True, "stream_options": {"include_usage": True}},
-            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries), start, endpoint)
+            timeout_s=self.cfg.timeout_s, retries=self.cfg.retries, sent=sent), sent, endpoint)
 
     def _counters(self) -> dict:
         return vllm_counters(request_text(self.url + "/metrics", timeout_s=self.cfg.timeout_s,
@@ -261,31 +269,59 @@ def arrival_times(n: int, rate: float | None, seed: int) -> list[float]:
 def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bool) -> tuple[list[Answer], float]:
     """Every prompt's answer and the wall seconds they took, after one warm-up request; only the
     speculative server's acceptance counters are read. Each request is sent once it has arrived and
-    one of the `concurrency` slots is free."""
+    one of the `concurrency` slots is free; the first failure is raised as it comes, and no request
+    is sent after it."""
     server.generate(prompts[0], min(WARMUP_TOKENS, cfg.max_new_tokens))
     if speculative:
         server.start_counting()
     label = "speculative" if speculative else "baseline"
     arrivals = arrival_times(len(prompts), cfg.request_rate, cfg.seed)
-    answers: list[Answer] = []
-    with progress(f"eval --server ({label})", total=len(prompts)) as advance, \
-            ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-eval") as pool:
+    answers: list = [None] * len(prompts)
+    waiting, finished, stop = queue.SimpleQueue(), queue.SimpleQueue(), threading.Event()
+    for i in range(len(prompts)):
+        waiting.put(i)
+    with progress(f"eval --server ({label})", total=len(prompts)) as advance:
         start = time.perf_counter()
 
-        def send(i: int) -> Answer:
-            time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
-            return server.generate(prompts[i], cfg.max_new_tokens)
+        def slot() -> None:  # one of the `concurrency`: the waiting requests in turn, each once it arrived
+            while True:
+                try:
+                    i = waiting.get_nowait()
+                except queue.Empty:
+                    return
+                time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+                if stop.is_set():
+                    return
+                try:
+                    finished.put((i, server.generate(prompts[i], cfg.max_new_tokens)))
+                except Exception as e:
+                    stop.set()  # before the next request this slot would take
+                    finished.put((i, e))
 
-        for answer in pool.map(send, range(len(prompts))):
-            answers.append(answer)
-            advance(1)
+        # Daemon threads: a failure (or Ctrl-C) abandons the requests in flight, which would
+        # otherwise hold the exit for as long as the longest generation.
+        for _ in range(cfg.concurrency):
+            threading.Thread(target=slot, name="drafter-lab-eval", daemon=True).start()
+        try:
+            for _ in prompts:
+                i, answer = finished.get()
+                if isinstance(answer, Exception):
+                    raise answer
+                answers[i] = answer
+                advance(1)
+        finally:
+            stop.set()
         seconds = time.perf_counter() - start
+    if retried := sum(a.retries > 0 for a in answers):
+        log(f"eval --server ({label}): {retried} of {len(answers)} requests were retried before their stream "
+            "began (a refused connection or a 5xx); their TTFT counts from the try that was answered")
     return answers, seconds
 
 
 def _requests(answers: list[Answer]) -> dict[str, list[float]]:
-    """Each request's TTFT and TPOT in ms, and the streamed events that carried its tokens."""
-    out = {"ttft_ms": [], "tpot_ms": [], "chunks": [a.chunks for a in answers]}
+    """Each request's TTFT and TPOT in ms, the streamed events that carried its tokens, and its retries."""
+    out = {"ttft_ms": [], "tpot_ms": [], "chunks": [a.chunks for a in answers],
+           "retries": [a.retries for a in answers]}
     for a in answers:
         add_request(out, a.first_s, a.last_s - a.first_s, a.tokens)
     return out

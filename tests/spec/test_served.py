@@ -3,13 +3,17 @@ served accept length and histogram as the lab's own eval, feeds the cost model, 
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -138,34 +142,34 @@ def test_a_streamed_sglang_answer_is_timed_from_its_events():
     incremental = [(t, {"output_ids": i[len(before):], "meta_info": m})
                    for t, i, before, m in zip(times, ids, [[], *ids], metas)]
     for events in (cumulative, incremental):
-        a = sglang_answer(events, 10.0, "u")
+        a = sglang_answer(events, [10.0], "u")
         assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ([7, 8, 9, 4], 4, 0.5, 1.5, 3)
         assert a.meta["spec_verify_ct"] == 2  # the speculative counts come with the last event
     # An older server sends ids only with --return-token-ids: the text so far is the output.
     texts = [(t, {"text": x, "meta_info": m}) for t, x, m in zip(times, ["H", "Hel", "Hel", "Hell"], metas)]
-    a = sglang_answer(texts, 10.0, "u")
+    a = sglang_answer(texts, [10.0], "u")
     assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ("Hell", 4, 0.5, 1.5, 3)
     with pytest.raises(LabError, match="^u: streamed event has no meta_info.completion_tokens"):
-        sglang_answer([(1.0, {"text": "hi"})], 0.0, "u")
+        sglang_answer([(1.0, {"text": "hi"})], [0.0], "u")
     with pytest.raises(LabError, match="^u: the streamed answer carried no tokens$"):
-        sglang_answer([], 0.0, "u")
+        sglang_answer([], [0.0], "u")
     abort = {"type": "abort", "message": "Abort in waiting queue", "status_code": 503}  # streamed, then [DONE]
     with pytest.raises(LabError, match="^u: the server aborted the request: Abort in waiting queue$"):
         sglang_answer([*cumulative[:2], (12.0, {"output_ids": [7, 8, 9], "meta_info": {
-            "completion_tokens": 3, "finish_reason": abort}})], 10.0, "u")
+            "completion_tokens": 3, "finish_reason": abort}})], [10.0], "u")
 
 
 def test_a_streamed_vllm_answer_counts_its_usage():
     events = [(2.25, {"choices": [{"text": "He"}], "usage": None}), (2.5, {"choices": [{"text": "llo"}]}),
               (3.0, {"choices": [{"text": ""}]}),  # the eos: a token with no text
               (3.5, {"choices": [], "usage": {"completion_tokens": 4}})]
-    a = vllm_answer(events, 2.0, "u")
+    a = vllm_answer(events, [2.0], "u")
     assert (a.output, a.tokens, a.first_s, a.last_s, a.chunks) == ("Hello", 4, 0.25, 1.0, 3)
     with pytest.raises(LabError, match=r"^u: the stream ended without usage.completion_tokens"):
-        vllm_answer(events[:-1], 2.0, "u")
+        vllm_answer(events[:-1], [2.0], "u")
     aborted = [*events[:2], (3.0, {"choices": [{"text": "", "finish_reason": "abort"}]}), events[-1]]
     with pytest.raises(LabError, match=r"^u: the server aborted the request \(finish_reason 'abort'\)$"):
-        vllm_answer(aborted, 2.0, "u")
+        vllm_answer(aborted, [2.0], "u")
 
 
 def test_arrivals_are_a_seeded_poisson_process():
@@ -200,6 +204,58 @@ def test_requests_are_sent_as_they_arrive():
     arrivals = dict(zip(map(tuple, prompts), arrival_times(12, 40.0, seed=3)))
     assert len(answers) == 12 and sorted(ids for _, ids in sent) == prompts
     assert all(at - warm_up >= arrivals[tuple(ids)] for at, ids in sent)
+
+
+def test_a_retried_request_is_timed_from_the_try_that_was_answered(monkeypatch):
+    """A refused connection, httpjson's 1 s back-off, then the stream: the TTFT is the answered try's
+    (a fake clock that only the back-off and the first token move), and the retry is counted."""
+    from drafter_lab import httpjson
+    from drafter_lab.spec import served
+
+    clock = [100.0]
+    event = {"output_ids": [5], "meta_info": {"completion_tokens": 1, "spec_verify_ct": 0}}
+
+    def urlopen(request, timeout):
+        if clock[0] == 100.0:
+            raise urllib.error.URLError(ConnectionRefusedError())
+        clock[0] += 0.25  # the first token
+        return io.BytesIO(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode())
+
+    monkeypatch.setattr(httpjson, "time", SimpleNamespace(perf_counter=lambda: clock[0],
+                                                          sleep=lambda s: clock.__setitem__(0, clock[0] + s)))
+    monkeypatch.setattr(httpjson.urllib.request, "urlopen", urlopen)
+    answer = served.SGLang("http://s", served.ServedConfig(url="http://s")).generate([1], 1)
+    assert clock[0] == 101.25 and (answer.first_s, answer.retries) == (0.25, 1)
+    assert served._requests([answer]) == {"ttft_ms": [250.0], "tpot_ms": [], "chunks": [1], "retries": [1]}
+
+
+def test_the_first_failure_is_raised_while_other_requests_are_in_flight():
+    """A failed request stops the sending and is raised at once, not once the requests in flight end
+    (a served eval journals whole settings, so they are abandoned)."""
+    from drafter_lab.spec import served
+
+    release, sent, order = threading.Event(), [], []
+
+    class Failing:
+        def generate(self, ids, max_new_tokens):
+            sent.append(ids)
+            if ids == [1]:  # a long generation, in flight until the test releases it
+                release.wait(30)
+                order.append("long request ended")
+            if ids == [2]:
+                raise LabError("the server aborted the request", "http://s/generate")
+            return served.Answer([1], 1, {}, 0.001, 0.001, 1)
+
+        def start_counting(self):
+            pass
+
+    cfg = served.ServedConfig(url="http://s", concurrency=2)
+    with pytest.raises(LabError, match="^http://s/generate: the server aborted the request$"):
+        served._decode(Failing(), [[0], [1], [2], [3], [4]], cfg, speculative=True)
+    order.append("raised")
+    release.set()
+    assert order[0] == "raised"
+    assert sorted(sent[1:]) == [[0], [1], [2]]  # after the warm-up; [3] and [4] were never sent
 
 
 def test_vllm_counters_sum_label_sets_and_ignore_the_rest():

@@ -57,11 +57,11 @@ from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardW
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import log, maybe_progress
+from drafter_lab.targets.fingerprint import fingerprint
 from drafter_lab.targets.hf import (
     Target,
     check_aux_layer_ids,
     default_aux_layer_ids,
-    fingerprint,
     load_target,
     load_tokenizer,
     quiet_transformers,
@@ -215,6 +215,20 @@ def _earlier_settings(out: Path, existing: Manifest | None, settings: dict) -> d
     return next((s for s in older if _regeneration_begun(out, s)), None)
 
 
+def _described(target: Target, out: Path, existing: Manifest | None, aux_ids: list[int], dtype: str,
+               source: dict) -> dict:
+    """target.describe() under the name `out`'s work knows it by: a capture or regeneration begun by a lab
+    that fingerprinted targets the older way (targets/fingerprint.py) resumes under that name."""
+    now = target.describe()
+    legacy = {**now, "fingerprint": target.legacy_fingerprint}
+    if existing is not None:
+        return legacy if existing.target.get("fingerprint") == legacy["fingerprint"] else now
+    begun = [_regeneration_begun(out, resume_settings(d, aux_ids, dtype, source)) for d in (now, legacy)]
+    if begun[0] or not (begun[1] or _earlier_settings(out, None, resume_settings(legacy, aux_ids, dtype, source))):
+        return now
+    return legacy
+
+
 def _conversations(target, convs, cfg: CaptureConfig, out: Path, settings: dict, main: bool) -> list[Conversation]:
     if not cfg.regenerate:
         return convs
@@ -264,7 +278,7 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
     thought = dropped = 0  # assistant turns with reasoning, and those the template leaves it out of
     calling = uncalled = 0  # assistant turns making tool calls, and those the template does not write
     for conv in convs:
-        other = {m.get("target_fingerprint", mine) for m in conv.messages} - {mine}
+        other = {fp for m in conv.messages if not target.known_as(fp := m.get("target_fingerprint", mine))}
         if other and cfg.token_exact:
             raise LabError(f"conversation {conv.id}: answers sampled by target {other.pop()}, not by this one ({mine}): "
                            "a token-exact capture takes the target's own tokens only", conversations_path)
@@ -497,9 +511,9 @@ def prepare_features(
         target.num_layers,
         target.path,
     )
-    describe = target.describe()
     source = _source(cfg, conversations_path, convs, target.tokenizer)
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
+    describe = _described(target, out, existing, aux_ids, cfg.dtype, source)
     earlier = _earlier_settings(out, existing, resume_settings(describe, aux_ids, cfg.dtype, source))
     source = as_recorded(earlier, source, out)
     settings = resume_settings(describe, aux_ids, cfg.dtype, source)

@@ -142,6 +142,8 @@ def _regenerate(args) -> int:
         before, now = Journal.settings_of(partial), regeneration_settings(target, source, **gen)
         if "path" in (before or {}).get("target", {}):  # begun when the path counted: resumed from any path now
             now["target"]["path"] = before["target"]["path"]
+        if target.known_as(recorded := (before or {}).get("target", {}).get("fingerprint")):
+            now["target"]["fingerprint"] = recorded  # begun under the target's legacy name
         settings = as_recorded(before, now, partial)
         with Journal(partial, settings) as journal:
             result = regenerate(target, convs, journal=journal, **gen)

@@ -286,12 +286,12 @@ class FeatureSet:
     def fingerprint(self) -> str:
         return self.manifest.target["fingerprint"]
 
-    def check_target(self, target_fingerprint: str, target_path=None) -> None:
-        """Features made by another target than the one given are refused."""
-        if target_fingerprint != self.fingerprint:
+    def check_target(self, target) -> None:
+        """Features made by another target than `target` (a Target or TargetHead) are refused."""
+        if not target.known_as(self.fingerprint):
             raise LabError(
                 f"features were captured from target {self.fingerprint} "
-                f"({self.manifest.target.get('path')}), not from {target_path or ''} ({target_fingerprint})",
+                f"({self.manifest.target.get('path')}), not from {target.path} ({target.fingerprint})",
                 self.dir,
             )
 

@@ -122,7 +122,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     th = thresholds or ProbeThresholds()
     target = load_target_head(target_dir, device=device)  # features are given: no layer runs
     features = FeatureSet(data_dir)
-    features.check_target(target.fingerprint, target_dir)
+    features.check_target(target)
     if val_data is not None:
         held = HeldOutFeatures(Path(val_data), target, Path(target_dir), features.manifest.aux_layer_ids)
         val = held.features.read(held.items[: cfg.max_sequences])

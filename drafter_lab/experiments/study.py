@@ -98,12 +98,14 @@ def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
 
 def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfig) -> Path:
     """Let the target regenerate its own conversations, then capture them (cached by settings)."""
-    from drafter_lab.targets.hf import fingerprint
+    from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint
 
     settings = dict(max_length=cfg.max_length, regenerate=True, temperature=cfg.regen_temperature,
                     max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
-    key = atomic.sha256_json([fingerprint(target_dir), atomic.sha256_file(prompts), settings, SAMPLER])[:16]
-    out = cache / "features" / key
+    prompts_sha = atomic.sha256_file(prompts)
+    dirs = [cache / "features" / atomic.sha256_json([name(target_dir), prompts_sha, settings, SAMPLER])[:16]
+            for name in (fingerprint, legacy_fingerprint)]
+    out = next((d for d in dirs if d.exists()), dirs[0])  # one a lab naming targets the older way began
     prepare_features(target_dir, prompts, out, **settings)
     return out
 

@@ -280,14 +280,17 @@ def _journal(args, tokenizer, settings: dict):
 
 
 def _sweep_journal(args, target, drafter, sets):
-    """What a sweep decoded with."""
-    from drafter_lab.targets.hf import fingerprint
+    """What a sweep decoded with: target and drafter by fingerprint, or by the legacy names a journal
+    begun before them holds."""
+    from drafter_lab.journal import Journal
+    from drafter_lab.targets.fingerprint import recorded_name
 
+    before = Journal.settings_of(f"{args.json}.partial") or {}
     same = {k: getattr(args, k) for k in ("schedule", "max_prompts", "max_new_tokens", "temperature", "seed", "device",
                                          "dtype", "fused")}
     return _journal(args, target.tokenizer, {
-        "target": target.fingerprint,
-        "drafter": drafter.cfg.describe() if args.ngram else fingerprint(args.drafter),
+        "target": recorded_name(target.path, before.get("target")),
+        "drafter": drafter.cfg.describe() if args.ngram else recorded_name(args.drafter, before.get("drafter")),
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()}, **same,
     })
 

@@ -90,7 +90,7 @@ def load_for_target(drafter_dir, target, allow_other_target: bool = False):
     cfg, _ = read_config(drafter_dir)
     check_config(cfg, target, drafter_dir)
     recorded = recorded_fingerprint(drafter_dir)
-    if recorded is not None and recorded != target.fingerprint and not allow_other_target:
+    if recorded is not None and not target.known_as(recorded) and not allow_other_target:
         raise LabError(
             f"drafter was trained on target {recorded}, not on {target.path} ({target.fingerprint}); "
             "pass --allow-other-target to decode with it anyway",

@@ -28,7 +28,8 @@ from drafter_lab.errors import LabError
 from drafter_lab.progress import log
 from drafter_lab.targets import corpus as corpus_mod
 from drafter_lab.targets.drift import measure_drift
-from drafter_lab.targets.hf import default_aux_layer_ids, fingerprint, quiet_transformers
+from drafter_lab.targets.fingerprint import fingerprint
+from drafter_lab.targets.hf import default_aux_layer_ids, quiet_transformers
 from drafter_lab.targets.presets import PRESETS, TargetConfig, resolve
 from drafter_lab.targets.tokenizer import train_bpe
 from drafter_lab.targets.train_lm import encode_conversations, train_lm

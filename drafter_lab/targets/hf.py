@@ -7,7 +7,7 @@ our own tiny pair all load the same way, and a bad directory fails with one line
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import functools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
+from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint, weight_files
 
 # ChatML, used when a target ships no chat template (with a warning).
 DEFAULT_CHAT_TEMPLATE = (
@@ -24,8 +25,6 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -45,34 +44,6 @@ def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
     return ids
 
 
-def _weight_files(path: Path) -> list[Path]:
-    files = sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat))
-    return [f for f in files if not f.name.startswith(".")]
-
-
-def fingerprint(path) -> str:
-    """sha256 over config.json and, per weight file, its name, size and leading/trailing MiB (the whole
-    file under 2 MiB).
-
-    Cheap on a 1 TB checkpoint, yet any retrained or re-saved weights change it.
-    """
-    path = Path(path)
-    h = hashlib.sha256()
-    try:
-        h.update((path / "config.json").read_bytes())
-    except FileNotFoundError:
-        raise LabError("not a model directory: config.json is missing", path) from None
-    for f in _weight_files(path):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-            if size > 1 << 20:  # the last MiB; between 1 and 2 MiB, the rest of the file
-                fh.seek(max(1 << 20, size - (1 << 20)))
-                h.update(fh.read())
-    return h.hexdigest()[:16]
-
-
 class _TargetFacts:
     """What the lab reads off a target besides running it: shape, name and its two vocab matrices."""
 
@@ -90,6 +61,14 @@ class _TargetFacts:
     @property
     def vocab_size(self) -> int:
         return int(self.lm_head_weight().shape[0])
+
+    @functools.cached_property
+    def legacy_fingerprint(self) -> str:
+        return legacy_fingerprint(self.path)
+
+    def known_as(self, recorded: str | None) -> bool:
+        """Whether `recorded`, a fingerprint earlier work wrote down, names this target (either way)."""
+        return recorded is not None and (recorded == self.fingerprint or recorded == self.legacy_fingerprint)
 
     def describe(self) -> dict:
         return {
@@ -200,7 +179,7 @@ def _check_model_dir(path: Path) -> None:
     if not path.is_dir():
         raise LabError("model directory not found", path)
     atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
-    if not _weight_files(path):
+    if not weight_files(path):
         raise LabError("no weight files (*.safetensors or *.bin)", path)
 
 
@@ -223,7 +202,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
         weight_map = atomic.read_json(index, "shard index is missing", path).get("weight_map", {})
         return {name: path / f for name, f in weight_map.items()}
     out = {}
-    for f in _weight_files(path):
+    for f in weight_files(path):
         if f.suffix == ".safetensors":
             with _safetensors(f) as fh:
                 out.update(dict.fromkeys(fh.keys(), f))

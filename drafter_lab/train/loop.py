@@ -28,7 +28,7 @@ from drafter_lab.drafter.transfer import TransferReport
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, progress
-from drafter_lab.targets.hf import fingerprint
+from drafter_lab.targets.fingerprint import recorded_name
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
@@ -287,7 +287,9 @@ class _Run:
         transfer = None
         if init_from is not None:
             self.report = transfer_init(drafter, init_from, target, vocab, remap=remap)
-            transfer = {"source": str(init_from), "source_fingerprint": fingerprint(init_from), "remap": remap,
+            saved = (self.saved or {}).get("init_from") or {}
+            transfer = {"source": str(init_from), "remap": remap,
+                        "source_fingerprint": recorded_name(init_from, saved.get("source_fingerprint")),
                         "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale}
         if self.saved is not None:  # states saved before it was kept lack it
             _check_resume_transfer(self.saved.get("init_from", transfer), transfer, out_dir)

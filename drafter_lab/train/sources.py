@@ -42,7 +42,7 @@ from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, l
 
 def _open_features(data_dir: Path, target, target_dir: Path) -> FeatureSet:
     fs = FeatureSet(data_dir)
-    fs.check_target(target.fingerprint, target_dir)
+    fs.check_target(target)
     if fs.hidden_size != target.hidden_size:
         raise LabError(f"features have hidden size {fs.hidden_size}, the target {target.hidden_size}: "
                        "they do not fit", data_dir)

@@ -288,3 +288,28 @@ def test_a_resume_that_would_plan_other_sequences_is_refused(features, random_ll
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and str(out / "manifest.json") in err and "but this run plans" in err
     assert "the same input now makes other sequences" in err and snapshot(out) == before
+
+
+def test_a_capture_named_by_the_legacy_fingerprint_resumes_and_trains_under_it(features, random_llama,
+                                                                              conversations_file, tmp_path):
+    """Work begun before targets were fingerprinted by a sample of every tensor records the older name: it
+    resumes (under that name, not refused as another target's) and its features train."""
+    from drafter_lab.targets.fingerprint import legacy_fingerprint
+    from drafter_lab.targets.hf import load_target_head
+
+    out = tmp_path / "feat"
+    shutil.copytree(features, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["target"]["fingerprint"] = legacy = legacy_fingerprint(random_llama)
+    last = manifest["shards"]["train"].pop()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / last["file"]).unlink()
+    args = ("data", "prepare", "--target", random_llama, "--conversations", conversations_file, "--out", out)
+    assert run_cli(*args, *PREPARE_ARGS) == 0
+    assert Manifest.load(out).target["fingerprint"] == legacy != fingerprint(random_llama)
+    assert (out / last["file"]).read_bytes() == (features / last["file"]).read_bytes()
+    FeatureSet(out).check_target(load_target_head(random_llama))
+    manifest["target"]["fingerprint"] = "0123456789abcdef"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(LabError, match="features were captured from target 0123456789abcdef"):
+        FeatureSet(out).check_target(load_target_head(random_llama))

@@ -14,8 +14,9 @@ from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.regenerate import regenerate, stop_token_ids
-from drafter_lab.data.shards import FeatureSet
-from drafter_lab.targets.hf import fingerprint, load_target
+from drafter_lab.data.shards import FeatureSet, Manifest
+from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint
+from drafter_lab.targets.hf import load_target
 
 NEW_TOKENS = 6
 
@@ -218,7 +219,8 @@ def test_prepare_resumes_an_interrupted_regeneration(random_llama, tmp_path, int
 
 def test_a_regeneration_resumes_with_its_target_spelled_otherwise(random_llama, tmp_path, interrupt_at, monkeypatch):
     """A journal names the target by what it is: resumed through a relative path, from a copy moved
-    elsewhere, or begun when the lab checked the path, it generates only the 2 of 4 batches left."""
+    elsewhere, begun when the lab checked the path or when it fingerprinted targets the older way, it
+    generates only the 2 of 4 batches left."""
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
     args = ("data", "regenerate", "--conversations", convs, "--batch-size", "2", *SAMPLED)
     assert run_cli(*args, "--target", random_llama, "--out", tmp_path / "whole.jsonl") == 0
@@ -226,14 +228,15 @@ def test_a_regeneration_resumes_with_its_target_spelled_otherwise(random_llama, 
     shutil.copytree(random_llama, moved)
     monkeypatch.chdir(random_llama.parent)
     out, partial = tmp_path / "r.jsonl", tmp_path / "r.jsonl.partial"
-    for spelled, path_checked in ((random_llama.name, False), (moved, False), (moved, True)):
+    older = {"path": str(random_llama), "fingerprint": legacy_fingerprint(random_llama)}
+    for spelled, recorded in ((random_llama.name, None), (moved, None), (moved, "path"), (moved, "fingerprint")):
         out.unlink(missing_ok=True)
         interrupt_at(3)
         assert run_cli(*args, "--target", random_llama, "--out", out) == 130
-        if path_checked:  # the journal as a lab that checked the path wrote it
+        if recorded:  # the journal as a lab that checked the path, or fingerprinted the older way, wrote it
             head, *records = partial.read_text().split("\n")
             head = json.loads(head)
-            head["settings"]["target"]["path"] = str(random_llama)
+            head["settings"]["target"][recorded] = older[recorded]
             partial.write_text("\n".join([json.dumps(head), *records]))
         calls = interrupt_at(None)
         assert run_cli(*args, "--target", spelled, "--out", out) == 0
@@ -268,3 +271,31 @@ def test_prepare_with_other_capture_settings_reuses_the_regeneration(random_llam
     assert not calls and list(out.glob("regenerated-*")) == [cache]
     assert run_cli(*args, "--out", tmp_path / "fresh", *other) == 0
     assert calls and snapshot(out) == snapshot(tmp_path / "fresh")
+
+
+def test_a_regeneration_cached_under_the_legacy_fingerprint_is_reused(random_llama, tmp_path, monkeypatch,
+                                                                       interrupt_at):
+    """A capture that a lab fingerprinting targets the older way began (its regeneration cached, then out of
+    memory before the first shard) resumes with nothing generated again, token-exact on those answers, and
+    keeps the name it began under."""
+    from drafter_lab.data import capture
+    from drafter_lab.targets import hf
+
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
+    out = tmp_path / "feat"
+    args = ("data", "prepare", "--target", random_llama, "--conversations", convs, "--out", out, "--regenerate",
+            "--regen-batch-size", "2", "--token-exact", *SAMPLED)
+
+    def out_of_memory(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with monkeypatch.context() as older:
+        older.setattr(hf, "fingerprint", legacy_fingerprint)
+        older.setattr(capture, "capture_states", out_of_memory)
+        with pytest.raises(torch.OutOfMemoryError):
+            run_cli(*args)
+    (cache,) = out.glob("regenerated-*.jsonl")
+    calls = interrupt_at(None)
+    assert run_cli(*args) == 0
+    assert not calls and list(out.glob("regenerated-*")) == [cache]
+    assert Manifest.load(out).target["fingerprint"] == legacy_fingerprint(random_llama) != fingerprint(random_llama)

@@ -77,3 +77,20 @@ def test_source_key_ignores_what_does_not_change_results(tmp_path, monkeypatch):
     assert study._source_key(feats, cfg) != key
     assert study._source_key(feats, type(cfg)(**{**cfg.__dict__, "source_steps": cfg.source_steps + 1})) != key
     assert study._source_key(tmp_path / "abd", cfg) != key
+
+
+def test_features_cached_under_the_legacy_fingerprint_are_found(random_llama, tmp_path, monkeypatch):
+    """A study's captures are cached by the target's fingerprint: one that a lab fingerprinting targets the
+    older way began is resumed, not captured again beside it (hours on a real target)."""
+    from drafter_lab.targets import fingerprint
+
+    prompts, cache, cfg = tmp_path / "prompts.jsonl", tmp_path / "cache", get_config("smoke")
+    prompts.write_text("{}\n")
+    monkeypatch.setattr(study, "prepare_features", lambda target, p, out, **settings: None)
+    fresh = study._features(random_llama, prompts, cache, cfg)
+    with monkeypatch.context() as older:
+        older.setattr(fingerprint, "fingerprint", fingerprint.legacy_fingerprint)
+        began = study._features(random_llama, prompts, cache, cfg)
+    assert began != fresh and study._features(random_llama, prompts, cache, cfg) == fresh
+    began.mkdir(parents=True)
+    assert study._features(random_llama, prompts, cache, cfg) == began

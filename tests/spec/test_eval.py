@@ -18,6 +18,7 @@ from drafter_lab.spec import engine as engine_module
 from drafter_lab.spec import eval as spec_eval
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
 from drafter_lab.spec.eval import evaluate
+from drafter_lab.targets.fingerprint import legacy_fingerprint
 from drafter_lab.targets.hf import default_aux_layer_ids
 
 from .conftest import late_tokens
@@ -190,6 +191,9 @@ def test_drafter_of_another_target(random_llama, drafter_dir, prompts_file, tmp_
     msg = _cli_error(capsys, _eval_argv(other, random_llama, prompts_file))
     assert "trained on target 0123456789abcdef" in msg
     assert main(_eval_argv(other, random_llama, prompts_file) + ["--allow-other-target"]) == 0
+    # trained before targets were fingerprinted by a sample of every tensor: the older name still pairs
+    (other / "run.json").write_text(json.dumps({"target": {"fingerprint": legacy_fingerprint(random_llama)}}))
+    assert main(_eval_argv(other, random_llama, prompts_file)) == 0
 
 
 def test_bad_prompt_files(random_llama, drafter_dir, tmp_path, capsys):

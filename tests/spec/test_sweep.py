@@ -180,3 +180,21 @@ def test_a_sweep_journal_from_before_the_template_hash_resumes(random_llama, dra
     capsys.readouterr()
     assert main(argv) == 0
     assert calls == [2] and "begun before the lab recorded chat templates" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_sweep_journal_naming_target_and_drafter_the_older_way_resumes(random_llama, drafter_dir, prompts_file,
+                                                                         tmp_path, monkeypatch):
+    from drafter_lab.targets.fingerprint import legacy_fingerprint
+
+    out, partial = tmp_path / "sweep.json", tmp_path / "sweep.json.partial"
+    argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
+            "--steps", "1,2", "--max-new-tokens", "8", "--json", str(out)]
+    calls = evaluations(monkeypatch, dies_at=2)
+    assert main(argv) == 130
+    header, *rest = partial.read_text().split("\n")
+    header = json.loads(header)  # as a lab that fingerprinted models by their files' heads and tails wrote it
+    header["settings"].update(target=legacy_fingerprint(random_llama), drafter=legacy_fingerprint(drafter_dir))
+    partial.write_text("\n".join([json.dumps(header), *rest]))
+    calls.clear()
+    assert main(argv) == 0
+    assert calls == [2]

@@ -16,7 +16,9 @@ from drafter_lab.data.shards import FeatureSet, Manifest
 from drafter_lab.data.vocab import build_vocab
 from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.errors import LabError
+from drafter_lab.targets.fingerprint import legacy_fingerprint
 from drafter_lab.targets.hf import load_target
+from drafter_lab.train import state
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.metrics import evaluate
@@ -99,6 +101,11 @@ def test_transfer_through_train(trained, peaked_llama, features, tmp_path):
     final = read_metrics(tmp_path / "d")[-1]
     moved = tmp_path / "moved"
     shutil.copytree(src, moved)
+    assert train(cfg, peaked_llama, features, tmp_path / "d", resume=True, init_from=moved, l2sp=1e4)["loss_0"] == \
+        final["loss_0"]
+    saved = state.load(tmp_path / "d")  # as a lab that fingerprinted the source the older way saved it
+    saved["init_from"]["source_fingerprint"] = legacy_fingerprint(src)
+    state.save(tmp_path / "d", saved)
     assert train(cfg, peaked_llama, features, tmp_path / "d", resume=True, init_from=moved, l2sp=1e4)["loss_0"] == \
         final["loss_0"]
     for kwargs, problem in (({"init_from": src}, "l2sp 10000.0 there, 0.0 now"),

@@ -17,7 +17,8 @@ from drafter_lab.train.watch import WatchConfig, replay
 REUSE_MARGIN = 0.95
 """Measured "reuse": the untouched source drafter keeps >= 95 % of scratch's simulated accept length."""
 GAIN_MARGIN = 0.01
-"""Measured "transfer pays": (b) beats (a) by more than 1 point of val cond_acc_0 at equal steps."""
+"""Measured "transfer pays": (b) beats (a) by at least 1 point of val cond_acc_0 at equal steps (as the
+probe's pilot_min_gain is read, so that a lead of exactly the margin gets the same verdict from both)."""
 PLATEAU_POINTS = 0.01
 """An arm has plateaued when its val cond_acc_0 rose by less than 1 point over its last half."""
 SPEED_PRESET = "seeds-kimi-k2.5-8x-pcie"
@@ -57,7 +58,7 @@ def measured_outcome(level: dict) -> tuple[str, float]:
     zero = level["probe"]["zero_shot"]["simulated_accept_len"]
     if zero >= REUSE_MARGIN * a["simulated_accept_len"]:
         return "reuse as is", gain
-    return ("transfer with remap" if gain > GAIN_MARGIN else "train from scratch"), gain
+    return ("transfer with remap" if gain >= GAIN_MARGIN else "train from scratch"), gain
 
 
 def decisions(level: dict, cfg: ExperimentConfig) -> list[str]:
@@ -80,7 +81,7 @@ def decisions(level: dict, cfg: ExperimentConfig) -> list[str]:
         tail = f", plateau since step {plateau}" if plateau is not None else ""
         out.append(f"(b) trails (a) by {-diff:.1f} points of cond_acc_0 at equal steps{tail}: stop the transfer, "
                    "train from scratch.")
-    elif diff > 100 * GAIN_MARGIN:
+    elif diff >= 100 * GAIN_MARGIN:
         out.append(f"(b) leads (a) by {diff:.1f} points of cond_acc_0 at equal steps: the transfer pays.")
     else:
         out.append(f"(b) and (a) are within {100 * GAIN_MARGIN:.0f} point ({diff:+.1f}): the transfer buys nothing.")

@@ -46,6 +46,18 @@ def test_measured_outcome_categories():
     assert outcome == "train from scratch" and abs(gain - 0.005) < 1e-12
 
 
+def test_a_lead_of_exactly_the_margin_pays_as_the_probe_reads_it(monkeypatch):
+    """The pilot's verdict is "transfer" at a lead of at least pilot_min_gain: the measured outcome and the
+    decisions read GAIN_MARGIN the same way (binary fractions, so the lead is exactly the margin)."""
+    monkeypatch.setattr(report, "GAIN_MARGIN", 0.125)
+    level = _level(0.5, 0.625, 0.5)
+    th = ProbeThresholds(pilot_min_gain=0.125)
+    pilot = {"gain": 0.125, "steps": 8,
+             "curve": [{"step": 8, "scratch_cond_acc_0": 0.5, "transfer_cond_acc_0": 0.625}]}
+    assert decide(0.5, None, [0.5] * 3, th, pilot)[0] == "transfer with remap" == report.measured_outcome(level)[0]
+    assert "the transfer pays" in report.decisions(level, get_config("tiny-cpu"))[1]
+
+
 def test_sweep_points_report_matches():
     levels = [dict(_level(0.6, 0.7, 0.5, "transfer with remap"), drift_knob=0.1),
               dict(_level(0.7, 0.4, 0.5, "transfer with remap"), drift_knob=2.0)]

@@ -11,6 +11,8 @@ of another form are left alone.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -191,24 +193,47 @@ def torch_save(obj, path) -> None:
         torch.save(obj, tmp)
 
 
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux's renameat2 RENAME_EXCHANGE); False where the kernel,
+    C library or file system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike):
-    """Yield a temp directory beside `path`; on success it replaces `path` whole."""
+    """Yield a temp directory beside `path`; on success it replaces `path` whole.
+
+    An existing `path` is swapped with the temp in one step, so a reader (or a run killed meanwhile)
+    never finds it missing. Where the system cannot swap, it is moved aside first, and a write killed
+    between the two moves is undone by the next write of `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clear_stale_temps(path)
+    old = path.with_name(f".{path.name}.old")
+    if old.exists() and not path.exists():  # killed between the fallback's two moves
+        os.replace(old, path)
     tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
     tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700
     try:
         yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
+        if not path.exists():
+            os.replace(tmp, path)
+        elif not exchange(tmp, path):  # the old version, now at tmp, goes with it below
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

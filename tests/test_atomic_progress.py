@@ -73,6 +73,50 @@ def test_the_next_write_clears_what_a_killed_writer_left(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(k.name for k in kept), "x", "y.json"])
 
 
+def _dir_with(path: Path, text: str) -> Path:
+    with atomic.atomic_dir(path) as d:
+        (d / "f").write_text(text)
+    return path
+
+
+def test_a_directory_is_replaced_in_one_step(tmp_path, monkeypatch):
+    """Over an existing directory the new one is swapped in (renameat2 RENAME_EXCHANGE), never moved
+    aside first: a reader, or a run killed meanwhile, cannot find it missing. No move may happen here."""
+    path = _dir_with(tmp_path / "best", "old")
+
+    def no_move(*args):
+        raise AssertionError(f"moved {args}: the directory was missing between two moves")
+
+    monkeypatch.setattr(atomic.os, "replace", no_move)
+    _dir_with(path, "new")
+    assert (path / "f").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+
+
+def test_without_the_swap_a_write_killed_between_two_moves_is_undone(tmp_path, monkeypatch):
+    """Where the system cannot swap, the old directory is moved aside first; a write killed after that
+    leaves it there, and the next write of the path, even one that fails, puts it back first."""
+    path = _dir_with(tmp_path / "best", "old")
+    monkeypatch.setattr(atomic, "exchange", lambda a, b: False)
+    real, moves = os.replace, []
+
+    def killed_at_the_second(a, b):
+        moves.append(b)
+        if len(moves) == 2:
+            raise KeyboardInterrupt  # what a kill between the moves leaves
+        real(a, b)
+
+    monkeypatch.setattr(atomic.os, "replace", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        _dir_with(path, "new")
+    assert not path.exists()
+    monkeypatch.setattr(atomic.os, "replace", real)
+    with pytest.raises(RuntimeError), atomic.atomic_dir(path):
+        raise RuntimeError("this write fails too")
+    assert (path / "f").read_text() == "old"
+    _dir_with(path, "new")
+    assert (path / "f").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+
+
 def test_progress_logs_lines_without_a_terminal(capsys):
     with progress("stage", 3, every_s=3600) as advance:
         advance()

@@ -7,13 +7,22 @@ source vocab has it, else the target model's own lm_head row for it. `remap=Fals
 they are (the seeds' first, naive attempt: random-level loss because only a few hundred of 32,000
 positions meant the same token in both mappings).
 
+"Target token" means the same token string in both targets. Where the two tokenizers agree (most
+version bumps) that is the same id; where they differ (a new version's vocabulary, ids moved), the
+new target's ids are translated through both vocabularies (`token_map`) before the lookup, and a
+token the source's vocabulary lacks gets the target's row. The source target's tokenizer comes from
+`--source-target`, or from the target the source's run.json names where it still lies there
+unchanged (`source_tokens`); without either, ids are taken to name the same tokens, said in the
+report where the two target vocabularies differ in size.
+
 A drafter whose hidden size differs from its target's owns its token embedding, and takes the
-source's whole: its rows are target token ids, which the remap above takes to mean the same tokens
-for both targets. A drafter of the target's width embeds with the target's own.
+source's: row by row through the same translation (a row whose token the source lacks starts
+fresh). A drafter of the target's width embeds with the target's own.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,6 +56,8 @@ class TransferReport:
     """Layout it was read as (sglang: midlayer.* names; speculators: layers.0.* names)."""
     remap: bool
     """Whether lm_head rows were re-indexed to the new draft vocab."""
+    remap_by: str
+    """"id" (the two targets' ids name the same tokens) or "token" (translated through both tokenizers)."""
     draft_vocab_size: int
     """N of the new drafter."""
     source_draft_vocab_size: int
@@ -78,7 +89,8 @@ class TransferReport:
         """A rich Table for the console."""
         from rich.table import Table
 
-        t = Table(title=f"transfer from {self.source} ({self.source_format}, remap={'on' if self.remap else 'off'})")
+        remap = f"on, by {self.remap_by}" if self.remap else "off"
+        t = Table(title=f"transfer from {self.source} ({self.source_format}, remap {remap})")
         t.add_column("item")
         t.add_column("value", justify="right")
         t.add_column("reason / detail")
@@ -102,11 +114,51 @@ def used_ids(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(len(d2t)) + d2t
 
 
+def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor | None:
+    """Each new-target id's id in the source target's vocabulary (the same token string, added and
+    special tokens included), -1 where it has none or past the tokenizer (padding rows); None where
+    the two vocabularies are the same, so that ids already name the same tokens."""
+    theirs, mine = source_tokenizer.get_vocab(), new_tokenizer.get_vocab()
+    if theirs == mine:
+        return None
+    out = torch.full((vocab_size,), -1, dtype=torch.long)
+    for token, i in mine.items():
+        if i < vocab_size:
+            out[i] = theirs.get(token, -1)
+    return out
+
+
+def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | None, str | None]:
+    """The token map from `target` to the source drafter's target, and how it was found (None, None
+    where no tokenizer of the source's target is at hand). `source_target`: its directory; else the
+    one the source's run.json names, if it still holds the weights it names (the fingerprint)."""
+    from drafter_lab.spec.pairing import recorded_fingerprint
+    from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint
+    from drafter_lab.targets.hf import load_tokenizer
+
+    if source_target is not None:
+        return token_map(load_tokenizer(source_target), load_tokenizer(target.path), target.vocab_size), \
+            "--source-target"
+    recorded = recorded_fingerprint(source_path)
+    named = (json.loads((Path(source_path) / "run.json").read_text())["target"].get("path") if recorded else None)
+    if not named or not (Path(named) / "config.json").is_file() or \
+            recorded not in (fingerprint(named), legacy_fingerprint(named)):
+        return None, None
+    try:
+        tokens = token_map(load_tokenizer(named), load_tokenizer(target.path), target.vocab_size)
+    except LabError:  # found, not asked for: without its tokenizer the transfer goes on by id, as before
+        return None, None
+    return tokens, f"the target its run.json names, {named}"
+
+
 @torch.no_grad()
-def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: bool = True) -> TransferReport:
+def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: bool = True,
+              tokens: torch.Tensor | None = None, tokens_from: str | None = None) -> TransferReport:
     """Load a source drafter's weights into `drafter` (already built for the new target and vocab).
 
     `target` has `lm_head_weight()` (drafter_lab.targets.hf.Target); `new_vocab` has `d2t`/`t2d`.
+    `tokens` (token_map, found as `tokens_from` says) translates the new target's ids to the
+    source's; None: they name the same tokens.
     """
     ckpt = read_checkpoint(source_path)
     mine, theirs = drafter.config.norm_before_residual, ckpt.config.norm_before_residual
@@ -126,22 +178,33 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
     new_d2t = torch.as_tensor(new_vocab.d2t).long()
     used_new = used_ids(new_d2t)
     used_src = used_ids(src["d2t"])
+    as_src = used_new if tokens is None else tokens[used_new]  # each new draft token's source id (-1: none)
     n_new, n_src = len(used_new), len(used_src)
     if n_new != drafter.config.draft_vocab_size:
         raise LabError(f"new vocab has {n_new} entries, the drafter {drafter.config.draft_vocab_size}")
     m = min(n_new, n_src)
-    shared = set(used_src.tolist()) & set(used_new.tolist())
+    shared = set(used_src.tolist()) & set(as_src.tolist())
     report = TransferReport(
         source=str(source_path),
         source_format=ckpt.format,
         remap=remap,
+        remap_by="id" if tokens is None else "token",
         draft_vocab_size=n_new,
         source_draft_vocab_size=n_src,
-        positions_agree=int((used_src[:m] == used_new[:m]).sum()),
+        positions_agree=int((used_src[:m] == as_src[:m]).sum()),
         tokens_shared=len(shared),
         rows_copied=0,
         rows_from_target=0,
     )
+    if tokens is not None:
+        moved, absent = int(((as_src != used_new) & (as_src >= 0)).sum()), int((as_src < 0).sum())
+        report.notes.append(f"the two targets' tokenizers differ (found through {tokens_from}): remapped by token "
+                            f"string (of the {n_new} draft tokens, {moved} under another id there, {absent} absent "
+                            "from it)")
+    elif ckpt.config.target_vocab_size != drafter.config.target_vocab_size:
+        report.notes.append(f"the source's target has {ckpt.config.target_vocab_size} tokens, this one "
+                            f"{drafter.config.target_vocab_size}, and no tokenizer of the source's target is at hand: "
+                            "ids are taken to name the same tokens (pass --source-target to remap by token)")
     want_aux, have_aux = list(drafter.config.aux_layer_ids), list(ckpt.config.aux_layer_ids)
     if have_aux and want_aux and have_aux != want_aux:
         report.notes.append(f"source fc was trained on aux layers {have_aux}; the new drafter reads {want_aux}")
@@ -159,6 +222,12 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
         reason = FILLED_REASONS[name] if name in ckpt.filled else SKIP_REASONS.get(name)
         if name == formats.EMBED and drafter.config.own_embedding:
             have, want = tuple(tensor.shape), shapes[name]
+            if tokens is not None and have[1:] == want[1:]:
+                has = (tokens >= 0) & (tokens < have[0])
+                params[name][has] = tensor[tokens[has]].to(params[name].dtype)
+                report.loaded.append({"tensor": name, "reason": f"rows of the {int(has.sum())} tokens the source's "
+                                      "vocabulary has, by token string; the others start fresh"})
+                continue
             reason = None if have == want else f"shape {have}, this drafter's own embedding is {want}: it starts fresh"
         if reason is not None:
             report.skipped.append({"tensor": name, "reason": reason})
@@ -166,7 +235,7 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
         if name not in params:
             raise LabError(f"unexpected tensor {name!r}: not part of an EAGLE-3 drafter", where)
         if name == formats.HEAD:
-            rows = _lm_head(tensor, used_src, used_new, target, drafter, remap, report, where)
+            rows = _lm_head(tensor, used_src, used_new, as_src, target, drafter, remap, report, where)
             params[name].copy_(rows.to(params[name].dtype))
             continue
         check_shape(formats.export_name(name, ckpt.format), tensor, shapes[name], where)
@@ -183,7 +252,7 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
     return report
 
 
-def _lm_head(rows_src, used_src, used_new, target, drafter, remap, report, where) -> torch.Tensor:
+def _lm_head(rows_src, used_src, used_new, as_src, target, drafter, remap, report, where) -> torch.Tensor:
     hidden = drafter.config.hidden_size
     if rows_src.shape[1] != hidden:
         raise LabError(f"tensor 'lm_head.weight' has width {rows_src.shape[1]}, the drafter needs {hidden}", where)
@@ -193,7 +262,7 @@ def _lm_head(rows_src, used_src, used_new, target, drafter, remap, report, where
         report.loaded.append({"tensor": "lm_head.weight", "reason": "rows copied as-is (--no-remap): not re-indexed"})
         return rows_src
     src_row = {tok: i for i, tok in enumerate(used_src.tolist())}
-    picks = torch.tensor([src_row.get(tok, -1) for tok in used_new.tolist()], dtype=torch.long)
+    picks = torch.tensor([src_row.get(tok, -1) for tok in as_src.tolist()], dtype=torch.long)
     have = picks >= 0
     out = torch.empty(len(used_new), hidden, dtype=torch.float32)
     out[have] = rows_src[picks[have]].float()

@@ -47,12 +47,12 @@ def _curve(arm_dir: Path) -> dict[int, dict]:
 
 
 def run_pilot(drafter_dir, target_dir, data_dir, cfg: TrainConfig, out_dir=None,
-              transfer_lr_scale: float = 1.0, target=None, val_data=None) -> dict:
+              transfer_lr_scale: float = 1.0, target=None, val_data=None, source_target=None) -> dict:
     """Train both arms with `cfg` (see `pilot_config`) and return their validation curves.
 
     `out_dir` keeps the arms (and resumes them when re-run); without it they go to a temporary
     directory that is removed afterwards. `target`: the target's head, if loaded already.
-    `val_data`: the arms validate on it (train's `val_data`)."""
+    `val_data`: the arms validate on it (train's `val_data`); `source_target`: the transfer's (train's)."""
     t0 = time.time()
     place = (contextlib.nullcontext(out_dir) if out_dir is not None
              else tempfile.TemporaryDirectory(prefix="drafter-lab-pilot-"))
@@ -62,7 +62,7 @@ def run_pilot(drafter_dir, target_dir, data_dir, cfg: TrainConfig, out_dir=None,
         for name, transfer in ARMS.items():
             train(cfg, target_dir, data_dir, root / name, resume=True,
                   init_from=drafter_dir if transfer else None, transfer_lr_scale=transfer_lr_scale, target=target,
-                  val_data=val_data)
+                  val_data=val_data, source_target=source_target if transfer else None)
             curves[name] = _curve(root / name)
     steps = sorted(set(curves["scratch"]) & set(curves["transfer"]))
     curve = [{"step": s, **{f"{name}_{key}": curves[name][s][key] for name in ARMS

@@ -142,7 +142,8 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     pilot = None
     if cfg.pilot_steps > 0:
         recipe = pilot_config(pilot_recipe or TrainConfig(), cfg.pilot_steps, drafter.config)
-        pilot = run_pilot(drafter_dir, target_dir, data_dir, recipe, pilot_dir, transfer_lr_scale, target, val_data)
+        pilot = run_pilot(drafter_dir, target_dir, data_dir, recipe, pilot_dir, transfer_lr_scale, target, val_data,
+                          source_target_dir)
 
     verdict, reason = decide(
         zero["simulated_accept_len"], home["simulated_accept_len"] if home else None, ckas, th, pilot

@@ -55,6 +55,10 @@ def register(sub) -> None:
                    help="with --init-from: add LAMBDA * sum ||w - w_init||^2 over transferred weights")
     p.add_argument("--transfer-lr-scale", type=float, default=1.0, metavar="X",
                    help="with --init-from: learning-rate multiplier for transferred weights")
+    p.add_argument("--source-target", metavar="DIR",
+                   help="with --init-from: the target the source drafter was trained for; where its tokenizer "
+                        "differs from --target's, lm_head rows are remapped by token string, not id (default: the "
+                        "target the source's run.json names, if it is still there)")
     p.add_argument("--stop-if-behind", metavar="BASELINE_RUN",
                    help="the watch: stop (checkpointed, exit status 3) once this run trails the baseline run "
                         "(e.g. a from-scratch one, finished or training) at equal steps and is not catching up")
@@ -104,12 +108,15 @@ def run(args) -> int:
                                                  CaptureConfig.turns, CaptureConfig.tokenize_workers):
         raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs, "
                        "--turns and --tokenize-workers apply to --conversations (online) runs only")
+    if args.source_target and not args.init_from:
+        raise LabError("--source-target applies with --init-from")
     watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
     if args.stop_if_behind is None and watch_cfg != WatchConfig():
         raise LabError("--watch-* settings apply with --stop-if-behind only")
     result = train(
         cfg, args.target, args.data or args.conversations, args.out, resume=args.resume, init_from=args.init_from,
-        remap=not args.no_remap, l2sp=args.l2sp, transfer_lr_scale=args.transfer_lr_scale, online=online,
+        remap=not args.no_remap, l2sp=args.l2sp, transfer_lr_scale=args.transfer_lr_scale,
+        source_target=args.source_target, online=online,
         stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
     )
     print(json.dumps(result))

@@ -24,7 +24,7 @@ from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.formats import rope_scaling_from_text
 from drafter_lab.drafter.model import Eagle3Drafter
-from drafter_lab.drafter.transfer import TransferReport
+from drafter_lab.drafter.transfer import TransferReport, source_tokens
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, progress
@@ -173,14 +173,15 @@ def _check_resume_transfer(saved: dict | None, now: dict | None, out_dir) -> Non
         names = [block["source"] if block else "none" for block in (saved, now)]
         diff = [] if saved is now else [f"init_from {names[0]} there, {names[1]} now"]
     else:
-        diff = [f"{k} {saved.get(k)} there, {v} now" for k, v in now.items() if k != "source" and saved.get(k) != v]
+        diff = [f"{k} {saved.get(k, 'id' if k == 'remap_by' else None)} there, {now.get(k, 'id')} now"
+                for k in {**saved, **now} if k != "source" and saved.get(k) != now.get(k)]
     if diff:
         raise LabError(f"--resume with a different transfer ({'; '.join(diff)}): the run would not be the same",
                        out_dir)
 
 
 def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = False, init_from=None,
-          remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, vocab=None,
+          remap: bool = True, l2sp: float = 0.0, transfer_lr_scale: float = 1.0, source_target=None, vocab=None,
           online: CaptureConfig | None = None, target=None, stop_if_behind=None,
           watch: WatchConfig | None = None, val_data=None) -> dict:
     """Train a drafter on `data_dir` features of `target_dir`; returns the final validation metrics.
@@ -194,7 +195,9 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     `resume` continues the run in `out_dir` exactly (a directory without a train state starts
     fresh). `init_from` starts from another drafter (drafter.transfer rules; `remap=False` is the
     seeds' naive path), with `l2sp` pulling transferred weights toward their initial values and
-    `transfer_lr_scale` scaling their learning rate. `vocab` (d2t/t2d) defaults to
+    `transfer_lr_scale` scaling their learning rate; `source_target`, the target the source was trained
+    for, lets the remap match tokens by string where the two tokenizers differ (default: the one the
+    source's run.json names, if it is still there). `vocab` (d2t/t2d) defaults to
     the top cfg.draft_vocab_size tokens of the train split.
 
     `stop_if_behind` (a baseline run directory, which may still be training) turns on the watch
@@ -211,8 +214,8 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
                 return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
                               d.device, cfg.online_val_cache_mb, val, cfg.scan_features, d.rank, d.world)
 
-            run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale, vocab,
-                       stop_if_behind, watch or WatchConfig())
+            run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale,
+                       source_target, vocab, stop_if_behind, watch or WatchConfig())
             result = run.fit()
         d.barrier()  # no rank tears the group down while another still has a collective in flight
         return result
@@ -224,8 +227,8 @@ class _Run:
     """One training run: every input checked in __init__ (nothing written yet), then fit()."""
 
     def __init__(self, cfg: TrainConfig, d: distributed.Dist, open_source, out_dir: Path,
-                 resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, vocab,
-                 stop_if_behind, watch: WatchConfig):
+                 resume: bool, init_from, remap: bool, l2sp: float, transfer_lr_scale: float, source_target,
+                 vocab, stop_if_behind, watch: WatchConfig):
         self.cfg, self.d, self.out_dir, self.l2sp = cfg, d, out_dir, l2sp
         self.watch, self.watch_note = None, None
         if stop_if_behind is not None:
@@ -286,11 +289,15 @@ class _Run:
         self.report: TransferReport | None = None
         transfer = None
         if init_from is not None:
-            self.report = transfer_init(drafter, init_from, target, vocab, remap=remap)
+            tokens, found = source_tokens(init_from, source_target, target) if remap else (None, None)
+            self.report = transfer_init(drafter, init_from, target, vocab, remap=remap, tokens=tokens,
+                                        tokens_from=found)
             saved = (self.saved or {}).get("init_from") or {}
             transfer = {"source": str(init_from), "remap": remap,
                         "source_fingerprint": recorded_name(init_from, saved.get("source_fingerprint")),
                         "l2sp": l2sp, "transfer_lr_scale": transfer_lr_scale}
+            if tokens is not None:  # absent where ids name the same tokens, as in states saved before it
+                transfer["remap_by"] = "token"
         if self.saved is not None:  # states saved before it was kept lack it
             _check_resume_transfer(self.saved.get("init_from", transfer), transfer, out_dir)
         transferred = set(self.report.transferred) if self.report else set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,7 @@ from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import export, save_drafter
 from drafter_lab.drafter.config import FORMATS
 from drafter_lab.drafter.model import Eagle3Drafter
-from drafter_lab.drafter.transfer import init_from
+from drafter_lab.drafter.transfer import init_from, token_map
 from drafter_lab.errors import LabError
 
 from .test_model import LLAMA3, random_drafter, small_config
@@ -223,3 +224,78 @@ def test_a_source_with_another_rope_theta_or_context_length_is_reported(tmp_path
         "max_position_embeddings 2048 -> 8192: the source was configured for another context length",
     ]
     assert "midlayer.self_attn.q_proj.weight" in report.transferred and report.to_json()["notes"] == report.notes
+
+
+def test_a_token_map_translates_ids_through_both_vocabularies(random_llama):
+    """Byte-level BPEs trained on different text (the standard library's, the lab's own code): a token
+    string both have maps to its id in the source's; one the source lacks, and the padding rows past the
+    tokenizer, to -1. Equal vocabularies: None."""
+    from drafter_lab.targets.hf import load_tokenizer
+    from drafter_lab.targets.tokenizer import train_bpe
+
+    src = load_tokenizer(random_llama)
+    new = train_bpe([p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))], 400)
+    tokens = token_map(src, new, 410)
+    theirs, mine = src.get_vocab(), new.get_vocab()
+    assert len(tokens) == 410 and (tokens[len(mine):] == -1).all()
+    for token, i in mine.items():
+        assert tokens[i] == theirs.get(token, -1), token
+    moved = sum(theirs.get(t, i) != i for t, i in mine.items())
+    assert 0 < moved and (tokens == -1).sum() > 10  # ids that moved, and tokens only the new one has
+    assert token_map(src, load_tokenizer(random_llama), 410) is None
+
+
+@pytest.mark.parametrize("own_embedding", [False, True])
+def test_a_remap_by_token_takes_each_row_from_the_source_row_of_the_same_token(tmp_path, own_embedding):
+    """The new target's id t is the source target's id tokens[t] (a tokenizer that moved ids): each draft
+    token's lm_head row (and the owned embedding's row) comes from the source's row for that token, one
+    the source's vocabulary lacks from the target (a fresh embedding row)."""
+    over = {"hidden_size": 40} if own_embedding else {}  # H != H_target: the drafter owns its embedding
+    src, path = source(tmp_path, formats.SGLANG, **over)
+    tokens = torch.arange(V).roll(3)  # new id t is source id t - 3 ...
+    tokens[[21, 60]] = -1  # ... and two new tokens the source's vocabulary lacks
+    drafter = fresh(src.config)
+    before = drafter.embed_tokens.weight.detach().clone()
+    target = target_head(width=40 if own_embedding else 48)
+    report = init_from(drafter, path, target, vocab(USED_NEW), tokens=tokens, tokens_from="--source-target")
+    src_row = {tok: i for i, tok in enumerate(USED_SRC)}
+    copied = 0
+    for i, tok in enumerate(USED_NEW):
+        row = src_row.get(int(tokens[tok]), -1) if tokens[tok] >= 0 else -1
+        want = src.lm_head.weight[row] if row >= 0 else target.lm_head_weight()[tok]
+        copied += row >= 0
+        assert torch.equal(drafter.lm_head.weight[i], want), (i, tok)
+    assert (report.remap_by, report.rows_copied, report.rows_from_target) == ("token", copied, N - copied)
+    assert report.notes == [f"the two targets' tokenizers differ (found through --source-target): remapped by token "
+                            f"string (of the {N} draft tokens, {N - 2} under another id there, 2 absent from it)"]
+    if own_embedding:
+        has = tokens >= 0
+        assert torch.equal(drafter.embed_tokens.weight[has], src.embed_tokens.weight[tokens[has]])
+        assert torch.equal(drafter.embed_tokens.weight[~has], before[~has])
+
+
+def test_the_source_targets_tokenizer_is_found_where_its_run_names_it(random_llama, tmp_path):
+    """train --init-from finds the source's target through its run.json (the path, if it still holds the
+    weights the fingerprint names), or --source-target; none at hand, the remap goes by id."""
+    import json
+    import shutil
+
+    from drafter_lab.drafter.transfer import source_tokens
+    from drafter_lab.targets.fingerprint import fingerprint
+    from drafter_lab.targets.hf import load_target_head
+    from drafter_lab.targets.tokenizer import train_bpe
+
+    _, path = source(tmp_path, formats.SGLANG)
+    new = tmp_path / "next-version"  # the same weights, a tokenizer trained on other text
+    shutil.copytree(random_llama, new)
+    train_bpe([p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))], 400).save_pretrained(new)
+    target = load_target_head(new)
+    assert source_tokens(path, None, target) == (None, None)  # no run.json
+    run = {"target": {"path": str(random_llama), "fingerprint": fingerprint(random_llama)}}
+    (path / "run.json").write_text(json.dumps(run))
+    tokens, found = source_tokens(path, None, target)
+    assert found == f"the target its run.json names, {random_llama}" and (tokens >= 0).sum() > 100
+    assert source_tokens(path, random_llama, target)[1] == "--source-target"
+    assert source_tokens(path, None, load_target_head(random_llama)) == (None, found)  # the same tokenizer
+    (path / "run.json").write_text(json.dumps({"target": {**run["target"], "fingerprint": "0123456789abcdef"}}))
+    assert source_tokens(path, None, target) == (None, None)  # that directory now holds other weights

@@ -256,3 +256,24 @@ def test_drafter_shape_overrides_keep_the_targets_head_dim():
     cfg = _drafter_config(TrainConfig(drafter_intermediate_size=96), target, 32, [1, 2, 3])
     assert (cfg.head_dim, cfg.intermediate_size, cfg.hidden_size) == (32, 96, 64)
     assert _drafter_config(TrainConfig(drafter_hidden_size=48), target, 32, [1, 2, 3]).head_dim == 12
+
+
+def test_a_resume_needs_the_transfer_remapped_the_same_way(tmp_path):
+    """A transfer remapped by token string (the targets' tokenizers differ) resumes only so, and a state saved
+    before the lab could (it has no remap_by) counts as remapped by id."""
+    from drafter_lab.train.loop import _check_resume_transfer
+
+    block = {"source": "src", "source_fingerprint": "ab", "remap": True, "l2sp": 0.0, "transfer_lr_scale": 1.0}
+    _check_resume_transfer(block, dict(block), tmp_path)
+    by_token = {**block, "remap_by": "token"}
+    _check_resume_transfer(by_token, dict(by_token), tmp_path)
+    for saved, now, problem in ((block, by_token, "remap_by id there, token now"),
+                                (by_token, block, "remap_by token there, id now")):
+        with pytest.raises(LabError, match=re.escape(f"--resume with a different transfer ({problem})")):
+            _check_resume_transfer(saved, now, tmp_path)
+
+
+def test_source_target_needs_init_from(peaked_llama, features, tmp_path, capsys):
+    assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "o"),
+                 "--source-target", str(peaked_llama)]) == 2
+    assert "--source-target applies with --init-from" in capsys.readouterr().err

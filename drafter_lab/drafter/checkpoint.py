@@ -9,6 +9,7 @@ every file atomically.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,23 +237,29 @@ def drafter_tensors(drafter: Eagle3Drafter, fmt: str = formats.SGLANG, dtype: to
 
 
 def save_drafter(drafter: Eagle3Drafter, out_dir, fmt: str = formats.SGLANG, dtype: torch.dtype | None = None,
-                 embed: bool = True, head: bool = True) -> Path:
+                 embed: bool = True, head: bool = True, **serving) -> Path:
     """Write config.json + model.safetensors into out_dir (each file atomically; weights first).
 
     `embed=False` leaves out the (frozen, target-owned) token embedding, as EAGLE releases do;
-    `head=False` the lm_head of a drafter that shares its target's.
+    `head=False` the lm_head of a drafter that shares its target's. `serving`: what a speculators
+    config tells vLLM (formats.speculators_config).
     """
     out_dir = Path(out_dir)
     dtype = dtype or drafter.fc.weight.dtype
-    cfg = formats.config_for(fmt, drafter.config, dtype, head)
+    cfg = formats.config_for(fmt, drafter.config, dtype, head, **serving)
     tensors = drafter_tensors(drafter, fmt, dtype, embed, head)
     atomic.save_safetensors(tensors, out_dir / WEIGHTS, metadata=formats.file_metadata(drafter.config, fmt))
     atomic.write_json(out_dir / CONFIG, cfg)
     return out_dir
 
 
-def export(src, fmt: str, out, dtype: torch.dtype | None = None) -> Path:
-    """Re-write a drafter in another layout; the output directory appears whole or not at all."""
+def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tokens: int | None = None,
+           verifier: str | None = None) -> Path:
+    """Re-write a drafter in another layout; the output directory appears whole or not at all.
+
+    A speculators export tells vLLM `speculative_tokens` (default: the TTT depth the drafter was trained
+    at, from the run.json beside it, else speculators' 5) and the `verifier` to serve it with (the
+    architecture from run.json)."""
     if fmt not in FORMATS:
         raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
     out = Path(out)
@@ -269,6 +276,31 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None) -> Path:
     zeros = torch.zeros(c.target_vocab_size, c.hidden_size)
     drafter = build_drafter(ckpt, embed_weight=None if has_embed else zeros, head_weight=zeros)
     dtype = dtype or ckpt.tensors["fc.weight"].dtype
+    serving = {}
+    if fmt == formats.SPECULATORS:
+        run = _run_record(src)
+        if speculative_tokens is not None and speculative_tokens < 1:
+            raise LabError(f"speculative_tokens must be at least 1, got {speculative_tokens}")
+        serving = {"speculative_tokens": speculative_tokens or run.get("config", {}).get("ttt_steps")
+                   or formats.SPECULATIVE_TOKENS, "verifier": verifier}
+        architecture = run.get("target", {}).get("architecture")
+        if verifier is not None and architecture:
+            serving["verifier_architectures"] = (architecture,)
     with atomic.atomic_dir(out) as tmp:
-        save_drafter(drafter, tmp, fmt, dtype, embed=has_embed, head=ckpt.has_head)
+        save_drafter(drafter, tmp, fmt, dtype, embed=has_embed, head=ckpt.has_head, **serving)
     return out
+
+
+def _run_record(src) -> dict:
+    """The training run's record beside a drafter the lab trained ({} for one from elsewhere)."""
+    path = Path(src) / "run.json"
+    if not path.is_file():
+        return {}
+    try:
+        run = json.loads(path.read_text())
+    except ValueError:
+        raise LabError("not valid JSON", path) from None
+    if not isinstance(run, dict) or not isinstance(run.get("config", {}), dict) or \
+            not isinstance(run.get("target", {}), dict):
+        raise LabError("not a run record (a JSON object with config and target objects)", path)
+    return run

@@ -28,6 +28,11 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output directory (written whole or not at all)")
     p.add_argument("--dtype", choices=DTYPE_NAMES,
                    help="weight dtype of the export (default: the source's)")
+    p.add_argument("--speculative-tokens", type=int, metavar="K",
+                   help="speculators: draft tokens per step vLLM uses unless --speculative-config sets "
+                        "num_speculative_tokens (default: the drafter's TTT depth from its run.json, else 5)")
+    p.add_argument("--verifier", metavar="NAME_OR_PATH",
+                   help="speculators: the target `vllm serve DRAFTER` serves the drafter with")
     p.set_defaults(func=_export)
 
 
@@ -35,9 +40,13 @@ def _export(args) -> int:
     import torch
 
     from drafter_lab.drafter.checkpoint import export
+    from drafter_lab.errors import LabError
     from drafter_lab.progress import log
 
-    out = export(args.drafter, args.format, args.out, getattr(torch, args.dtype) if args.dtype else None)
+    if args.format != "speculators" and (args.speculative_tokens is not None or args.verifier is not None):
+        raise LabError("--speculative-tokens and --verifier apply to --format speculators")
+    out = export(args.drafter, args.format, args.out, getattr(torch, args.dtype) if args.dtype else None,
+                 args.speculative_tokens, args.verifier)
     log(f"exported {args.drafter} as {args.format} -> {out}")
     return 0
 

@@ -117,8 +117,16 @@ def sglang_config(cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> 
     return out
 
 
-def speculators_config(cfg: DrafterConfig, dtype: torch.dtype, ttt_steps: int = 3) -> dict:
-    """config.json in speculators' Eagle3 layout (transformer_layer_config + speculators_config)."""
+SPECULATIVE_TOKENS = 5
+"""speculators' default draft length per step (its greedy proposal's), and the lab's TTT depth."""
+
+
+def speculators_config(cfg: DrafterConfig, dtype: torch.dtype, speculative_tokens: int = SPECULATIVE_TOKENS,
+                       verifier: str | None = None, verifier_architectures: tuple[str, ...] = ()) -> dict:
+    """config.json in speculators' Eagle3 layout (transformer_layer_config + speculators_config).
+
+    vLLM reads `speculative_tokens` as num_speculative_tokens where --speculative-config does not set it,
+    and `vllm serve DRAFTER` serves the verifier (the target's name or path) with the drafter."""
     return {
         "architectures": [SPECULATORS_ARCH],
         "speculators_model_type": "eagle3",
@@ -131,20 +139,21 @@ def speculators_config(cfg: DrafterConfig, dtype: torch.dtype, ttt_steps: int = 
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
             "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": ttt_steps, "accept_tolerance": 0.0,
+                {"proposal_type": "greedy", "speculative_tokens": speculative_tokens, "accept_tolerance": 0.0,
                  "verifier_accept_k": 1}
             ],
-            "verifier": {"name_or_path": None, "architectures": []},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
         },
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
 
 
-def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> dict:
+def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = True, **serving) -> dict:
+    """`serving`: speculators_config's keywords, for that layout."""
     if fmt == SGLANG:
         return sglang_config(cfg, dtype, head)
     if fmt == SPECULATORS:
-        return speculators_config(cfg, dtype)
+        return speculators_config(cfg, dtype, **serving)
     raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
 
 

@@ -266,6 +266,33 @@ def test_export_cli(tmp_path, drafter):
     assert (tmp_path / "dst/model.safetensors").read_bytes() == before  # an existing directory is never replaced
 
 
+def test_a_speculators_export_tells_vllm_the_draft_length_and_verifier(tmp_path, drafter, capsys):
+    """vLLM takes the proposal's speculative_tokens as num_speculative_tokens unless --speculative-config
+    sets it, and `vllm serve DRAFTER` serves the verifier: the trained TTT depth by default (not a fixed 3),
+    speculators' 5 for a drafter from elsewhere, or what the flags say."""
+    save_drafter(drafter, tmp_path / "src")
+
+    def exported(name, *flags):
+        assert main(["export", "--drafter", str(tmp_path / "src"), "--format", "speculators",
+                     "--out", str(tmp_path / name), *flags]) == 0
+        sc = json.loads((tmp_path / name / "config.json").read_text())["speculators_config"]
+        return sc["proposal_methods"][0]["speculative_tokens"], sc["verifier"]
+
+    assert exported("elsewhere") == (5, {"name_or_path": None, "architectures": []})
+    (tmp_path / "src/run.json").write_text(json.dumps({"config": {"ttt_steps": 7},
+                                                        "target": {"architecture": "LlamaForCausalLM"}}))
+    assert exported("trained") == (7, {"name_or_path": None, "architectures": []})
+    assert exported("set", "--speculative-tokens", "3", "--verifier", "meta-llama/Llama-3.1-8B-Instruct") == \
+        (3, {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "architectures": ["LlamaForCausalLM"]})
+    capsys.readouterr()
+    assert main(["export", "--drafter", str(tmp_path / "src"), "--format", "sglang", "--out", str(tmp_path / "s"),
+                 "--speculative-tokens", "3"]) == 2
+    assert "apply to --format speculators" in capsys.readouterr().err
+    (tmp_path / "src/run.json").write_text("[]")
+    assert main(["export", "--drafter", str(tmp_path / "src"), "--format", "speculators", "--out", str(tmp_path / "b")]) == 2
+    assert f"{tmp_path / 'src/run.json'}: not a run record" in capsys.readouterr().err
+
+
 def _whole_vocab_drafter():
     """A drafter over the target's whole vocabulary (draft ids are target ids), hidden = target hidden."""
     d = random_drafter(small_config(draft_vocab_size=101, target_hidden_size=48), seed=12, dtype=torch.float32)

@@ -32,6 +32,7 @@ from drafter_lab.experiments import plots, report
 from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig
 from drafter_lab.experiments.manifest import build_manifest, write_manifest
 from drafter_lab.experiments.probe import VERDICTS, probe
+from drafter_lab.locks import building
 from drafter_lab.progress import log
 from drafter_lab.spec.costmodel import PRESETS, CostModel
 from drafter_lab.spec.ngram_config import NgramConfig
@@ -106,7 +107,8 @@ def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfi
     dirs = [cache / "features" / atomic.sha256_json([name(target_dir), prompts_sha, settings, SAMPLER])[:16]
             for name in (fingerprint, legacy_fingerprint)]
     out = next((d for d in dirs if d.exists()), dirs[0])  # one a lab naming targets the older way began
-    prepare_features(target_dir, prompts, out, **settings)
+    with building(out, f"{target_dir.name} features"):
+        prepare_features(target_dir, prompts, out, **settings)
     return out
 
 
@@ -139,7 +141,8 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     t0 = time.time()
     timings = {}
     pair_dir = cache / "pairs" / f"{cfg.target_preset}-drift{drift:g}"
-    pair = build_pair(cfg.target_preset, pair_dir, drift=drift, cache_dir=cache / "targets")
+    with building(pair_dir, "target pair"):
+        pair = build_pair(cfg.target_preset, pair_dir, drift=drift, cache_dir=cache / "targets")
     timings["pair_s"] = time.time() - t0
 
     t = time.time()
@@ -151,12 +154,14 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     t = time.time()
     source_dir = cache / "source-drafters" / _source_key(base_feats, cfg)
     done = source_dir / "study-final.json"  # written last: its presence means the drafter is complete
-    if done.exists():
-        log(f"[bold]source drafter[/] (the \"K2 drafter\"): cached ({source_dir})")
-    else:
-        log(f"[bold]source drafter[/] (the \"K2 drafter\") on base data -> {source_dir}")
-        final = train(_train_config(cfg, cfg.source_steps), pair_dir / "base", base_feats, source_dir, resume=True)
-        atomic.write_json(done, final)
+    with building(source_dir, "source drafter"):
+        if done.exists():
+            log(f"[bold]source drafter[/] (the \"K2 drafter\"): cached ({source_dir})")
+        else:
+            log(f"[bold]source drafter[/] (the \"K2 drafter\") on base data -> {source_dir}")
+            final = train(_train_config(cfg, cfg.source_steps), pair_dir / "base", base_feats, source_dir,
+                          resume=True)
+            atomic.write_json(done, final)
     timings["source_s"] = time.time() - t
 
     t = time.time()

@@ -194,7 +194,9 @@ class TTTObjective(nn.Module):
         # Positions needed at step k: those whose step k or any later step is a loss position
         # (later steps' cond_acc needs step k's correctness there).
         need = valid.flip(0).cummax(0).values.flip(0)
-        with torch.no_grad():
+        # In fp32 under bf16 autocast: the sampled acceptance sets these against logz, taken in fp32 over
+        # the whole vocabulary (bf16 logits put p = exp(l/T - logz) off by up to 96 %, and sum past 1).
+        with torch.no_grad(), torch.autocast(dev.type, enabled=False):
             target_logits = upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T)
             teacher = torch.log_softmax(target_logits, -1)
         hidden = d.project(batch.aux_hidden)

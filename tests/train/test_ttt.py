@@ -295,3 +295,30 @@ def test_epoch_plan_is_deterministic_and_covers_every_sequence():
     tok = plan_epoch(lengths, 8, 600, seed=3, epoch=0)
     assert sorted(i for b in tok for i in b) == list(range(103))
     assert all(len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 600 for b in tok)
+
+
+def test_teacher_logits_stay_exact_under_bf16_autocast(monkeypatch):
+    """Training runs under bf16 autocast on CUDA (here CPU's, the same casts): the target's logits over the
+    draft vocab must stay fp32, since the sampled acceptance sets them against logz taken in fp32."""
+    from drafter_lab.train import ttt
+
+    d, head, used, examples = setup(seed=1, temperature=0.7)
+    d = d.float()
+    head = 8 * head.float()  # a peaked target: logits of tens, where bf16 keeps 2-3 digits
+    ex = [Example(e.input_ids, e.loss_mask, e.aux_hidden.float(), e.final_hidden.float(),
+                  *target_top1(e.final_hidden.float(), head, 0.7)) for e in examples]
+    batch = collate(ex)
+    seen = []
+    real = ttt.proposal
+
+    def spy(logits, target_logits, logz, temperature):
+        seen.append(target_logits)
+        return real(logits, target_logits, logz, temperature)
+
+    monkeypatch.setattr(ttt, "proposal", spy)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        TTTObjective(d, head[used], 2, 0.8, 0.7)(batch)
+    exact = (batch.final_hidden @ head[used].T).flatten(0, 1)
+    for rows in seen:  # each a selection of positions: every row is one of the exact ones
+        assert rows.dtype == torch.float32 and torch.cdist(rows, exact, compute_mode="donot_use_mm_for_euclid_dist").min(1).values.max() < 1e-3
+    assert seen

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drafter_lab.errors import LabError
+
 RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_mb", "keep_best")
 """TrainConfig fields that change how fast a run goes, when bad input is caught or what else it
 keeps, never its results: a resume may change them, and cache keys leave them out."""
@@ -29,7 +31,8 @@ class TrainConfig:
     warmup_steps: int = 30
     """Linear warmup from 0 to lr over this many optimizer steps."""
     min_lr_ratio: float = 0.1
-    """Cosine decay ends at lr * min_lr_ratio at the last step."""
+    """Cosine decay toward lr * min_lr_ratio, which the step after the last would take (transformers'
+    cosine schedule with warmup, reached at progress 1; the last step is one short of it)."""
     weight_decay: float = 0.0
     """AdamW weight decay (norm weights are exempt)."""
     adam_beta2: float = 0.95
@@ -114,3 +117,28 @@ class TrainConfig:
     """The drafter's RoPE scaling as config.json's `rope_scaling` JSON ("" = plain RoPE), e.g. a
     SpecForge Llama-3.1 drafter's llama3 scaling; `--draft-config` sets it. A transfer needs the
     source's."""
+
+
+AT_LEAST_ONE = ("ttt_steps", "draft_vocab_size", "accumulation_steps", "max_length", "epochs", "eval_batch_size",
+                "log_every")
+AT_LEAST_ZERO = ("warmup_steps", "weight_decay", "grad_clip", "batch_tokens", "online_val_cache_mb", "max_steps",
+                 "eval_every", "val_temperature", "checkpoint_every", "threads", "drafter_hidden_size",
+                 "drafter_intermediate_size", "drafter_heads", "drafter_kv_heads")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Settings that would fail mid-run (a division by zero at the first train line, an empty validation
+    batch after a whole epoch) or mean nothing, refused in one line before anything is written."""
+    for name in AT_LEAST_ONE:
+        if getattr(cfg, name) < 1:
+            raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in AT_LEAST_ZERO:
+        if getattr(cfg, name) < 0:
+            raise LabError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.batch_tokens == 0 and cfg.batch_size < 1:
+        raise LabError(f"batch_size must be >= 1 (or batch_tokens set), got {cfg.batch_size}")
+    if not cfg.lr > 0 or not cfg.loss_decay > 0:
+        raise LabError(f"lr and loss_decay must be > 0, got {cfg.lr} and {cfg.loss_decay}")
+    if not 0 <= cfg.min_lr_ratio <= 1 or not 0 <= cfg.adam_beta2 < 1:
+        raise LabError(f"min_lr_ratio must be in [0, 1] and adam_beta2 in [0, 1), got {cfg.min_lr_ratio} and "
+                       f"{cfg.adam_beta2}")

@@ -31,7 +31,7 @@ from drafter_lab.progress import console, log, progress
 from drafter_lab.targets.fingerprint import recorded_name
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
-from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
+from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig, check_config
 from drafter_lab.train.data import (
     Batch,
     Examples,
@@ -239,12 +239,7 @@ class _Run:
             judge([], base_rows, watch, None, base_where=baseline)  # a baseline that cannot be read fails now
             self.watch = (baseline, watch)
         self.stop_reason: str | None = None
-        if cfg.ttt_steps < 1:
-            raise LabError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
-        if cfg.accumulation_steps < 1:
-            raise LabError(f"accumulation_steps must be >= 1, got {cfg.accumulation_steps}")
-        if cfg.val_temperature < 0:
-            raise LabError(f"val_temperature must be >= 0, got {cfg.val_temperature}")
+        check_config(cfg)
         names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0, cfg.val_temperature > 0)  # replay: checked below
         if cfg.keep_best and cfg.keep_best not in names:
             raise LabError(f"keep_best: {cfg.keep_best!r} is not a validation metric; one of {', '.join(names)}")

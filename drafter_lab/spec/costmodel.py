@@ -235,19 +235,23 @@ class CostModel:
         return self.mean_cycle_ms(allreduce) / self.decode_ms(allreduce)
 
     def at_steps(self, steps: int) -> CostModel:
-        """The same deployment drafting a chain of `steps` tokens (verify = steps + 1 tokens)."""
-        return CostModel(dataclasses.replace(self.cfg, verify_tokens=steps + 1, steps=steps))
+        """The same deployment drafting a chain of `steps` tokens (verify = steps + 1 tokens; one drafter
+        row per sequence, whatever tree the config was measured with)."""
+        return CostModel(dataclasses.replace(self.cfg, verify_tokens=steps + 1, steps=steps, topk=1))
 
 
 def interpolate_linear(table: dict, x: float) -> float:
-    """The value at x of a {x: value} table: linear between its points, the first below them, the last
-    segment extended beyond them (a single point: its value everywhere)."""
+    """The value at x of a {x: value} cost table (by batch): linear between its points, the first below
+    them, the last segment extended beyond them but never downward (a single point: its value
+    everywhere). Costs do not fall with batch; a noisy last segment that does would price a large batch
+    below zero."""
     points = sorted((float(k), float(v)) for k, v in table.items())
     if x <= points[0][0] or len(points) == 1:
         return points[0][1]
     i = min(bisect.bisect_left([p[0] for p in points], x), len(points) - 1)
     (x0, y0), (x1, y1) = points[i - 1], points[i]
-    return y0 + (x - x0) * (y1 - y0) / (x1 - x0)
+    slope = (y1 - y0) / (x1 - x0)
+    return y0 + (x - x0) * slope if x <= x1 else y1 + (x - x1) * max(slope, 0.0)
 
 
 def interpolate_latency(table: dict[int, float], size: int) -> float:

@@ -156,8 +156,8 @@ def evaluate(
     # nothing about a GPU's.
     draft_seconds = phases[True].get("draft", 0.0)
     host_draft = {
-        "draft_seconds": draft_seconds, "draft_step_us": draft_step_us(draft_seconds, verify_passes, steps),
-        "no_draft_share": no_draft_passes / max(verify_passes, 1),
+        "draft_seconds": draft_seconds, "no_draft_share": no_draft_passes / max(verify_passes, 1),
+        "draft_step_us": draft_step_us(draft_seconds, verify_passes - no_draft_passes, steps),
     } if ngram else {}
     return {
         "served_accept_len": summary["served_accept_len"],
@@ -226,8 +226,10 @@ def latency(spec: dict[str, list[float]], baseline: dict[str, list[float]]) -> d
     return out
 
 
-def draft_step_us(draft_seconds: float, verify_passes: int, steps: int) -> float:
-    return 1e6 * draft_seconds / max(verify_passes * steps, 1)
+def draft_step_us(draft_seconds: float, drafted_passes: float, steps: int) -> float:
+    """Host drafting time per draft token, over the passes that drafted: the cost model charges drafting
+    on those alone, so the lookups that found nothing are spread over them (their time is still spent)."""
+    return 1e6 * draft_seconds / max(drafted_passes * steps, 1)
 
 
 def pool(sets: dict[str, dict]) -> dict:
@@ -249,8 +251,10 @@ def pool(sets: dict[str, dict]) -> dict:
         if key in out:
             out[key] = sum(r[key] for r in rs)
     if "draft_step_us" in out:
-        out["draft_step_us"] = draft_step_us(out["draft_seconds"], out["verify_passes"], out["config"]["steps"])
-        out["no_draft_share"] = sum(r["no_draft_share"] * r["verify_passes"] for r in rs) / out["verify_passes"]
+        no_draft = round(sum(r["no_draft_share"] * r["verify_passes"] for r in rs))
+        out["draft_step_us"] = draft_step_us(out["draft_seconds"], out["verify_passes"] - no_draft,
+                                             out["config"]["steps"])
+        out["no_draft_share"] = no_draft / out["verify_passes"]
     if "live_rows_per_pass" in out:
         out["live_rows_per_pass"] = {
             side: sum(r["live_rows_per_pass"][side] * r[passes] for r in rs) / max(out[passes], 1)

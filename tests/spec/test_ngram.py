@@ -203,8 +203,10 @@ def test_evaluate_ngram(target, conversations):
     r = evaluate(target, NgramDrafter(NgramConfig(1, 3)), conversations, steps=3, batch=2, max_new_tokens=32)
     assert r["lossless_check"] == "identical" and r["config"]["drafter"] == "n-gram lookup (1..3)"
     assert r["served_accept_len"] > 1 and sorted(r["accept_histogram"]) == ["1", "2", "3", "4"]
-    assert r["draft_step_us"] == pytest.approx(1e6 * r["draft_seconds"] / (3 * r["verify_passes"]))
     assert 0 < r["no_draft_share"] < 1
+    # the cost model charges 3 lookups on each pass that drafted, (1 - z) of them: that is all the time measured
+    drafted = r["verify_passes"] * (1 - r["no_draft_share"])
+    assert drafted * 3 * r["draft_step_us"] == pytest.approx(1e6 * r["draft_seconds"])
 
 
 def test_evaluate_across_prompts_looks_up_the_measured_rows_only(target, conversations):
@@ -251,5 +253,5 @@ def test_pooled_ngram_sets_keep_host_time_and_no_match_share(target, conversatio
     a, b = sets["a"], sets["b"]
     assert p["no_draft_share"] == pytest.approx(
         (a["no_draft_share"] * a["verify_passes"] + b["no_draft_share"] * b["verify_passes"]) / p["verify_passes"])
-    assert p["draft_step_us"] == pytest.approx(
-        1e6 * (a["draft_seconds"] + b["draft_seconds"]) / (3 * (a["verify_passes"] + b["verify_passes"])))
+    assert p["draft_step_us"] * 3 * p["verify_passes"] * (1 - p["no_draft_share"]) == pytest.approx(
+        1e6 * (a["draft_seconds"] + b["draft_seconds"]))

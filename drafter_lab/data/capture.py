@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import re
 from pathlib import Path
@@ -118,8 +119,8 @@ def check_config(cfg: CaptureConfig) -> None:
             raise LabError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     if not 0.0 <= cfg.val_fraction < 1.0:
         raise LabError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
-    if cfg.temperature < 0:
-        raise LabError(f"temperature must be >= 0, got {cfg.temperature}")
+    if not 0 <= cfg.temperature < math.inf:  # nan too, which sampling would meet as a traceback
+        raise LabError(f"temperature must be a finite number >= 0, got {cfg.temperature}")
     if cfg.turns not in TURNS:
         raise LabError(f"unknown turns {cfg.turns!r}; choose one of {', '.join(TURNS)}")
 

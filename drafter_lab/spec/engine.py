@@ -23,6 +23,7 @@ tensors, so a row leaving or joining copies them (a server's paged cache moves n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -66,8 +67,8 @@ class SpecConfig:
                 f"need steps >= 1, topk >= 1, max_new_tokens >= 1 (got {self.steps}, {self.topk}, "
                 f"{self.max_new_tokens})"
             )
-        if self.temperature < 0:
-            raise LabError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # nan too, which torch.multinomial meets as a traceback
+            raise LabError(f"temperature must be a finite number >= 0, got {self.temperature}")
         most = self.max_candidates
         if self.draft_tokens is not None and not 1 <= self.draft_tokens <= most:
             raise LabError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from drafter_lab.errors import LabError
@@ -133,11 +134,11 @@ def check_config(cfg: TrainConfig) -> None:
         if getattr(cfg, name) < 1:
             raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     for name in AT_LEAST_ZERO:
-        if getattr(cfg, name) < 0:
+        if not 0 <= getattr(cfg, name) < math.inf:  # nan and inf too
             raise LabError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.batch_tokens == 0 and cfg.batch_size < 1:
         raise LabError(f"batch_size must be >= 1 (or batch_tokens set), got {cfg.batch_size}")
-    if not cfg.lr > 0 or not cfg.loss_decay > 0:
+    if not 0 < cfg.lr < math.inf or not 0 < cfg.loss_decay < math.inf:
         raise LabError(f"lr and loss_decay must be > 0, got {cfg.lr} and {cfg.loss_decay}")
     if not 0 <= cfg.min_lr_ratio <= 1 or not 0 <= cfg.adam_beta2 < 1:
         raise LabError(f"min_lr_ratio must be in [0, 1] and adam_beta2 in [0, 1), got {cfg.min_lr_ratio} and "

@@ -313,3 +313,11 @@ def test_a_capture_named_by_the_legacy_fingerprint_resumes_and_trains_under_it(f
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(LabError, match="features were captured from target 0123456789abcdef"):
         FeatureSet(out).check_target(load_target_head(random_llama))
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -1.0])
+def test_a_regeneration_temperature_that_is_no_finite_number_is_one_line(temperature):
+    from drafter_lab.data.capture import CaptureConfig, check_config
+
+    with pytest.raises(LabError, match="temperature must be a finite number >= 0"):
+        check_config(CaptureConfig(temperature=temperature))

@@ -279,3 +279,14 @@ def test_tree_children_are_the_drafters_topk_along_each_path(target):
             assert kids == sorted(out[0].tolist())
     assert shared_parent > 0  # some beam took two children of one node: the cache reorder mattered
 
+
+
+@pytest.mark.parametrize("over", [{"temperature": float("nan")}, {"temperature": float("inf")},
+                                  {"temperature": -0.5}])
+def test_a_temperature_that_is_no_finite_number_is_one_line(over):
+    """nan passed `temperature < 0` and met torch.multinomial as a traceback."""
+    from drafter_lab.errors import LabError
+
+    with pytest.raises(LabError, match="temperature must be a finite number >= 0"):
+        SpecConfig(**over)
+

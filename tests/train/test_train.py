@@ -277,3 +277,12 @@ def test_source_target_needs_init_from(peaked_llama, features, tmp_path, capsys)
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "o"),
                  "--source-target", str(peaked_llama)]) == 2
     assert "--source-target applies with --init-from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("over", [{"val_temperature": float("nan")}, {"lr": float("nan")},
+                                  {"grad_clip": float("inf")}])
+def test_train_settings_refuse_nan_and_inf(over):
+    from drafter_lab.train.config import check_config
+
+    with pytest.raises(LabError, match="must be"):
+        check_config(TrainConfig(**over))

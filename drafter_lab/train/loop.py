@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -560,13 +559,20 @@ def _kept_best(out_dir: Path, metric: str) -> dict | None:
     if not metric or not path.exists():
         return None
     kept = atomic.read_json(path, "")
+    if not isinstance(kept, dict) or not isinstance(kept.get("step"), int):
+        raise LabError("not the record of a kept drafter (a JSON object with its step)", path)
     return kept if kept.get("metric") == metric else None
 
 
 def stopped_at(out_dir: Path) -> int | None:
     """The step at which the watch stopped the run in `out_dir`, if it did."""
     path = out_dir / WATCH_FILE
-    return json.loads(path.read_text())["step"] if path.exists() else None
+    if not path.exists():
+        return None
+    verdict = atomic.read_json(path, "")
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("step"), int):
+        raise LabError("not the watch's verdict (a JSON object with the step it stopped at)", path)
+    return verdict["step"]
 
 
 def _new_drafter(cfg: TrainConfig, dcfg: DrafterConfig, target, d2t, t2d) -> Eagle3Drafter:

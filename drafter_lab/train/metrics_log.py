@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+from drafter_lab.errors import LabError
+
 METRICS = "metrics.jsonl"
 RUN_FILE = "run.json"
 """The run's record beside its metrics: config, drafter shape, target (with its fingerprint), data,
@@ -56,4 +58,15 @@ def read_metrics(path) -> list[dict]:
     if path.is_dir():
         path = path / METRICS
     lines = path.read_text().split("\n")[:-1]  # the piece after the last newline is unfinished
-    return [json.loads(line) for line in lines if line.strip()]
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise LabError(f"line {i} is not valid JSON ({e})", path) from None
+        if not isinstance(row, dict):
+            raise LabError(f"line {i} is not a metrics record (a JSON object)", path)
+        rows.append(row)
+    return rows

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drafter_lab import atomic
 from drafter_lab.data.capture_config import ENCODED_HASH, TEMPLATE_HASH, TOKENIZER_HASH, unrecorded
 from drafter_lab.errors import LabError
 from drafter_lab.train.metrics_log import METRICS, RUN_FILE, read_metrics
@@ -185,12 +186,11 @@ def read_run(run_dir) -> tuple[list[dict], dict]:
     path = run_dir / METRICS
     if not path.exists():
         raise LabError(f"no {METRICS}: not a training run directory", run_dir)
-    try:
-        rows = read_metrics(path)
-    except json.JSONDecodeError as e:
-        raise LabError(f"not a metrics log ({e})", path) from None
     info = run_dir / RUN_FILE
-    return rows, json.loads(info.read_text()) if info.exists() else {}
+    record = atomic.read_json(info, "") if info.exists() else {}
+    if not isinstance(record, dict):
+        raise LabError("not a run record (a JSON object)", info)
+    return read_metrics(path), record
 
 
 def unequal_batches(run_info: dict, base_info: dict) -> str | None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
-from drafter_lab.train.loop import WATCH_FILE, train
+from drafter_lab.train.loop import WATCH_FILE, stopped_at, train
 from drafter_lab.train.metrics_log import read_metrics
 from drafter_lab.train.watch import (
     STOP_EXIT,
@@ -190,6 +191,40 @@ def test_a_half_written_last_line_is_left_out(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "los')
     assert read_metrics(path) == [{"step": 1}]
+
+
+@pytest.mark.parametrize("name, text, problem", [
+    ("metrics.jsonl", '{"step": 1}\n{"step": 2, "loss_0": nope}\n', "line 2 is not valid JSON"),
+    ("metrics.jsonl", '{"step": 1}\n[1, 2]\n', "line 2 is not a metrics record"),
+    ("run.json", '{"config": ', "run.json is not valid JSON"),
+    ("run.json", "[]", "not a run record"),
+])
+def test_a_baseline_run_that_does_not_parse_is_one_line(tmp_path, capsys, name, text, problem):
+    """The watch reads a baseline that another process may have written (or broken): no traceback."""
+    run = tmp_path / "base"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "split": "val", "cond_acc_0": 0.5}\n')
+    (run / name).write_text(text)
+    assert main(["watch", str(run), "--baseline", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert problem in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", ['{"step": ', "[]"])
+def test_a_broken_verdict_is_one_line(tmp_path, text):
+    (tmp_path / WATCH_FILE).write_text(text)
+    with pytest.raises(LabError, match=WATCH_FILE):
+        stopped_at(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["[]", '{"metric": "loss_0"}'])
+def test_a_broken_kept_record_is_one_line_at_resume(baseline, peaked_llama, features, tmp_path, text):
+    run = tmp_path / "run"
+    shutil.copytree(baseline, run)
+    (run / "best").mkdir(exist_ok=True)
+    (run / "best" / "best.json").write_text(text)
+    with pytest.raises(LabError, match="best.json"):
+        train(dataclasses.replace(CFG, keep_best="loss_0"), peaked_llama, features, run, resume=True)
 
 
 # ---- real runs ------------------------------------------------------------------------------------

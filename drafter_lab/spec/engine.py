@@ -69,6 +69,9 @@ class SpecConfig:
             )
         if not 0 <= self.temperature < math.inf:  # nan too, which torch.multinomial meets as a traceback
             raise LabError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.topk == 1 and self.draft_tokens not in (None, self.steps):  # it was ignored, the S verified
+            raise LabError(f"a chain verifies the {self.steps} tokens it drafts: draft_tokens {self.draft_tokens} "
+                           "applies to a tree (topk > 1)")
         most = self.max_candidates
         if self.draft_tokens is not None and not 1 <= self.draft_tokens <= most:
             raise LabError(

@@ -290,3 +290,13 @@ def test_a_temperature_that_is_no_finite_number_is_one_line(over):
     with pytest.raises(LabError, match="temperature must be a finite number >= 0"):
         SpecConfig(**over)
 
+
+
+def test_draft_tokens_on_a_chain_is_refused_not_ignored():
+    """SGLang verifies steps + 1 tokens on a chain whatever --speculative-num-draft-tokens says; here a
+    chain's draft_tokens other than its steps was silently ignored."""
+    from drafter_lab.errors import LabError
+
+    assert SpecConfig(steps=4, draft_tokens=4).tree_tokens == 4
+    with pytest.raises(LabError, match="a chain verifies the 4 tokens it drafts: draft_tokens 2 applies to a tree"):
+        SpecConfig(steps=4, draft_tokens=2)

@@ -22,8 +22,10 @@ def test_grid_keeps_what_can_be_drafted():
     # a chain verifies its own S drafts; 2 steps x top-2 select at most 6 tokens, so (2, 2, 8) is left out
     assert rows == [(2, 1, 2), (4, 1, 4), (4, 2, 8)]
     assert [(g["topk"], g["draft_tokens"]) for g in grid([3], [1, 1, 2], None)] == [(1, 3), (2, 6)]
-    with pytest.raises(LabError, match=r"draft_tokens must be in 1..4"):  # one setting: as a plain eval
+    with pytest.raises(LabError, match=r"a chain verifies the 4 tokens it drafts"):  # one setting: as a plain eval
         grid([4], [1], [8])
+    with pytest.raises(LabError, match=r"draft_tokens must be in 1..6"):
+        grid([2], [2], [7])
     with pytest.raises(LabError, match="no setting of the sweep can be drafted"):
         grid([2], [2], [7, 9])
     # batches vary fastest; each setting carries its batch

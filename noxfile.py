@@ -20,7 +20,10 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["lint", "tests"]
 
-CPU_TORCH = "torch==2.13.0"  # the CPU build; a bare `torch` would pull a multi-GB CUDA build
+# The CPU build as the lab's machines' package index serves it (a bare `torch` resolves there to the
+# 5.5 GB CUDA build). An index whose torch wheels carry CUDA needs PIP_INDEX_URL (or
+# PIP_EXTRA_INDEX_URL) pointed at a CPU-wheel index for these sessions to stay small.
+CPU_TORCH = "torch==2.13.0"
 CUDA_TORCH = "torch==2.14.1"  # the CUDA 13.0 build (about 5.5 GB installed)
 RUFF = "ruff==0.17.6"  # pinned: a release that adds checks to the selected rules would fail a clean commit
 

@@ -4,7 +4,7 @@ Each area keeps its own config dataclass next to the code that uses it (targets.
 train.config.TrainConfig, ...). This module holds the shared machinery:
 
 - `field_docs(cls)` reads the docstring written under each field, for `--help` and for reports;
-- `from_dict` / `load_toml` build a config and reject unknown keys with the file's name;
+- `from_dict` / `load_toml` build a config and reject unknown keys and values of another type with the file's name;
 - `add_cli_args` / `apply_cli_args` expose every field as `--field-name VALUE`.
 """
 
@@ -51,64 +51,89 @@ def _field_type(cls, name: str):
     return typing.get_type_hints(cls)[name]
 
 
-def _coerce(value, tp, where: str):
+# What a value given already typed (TOML, JSON, code) may be for each field type: never a bool for a number.
+_ACCEPTED = {bool: (bool,), int: (int,), float: (int, float), str: (str,), Path: (str, Path)}
+
+
+def _coerce(value, tp, where: str, parse: bool):
+    """`value` as type `tp`. `parse`: strings come from the command line and are read as the type;
+    anything else must already be of the type, so `batch_size = 3.7` is refused, not cut to 3."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
         tp = next(a for a in args if a is not type(None))
-        return _coerce(value, tp, where)
+        return _coerce(value, tp, where, parse)
     if origin in (list, tuple):
-        items = value.split(",") if isinstance(value, str) else list(value)
+        if parse and isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, (list, tuple)):
+            raise LabError(f"{where}: cannot read {value!r} as a list")
         inner = args[0] if args else str
-        out = [_coerce(v, inner, where) for v in items if v != ""]
+        out = [_coerce(v, inner, where, parse) for v in value if v != ""]
         return tuple(out) if origin is tuple else out
-    try:
-        if tp is bool:
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if tp in (int, float, str):
-            return tp(value)
-        if tp is Path:
-            return Path(value)
-    except (TypeError, ValueError):
-        raise LabError(f"{where}: cannot read {value!r} as {getattr(tp, '__name__', tp)}") from None
-    return value
+    if tp not in _ACCEPTED:
+        return value  # dicts and other types are taken as given
+    if parse and isinstance(value, str):
+        value = _parse(value, tp)
+    if isinstance(value, _ACCEPTED[tp]) and (tp is bool or not isinstance(value, bool)):
+        return tp(value)
+    raise LabError(f"{where}: cannot read {value!r} as {tp.__name__}")
 
 
-def from_dict(cls, data: dict, source: str = "config"):
-    """Build `cls` from a mapping; unknown keys are an error naming `source`."""
+def _parse(text: str, tp):
+    """A command-line string read as `tp`; the string itself where it does not read as one."""
+    if tp is bool:
+        return {"1": True, "true": True, "yes": True, "on": True,
+                "0": False, "false": False, "no": False, "off": False}.get(text.lower(), text)
+    if tp in (int, float):
+        try:
+            return tp(text)
+        except ValueError:
+            return text
+    return text
+
+
+def from_dict(cls, data: dict, source: str = "config", parse: bool = False):
+    """Build `cls` from a mapping; unknown keys are an error naming `source`. `parse`: string values
+    come from the command line and are read as their fields' types (see `_coerce`)."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
         raise LabError(f"unknown config key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}", source)
-    kwargs = {k: _coerce(v, _field_type(cls, k), f"{source}: {k}") for k, v in data.items()}
+    kwargs = {k: _coerce(v, _field_type(cls, k), f"{source}: {k}", parse) for k, v in data.items()}
     return cls(**kwargs)
 
 
 def load_toml(cls, path, section: str | None = None):
+    """Build `cls` from a TOML file: its fields at top level or, when the file has a `section` table,
+    in that table, with nothing else at top level (a key beside the table would be silently ignored)."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise LabError("config file not found", path) from None
+    except UnicodeDecodeError:
+        raise LabError("not valid TOML: not UTF-8 text", path) from None
+    except OSError as e:
+        raise LabError(f"cannot read the config file: {e.strerror}", path) from None
     except tomllib.TOMLDecodeError as e:
         raise LabError(f"not valid TOML: {e}", path) from None
-    if section is not None:
-        data = data.get(section, {})
+    if section is not None and isinstance(data.get(section), dict):
+        others = sorted(set(data) - {section})
+        if others:
+            raise LabError(f"key(s) {', '.join(others)} outside the [{section}] table would be ignored; "
+                           f"put every field in [{section}] or all at top level", path)
+        data = data[section]
     return from_dict(cls, data, str(path))
 
 
 def replace(cfg, **overrides):
-    """dataclasses.replace with type coercion and a clear error for unknown names."""
+    """dataclasses.replace with strings (the command line's) read as their fields' types, and a clear error
+    for unknown names."""
     merged = {**dataclasses.asdict(cfg), **overrides}
-    return from_dict(type(cfg), {k: v for k, v in merged.items()}, type(cfg).__name__)
+    return from_dict(type(cfg), {k: v for k, v in merged.items()}, type(cfg).__name__, parse=True)
 
 
 def to_dict(cfg) -> dict:

@@ -80,15 +80,8 @@ def register_watch(sub) -> None:
 
 
 def load_config(path) -> TrainConfig:
-    """TrainConfig from TOML: fields at top level, or under a [train] table."""
-    import tomllib
-
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        data = {}  # load_toml reports the problem with the file's name
-    section = "train" if isinstance(data.get("train"), dict) else None
-    return labconfig.load_toml(TrainConfig, path, section=section)
+    """TrainConfig from TOML: fields at top level, or under a [train] table (then nothing else at top level)."""
+    return labconfig.load_toml(TrainConfig, path, section="train")
 
 
 def run(args) -> int:

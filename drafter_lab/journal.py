@@ -4,11 +4,14 @@ The first line records the settings the work is made with; each further line is 
 of work (a JSON object), flushed as soon as it ends. A kill can leave half a line behind: reading
 keeps whole lines only, and the first append cuts the file back to them. A journal made with other
 settings is refused with one line naming the file. The file appears with the first record, so a
-run that finished nothing leaves nothing behind.
+run that finished nothing leaves nothing behind. A writing journal holds an flock on its file, so a
+second run writing the same one is refused instead of interleaving its records with the first's (the
+kernel drops the lock when its holder dies).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -24,8 +27,28 @@ class Journal:
         self.path = Path(path)
         self._header = {"settings": settings}
         self._write = write
-        self._file = None
-        self.records, self._whole_bytes = self._read()
+        self._file = None  # binary, and locked, while this run writes
+        self._cut = False  # the first append cuts the file back to its whole lines
+        if write:
+            try:
+                self._file = open(self.path, "r+b")
+            except FileNotFoundError:
+                pass  # made and locked at the first append
+            else:
+                self._lock()
+        try:
+            self.records, self._whole_bytes = self._read()
+        except LabError:
+            self.close()
+            raise
+
+    def _lock(self) -> None:
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            self._file = None
+            raise LabError("another run is writing this journal; wait for it to end or stop it", self.path) from None
 
     @staticmethod
     def settings_of(path: str | os.PathLike) -> dict | None:
@@ -39,7 +62,10 @@ class Journal:
         return settings if isinstance(settings, dict) else None
 
     def _read(self) -> tuple[list[dict], int | None]:
-        blob = self.path.read_bytes() if self.path.exists() else b""
+        if self._file is not None:
+            blob = self._file.read()
+        else:
+            blob = self.path.read_bytes() if self.path.exists() else b""
         lines = blob.split(b"\n")[:-1]  # a last line without its newline is half-written
         if not lines:
             return [], None
@@ -62,28 +88,34 @@ class Journal:
         """Record one finished unit of work; it survives a kill once this returns."""
         if not self._write:
             return
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._cut:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._file = open(self.path, "xb")
+                except FileExistsError:  # another run made it after this one found none
+                    raise LabError("another run began this journal meanwhile; run again to resume it",
+                                   self.path) from None
+                self._lock()
+            self._file.truncate(self._whole_bytes or 0)
+            self._file.seek(0, os.SEEK_END)
             if self._whole_bytes is None:
-                self._file = open(self.path, "w", encoding="utf-8")
-                self._file.write(json.dumps(self._header) + "\n")
-            else:
-                os.truncate(self.path, self._whole_bytes)
-                self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                self._file.write(json.dumps(self._header).encode() + b"\n")
+            self._cut = True
+        self._file.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
         self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
             os.fsync(self._file.fileno())
-            self._file.close()
+            self._file.close()  # drops the lock
             self._file = None
 
     def discard(self) -> None:
         """The work's result has landed: the journal is no longer needed."""
-        self.close()
-        if self._write:
+        if self._write:  # before the lock drops: a run starting now finds no journal, not a finished one
             self.path.unlink(missing_ok=True)
+        self.close()
 
     def __enter__(self) -> Journal:
         return self

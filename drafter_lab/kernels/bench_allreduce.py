@@ -52,6 +52,8 @@ from drafter_lab.kernels.allreduce import Communicator
 from drafter_lab.progress import log
 
 SIZES = [1 << k for k in range(10, 21)]  # 1 KB .. 1 MB
+BACKENDS = ("cpu", "cuda-host", "cuda-ipc", "gloo", "nccl")
+MAX_RANKS = 16  # the communicator's segment has room for 16 ranks (csrc/allreduce/layout.h kMaxRanks)
 HIDDEN = 7168
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -137,7 +139,7 @@ def _median_us(group: _Group, backend: str, fn, iters: int, warmup: int) -> floa
 
 
 def _iters(nbytes: int, base: int) -> int:
-    return max(50, base if nbytes <= 64 << 10 else base * (64 << 10) // nbytes)
+    return min(base, max(50, base * (64 << 10) // nbytes))
 
 
 def _algo_name(comm: Communicator, nbytes: int) -> str:
@@ -276,7 +278,9 @@ def _run(worker, world: int, args, total: int, what: str):
 
 
 def _fmt_size(n: int) -> str:
-    return f"{n >> 20} MB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n / 1024:g} KB"
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MB"
+    return f"{n >> 10} KB" if n % 1024 == 0 else f"{n} B"
 
 
 def latency_table(args) -> dict:
@@ -436,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", nargs="+", default=None, help=f"default {' '.join(default_backends())}")
     p.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="message bytes (default 1 KB .. 1 MB)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    p.add_argument("--iters", type=int, default=2000, help="timed calls per size up to 64 KB (fewer above)")
+    p.add_argument("--iters", type=int, default=2000, help="timed calls per size up to 64 KB (fewer above, but at least 50 unless ITERS is lower)")
     p.add_argument("--timeout", type=float, default=30.0, help="all-reduce timeout, seconds")
     p.add_argument("--blocks", type=int, default=16, help="gpu-streams: CTAs per all-reduce kernel")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8], help="tp-sim: verify tokens")
@@ -451,6 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.ranks = args.ranks or ([2] if args.tp_sim else [2, 4])
     args.backends = args.backends or default_backends()
+    if not all(1 <= r <= MAX_RANKS for r in args.ranks):
+        raise LabError(f"--ranks must be in 1..{MAX_RANKS}, got {' '.join(map(str, args.ranks))}")
+    if unknown := sorted(set(args.backends) - set(BACKENDS)):
+        raise LabError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
+    if args.iters < 1:
+        raise LabError(f"--iters must be at least 1, got {args.iters}")
+    itemsize = DTYPES[args.dtype].itemsize  # what is sent: whole elements, at least one, so label those bytes
+    args.sizes = list(dict.fromkeys(max(1, s // itemsize) * itemsize for s in args.sizes))
     if not _ext.available():
         raise LabError(_ext.unavailable_reason())
     if args.tp_sim:

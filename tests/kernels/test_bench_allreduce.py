@@ -48,3 +48,26 @@ def test_tp_sim_writes_what_the_cost_model_reads(tmp_path):
         flat = out.with_name(f"sim.costmodel-{b}.json")
         _, measured = apply_inputs(CostModelConfig(), flat)
         assert measured == {int(s): us for s, us in report["allreduce_us"][b].items()}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranks", "0"], "--ranks must be in 1..16, got 0"),  # no rank would ever report: it waited forever
+    (["--ranks", "2", "17"], "--ranks must be in 1..16, got 2 17"),
+    (["--backends", "cpu", "nvlink"], "unknown backend\\(s\\) nvlink; known: cpu, cuda-host, cuda-ipc, gloo, nccl"),
+    (["--iters", "0"], "--iters must be at least 1"),
+])
+def test_bad_ranks_backends_and_iters_are_refused(argv, message):
+    from drafter_lab.errors import LabError
+    from drafter_lab.kernels.bench_allreduce import main
+
+    with pytest.raises(LabError, match=f"^{message}"):
+        main(["--backends", "cpu", *argv])
+
+
+def test_sizes_are_labelled_by_the_bytes_sent_and_iters_are_honoured(capsys):
+    from drafter_lab.kernels.bench_allreduce import _iters, main
+
+    assert main(["--ranks", "1", "--sizes", "3", "2", "1024", "--iters", "10", "--backends", "cpu"]) == 0
+    sizes = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if line.split()[1:2] in (["B"], ["KB"])]
+    assert sizes == [["2", "B"], ["1", "KB"]]  # bfloat16: 3 bytes send one element, as 2 do
+    assert (_iters(1024, 10), _iters(1 << 20, 2000), _iters(1 << 20, 100)) == (10, 125, 50)

@@ -68,6 +68,10 @@ class ExperimentConfig:
     """torch CPU threads for every stage (0: torch's default). Tiny models on shared cores run ~3x
     faster with 1 than with 2: OpenMP threads spin-wait whenever another process holds a core."""
 
+    def __post_init__(self):
+        if not self.drift_levels:  # `--drift-levels ""` would run no study and still exit 0
+            raise LabError("drift_levels is empty: give at least one drift level")
+
 
 @dataclass
 class ProbeThresholds:

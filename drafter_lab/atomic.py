@@ -100,11 +100,11 @@ def read_json(path, missing: str, owner=None):
     the file belongs to; default the file); a file that does not parse is one naming the file."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise LabError(missing, owner if owner is not None else path) from None
-    except json.JSONDecodeError as e:
-        raise LabError(f"{path.name} is not valid JSON ({e})", path.parent) from None
+    except ValueError as e:  # not JSON, or not UTF-8 text
+        raise LabError(f"not valid JSON ({e})", path) from None
 
 
 _SAFETENSORS_DTYPES = {

@@ -115,7 +115,7 @@ def nan_model(root: Path, model: Path) -> Path:
     ("case", "message"),
     [
         ("missing model dir", "model directory not found"),
-        ("corrupt model dir", "config.json is not valid JSON"),
+        ("corrupt model dir", "config.json: not valid JSON"),
         ("invalid JSON line", "line 2 is not valid JSON"),
         ("no assistant turn under --strict", "line 1: conversation has no assistant turn (--strict)"),
         ("aux ids out of range", "aux layer id(s) [9] out of range: hidden_states indices run 0..8"),

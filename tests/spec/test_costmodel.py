@@ -119,6 +119,13 @@ def test_cli(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
+def test_a_bad_inputs_file_given_bare_is_named_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.json").write_text("{bad")
+    assert main(["costmodel", "--inputs", "bad.json"]) == 2
+    assert capsys.readouterr().err.startswith("error: bad.json: not valid JSON (")
+
+
 def test_draft_steps_from_an_eval_histogram(tmp_path):
     """At 2 steps, 2 verify steps emitted 1 token, 1 emitted 2 and 1 emitted 3: one step deep, the last
     would have emitted 2. Each step deeper costs a draft step and one more verify token on the wire."""

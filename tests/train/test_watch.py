@@ -196,7 +196,7 @@ def test_a_half_written_last_line_is_left_out(tmp_path):
 @pytest.mark.parametrize("name, text, problem", [
     ("metrics.jsonl", '{"step": 1}\n{"step": 2, "loss_0": nope}\n', "line 2 is not valid JSON"),
     ("metrics.jsonl", '{"step": 1}\n[1, 2]\n', "line 2 is not a metrics record"),
-    ("run.json", '{"config": ', "run.json is not valid JSON"),
+    ("run.json", '{"config": ', "run.json: not valid JSON"),
     ("run.json", "[]", "not a run record"),
 ])
 def test_a_baseline_run_that_does_not_parse_is_one_line(tmp_path, capsys, name, text, problem):

@@ -307,8 +307,10 @@ class Communicator {
   }
 
   static void check_pair(const at::Tensor& a, const at::Tensor& b, const char* what) {
-    if (b.scalar_type() != a.scalar_type() || b.numel() != a.numel())
-      throw std::invalid_argument(std::string(what) + " must match the input's dtype and size");
+    // The shape, not only the element count: an `out` of [2, 4] for an input of [8] would be filled
+    // and returned in a shape the caller did not ask for.
+    if (b.scalar_type() != a.scalar_type() || b.sizes() != a.sizes())
+      throw std::invalid_argument(std::string(what) + " must match the input's dtype and shape");
     check_overlap(a, b, what, "the input");
   }
 

@@ -365,6 +365,10 @@ def test_single_rank_and_bad_input():
         comm.all_reduce(torch.randn(4, 4).t())
     with pytest.raises(AllReduceInputError, match="match"):
         comm.all_reduce(torch.randn(4), out=torch.randn(5))
+    with pytest.raises(AllReduceInputError, match="out must match the input's dtype and shape"):
+        comm.all_reduce(torch.randn(8), out=torch.randn(2, 4))  # as many elements, another shape
+    with pytest.raises(AllReduceInputError, match="residual must match the input's dtype and shape"):
+        comm.allreduce_residual_rmsnorm(r, torch.randn(1, 2048), w)
     with pytest.raises(AllReduceInputError, match="overlaps"):
         y = torch.randn(8)
         comm.all_reduce(y[:6], out=y[2:])

@@ -122,7 +122,7 @@ class TrainConfig:
 
 AT_LEAST_ONE = ("ttt_steps", "draft_vocab_size", "accumulation_steps", "max_length", "epochs", "eval_batch_size",
                 "log_every")
-AT_LEAST_ZERO = ("warmup_steps", "weight_decay", "grad_clip", "batch_tokens", "online_val_cache_mb", "max_steps",
+AT_LEAST_ZERO = ("lr", "warmup_steps", "weight_decay", "grad_clip", "batch_tokens", "online_val_cache_mb", "max_steps",
                  "eval_every", "val_temperature", "checkpoint_every", "threads", "drafter_hidden_size",
                  "drafter_intermediate_size", "drafter_heads", "drafter_kv_heads")
 
@@ -138,8 +138,8 @@ def check_config(cfg: TrainConfig) -> None:
             raise LabError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.batch_tokens == 0 and cfg.batch_size < 1:
         raise LabError(f"batch_size must be >= 1 (or batch_tokens set), got {cfg.batch_size}")
-    if not 0 < cfg.lr < math.inf or not 0 < cfg.loss_decay < math.inf:
-        raise LabError(f"lr and loss_decay must be > 0, got {cfg.lr} and {cfg.loss_decay}")
+    if not 0 < cfg.loss_decay < math.inf:
+        raise LabError(f"loss_decay must be > 0, got {cfg.loss_decay}")
     if not 0 <= cfg.min_lr_ratio <= 1 or not 0 <= cfg.adam_beta2 < 1:
         raise LabError(f"min_lr_ratio must be in [0, 1] and adam_beta2 in [0, 1), got {cfg.min_lr_ratio} and "
                        f"{cfg.adam_beta2}")

@@ -281,17 +281,22 @@ def _journal(args, tokenizer, settings: dict):
 
 def _sweep_journal(args, target, drafter, sets):
     """What a sweep decoded with: target and drafter by fingerprint, or by the legacy names a journal
-    begun before them holds."""
+    begun before them holds; and where it timed them (the device `auto` chose, the torch threads), as its
+    rows' tok/s ratios only compare within one machine setting."""
+    import torch
+
     from drafter_lab.journal import Journal
     from drafter_lab.targets.fingerprint import recorded_name
 
     before = Journal.settings_of(f"{args.json}.partial") or {}
     same = {k: getattr(args, k) for k in ("schedule", "max_prompts", "max_new_tokens", "temperature", "seed", "device",
                                          "dtype", "fused")}
+    timed_on = {"timed_on": {"device": str(target.device), "threads": torch.get_num_threads()}}
     return _journal(args, target.tokenizer, {
         "target": recorded_name(target.path, before.get("target")),
         "drafter": drafter.cfg.describe() if args.ngram else recorded_name(args.drafter, before.get("drafter")),
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()}, **same,
+        **(timed_on if not before or "timed_on" in before else {}),  # a journal begun before it resumes as it was
     })
 
 

@@ -196,7 +196,31 @@ def test_a_sweep_journal_naming_target_and_drafter_the_older_way_resumes(random_
     header, *rest = partial.read_text().split("\n")
     header = json.loads(header)  # as a lab that fingerprinted models by their files' heads and tails wrote it
     header["settings"].update(target=legacy_fingerprint(random_llama), drafter=legacy_fingerprint(drafter_dir))
+    del header["settings"]["timed_on"]  # nor did it record the device and threads
     partial.write_text("\n".join([json.dumps(header), *rest]))
     calls.clear()
     assert main(argv) == 0
     assert calls == [2]
+
+
+def test_a_sweep_resumed_with_other_threads_is_refused(random_llama, drafter_dir, prompts_file, tmp_path, monkeypatch,
+                                                      capsys):
+    """Its rows' tok/s ratios compare within one machine setting: resumed with --threads 1 after --threads 2,
+    a steps-2 row timed at 2 threads and a steps-4 row at 1 named the wrong setting fastest."""
+    import torch
+
+    out = tmp_path / "sweep.json"
+    argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
+            "--steps", "1,2", "--max-new-tokens", "8", "--json", str(out)]
+    threads = torch.get_num_threads()
+    try:
+        evaluations(monkeypatch, dies_at=2)
+        assert main([*argv, "--threads", "2"]) == 130
+        capsys.readouterr()
+        assert main([*argv, "--threads", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "sweep.json.partial" in err and "other settings" in err
+        calls = evaluations(monkeypatch, dies_at=0)
+        assert main([*argv, "--threads", "2"]) == 0 and calls == [2]
+    finally:
+        torch.set_num_threads(threads)

@@ -161,11 +161,17 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
             raise LabError(f"no_draft_share must be a number in [0, 1), got {z!r}", path)
         over["no_draft_share"] = float(z)
     conf = data.get("config") or {}
-    if "served_accept_len" in data and isinstance(conf.get("steps"), int):
+    if not isinstance(conf, dict):
+        raise LabError(f"config must be an object (an eval's settings), got {conf!r}", path)
+    for key in ("steps", "topk", "draft_tokens", "batch", "concurrency"):  # what prices the accept length
+        if conf.get(key) is not None and (isinstance(conf[key], bool) or not isinstance(conf[key], int)
+                                          or conf[key] < 1):
+            raise LabError(f"config.{key} must be a positive integer, got {conf[key]!r}", path)
+    if "served_accept_len" in data and conf.get("steps") is not None:
         over["steps"] = conf["steps"]
         over["batch"] = batch_of(data)
-        over["topk"] = int(conf.get("topk") or 1)
-        over["verify_tokens"] = int(conf.get("draft_tokens") or conf["steps"]) + 1
+        over["topk"] = conf.get("topk") or 1
+        over["verify_tokens"] = (conf.get("draft_tokens") or conf["steps"]) + 1
     return dataclasses.replace(cfg, **over)
 
 
@@ -240,11 +246,14 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
         ar = data["allreduce_us"]
         if isinstance(ar, dict):
             try:
-                measured = {int(k): positive(v, f"allreduce_us[{k}]", path) for k, v in ar.items()}
+                sizes = {int(k): us for k, us in ar.items()}
             except ValueError:
-                raise LabError("allreduce_us table keys must be message sizes in bytes", path) from None
-            if not measured:
+                sizes = {0: None}
+            if not sizes:
                 raise LabError("allreduce_us table is empty", path)
+            if min(sizes) < 1:
+                raise LabError("allreduce_us table keys must be message sizes in bytes (>= 1)", path)
+            measured = {k: positive(us, f"allreduce_us[{k}]", path) for k, us in sizes.items()}
         else:
             measured = positive(ar, "allreduce_us", path)
     return cfg, measured

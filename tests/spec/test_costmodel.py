@@ -97,6 +97,13 @@ def test_verify_ms_input_sets_compute(tmp_path):
     ('{"allreduce_us": {"big": 3}}', "message sizes"),
     ('{"accept_histogram": {"1": 0, "2": 0}}', "no verify steps"),
     ('{"accept_histogram": [1, 2]}', "must map"),
+    # each of these was a traceback (ZeroDivisionError, ValueError, AttributeError) or a negative cost
+    ('{"allreduce_us": {"0": 10}}', r"message sizes in bytes \(>= 1\)"),
+    ('{"allreduce_us": {"-4096": 10}}', r"message sizes in bytes \(>= 1\)"),
+    ('{"served_accept_len": 2.5, "config": {"steps": 4, "batch": "x"}}', "config.batch must be a positive integer"),
+    ('{"served_accept_len": 2.5, "config": {"steps": 4, "topk": 1.5}}', "config.topk must be a positive integer"),
+    ('{"served_accept_len": 2.5, "config": "chain"}', "config must be an object"),
+    ('{"served_accept_len": 2.5, "config": {"steps": -3}}', "config.steps must be a positive integer, got -3"),
 ])
 def test_bad_inputs(tmp_path, content, match):
     f = tmp_path / "bad.json"

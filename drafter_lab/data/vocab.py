@@ -87,7 +87,8 @@ class DraftVocab:
         tokens d2t maps to, each once. Order is d2t's own: engines index lm_head rows through it."""
         if d2t.dim() != 1 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
             raise LabError(f"d2t must be a 1-D integer tensor, got {d2t.dtype} {list(d2t.shape)}", where)
-        if t2d.dim() != 1 or t2d.dtype.is_floating_point or (t2d.dtype != torch.bool and t2d.numel() and t2d.max() > 1):
+        if t2d.dim() != 1 or t2d.dtype.is_floating_point or (t2d.dtype != torch.bool and t2d.numel()
+                                                             and not 0 <= t2d.min() <= t2d.max() <= 1):
             raise LabError(f"t2d must be a 1-D bool mask, got {t2d.dtype} {list(t2d.shape)}", where)
         vocab = cls(d2t=d2t.to(torch.int64), t2d=t2d.bool())
         used, v = vocab.used, vocab.target_vocab_size

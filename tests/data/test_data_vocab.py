@@ -103,7 +103,9 @@ def test_bad_vocab_files(tmp_path, capsys):
     (tmp_path / "cut.safetensors").write_bytes(good[: len(good) - 7])
     save_file({"d2t": a.d2t}, str(tmp_path / "no_t2d.safetensors"))
     save_file({"d2t": a.d2t + 1, "t2d": a.t2d}, str(tmp_path / "mismatch.safetensors"))
+    save_file({"d2t": a.d2t, "t2d": -a.t2d.long()}, str(tmp_path / "negative.safetensors"))  # -1 read as true
     cases = {
+        "negative.safetensors": "t2d must be a 1-D bool mask",
         "cut.safetensors": "truncated or corrupt safetensors",
         "no_t2d.safetensors": "no t2d tensor",
         "mismatch.safetensors": "d2t and t2d disagree",

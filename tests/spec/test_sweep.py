@@ -167,40 +167,35 @@ def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompt
     assert "sweep.json.partial" in err and "other settings" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_sweep_journal_from_before_the_template_hash_resumes(random_llama, drafter_dir, prompts_file, tmp_path,
-                                                                monkeypatch, capsys):
+def _before_the_template_hash(settings, target, drafter):
+    assert settings.pop("chat_template_sha256")
+
+
+def _naming_models_the_older_way(settings, target, drafter):
+    """Target and drafter by their files' heads and tails; nor did it record the device and threads."""
+    from drafter_lab.targets.fingerprint import legacy_fingerprint
+
+    settings.update(target=legacy_fingerprint(target), drafter=legacy_fingerprint(drafter))
+    del settings["timed_on"]
+
+
+@pytest.mark.parametrize("older, logged", [(_before_the_template_hash, "begun before the lab recorded chat templates"),
+                                           (_naming_models_the_older_way, "")])
+def test_a_sweep_journal_an_older_lab_began_resumes(random_llama, drafter_dir, prompts_file, tmp_path, monkeypatch,
+                                                   capsys, older, logged):
     out, partial = tmp_path / "sweep.json", tmp_path / "sweep.json.partial"
     argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
             "--steps", "1,2", "--max-new-tokens", "8", "--json", str(out)]
     calls = evaluations(monkeypatch, dies_at=2)
     assert main(argv) == 130
     header, *rest = partial.read_text().split("\n")
-    settings = json.loads(header)
-    assert settings["settings"].pop("chat_template_sha256")  # what a lab before the hash wrote
-    partial.write_text("\n".join([json.dumps(settings), *rest]))
+    header = json.loads(header)
+    older(header["settings"], random_llama, drafter_dir)  # what that lab wrote
+    partial.write_text("\n".join([json.dumps(header), *rest]))
     calls.clear()
     capsys.readouterr()
     assert main(argv) == 0
-    assert calls == [2] and "begun before the lab recorded chat templates" in " ".join(capsys.readouterr().err.split())
-
-
-def test_a_sweep_journal_naming_target_and_drafter_the_older_way_resumes(random_llama, drafter_dir, prompts_file,
-                                                                         tmp_path, monkeypatch):
-    from drafter_lab.targets.fingerprint import legacy_fingerprint
-
-    out, partial = tmp_path / "sweep.json", tmp_path / "sweep.json.partial"
-    argv = ["eval", "--drafter", str(drafter_dir), "--target", str(random_llama), "--prompts", str(prompts_file),
-            "--steps", "1,2", "--max-new-tokens", "8", "--json", str(out)]
-    calls = evaluations(monkeypatch, dies_at=2)
-    assert main(argv) == 130
-    header, *rest = partial.read_text().split("\n")
-    header = json.loads(header)  # as a lab that fingerprinted models by their files' heads and tails wrote it
-    header["settings"].update(target=legacy_fingerprint(random_llama), drafter=legacy_fingerprint(drafter_dir))
-    del header["settings"]["timed_on"]  # nor did it record the device and threads
-    partial.write_text("\n".join([json.dumps(header), *rest]))
-    calls.clear()
-    assert main(argv) == 0
-    assert calls == [2]
+    assert calls == [2] and logged in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_sweep_resumed_with_other_threads_is_refused(random_llama, drafter_dir, prompts_file, tmp_path, monkeypatch,

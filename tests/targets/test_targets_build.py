@@ -97,6 +97,11 @@ def test_second_call_is_cached(pair, cache, monkeypatch):
     monkeypatch.setattr(build_mod, "train_lm", _no_training)
     again = build_pair("micro", out, drift=1.0, cache_dir=cache)
     assert again["key"] == info["key"] and again["tuned"]["fingerprint"] == info["tuned"]["fingerprint"]
+    # A pair a lab naming targets otherwise wrote: the run records the names every other record uses.
+    written = json.loads((out / "pair.json").read_text())
+    (out / "pair.json").write_text(json.dumps({**written, "base": {**written["base"], "fingerprint": "0123456789abcdef"}}))
+    assert build_pair("micro", out, drift=1.0, cache_dir=cache)["base"]["fingerprint"] == info["base"]["fingerprint"]
+    (out / "pair.json").write_text(json.dumps(written))
     # A new out_dir is assembled from the cache without training either.
     other = build_pair("micro", out.parent / "copy", drift=1.0, cache_dir=cache)
     assert other["key"] == info["key"] and (out.parent / "copy" / "tuned" / "model.safetensors").exists()

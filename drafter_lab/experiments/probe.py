@@ -30,6 +30,7 @@ import torch
 from drafter_lab.data.shards import FeatureSet, Sequence
 from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
 from drafter_lab.drafter.checkpoint import load_drafter
+from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
 from drafter_lab.experiments.pilot import closing, lead_text, pilot_config, run_pilot
 from drafter_lab.targets.drift import linear_cka
@@ -102,10 +103,11 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
     )
 
 
-def _at_home(drafter, source_target_dir, val: list[Sequence], cfg: ProbeConfig, device) -> tuple[dict, list[float]]:
+def _at_home(drafter_dir, source_target_dir, val: list[Sequence], cfg: ProbeConfig, device) -> tuple[dict, list[float]]:
     """The drafter on its own (source) target, over the new target's tokens, and the aux CKA
     between the two targets. The whole source model is loaded here and released on return."""
     source = load_target(source_target_dir, device=device, tokenizer=False)
+    drafter = load_drafter(drafter_dir, target=source, device=device)  # at home it embeds with its own target's
     src = _source_features(source, val, list(drafter.config.aux_layer_ids))
     home = evaluate(drafter, source.lm_head_weight(), src, cfg.ttt_steps, cfg.batch_size)
     return home, aux_cka(src, val, 3, cfg.cka_tokens)
@@ -129,6 +131,11 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     else:
         val = features.read(features.require("val")[: cfg.max_sequences])
     drafter = load_drafter(drafter_dir, target=target, device=device)
+    aux, captured = list(drafter.config.aux_layer_ids), list(features.manifest.aux_layer_ids)
+    if aux and aux != captured:  # its fc would read other layers than it was trained on, and CKA pair them
+        raise LabError(f"the drafter reads aux layers {aux} (hidden_states indices), the features hold {captured}: "
+                       f"capture them at the drafter's (data prepare --aux-layer-ids {','.join(map(str, aux))})",
+                       drafter_dir)
     lm_head = target.lm_head_weight()
 
     zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size)
@@ -137,7 +144,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
 
     home, ckas = None, None
     if source_target_dir is not None:
-        home, ckas = _at_home(drafter, source_target_dir, val, cfg, device)
+        home, ckas = _at_home(drafter_dir, source_target_dir, val, cfg, device)
 
     pilot = None
     if cfg.pilot_steps > 0:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.drafter.checkpoint import load_drafter
@@ -156,3 +157,46 @@ def test_the_pilot_trains_in_the_sources_residual_variant_and_rope(random_llama,
     for arm in ("scratch", "transfer"):
         made = json.loads((tmp_path / "pilot" / arm / "run.json").read_text())["drafter"]
         assert made["norm_before_residual"] and made["rope_scaling"] == json.loads(llama3), arm
+
+
+def test_a_drafter_reading_other_aux_layers_than_the_features_is_refused(source, random_llama, tmp_path):
+    """Its fc would read other layers than it was trained on (the zero-shot figure meaningless) and CKA
+    would pair different layers: refused in one line naming the drafter."""
+    import shutil
+
+    from drafter_lab.errors import LabError
+
+    src, feats = source
+    other = tmp_path / "other-aux"
+    shutil.copytree(src, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 3, 4]  # SGLang's ids: hidden_states [1, 4, 5]
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LabError, match=r"reads aux layers \[1, 4, 5\] \(hidden_states indices\), the features hold "
+                                       r"\[2, 4, 5\]") as e:
+        probe(other, random_llama, feats, cfg=ProbeConfig(max_sequences=4, pilot_steps=0))
+    assert str(other) in str(e.value)
+
+
+def test_at_home_the_drafter_embeds_with_its_own_targets_embedding(source, random_llama, tmp_path, monkeypatch):
+    """The home accept length is the drafter on its own target: with that target's token embedding, not the
+    new one's (they differ as much as the versions do)."""
+    from transformers import AutoModelForCausalLM
+
+    from drafter_lab.experiments import probe as probe_mod
+
+    src, feats = source
+    model = AutoModelForCausalLM.from_pretrained(str(random_llama))
+    model.get_input_embeddings().weight.data += 0.5
+    old = tmp_path / "old-version"
+    model.save_pretrained(old)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (random_llama / name).exists():
+            (old / name).write_bytes((random_llama / name).read_bytes())
+    seen = []
+    real = probe_mod.evaluate
+    monkeypatch.setattr(probe_mod, "evaluate", lambda drafter, *a, **k: seen.append(drafter) or real(drafter, *a, **k))
+    probe(src, random_llama, feats, old, cfg=ProbeConfig(max_sequences=4, pilot_steps=0, cka_tokens=64))
+    zero_shot, home = seen
+    assert torch.equal(home.embed_tokens.weight, model.get_input_embeddings().weight.detach())
+    assert not torch.equal(zero_shot.embed_tokens.weight, home.embed_tokens.weight)

@@ -113,10 +113,15 @@ def _reproduce(args) -> int:
     from drafter_lab.experiments.reproduce import machine_note, package_note, reproduce
 
     cache = _cache_root(args)
+    reused = cache.is_dir() and any(cache.iterdir())
     new_dir, diffs = reproduce(args.run_dir, Path(args.runs), cache, args.rel_tol)
     con = Console()
     manifests = [json.loads((Path(d) / "manifest.json").read_text()) for d in (args.run_dir, new_dir)]
-    for note in (machine_note(*manifests), package_note(*manifests)):
+    # "identical" covers what ran again: what the cache held (the pair, features, source drafter) was
+    # looked up, not rebuilt
+    cached = (f"the cache {cache} was not empty: the stages it held (target pair, feature sets, source "
+              "drafter) were reused, not rebuilt; --cache EMPTY_DIR rebuilds them") if reused else None
+    for note in (machine_note(*manifests), package_note(*manifests), cached):
         if note:
             con.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     if not diffs:

@@ -101,3 +101,23 @@ def test_package_note_names_each_version_that_moved():
     assert note.startswith("package versions differ from the original's (numpy 2.4.6 -> 2.4.7, "
                            "transformers 5.24.0 -> 5.25.0)")
     assert package_note(here, dict(here)) is None and package_note({}, here) is None
+
+
+@pytest.mark.parametrize("cache_holds, noted", [(False, False), (True, True)])
+def test_identical_says_when_the_cache_supplied_stages(tmp_path, monkeypatch, capsys, cache_holds, noted):
+    """With the original run's cache (the default), the pair, features and source drafter are looked up,
+    not rebuilt: "identical" then covers only what ran again, and says so."""
+    from drafter_lab.cli import main
+    from drafter_lab.experiments import reproduce as reproduce_mod
+
+    orig, new, cache = tmp_path / "orig", tmp_path / "orig-repro", tmp_path / "cache"
+    for d in (orig, new):
+        d.mkdir()
+        (d / "manifest.json").write_text("{}")
+    cache.mkdir()
+    if cache_holds:
+        (cache / "pairs").mkdir()
+    monkeypatch.setattr(reproduce_mod, "reproduce", lambda *a, **k: (new, []))
+    assert main(["reproduce", str(orig), "--runs", str(tmp_path), "--cache", str(cache)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "identical" in out and ("were reused, not rebuilt" in out) == noted

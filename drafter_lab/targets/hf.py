@@ -199,7 +199,10 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it (the shard index when there is one)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = atomic.read_json(index, "shard index is missing", path).get("weight_map", {})
+        data = atomic.read_json(index, "shard index is missing", path)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise LabError("not a shard index (an object whose weight_map names a file per tensor)", index)
         return {name: path / f for name, f in weight_map.items()}
     out = {}
     for f in weight_files(path):

@@ -82,3 +82,6 @@ def test_a_bad_weights_file_is_one_line_naming_it(tmp_path):
     with pytest.raises(LabError, match="cannot read safetensors file") as e:
         load_target_head(path)
     assert str(shard) in str(e.value)
+    (path / "model.safetensors.index.json").write_text("[]")  # valid JSON, no index
+    with pytest.raises(LabError, match="not a shard index"):
+        load_target_head(path)

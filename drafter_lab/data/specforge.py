@@ -34,14 +34,22 @@ from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, load_target_head
 
 FORMAT = "specforge-offline"
+KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
+INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+TAIL = 4096
 
 
 def _listing_hash(root: Path, files: list[Path]) -> str:
-    """Names and sizes of every file: cheap on terabytes, and any added, removed or rewritten
-    sequence changes it."""
+    """Names, sizes and last 4 KiB of every file: cheap on terabytes, and any added, removed or
+    rewritten sequence changes it, so a resume over rewritten files is refused, not mixed with them."""
+    # The tail, not the mtime: torch.save's zip ends with its directory, which holds each tensor's
+    # CRC-32, so other values of the same shape change it, while a copy of the files still resumes.
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.relative_to(root)}:{f.stat().st_size}\n".encode())
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            fh.seek(max(0, size - TAIL))
+            h.update(f"{f.relative_to(root)}:{size}:".encode() + fh.read() + b"\n")
     return h.hexdigest()
 
 
@@ -59,9 +67,14 @@ def _load(path: Path) -> dict:
         d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
         raise LabError(f"cannot read as a SpecForge sample ({str(e).strip().splitlines()[0][:200]})", path) from None
-    missing = sorted({"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"} - set(d))
+    if not isinstance(d, dict):
+        raise LabError(f"holds {type(d).__name__}, not a SpecForge sample (a dict of tensors)", path)
+    missing = sorted(set(KEYS) - set(d))
     if missing:
         raise LabError(f"SpecForge sample lacks {missing}", path)
+    others = [k for k in KEYS if not isinstance(d[k], torch.Tensor)]
+    if others:
+        raise LabError(f"SpecForge sample's {others} are not tensors", path)
     return d
 
 
@@ -70,8 +83,9 @@ def sample_length(path: Path) -> int:
     return len(_flat(_load(path)["input_ids"], path, "input_ids"))
 
 
-def read_sample(path: Path, seq_id: str, hidden: int) -> Sequence:
-    """One SpecForge sample as a Sequence; any missing key or shape that does not fit names the file."""
+def read_sample(path: Path, seq_id: str, hidden: int, vocab: int, dtype: torch.dtype | None = None) -> Sequence:
+    """One SpecForge sample as a Sequence; any missing key, shape, token id, mask value or dtype
+    (`dtype`, the first sample's; None: any) that does not fit names the file."""
     d = _load(path)
     ids, mask = _flat(d["input_ids"], path, "input_ids"), _flat(d["loss_mask"], path, "loss_mask")
     final, aux = d["hidden_state"].squeeze(0), d["aux_hidden_state"].squeeze(0)
@@ -82,6 +96,18 @@ def read_sample(path: Path, seq_id: str, hidden: int) -> Sequence:
             f"{tuple(mask.shape)}, hidden_state {tuple(final.shape)}, aux_hidden_state {tuple(aux.shape)}",
             path,
         )
+    if ids.dtype not in INT_DTYPES:
+        raise LabError(f"input_ids are {ids.dtype}, not integers", path)
+    if n and not (0 <= int(ids.min()) and int(ids.max()) < vocab):  # before .long() and the shard's int32
+        raise LabError(f"input_ids run {int(ids.min())}..{int(ids.max())}, outside the target's vocabulary "
+                       f"0..{vocab - 1}", path)
+    if ((mask != 0) & (mask != 1)).any():
+        raise LabError("loss_mask holds values other than 0 and 1", path)
+    # The shards hold one dtype: another sample's would be cast to it silently.
+    if final.dtype != aux.dtype:
+        raise LabError(f"hidden_state is {final.dtype} but aux_hidden_state {aux.dtype}", path)
+    if dtype is not None and final.dtype != dtype:
+        raise LabError(f"hidden states are {final.dtype}, but the first sample's are {dtype}", path)
     if not (torch.isfinite(final).all() and torch.isfinite(aux).all()):
         raise LabError("NaN or inf in the hidden states", path)
     return Sequence(seq_id=seq_id, input_ids=ids.long(), loss_mask=mask.bool(), aux_hidden=aux, final_hidden=final)
@@ -105,7 +131,7 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
     target = load_target_head(target_dir)
     ours = (default_aux_layer_ids(target.num_layers) if aux_layer_ids is None
             else check_aux_layer_ids([i + 1 for i in aux_layer_ids], target.num_layers, target.path))
-    first = read_sample(files[0], "probe", target.hidden_size)
+    first = read_sample(files[0], "probe", target.hidden_size, target.vocab_size)
     dtype = next((name for name, dt in DTYPES.items() if dt == first.aux_hidden.dtype), None)
     if dtype is None:
         raise LabError(f"hidden states are {first.aux_hidden.dtype}; expected one of {', '.join(DTYPES)}", files[0])
@@ -120,7 +146,7 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
 
     def convert(chunk, advance, put):
         for j, (seq_id, path) in enumerate(chunk):
-            put(j, read_sample(path, seq_id, target.hidden_size))
+            put(j, read_sample(path, seq_id, target.hidden_size, target.vocab_size, first.aux_hidden.dtype))
             advance(1)
 
     manifest = Manifest(target=describe, aux_layer_ids=ours, dtype=dtype, source=source)

@@ -3,6 +3,7 @@ trains, with the aux ids converted, the same split as a capture, and resume."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -84,3 +85,49 @@ def test_a_sample_that_does_not_fit_is_one_line_naming_it(random_llama, features
     (tmp_path / "empty").mkdir()
     with pytest.raises(LabError, match="no \\*.ckpt files"):
         import_specforge(tmp_path / "empty", random_llama, tmp_path / "out2")
+
+
+def _sample(ids, mask=None, dtype=torch.float32, hidden=64):
+    n = len(ids)
+    return {"input_ids": ids, "loss_mask": torch.ones(n, dtype=torch.long) if mask is None else mask,
+            "hidden_state": torch.zeros(1, n, hidden, dtype=dtype), "aux_hidden_state": torch.zeros(1, n, 3 * hidden, dtype=dtype)}
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (lambda v: _sample(torch.tensor([1, v + 100])), "outside the target's vocabulary"),
+    (lambda v: _sample(torch.tensor([-3, 1])), "outside the target's vocabulary"),
+    (lambda v: _sample(torch.tensor([2**40, 1])), "outside the target's vocabulary"),  # 0 once cast to int32
+    (lambda v: _sample(torch.tensor([1.0, 2.5])), "input_ids are torch.float32, not integers"),
+    (lambda v: _sample(torch.tensor([1, 2]), mask=torch.tensor([0.3, 1.0])), "loss_mask holds values other than 0 and 1"),
+    (lambda v: _sample(torch.tensor([1, 2]), dtype=torch.bfloat16), "the first sample's are torch.float32"),
+    (lambda v: 5, "holds int, not a SpecForge sample"),
+    (lambda v: {**_sample(torch.tensor([1, 2])), "input_ids": [1, 2]}, "['input_ids'] are not tensors"),
+])
+def test_a_bad_sample_is_refused_naming_it(random_llama, tmp_path, bad, message):
+    """Each would otherwise be stored as something else (an id wrapped, 2.5 as 2, 0.3 as True, a cast)."""
+    vocab = json.loads((random_llama / "config.json").read_text())["vocab_size"]
+    (tmp_path / "sf").mkdir()
+    torch.save(_sample(torch.tensor([1, 2])), tmp_path / "sf" / "a.ckpt")
+    torch.save(bad(vocab), tmp_path / "sf" / "b.ckpt")
+    with pytest.raises(LabError) as e:
+        import_specforge(tmp_path / "sf", random_llama, tmp_path / "out", val_fraction=0.0, shard_size=1)
+    assert message in str(e.value) and str(tmp_path / "sf" / "b.ckpt") in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_resume_over_rewritten_samples_is_refused(random_llama, tmp_path):
+    """SpecForge run again into the same directory: same names and shapes, other values. The shards
+    written before must not be kept beside ones from the new files."""
+    (tmp_path / "sf").mkdir()
+
+    def write(fill):
+        for k in range(3):
+            torch.save({**_sample(torch.full((8,), fill + k)), "hidden_state": torch.full((1, 8, 64), float(fill)),
+                        "aux_hidden_state": torch.full((1, 8, 192), float(fill))}, tmp_path / "sf" / f"s{k}.ckpt")
+
+    out = tmp_path / "out"
+    write(10)
+    import_specforge(tmp_path / "sf", random_llama, out, val_fraction=0.0, shard_size=1)
+    (out / "train-00000.safetensors").unlink()  # as if killed before the first shard landed
+    write(20)
+    with pytest.raises(LabError, match="other settings \\(listing_sha256"):
+        import_specforge(tmp_path / "sf", random_llama, out, val_fraction=0.0, shard_size=1)

@@ -168,7 +168,10 @@ def _parse_turn(turn, where: str, path) -> dict:
         turn = {"role": "assistant", "content": "", "tool_calls": calls if isinstance(calls, list) else [calls]}
         role, content = "assistant", ""
     content, thought = _thinking_parts(content, where, path)
-    reasoning = next((turn[k] for k in REASONING_FIELDS if turn.get(k) is not None), None)
+    # The first with text, as regenerate_server.ask takes it: a server may send "" under one name and
+    # the thinking under another. An empty one still counts as given (a null answer becomes "").
+    given = [turn[k] for k in REASONING_FIELDS if turn.get(k) is not None]
+    reasoning = next((r for r in given if r), given[0] if given else None)
     if thought is not None:
         if reasoning is not None:
             raise LabError(f"{where}: thinking both as content parts and as reasoning_content (or reasoning, thinking)", path)
@@ -237,10 +240,10 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
         try:
             obj = json.loads(raw)
             json.dumps(obj, ensure_ascii=False).encode()  # json takes a lone UTF-16 surrogate; no tokenizer does
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise LabError(f"{where} is not valid JSON ({e})", path) from None
         except UnicodeEncodeError as e:
             raise LabError(f"{where}: text holds an unpaired surrogate (\\u{ord(e.object[e.start]):04x})", path) from None
+        except (ValueError, RecursionError) as e:  # also nesting too deep, or an integer of over 4300 digits
+            raise LabError(f"{where} is not valid JSON ({e})", path) from None
         if not isinstance(obj, dict):
             raise LabError(f"{where}: expected a JSON object, got {type(obj).__name__}", path)
         turns = obj.get("conversations", obj.get("messages"))

@@ -53,6 +53,8 @@ def test_conversation_without_assistant_is_skipped_or_refused(tmp_path):
     ("bad", "message"),
     [
         ('{"conversations": [{"role": "user", "content": "x"}', "line 3 is not valid JSON"),
+        ("[" * 200_000, "line 3 is not valid JSON (maximum recursion depth exceeded"),  # RecursionError
+        ('{"id": ' + "9" * 5000 + "}", "line 3 is not valid JSON (Exceeds the limit (4300 digits)"),  # ValueError
         ('["not", "an", "object"]', "line 3: expected a JSON object"),
         ('{"conversations": [{"role": "robot", "content": "x"}]}', "line 3: unknown role 'robot'"),
         ('{"conversations": [{"role": "user"}]}', "line 3: a turn lacks role/content"),

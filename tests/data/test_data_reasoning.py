@@ -55,12 +55,15 @@ def test_reads_either_name_and_a_null_answer(tmp_path):
             {"id": "vllm", "conversations": [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning": THOUGHT}]},
             {"id": "cut", "conversations": [*ASKED, {"role": "assistant", "content": None, "reasoning": THOUGHT}]},
             {"id": "none", "conversations": [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning": None,
-                                                      "reasoning_content": ""}]}]
+                                                      "reasoning_content": ""}]},
+            {"id": "empty", "conversations": [*ASKED, {"role": "assistant", "content": ANSWER, "reasoning_content": "",
+                                                       "reasoning": THOUGHT}]}]
     convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", rows))
     turns = [c.messages[-1] for c in convs]
     assert turns[0] == turns[1] == {"role": "assistant", "content": ANSWER, "reasoning_content": THOUGHT}
     assert turns[2] == {"role": "assistant", "content": "", "reasoning_content": THOUGHT}
     assert turns[3] == {"role": "assistant", "content": ANSWER}
+    assert turns[4] == turns[0]  # an empty name does not hide the thinking under the next
     # The id of a conversation without reasoning is what it always was; reasoning tells two apart.
     plain = [*ASKED, {"role": "assistant", "content": ANSWER}]
     blob = json.dumps([[m["role"], m["content"]] for m in plain], ensure_ascii=False)

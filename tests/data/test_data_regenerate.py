@@ -299,3 +299,16 @@ def test_a_regeneration_cached_under_the_legacy_fingerprint_is_reused(random_lla
     assert run_cli(*args) == 0
     assert not calls and list(out.glob("regenerated-*")) == [cache]
     assert Manifest.load(out).target["fingerprint"] == legacy_fingerprint(random_llama) != fingerprint(random_llama)
+
+
+@pytest.mark.parametrize("who", [("--target", "no-such-target"), ("--server", "http://127.0.0.1:9")])
+def test_an_out_that_cannot_be_written_is_refused_before_any_generation(tmp_path, capsys, who):
+    """Not after generating everything: the target is not loaded, the server not asked."""
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(2))
+    (tmp_path / "a.jsonl").mkdir()
+    (tmp_path / "f").touch()
+    for out, message in ((tmp_path / "a.jsonl", "--out is a directory"),
+                         (tmp_path / "f" / "sub" / "a.jsonl", "--out lies below a file")):
+        assert run_cli("data", "regenerate", "--conversations", convs, *who, "--out", out) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {out}: {message}") and err.count("\n") == 1

@@ -7,7 +7,8 @@ source vocab has it, else the target model's own lm_head row for it. `remap=Fals
 they are (the seeds' first, naive attempt: random-level loss because only a few hundred of 32,000
 positions meant the same token in both mappings).
 
-"Target token" means the same token string in both targets. Where the two tokenizers agree (most
+"Target token" means a token of the same bytes in both targets (tokenizer families write them
+differently: byte-level BPE's 'Ã©' and sentencepiece's 'é' are both c3 a9). Where the two tokenizers agree (most
 version bumps) that is the same id; where they differ (a new version's vocabulary, ids moved), the
 new target's ids are translated through both vocabularies (`token_map`) before the lookup, and a
 token the source's vocabulary lacks gets the target's row. The source target's tokenizer comes from
@@ -23,6 +24,7 @@ fresh). A drafter of the target's width embeds with the target's own.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -114,17 +116,75 @@ def used_ids(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(len(d2t)) + d2t
 
 
-def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor | None:
-    """Each new-target id's id in the source target's vocabulary (the same token string, added and
-    special tokens included), -1 where it has none or past the tokenizer (padding rows); None where
-    the two vocabularies are the same, so that ids already name the same tokens."""
-    theirs, mine = source_tokenizer.get_vocab(), new_tokenizer.get_vocab()
-    if theirs == mine:
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+"""A sentencepiece byte-fallback token: that one byte."""
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the byte each character of a byte-level vocabulary stands for."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
+def _json_objects(node):
+    """Every JSON object in a tokenizer.json component, those nested in a Sequence included."""
+    if isinstance(node, dict):
+        yield node
+        node = list(node.values())
+    if isinstance(node, list):
+        for child in node:
+            yield from _json_objects(child)
+
+
+def _vocab_kind(tokenizer) -> str | None:
+    """"byte_level" (GPT-2's byte alphabet), "metaspace" (sentencepiece's '▁' and <0xNN> tokens), or None
+    (tokens are their own text), as the tokenizer's pre-tokenizer and decoder say."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
         return None
+    spec = json.loads(backend.to_str())
+    types = {o.get("type") for o in _json_objects([spec.get("pre_tokenizer"), spec.get("decoder")])}
+    if "ByteLevel" in types:
+        return "byte_level"
+    if types & {"Metaspace", "ByteFallback"} or (spec.get("model") or {}).get("byte_fallback"):
+        return "metaspace"
+    return None
+
+
+def _token_keys(tokenizer) -> dict[int, bytes | str]:
+    """Each id's bytes (what its token stands for in text); an added or special token's content string."""
+    kind = _vocab_kind(tokenizer)
+    added = set(tokenizer.get_added_vocab().values())
+    alphabet = _byte_level_alphabet()
+    keys = {}
+    for token, i in tokenizer.get_vocab().items():
+        fallback = BYTE_FALLBACK.fullmatch(token) if kind == "metaspace" else None
+        if fallback:
+            keys[i] = bytes([int(fallback[1], 16)])
+        elif i in added:
+            keys[i] = token
+        elif kind == "byte_level" and all(c in alphabet for c in token):
+            keys[i] = bytes(alphabet[c] for c in token)
+        else:
+            keys[i] = (token.replace("▁", " ") if kind == "metaspace" else token).encode()
+    return keys
+
+
+def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor | None:
+    """Each new-target id's id in the source target's vocabulary (a token of the same bytes; an added or
+    special token of the same content), -1 where it has none or past the tokenizer (padding rows); None
+    where the two vocabularies are the same, so that ids already name the same tokens. Where the source
+    has two tokens of the same bytes (a byte-fallback <0x41> beside 'A'), its lowest id."""
+    if source_tokenizer.get_vocab() == new_tokenizer.get_vocab():
+        return None
+    theirs: dict[bytes | str, int] = {}
+    for i, key in sorted(_token_keys(source_tokenizer).items()):
+        theirs.setdefault(key, i)
     out = torch.full((vocab_size,), -1, dtype=torch.long)
-    for token, i in mine.items():
+    for i, key in _token_keys(new_tokenizer).items():
         if i < vocab_size:
-            out[i] = theirs.get(token, -1)
+            out[i] = theirs.get(key, -1)
     return out
 
 
@@ -141,6 +201,8 @@ def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | No
             "--source-target"
     recorded = recorded_fingerprint(source_path)
     named = (json.loads((Path(source_path) / "run.json").read_text())["target"].get("path") if recorded else None)
+    if named is not None and not isinstance(named, str):
+        raise LabError(f"run record's target.path is {named!r}, not a string", Path(source_path) / "run.json")
     if not named or not (Path(named) / "config.json").is_file() or \
             recorded not in (fingerprint(named), legacy_fingerprint(named)):
         return None, None

@@ -299,3 +299,51 @@ def test_the_source_targets_tokenizer_is_found_where_its_run_names_it(random_lla
     assert source_tokens(path, None, load_target_head(random_llama)) == (None, found)  # the same tokenizer
     (path / "run.json").write_text(json.dumps({"target": {**run["target"], "fingerprint": "0123456789abcdef"}}))
     assert source_tokens(path, None, target) == (None, None)  # that directory now holds other weights
+
+
+def test_a_token_map_across_tokenizer_families_pairs_tokens_of_the_same_bytes():
+    """A sentencepiece-style vocabulary ('▁' for a space, <0xNN> byte fallback) against a byte-level BPE
+    ('Ġ' for a space, one character per byte): tokens pair by the bytes they stand for, so the new 'é'
+    (c3 a9) is the source's 'Ã©', never its one-byte 'é' (e9); <0xE9> is that byte; special tokens pair
+    by content."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from drafter_lab.targets.tokenizer import train_bpe
+
+    texts = ["Le café est très réputé à côté de l'hôtel. Élève, déjà, été, où, naïve, façade. " * 3,
+             "日本語のテキストです。中文文本。Ñandú, über, Größe, straße. " * 3] * 50
+    texts += [p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))]
+    src = train_bpe(texts, 600)
+    sp = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    sp.normalizer = normalizers.Replace(" ", "▁")
+    sp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    sp.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    specials = ["<unk>", "<s>", "</s>", "<|endoftext|>"] + [f"<0x{i:02X}>" for i in range(256)]
+    sp.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False))
+    new = PreTrainedTokenizerFast(tokenizer_object=sp, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokens = token_map(src, new, len(new) + 8)
+    theirs, mine = src.get_vocab(), new.get_vocab()
+    assert (tokens[len(new):] == -1).all() and (tokens >= 0).sum() > 400
+    assert tokens[mine["é"]] == theirs["Ã©"] and tokens[mine["<0xE9>"]] == theirs["é"]
+    assert tokens[mine["▁de"]] == theirs["Ġde"] and tokens[mine["<|endoftext|>"]] == theirs["<|endoftext|>"]
+    whole = 0  # a pair of tokens each whole UTF-8 on its own decodes to the same text
+    for i in (tokens >= 0).nonzero().flatten().tolist():
+        a = new.convert_tokens_to_string([new.convert_ids_to_tokens(i)])
+        b = src.convert_tokens_to_string([src.convert_ids_to_tokens(int(tokens[i]))])
+        if "\ufffd" not in a + b:
+            whole += 1
+            assert a == b, (i, a, b)
+    assert whole > 300
+
+
+def test_a_run_record_whose_target_path_is_not_a_string_is_one_line(tmp_path):
+    import json
+
+    from drafter_lab.drafter.transfer import source_tokens
+
+    _, path = source(tmp_path, formats.SGLANG)
+    (path / "run.json").write_text(json.dumps({"target": {"path": 5, "fingerprint": "abc"}}))
+    with pytest.raises(LabError) as e:
+        source_tokens(path, None, None)
+    assert str(e.value) == f"{path / 'run.json'}: run record's target.path is 5, not a string"

@@ -135,6 +135,10 @@ def read_checkpoint(path) -> Checkpoint:
             # a bias, an extra norm or experts; layers.0 is the midlayer, so layers.1 is a second layer
             raise LabError(f"tensor {formats.export_name(name, fmt)!r} is not part of a Llama EAGLE-3 midlayer",
                            where[name])
+    for name in (*formats.REQUIRED_TENSORS, formats.EMBED, formats.HEAD):
+        if name in tensors and not tensors[name].is_floating_point():
+            raise LabError(f"tensor {formats.export_name(name, fmt)!r} is {tensors[name].dtype}, not a floating-point "
+                           "weight", where[name])
     n, v = cfg.draft_vocab_size, cfg.target_vocab_size
     if not ckpt.has_head and n != v:
         raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "
@@ -242,11 +246,11 @@ def save_drafter(drafter: Eagle3Drafter, out_dir, fmt: str = formats.SGLANG, dty
 
     `embed=False` leaves out the (frozen, target-owned) token embedding, as EAGLE releases do;
     `head=False` the lm_head of a drafter that shares its target's. `serving`: what a speculators
-    config tells vLLM (formats.speculators_config).
+    config tells vLLM (formats.speculators_config). `dtype`: every float tensor cast to it; None: each
+    keeps its own (and config.json names fc's).
     """
     out_dir = Path(out_dir)
-    dtype = dtype or drafter.fc.weight.dtype
-    cfg = formats.config_for(fmt, drafter.config, dtype, head, **serving)
+    cfg = formats.config_for(fmt, drafter.config, dtype or drafter.fc.weight.dtype, head, **serving)
     tensors = drafter_tensors(drafter, fmt, dtype, embed, head)
     atomic.save_safetensors(tensors, out_dir / WEIGHTS, metadata=formats.file_metadata(drafter.config, fmt))
     atomic.write_json(out_dir / CONFIG, cfg)
@@ -275,7 +279,10 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
     # so it builds, and the export leaves that tensor out as the source did.
     zeros = torch.zeros(c.target_vocab_size, c.hidden_size)
     drafter = build_drafter(ckpt, embed_weight=None if has_embed else zeros, head_weight=zeros)
-    dtype = dtype or ckpt.tensors["fc.weight"].dtype
+    if dtype is None:  # each tensor as the file holds it: fp32 norms beside bf16 linears stay fp32
+        for name, p in drafter.named_parameters():
+            if name in ckpt.tensors:
+                p.data = ckpt.tensors[name]
     serving = {}
     if fmt == formats.SPECULATORS:
         run = _run_record(src)

@@ -252,14 +252,20 @@ def rope_scaling_of(layer: dict, where) -> dict | None:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return None
-    if kind not in ROPE_SCALING_KEYS:
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_KEYS:
         raise LabError(f"RoPE scaling {kind!r} is not supported (plain, {' or '.join(ROPE_SCALING_KEYS)} only)", where)
     missing = [k for k in ROPE_SCALING_KEYS[kind] if not isinstance(params.get(k), int | float)]
     if missing:
         raise LabError(f"{kind} RoPE scaling lacks {', '.join(missing)}", where)
     out = {"rope_type": kind, **{k: float(params[k]) for k in ROPE_SCALING_KEYS[kind]}}
+    if not out["factor"] > 0:  # the slow frequencies are divided by it: 0 gives NaN logits
+        raise LabError(f"{kind} RoPE scaling needs factor > 0, got {params['factor']!r}", where)
     if kind == "llama3":
-        out["original_max_position_embeddings"] = int(params["original_max_position_embeddings"])
+        original = params["original_max_position_embeddings"]
+        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+            raise LabError(f"llama3 RoPE scaling's original_max_position_embeddings is {original!r}, not a positive "
+                           "integer", where)
+        out["original_max_position_embeddings"] = original
         if out["high_freq_factor"] <= out["low_freq_factor"]:
             raise LabError("llama3 RoPE scaling needs high_freq_factor > low_freq_factor", where)
     return out
@@ -284,6 +290,8 @@ def rope_scaling_text(scaling: dict | None) -> str:
 def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
     """DrafterConfig from a config.json of any supported layout; returns (config, format). Every field
     is checked as it is read: a malformed one is a line naming the file, not a traceback."""
+    if not isinstance(data, dict):
+        raise LabError(f"config is {type(data).__name__}, not a JSON object", path)
     fmt = detect_format(data)
     layer = _object(data, "transformer_layer_config", path) if fmt == SPECULATORS else data
     _refuse_other_families(data, layer, path)
@@ -299,6 +307,13 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
             raise LabError("config sets tie_word_embeddings=true: SGLang would take the embedding as the head and "
                            "drop lm_head.weight (set it false if lm_head.weight is the head)", path)
         aux = [i + 1 for i in _ids(_object(data, "eagle_config", path), "eagle_aux_hidden_state_layer_ids", path)]
+        # vLLM's own configs put them at the top level, in its convention (hf_hidden_states), and vLLM reads
+        # only those
+        top = _ids(data, "eagle_aux_hidden_state_layer_ids", path)
+        if aux and top and aux != top:
+            raise LabError(f"config's aux layer ids disagree: eagle_config's {[i - 1 for i in aux]} (output of layer "
+                           f"i, hidden_states {aux}) and the top-level {top} (hidden_states)", path)
+        aux = aux or top
         norm_before_residual = _flag(data, "norm_before_residual", path)
     hidden = _positive(layer, "hidden_size", path)
     heads = _positive(layer, "num_attention_heads", path)
@@ -321,6 +336,11 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
         max_position_embeddings=_positive(layer, "max_position_embeddings", path, 4096),
         norm_before_residual=norm_before_residual,
     )
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise LabError(f"config's num_attention_heads ({cfg.num_attention_heads}) is not a multiple of "
+                       f"num_key_value_heads ({cfg.num_key_value_heads})", path)
+    if cfg.head_dim % 2:  # RoPE rotates the two halves of each head
+        raise LabError(f"config's head_dim {cfg.head_dim} is odd: RoPE needs an even one", path)
     return cfg, fmt
 
 

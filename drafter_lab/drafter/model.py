@@ -233,7 +233,8 @@ class Eagle3Drafter(nn.Module):
         S = k_cache.shape[2]
         valid = torch.arange(S, device=embeds.device)[None] <= cache_lens[:, None]  # [B, S]
         kk = attn.expand_kv(k_cache.to(q.dtype))
-        vv = attn.expand_kv(v_cache.to(q.dtype))
+        # entries past cache_lens get probability 0, but 0 * inf (or NaN) is NaN: stale entries are zeroed
+        vv = attn.expand_kv(v_cache.to(q.dtype)).masked_fill(~valid[:, None, :, None], 0)
         scores = torch.matmul(q, kk.transpose(-1, -2)) * attn.cfg.head_dim ** -0.5  # [B, nh, 1, S]
         scores = scores.masked_fill(~valid[:, None, None, :], torch.finfo(scores.dtype).min)
         probs = torch.softmax(upcast(scores), -1).to(q.dtype)

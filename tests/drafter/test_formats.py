@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from drafter_lab.cli import main
 from drafter_lab.data.vocab import DraftVocab
 from drafter_lab.drafter import formats
-from drafter_lab.drafter.checkpoint import export, load_drafter, read_checkpoint, save_drafter
+from drafter_lab.drafter.checkpoint import export, load_drafter, read_checkpoint, read_vocab, save_drafter
 from drafter_lab.drafter.config import FORMATS
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import init_from
@@ -138,6 +138,36 @@ def test_shape_mismatch_names_tensor(tmp_path, drafter):
         load_drafter(d)
 
 
+def test_a_non_float_weight_or_a_config_not_an_object_is_one_line_naming_the_file(tmp_path, drafter):
+    d = _foreign(tmp_path, drafter, "bool", lambda k: k, formats.sglang_config(drafter.config, torch.float32))
+    state = load_file(str(d / "model.safetensors"))
+    save_file({**state, "fc.weight": state["fc.weight"] > 0}, str(d / "model.safetensors"))
+    with pytest.raises(LabError) as e:
+        load_drafter(d)
+    assert str(e.value) == f"{d / 'model.safetensors'}: tensor 'fc.weight' is torch.bool, not a floating-point weight"
+    (d / "config.json").write_text("[1, 2]")
+    for read in (read_checkpoint, read_vocab):
+        with pytest.raises(LabError) as e:
+            read(d)
+        assert str(e.value) == f"{d / 'config.json'}: config is list, not a JSON object"
+
+
+def test_an_export_without_a_dtype_keeps_each_tensors_own(tmp_path, drafter):
+    """A mixed-precision save (bf16 linears, fp32 norms) keeps its fp32 norms; a dtype casts them all."""
+    mixed = {k: v.bfloat16() if v.ndim == 2 else v for k, v in drafter.state_dict().items()}
+    d = _foreign(tmp_path, drafter, "mixed", lambda k: k, formats.sglang_config(drafter.config, torch.bfloat16))
+    save_file(mixed, str(d / "model.safetensors"))
+    export(d, formats.SPECULATORS, tmp_path / "sp")
+    out = load_file(str(tmp_path / "sp/model.safetensors"))
+    for name, t in mixed.items():
+        assert out[formats.export_name(name, formats.SPECULATORS)].dtype == t.dtype, name
+        assert torch.equal(out[formats.export_name(name, formats.SPECULATORS)], t), name
+    assert json.loads((tmp_path / "sp/config.json").read_text())["torch_dtype"] == "bfloat16"
+    export(d, formats.SGLANG, tmp_path / "bf16", dtype=torch.bfloat16)
+    assert {t.dtype for t in load_file(str(tmp_path / "bf16/model.safetensors")).values() if t.is_floating_point()} \
+        == {torch.bfloat16}
+
+
 def test_unsupported_variant_and_truncated_file(tmp_path, drafter):
     cfg = formats.sglang_config(drafter.config, torch.float32)
     d = _foreign(tmp_path, drafter, "variant", lambda k: k, {**cfg, "norm_before_fc": True})
@@ -201,12 +231,29 @@ def _without(cfg, *keys):
     ("speculators", lambda c: _with_layer(c, mlp_bias=0), "'mlp_bias' is 0, not true or false"),
     ("sglang", lambda c: {**c, "eagle_config": {**c["eagle_config"], "use_aux_hidden_state": "false"}},
      "'use_aux_hidden_state' is 'false', not true or false"),
+    ("sglang", lambda c: {**c, "num_key_value_heads": 3}, "num_attention_heads (4) is not a multiple of "
+     "num_key_value_heads (3)"),
+    ("speculators", lambda c: _with_layer(c, head_dim=15), "head_dim 15 is odd: RoPE needs an even one"),
 ])
 def test_a_malformed_config_value_is_one_line_naming_the_file(drafter, layout, change, problem):
     cfg = formats.config_for(layout, drafter.config, torch.float32)
     with pytest.raises(LabError) as e:
         formats.parse_config(change(cfg), "cfg.json")
     assert str(e.value) == f"cfg.json: config's {problem}"
+
+
+def test_vllms_top_level_aux_ids_are_read_as_vllm_reads_them(drafter):
+    """vLLM's own Eagle3LlamaForCausalLM configs carry the ids at the top level, as hf_hidden_states
+    indices (vLLM reads only those); SGLang's eagle_config holds "output of layer i" (one less)."""
+    sg = formats.sglang_config(drafter.config, torch.float32)
+    top = {"eagle_aux_hidden_state_layer_ids": drafter.config.aux_layer_ids}
+    vllm = {**_without(sg, "eagle_config"), "architectures": ["Eagle3LlamaForCausalLM"], **top}
+    assert formats.parse_config(vllm, "c")[0].aux_layer_ids == [2, 4, 5] == drafter.config.aux_layer_ids
+    assert formats.parse_config({**sg, **top}, "c")[0].aux_layer_ids == [2, 4, 5]  # both, agreeing
+    with pytest.raises(LabError) as e:
+        formats.parse_config({**sg, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]}, "c")
+    assert str(e.value) == ("c: config's aux layer ids disagree: eagle_config's [1, 3, 4] (output of layer i, "
+                            "hidden_states [2, 4, 5]) and the top-level [1, 3, 4] (hidden_states)")
 
 
 def test_a_missing_norm_before_residual_reads_as_vllm_and_sglang_read_it(drafter):
@@ -429,6 +476,13 @@ def test_rope_scaling_is_read_from_either_layout_kept_and_checked(tmp_path):
                              ({"type": "dynamic", "factor": 2.0}, "RoPE scaling 'dynamic' is not supported"),
                              ({"rope_type": "llama3", "factor": 8.0}, "llama3 RoPE scaling lacks low_freq_factor"),
                              ({**LLAMA3, "high_freq_factor": 1.0}, "needs high_freq_factor > low_freq_factor"),
+                             ({"rope_type": "linear", "factor": 0}, "linear RoPE scaling needs factor > 0, got 0"),
+                             ({**LLAMA3, "factor": -8.0}, "llama3 RoPE scaling needs factor > 0, got -8.0"),
+                             ({**LLAMA3, "original_max_position_embeddings": 64.7},
+                              "original_max_position_embeddings is 64.7, not a positive integer"),
+                             ({**LLAMA3, "original_max_position_embeddings": 0},
+                              "original_max_position_embeddings is 0, not a positive integer"),
+                             ({"rope_type": ["llama3"]}, r"RoPE scaling \['llama3'\] is not supported"),
                              ("linear", "rope_scaling is not a JSON object")):
         with pytest.raises(LabError, match=problem) as e:
             formats.parse_config({**layer, "rope_scaling": scaling}, tmp_path / "config.json")

@@ -207,3 +207,23 @@ def test_to_target_ids_uses_d2t_offsets():
     d = random_drafter(cfg, seed=5)
     used = torch.nonzero(d.t2d).flatten()
     assert torch.equal(d.to_target_ids(torch.arange(cfg.draft_vocab_size)), used)
+
+
+def test_draft_step_ignores_non_finite_garbage_past_the_cache_length():
+    """Entries past cache_lens get probability 0, yet 0 * inf is NaN: stale inf/NaN there change nothing,
+    as in the fused op."""
+    cfg = small_config()
+    d = random_drafter(cfg, seed=6)
+    g = torch.Generator().manual_seed(7)
+    lens = torch.tensor([2, 0, 5])
+    e, h = torch.randn(3, 48, generator=g, dtype=torch.float64), torch.randn(3, 120, generator=g, dtype=torch.float64)
+    clean = d.new_kv_cache(3, 8)
+    dirty = [t.clone() for t in clean]
+    for b, n in enumerate(lens.tolist()):
+        dirty[0][b, :, n + 1:] = float("nan")
+        dirty[1][b, :, n + 1:] = float("inf")
+    with torch.no_grad():
+        want = d.draft_step(e, h, lens, *clean, lens, topk=3)
+        got = d.draft_step(e, h, lens, *dirty, lens, topk=3)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)

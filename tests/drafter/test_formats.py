@@ -354,6 +354,22 @@ def _serving_target(cfg, seed=3):
     return SimpleNamespace(hidden_size=cfg.hidden_size, embed_weight=lambda: embed, lm_head_weight=lambda: head)
 
 
+def test_a_head_without_draft_vocab_size_is_noted_as_sglang_would_replace_it(tmp_path, monkeypatch):
+    """SGLang loads its target's lm_head over the file's when the config has no draft_vocab_size; vLLM
+    (and the lab) use the file's: the engines disagree, and reading such a drafter says so."""
+    from drafter_lab.drafter import checkpoint
+
+    drafter = _whole_vocab_drafter()
+    config = formats.sglang_config(drafter.config, torch.float32)
+    lines = []
+    monkeypatch.setattr(checkpoint, "log", lines.append)
+    read_checkpoint(_foreign(tmp_path, drafter, "sized", lambda k: k, config))
+    assert lines == []
+    bare = _foreign(tmp_path, drafter, "bare", lambda k: k, {k: v for k, v in config.items() if k != "draft_vocab_size"})
+    assert read_checkpoint(bare).has_head
+    assert len(lines) == 1 and "no draft_vocab_size, so SGLang would serve this drafter with its target's lm_head" in lines[0]
+
+
 def test_a_drafter_sharing_its_targets_head_and_vocab_loads_as_engines_serve_it(tmp_path):
     """No lm_head, d2t or t2d in the file: SGLang (draft_vocab_size absent) and vLLM serve such a drafter
     with the target's head over the whole vocabulary, draft ids being target ids."""

@@ -36,10 +36,13 @@ def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
     ids = [int(i) for i in ids]
     if len(ids) != 3:
         raise LabError(f"need exactly 3 aux layer ids, got {ids}", where)
-    bad = [i for i in ids if not 0 <= i <= num_layers]
+    # hidden_states[L] is the final norm's output, which no engine captures (SGLang and vLLM take the
+    # residual stream before a layer runs): an EAGLE-3 drafter reads 0..L-1
+    bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
         raise LabError(
-            f"aux layer id(s) {bad} out of range: hidden_states indices run 0..{num_layers}", where
+            f"aux layer id(s) {bad} out of range: hidden_states indices run 0..{num_layers - 1} "
+            f"({num_layers} is the final norm's output, which serving engines do not capture)", where
         )
     return ids
 

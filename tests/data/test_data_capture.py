@@ -118,7 +118,8 @@ def nan_model(root: Path, model: Path) -> Path:
         ("corrupt model dir", "config.json: not valid JSON"),
         ("invalid JSON line", "line 2 is not valid JSON"),
         ("no assistant turn under --strict", "line 1: conversation has no assistant turn (--strict)"),
-        ("aux ids out of range", "aux layer id(s) [9] out of range: hidden_states indices run 0..8"),
+        ("aux ids out of range", "aux layer id(s) [9] out of range: hidden_states indices run 0..7"),
+        ("aux id at the final norm", "aux layer id(s) [8] out of range: hidden_states indices run 0..7 (8 is the final norm's"),
         ("empty conversations file", "no conversation with an assistant turn"),
         ("target computing NaN", "target produced NaN/inf hidden states on sequence"),
         ("tokenizer past the embedding", "the tokenizer's ids run to 513, past the model's 512-row embedding"),
@@ -139,6 +140,8 @@ def test_bad_input_one_line_exit_2_no_output(case, message, random_llama, tmp_pa
         extra = ["--strict"]
     elif case == "aux ids out of range":
         extra = ["--aux-layer-ids", "2,4,9"]
+    elif case == "aux id at the final norm":
+        extra = ["--aux-layer-ids", "2,4,8"]
     elif case == "empty conversations file":
         convs = write_jsonl(tmp_path / "c.jsonl", [])
     elif case == "tokenizer past the embedding":

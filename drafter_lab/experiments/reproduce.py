@@ -82,6 +82,8 @@ def compare(a: dict, b: dict, rel_tol: float = 0.0) -> list[tuple[str, object, o
     for key in sorted(set(a) | set(b)):
         x, y = a.get(key), b.get(key)
         if isinstance(x, float) and isinstance(y, float):
+            if math.isnan(x) and math.isnan(y):  # a metric undefined in both runs (e.g. no position reached)
+                continue
             if not math.isclose(x, y, rel_tol=rel_tol, abs_tol=0.0 if rel_tol == 0 else 1e-12):
                 diffs.append((key, x, y))
         elif x != y:

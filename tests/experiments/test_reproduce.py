@@ -74,6 +74,8 @@ def test_compare_tolerance_types_and_missing_keys():
     b = {"x": 1.0 + 1e-9, "y": 2.0, "verdict": "train from scratch"}
     assert {k for k, _, _ in compare(a, b)} == {"x", "verdict", "only_a"}
     assert {k for k, _, _ in compare(a, b, rel_tol=1e-6)} == {"verdict", "only_a"}
+    nan = float("nan")  # undefined in both runs: the same result, not a difference
+    assert [k for k, _, _ in compare({"z": nan, "w": nan}, {"z": nan, "w": 1.0})] == ["w"]
 
 
 def test_runs_recorded_before_the_pilot_and_the_ngram_baseline_reproduce_without_them(tmp_path):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,8 +206,8 @@ def _parse_turn(turn, where: str, path) -> dict:
         out["token_ids"] = ids
         temperature = turn.get("temperature")
         if temperature is not None:
-            if type(temperature) not in (int, float) or not temperature >= 0:
-                raise LabError(f"{where}: temperature must be a number >= 0", path)
+            if type(temperature) not in (int, float) or not 0 <= temperature < math.inf:  # JSON's Infinity too
+                raise LabError(f"{where}: temperature must be a finite number >= 0", path)
             out["temperature"] = temperature
         fp = turn.get("target_fingerprint")
         if fp is not None:

@@ -129,6 +129,10 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
         raise LabError(f"need 0 <= val_fraction < 1 and shard_size >= 1, got {val_fraction} and {shard_size}")
     check_out_dir(out)
     target = load_target_head(target_dir)
+    if aux_layer_ids is not None and not all(0 <= i < target.num_layers - 1 for i in aux_layer_ids):
+        # told in SpecForge's ids, as typed, not in the hidden_states indices they become
+        raise LabError(f"aux layer ids {list(aux_layer_ids)} out of range: SpecForge's (the output of layer i) run "
+                       f"0..{target.num_layers - 2} for a target of {target.num_layers} layers", target.path)
     ours = (default_aux_layer_ids(target.num_layers) if aux_layer_ids is None
             else check_aux_layer_ids([i + 1 for i in aux_layer_ids], target.num_layers, target.path))
     first = read_sample(files[0], "probe", target.hidden_size, target.vocab_size)

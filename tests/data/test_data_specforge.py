@@ -68,6 +68,10 @@ def test_rerun_resumes_and_rewrites_the_same_shard(random_llama, features, tmp_p
     assert all(p.stat().st_mtime_ns == stamps[p] for p in shards[1:])
     with pytest.raises(LabError, match="other settings"):
         import_specforge(tmp_path / "sf", random_llama, out, shard_size=4, aux_layer_ids=[0, 1, 2])
+    # SpecForge's ids, told as typed: 7 is the 8-layer target's last layer, hidden_states[8] (the final norm)
+    with pytest.raises(LabError, match=r"aux layer ids \[1, 3, 7\] out of range: SpecForge's \(the output of layer i\) "
+                                       r"run 0..6 for a target of 8 layers"):
+        import_specforge(tmp_path / "sf", random_llama, tmp_path / "other", aux_layer_ids=[1, 3, 7])
 
 
 def test_a_sample_that_does_not_fit_is_one_line_naming_it(random_llama, features, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -112,8 +113,9 @@ def run(args) -> int:
         source_target=args.source_target, online=online,
         stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
     )
-    print(json.dumps(result))
-    if cfg.drafter_norm_before_residual:  # the run directory is in SGLang's layout, which has no such switch
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns it: one line for a script
+        print(json.dumps(result))
+    if cfg.drafter_norm_before_residual and int(os.environ.get("RANK", "0")) == 0:  # SGLang's layout has no such switch
         from drafter_lab.progress import log
 
         log(f"note: {args.out} is a norm_before_residual drafter: vLLM serves it (this directory, or `export "

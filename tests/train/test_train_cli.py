@@ -23,3 +23,16 @@ def test_an_unreadable_config_is_one_line_naming_it(tmp_path):
         load_config(tmp_path / "bin.toml")
     with pytest.raises(LabError, match=f"^{tmp_path}: cannot read"):
         load_config(tmp_path)
+
+
+@pytest.mark.parametrize("rank, lines", [("0", 1), ("1", 0)])
+def test_only_rank_0_prints_the_result(monkeypatch, capsys, tmp_path, rank, lines):
+    """Under torchrun every rank returns the final metrics: a script reading stdout gets them once."""
+    from drafter_lab.cli import main
+    from drafter_lab.train import loop
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(loop, "train", lambda *a, **k: {"step": 11, "loss_0": 1.0})
+    assert main(["train", "--target", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 0
+    assert capsys.readouterr().out.count('"step": 11') == lines
+

@@ -93,7 +93,7 @@ def _dist_rank() -> int:
 
 def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     """Load with transformers' tensor-parallel plan; torch.distributed starts from torchrun's env."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
         from transformers import DistributedConfig
@@ -102,6 +102,12 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     except ImportError:  # transformers 4.x takes the plan directly
         tp = {"tp_plan": "auto"}
     fp = fingerprint(path)  # one-line error for a directory without config.json
+    config, world = AutoConfig.from_pretrained(str(path)).get_text_config(), int(os.environ["WORLD_SIZE"])
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    if heads % world or kv % world:  # else every rank fails deep in the attention with a raw traceback
+        raise LabError(f"{world} ranks do not divide the target's {heads} attention heads and {kv} key/value heads: "
+                       "run tensor-parallel capture on a divisor of both", path)
     try:
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)

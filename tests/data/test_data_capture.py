@@ -324,3 +324,12 @@ def test_a_regeneration_temperature_that_is_no_finite_number_is_one_line(tempera
 
     with pytest.raises(LabError, match="temperature must be a finite number >= 0"):
         check_config(CaptureConfig(temperature=temperature))
+
+
+def test_tensor_parallel_capture_on_a_rank_count_that_does_not_divide_the_heads_is_one_line(random_llama,
+                                                                                            monkeypatch):
+    from drafter_lab.data.capture import _load_tp_target
+
+    monkeypatch.setenv("WORLD_SIZE", "3")  # 4 heads, 2 key/value heads
+    with pytest.raises(LabError, match="3 ranks do not divide the target's 4 attention heads and 2 key/value heads"):
+        _load_tp_target(random_llama, None)

@@ -253,10 +253,14 @@ def parse(argv) -> argparse.Namespace:
     cpu = args.device == "cpu"
     args.shapes = args.shapes or (["tiny", "small"] if cpu else ["llama3.1-8b", "kimi-k2"])
     args.batch = args.batch or ([1, 4] if cpu else [1, 8, 32])
-    args.context = 128 if cpu and args.context is None else (args.context or 1024)
+    args.context = 128 if cpu and args.context is None else (1024 if args.context is None else args.context)
     args.dtype = args.dtype or ("fp32" if cpu else "bf16")
-    args.reps = args.reps or (10 if cpu else 200)
+    args.reps = 10 if cpu and args.reps is None else (200 if args.reps is None else args.reps)
     args.warmup = args.warmup if args.warmup is not None else (2 if cpu else 20)
+    bad = [f"--{k} {getattr(args, k)}" for k in ("context", "topk", "copies", "reps") if getattr(args, k) < 1]
+    bad += [f"--batch {b}" for b in args.batch if b < 1] + ([f"--warmup {args.warmup}"] if args.warmup < 0 else [])
+    if bad:  # each was a traceback deep in the op, or silently replaced by its default
+        ap.error(f"{', '.join(bad)}: must be >= 1 (--warmup >= 0)")
     return args
 
 
@@ -274,6 +278,8 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise LabError("--device cuda: no CUDA device is visible")
+    if device.type == "cuda":  # the timer's events, synchronize() and the graphs' side stream use the current one
+        torch.cuda.set_device(device)
     if not ds.available(device):
         raise LabError(f"the fused draft_step op has no {device.type} kernel: build drafter_lab._C first")
     timer = Timer(device, args.reps, args.warmup)

@@ -50,3 +50,12 @@ def test_bench_rejects_missing_gpu(monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
     with pytest.raises(bench.LabError, match="no CUDA device"):
         bench.main(["--device", "cuda"])
+
+
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--batch", "1", "-1"], ["--topk", "0"], ["--copies", "0"],
+                                  ["--context", "0"], ["--reps", "0"], ["--warmup", "-1"]])
+def test_bench_refuses_counts_below_one(argv, capsys):
+    """Each was a traceback deep in the op (batch, topk, copies) or silently its default (context, reps)."""
+    with pytest.raises(SystemExit) as e:
+        bench.parse(["--device", "cpu", *argv])
+    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err

@@ -149,9 +149,10 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
     steps, verified tokens and batch (the settings its accept length is priced at), and an n-gram
     lookup's host time and no-match share."""
     over: dict = {}
-    if "draft_step_us" in data:  # a measured step (an n-gram lookup's too) replaces the tables
-        over.update(draft_step_us=positive(data["draft_step_us"], "draft_step_us", path), draft_step_us_by_batch={},
-                    draft_extend_us_by_batch={})
+    if "draft_step_us" in data:
+        over["draft_step_us"] = positive(data["draft_step_us"], "draft_step_us", path)
+        if "draft_step_us_by_batch" not in data:  # a lone step (an n-gram lookup's) replaces the tables; beside
+            over.update(draft_step_us_by_batch={}, draft_extend_us_by_batch={})  # a table, an earlier file's stay
     for key in ("draft_step_us_by_batch", "draft_extend_us_by_batch"):
         if key in data:
             over[key] = _batch_table(data[key], key, path)

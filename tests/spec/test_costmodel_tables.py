@@ -35,3 +35,25 @@ def test_the_depth_table_prices_chains_at_one_drafter_row_per_sequence():
         want = CostModel(dataclasses.replace(chain, steps=steps, verify_tokens=steps + 1))
         assert row["cycle_ms"] == pytest.approx(want.cycle_ms())
     assert CostModel(dataclasses.replace(chain, steps=1, verify_tokens=2)).draft_step_us == 100.0
+
+
+def test_the_order_of_inputs_keeps_the_draft_extend_table(tmp_path):
+    """bench verify writes the extend table, the draft-forward bench a step with its table: folded in either
+    order, the extend cost stays (it was dropped when the step file came second)."""
+    import json
+
+    from drafter_lab.spec.costinputs import apply_inputs
+
+    verify, forward = tmp_path / "verify.json", tmp_path / "forward.json"
+    verify.write_text(json.dumps({"draft_step_us": 150.0, "draft_step_us_by_batch": {"1": 150.0},
+                                  "draft_extend_us_by_batch": {"1": 400.0}}))
+    forward.write_text(json.dumps({"draft_step_us": 300.0, "draft_step_us_by_batch": {"1": 300.0}}))
+    for files in ((verify, forward), (forward, verify)):
+        cfg = PRESETS[SEEDS]
+        for f in files:
+            cfg = apply_inputs(cfg, f)[0]
+        assert cfg.draft_extend_us_by_batch == {1: 400.0}
+    lone = tmp_path / "ngram.json"  # a lone measured step (an n-gram lookup) still replaces every table
+    lone.write_text(json.dumps({"draft_step_us": 12.0}))
+    cfg = apply_inputs(apply_inputs(PRESETS[SEEDS], verify)[0], lone)[0]
+    assert (cfg.draft_step_us, cfg.draft_step_us_by_batch, cfg.draft_extend_us_by_batch) == (12.0, {}, {})

@@ -48,11 +48,12 @@ import torch.multiprocessing as mp
 from drafter_lab.atomic import write_json
 from drafter_lab.errors import LabError, run_module
 from drafter_lab.kernels import _ext
+from drafter_lab.kernels.allreduce import BACKENDS as OURS
 from drafter_lab.kernels.allreduce import Communicator
 from drafter_lab.progress import log
 
 SIZES = [1 << k for k in range(10, 21)]  # 1 KB .. 1 MB
-BACKENDS = ("cpu", "cuda-host", "cuda-ipc", "gloo", "nccl")
+BACKENDS = (*OURS, "gloo", "nccl")
 MAX_RANKS = 16  # the communicator's segment has room for 16 ranks (csrc/allreduce/layout.h kMaxRanks)
 HIDDEN = 7168
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -98,7 +99,7 @@ class _Group:
         self.comms = {
             b: Communicator(rank, world, store=store, name=b, backend=b, timeout_s=timeout_s, device=_device(b, rank))
             for b in backends
-            if b in ("cpu", "cuda-host", "cuda-ipc")
+            if b in OURS
         }
         self.store = store
 
@@ -287,7 +288,7 @@ def latency_table(args) -> dict:
     all_results = {}
     for world in args.ranks:
         wargs = _for_world(args, world)
-        ours = [b for b in wargs.backends if b in ("cpu", "cuda-host", "cuda-ipc")]
+        ours = [b for b in wargs.backends if b in OURS]
         base = [b for b in wargs.backends if b not in ours]
         results, algos = _run(_latency_worker, world, wargs, len(args.sizes), f"all-reduce, {world} ranks")
         all_results[world] = results

@@ -11,6 +11,7 @@ kernel drops the lock when its holder dies).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -30,11 +31,9 @@ class Journal:
         self._file = None  # binary, and locked, while this run writes
         self._cut = False  # the first append cuts the file back to its whole lines
         if write:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # none yet: made and locked at the first append
                 self._file = open(self.path, "r+b")
-            except FileNotFoundError:
-                pass  # made and locked at the first append
-            else:
+            if self._file is not None:
                 self._lock()
         try:
             self.records, self._whole_bytes = self._read()

@@ -204,7 +204,7 @@ def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | No
     if named is not None and not isinstance(named, str):
         raise LabError(f"run record's target.path is {named!r}, not a string", Path(source_path) / "run.json")
     if not named or not (Path(named) / "config.json").is_file() or \
-            recorded not in (fingerprint(named), legacy_fingerprint(named)):
+            (recorded != fingerprint(named) and recorded != legacy_fingerprint(named)):
         return None, None
     try:
         tokens = token_map(load_tokenizer(named), load_tokenizer(target.path), target.vocab_size)

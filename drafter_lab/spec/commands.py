@@ -293,7 +293,7 @@ def _sweep_journal(args, target, drafter, sets):
                                          "dtype", "fused")}
     timed_on = {"timed_on": {"device": str(target.device), "threads": torch.get_num_threads()}}
     return _journal(args, target.tokenizer, {
-        "target": recorded_name(target.path, before.get("target")),
+        "target": before["target"] if target.known_as(before.get("target")) else target.fingerprint,
         "drafter": drafter.cfg.describe() if args.ngram else recorded_name(args.drafter, before.get("drafter")),
         "prompts": {name: atomic.sha256_file(path) for name, (path, _) in sets.items()}, **same,
         **(timed_on if not before or "timed_on" in before else {}),  # a journal begun before it resumes as it was

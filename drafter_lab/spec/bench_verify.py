@@ -5,15 +5,19 @@
 The cost model prices a verify of B rows x T tokens as per-layer compute that grows by
 `verify_token_compute_us` per token; nothing measured that growth. This times the pass the engine
 runs each cycle (`TargetRunner.verify` over a chain of T tokens per row, after a prefill of
-`--context` tokens; with T = 1 it is a plain decode step) at every (B, T), rolling the cache back
-after each pass, median of `--reps` synchronised passes. With `--drafter` it also times, at each
+`--context` tokens; with T = 1 it is a plain decode step, always measured since the baseline is
+priced from it) at every (B, T), rolling the cache back after each pass, median of `--reps`
+synchronised passes. With `--drafter` the passes also return the drafter's aux hidden states, as
+the engine's verify does, and it also times, at each
 batch and the same context, one draft step and the draft extend (the drafter's pass over
 `--extend-tokens` accepted tokens per row, which also yields the next cycle's first draft). It
-prints the table and the line ms = a + b x (B x T) fitted over every point, with its worst error:
+prints the table and (given two token counts B x T) the line ms = a + b x (B x T) fitted over every
+point, with its worst error:
 b per layer is the `--verify-token-compute-us` of a deployment priced per layer (a
 tensor-parallel preset). `--json` writes a cost-model inputs file
 that prices this device itself: the target's shape as a one-device deployment (layers, hidden
-size, dtype bytes, no all-reduces, no host overhead per cycle), `decode_ms`, the passes
+size, dtype bytes, no all-reduces, no host overhead per cycle), `decode_ms` (the T = 1 pass at the
+smallest batch measured), the passes
 (`verify_ms_by_tokens`, read at each setting's batch and tokens) and, with a drafter,
 `draft_step_us_by_batch` and `draft_extend_us_by_batch`.
 """
@@ -57,6 +61,8 @@ def parse(argv) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if min(args.context, args.reps, args.extend_tokens) < 1 or min(args.warmup, args.threads) < 0:
         raise LabError("--context, --reps and --extend-tokens must be >= 1, --warmup and --threads >= 0")
+    if 1 not in args.tokens:
+        args.tokens = [1, *args.tokens]
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -80,10 +86,11 @@ def median_ms(fn, after, device: torch.device, reps: int, warmup: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def time_verify(target, batch: int, tokens: int, args, gen: torch.Generator) -> float:
-    """One verify of `tokens` per row over `batch` rows of `args.context` committed tokens."""
+def time_verify(target, aux_ids: list[int], batch: int, tokens: int, args, gen: torch.Generator) -> float:
+    """One verify of `tokens` per row over `batch` rows of `args.context` committed tokens, returning
+    the aux hidden states of `aux_ids` (none: logits only)."""
     dev = target.device
-    runner = TargetRunner(target.model, [], target.path)
+    runner = TargetRunner(target.model, aux_ids, target.path)
     ids = torch.randint(target.vocab_size, (batch, args.context + tokens), generator=gen).to(dev)
     lens = torch.full((batch,), args.context, device=dev)
     runner.prefill(ids[:, : args.context], lens, aux=False)
@@ -91,7 +98,7 @@ def time_verify(target, batch: int, tokens: int, args, gen: torch.Generator) -> 
     ancestors = tree.ancestors()
     path = torch.zeros(batch, 1, dtype=torch.long, device=dev)
     none = torch.zeros(batch, dtype=torch.long, device=dev)
-    return median_ms(lambda: runner.verify(tree.tokens, tree.depth, ancestors, aux=False),
+    return median_ms(lambda: runner.verify(tree.tokens, tree.depth, ancestors, aux=bool(aux_ids)),
                      lambda: runner.commit(path, none, tokens), dev, args.reps, args.warmup)
 
 
@@ -114,15 +121,16 @@ def time_draft_step(drafter, batch: int, args, gen: torch.Generator) -> float:
                                args.warmup)
 
 
-def fit_verify(table: dict[int, dict[int, float]]) -> tuple[float, float, float]:
+def fit_verify(table: dict[int, dict[int, float]]) -> tuple[float, float, float] | None:
     """Least-squares line ms = a + b x n through passes of n = batch x tokens tokens; returns
-    (a, b, the worst relative error of the line at a measured point)."""
+    (a, b, the worst relative error of the line at a measured point), or None where every pass
+    carried the same number of tokens."""
     points = [(b * t, ms) for b, row in table.items() for t, ms in row.items()]
     n_mean = sum(n for n, _ in points) / len(points)
     ms_mean = sum(ms for _, ms in points) / len(points)
     spread = sum((n - n_mean) ** 2 for n, _ in points)
     if spread == 0:
-        raise LabError("fitting a line needs passes of at least two token counts (B x T)")
+        return None
     slope = sum((n - n_mean) * (ms - ms_mean) for n, ms in points) / spread
     a = ms_mean - slope * n_mean
     return a, slope, max(abs(a + slope * n - ms) / ms for n, ms in points)
@@ -159,6 +167,7 @@ def main(argv=None) -> int:
     target = load_target(args.target, device=args.device, dtype=DTYPES[args.dtype], tokenizer=False)
     drafter = load_for_target(args.drafter, target, allow_other_target=True).to(DTYPES[args.dtype]) \
         if args.drafter else None
+    aux_ids = drafter.config.aux_layer_ids if drafter is not None else []
     gen = torch.Generator().manual_seed(args.seed)
     table: dict[int, dict[int, float]] = {}
     draft_us: dict[int, float] = {}
@@ -168,29 +177,29 @@ def main(argv=None) -> int:
         for b in args.batch:
             table[b] = {}
             for t in args.tokens:
-                table[b][t] = time_verify(target, b, t, args, gen)
+                table[b][t] = time_verify(target, aux_ids, b, t, args, gen)
                 advance(1, batch=b, tokens=t)
             if drafter is not None:
                 draft_us[b] = time_draft_step(drafter, b, args, gen)
                 extend_us[b] = time_extend(drafter, b, args, gen)
                 advance(2, batch=b)
-    a, slope, worst = fit_verify(table)
-    print(format_table(table, draft_us, extend_us, a, slope, worst, target.num_layers))
+    fit = fit_verify(table)
+    print(format_table(table, draft_us, extend_us, fit, target.num_layers))
     if args.json:
         result = {
             "deployment": {"num_layers": target.num_layers, "hidden_size": target.hidden_size,
                            "dtype_bytes": torch.finfo(DTYPES[args.dtype]).bits // 8, "allreduces_per_layer": 0,
                            "cycle_overhead_ms": 0.0, "decode_overhead_ms": 0.0},
-            "decode_ms": table.get(1, {}).get(1, a + slope),  # measured where (B, T) = (1, 1) was, else the fit
+            "decode_ms": table[min(table)][1],
             "verify_ms_by_tokens": {str(b): {str(t): ms for t, ms in row.items()} for b, row in table.items()},
             **({"draft_step_us_by_batch": {str(b): us for b, us in draft_us.items()},
                 "draft_extend_us_by_batch": {str(b): us for b, us in extend_us.items()}} if draft_us else {}),
             "meta": {
                 "target": target.describe(), "drafter": args.drafter, "device": str(target.device),
-                "dtype": args.dtype, "context": args.context, "extend_tokens": args.extend_tokens,
+                "dtype": args.dtype, "context": args.context, "extend_tokens": args.extend_tokens, "aux_layer_ids": aux_ids,
                 "threads": torch.get_num_threads(), "reps": args.reps,
                 "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-                "fit": {"ms_at_zero_tokens": a, "ms_per_token": slope, "worst_relative_error": worst},
+                "fit": None if fit is None else dict(zip(("ms_at_zero_tokens", "ms_per_token", "worst_relative_error"), fit)),
             },
         }
         atomic.write_json(args.json, result)
@@ -198,7 +207,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def format_table(table, draft_us, extend_us, a: float, slope: float, worst: float, layers: int) -> str:
+def format_table(table, draft_us, extend_us, fit: tuple[float, float, float] | None, layers: int) -> str:
     tokens = sorted({t for row in table.values() for t in row})
     head = f"{'batch':>5} | " + " ".join(f"{'T=' + str(t):>8}" for t in tokens) + (
         f" | {'draft step us':>13} {'extend us':>9}" if draft_us else "")
@@ -206,8 +215,12 @@ def format_table(table, draft_us, extend_us, a: float, slope: float, worst: floa
     for b, row in table.items():
         lines.append(f"{b:>5} | " + " ".join(f"{row[t]:>8.3f}" for t in tokens)
                      + (f" | {draft_us[b]:>13.0f} {extend_us[b]:>9.0f}" if draft_us else ""))
-    lines.append(f"fit: ms = {a:.3f} + {slope:.4f} x (B x T), worst error {100 * worst:.0f} %; per layer "
-                 f"{1000 * slope / layers:.2f} us per further token (costmodel --verify-token-compute-us)")
+    if fit is None:
+        lines.append("fit: every pass carried the same tokens (B x T); time two token counts to fit a line")
+    else:
+        a, slope, worst = fit
+        lines.append(f"fit: ms = {a:.3f} + {slope:.4f} x (B x T), worst error {100 * worst:.0f} %; per layer "
+                     f"{1000 * slope / layers:.2f} us per further token (costmodel --verify-token-compute-us)")
     return "\n".join(lines)
 
 

@@ -441,7 +441,12 @@ def run_costmodel(args) -> int:
         cfg, latency = fold(cfg, data, path)
         measured = latency if latency is not None else measured
     cfg = labconfig.apply_cli_args(cfg, args)  # a flag given says what the files must not change
-    r = report(cfg, measured)
+    try:
+        r = report(cfg, measured)
+    except LabError as e:  # the deployment the inputs made is inconsistent: say which inputs made it
+        if e.path is not None or not args.inputs:
+            raise
+        raise LabError(f"{e} (the deployment {' + '.join([args.preset, *args.inputs])} made)") from None
     r["settings"] = [row for path, sweep in sweeps for row in settings_table(cfg, sweep, measured, path)]
     r["preset"] = args.preset
     print(format_report(r, " + ".join([args.preset, *args.inputs])))

@@ -133,6 +133,18 @@ def test_a_bad_inputs_file_given_bare_is_named_once(tmp_path, capsys, monkeypatc
     assert capsys.readouterr().err.startswith("error: bad.json: not valid JSON (")
 
 
+def test_an_inconsistent_deployment_names_the_inputs_that_made_it(tmp_path, capsys):
+    """A decode step shorter than the preset's all-reduces is only wrong beside them: the error
+    names both, and a flag that mends it is taken."""
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"decode_ms": 1.0}))
+    assert main(["costmodel", "--inputs", str(short)]) == 2
+    err = capsys.readouterr().err
+    assert "take longer than the whole decode step" in err and f"{SEEDS} + {short}" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["costmodel", "--inputs", str(short), "--decode-allreduce-us", "5"]) == 0
+
+
 def test_draft_steps_from_an_eval_histogram(tmp_path):
     """At 2 steps, 2 verify steps emitted 1 token, 1 emitted 2 and 1 emitted 3: one step deep, the last
     would have emitted 2. Each step deeper costs a draft step and one more verify token on the wire."""

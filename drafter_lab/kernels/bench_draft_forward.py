@@ -7,11 +7,13 @@ One EAGLE-3 draft step with fc at context 1024, weights and KV caches rotated ov
 so that they do not sit in L2, median of event-timed single calls. For each shape and batch it
 prints the fused op's time (CUDA-graph replay; eager too), the achieved GB/s, the % of the floor
 ((weight + KV bytes) / device-copy bandwidth, measured in this run) and the speedup over PyTorch
-eager, CUDA-graph replay of the eager reference, and torch.compile of the reference. The JSON
-(`--json`) is a cost-model inputs file (drafter_lab/spec/costinputs.py): "draft_step_us" is one
-number, the Kimi-K2 drafter at batch 1 when measured (the seeds' deployment), else the first
-batch-1 row; "draft_step_us_by_batch" is that shape at every batch measured (the cost model's
-draft step at its `batch`), and "meta" (every row) sits beside them.
+eager, CUDA-graph replay of the eager reference, and torch.compile of the reference. It also times
+the fused op on a step without fc (the drafter's own hidden state in, as at depth >= 1). The JSON
+(`--json`) is a cost-model inputs file (drafter_lab/spec/costinputs.py) for one shape, Kimi-K2 when
+measured (the seeds' deployment), else the first: "draft_step_us_by_batch" is its step without fc
+at every batch measured, "draft_step_us" that at batch 1 (else the smallest batch), and
+"draft_extend_us_by_batch" its step with fc, which is a cycle's first draft (the extend over one
+accepted token per row); "meta" (every row) sits beside them.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ def make_drafter(name: str, dtype, device, seed: int) -> Eagle3Drafter:
     return drafter.to(dtype).eval()
 
 
-def step_bytes(drafter: Eagle3Drafter, batch: int, context: int) -> tuple[int, int]:
-    """Bytes one step must move: every weight it reads, and the KV cache it reads plus writes."""
-    skip = {"embed_tokens.weight"}
+def step_bytes(drafter: Eagle3Drafter, batch: int, context: int, fc: bool = True) -> tuple[int, int]:
+    """Bytes one step must move: every weight it reads (fc's only with `fc`), and the KV cache it
+    reads plus writes."""
+    skip = {"embed_tokens.weight"} | (set() if fc else {"fc.weight"})
     weights = sum(p.numel() * p.element_size() for n, p in drafter.named_parameters() if n not in skip)
     c = drafter.config
     elem = drafter.fc.weight.element_size()
@@ -120,8 +123,9 @@ def graphed(fn: Callable) -> Callable:
     return graph.replay
 
 
-def step_inputs(drafters, batch: int, args, device) -> list[tuple]:
-    """One set of step inputs per copy: every row at cache_lens = context (the cache holds context+1)."""
+def step_inputs(drafters, batch: int, args, device, fc: bool = True) -> list[tuple]:
+    """One set of step inputs per copy: every row at cache_lens = context (the cache holds context+1),
+    with the aux states through fc (`fc`) or the drafter's own hidden state."""
     dtype, cfg = DTYPES[args.dtype], drafters[0].config
     gen = torch.Generator(device=device).manual_seed(batch)
 
@@ -130,8 +134,9 @@ def step_inputs(drafters, batch: int, args, device) -> list[tuple]:
 
     cache = (batch, cfg.num_key_value_heads, args.context + 1, cfg.head_dim)
     lens = torch.full((batch,), args.context, dtype=torch.int64, device=device)
-    return [(rand(batch, cfg.hidden_size), rand(batch, 3 * cfg.target_hidden_size), lens.clone(), rand(*cache),
-             rand(*cache), lens.clone()) for _ in drafters]
+    width = 3 * cfg.target_hidden_size if fc else cfg.hidden_size
+    return [(rand(batch, cfg.hidden_size), rand(batch, width), lens.clone(), rand(*cache), rand(*cache), lens.clone())
+            for _ in drafters]
 
 
 def step_calls(drafters, inputs, topk: int, fused: bool) -> list[Callable]:
@@ -156,6 +161,10 @@ def bench_shape(name: str, batches: list[int], args, device: torch.device, timer
                     row["ref_compile_us"] = timer(compiled_calls(drafters, inputs, args))
             else:
                 row["us"] = row["eager_us"]
+            plain = step_calls(drafters, step_inputs(drafters, batch, args, device, fc=False), args.topk, True)
+            row["no_fc_us"] = timer([graphed(f) for f in plain] if device.type == "cuda" else plain)
+        weights_no_fc, _ = step_bytes(drafters[0], batch, args.context, fc=False)
+        row["no_fc_pct_floor"] = 100 * (weights_no_fc + kv) / copy_gbs / 1e3 / row["no_fc_us"]
         row["gbs"] = (weights + kv) / row["us"] / 1e3
         row["pct_floor"] = 100 * row["floor_us"] / row["us"]
         rows.append(row)
@@ -209,8 +218,8 @@ def print_row(r: dict) -> None:
 
     print(f"{r['shape']:>12} B={r['batch']:<3} {r['us']:9.1f} us (eager {r['eager_us']:8.1f})  "
           f"{r['gbs']:7.1f} GB/s  {r['pct_floor']:5.1f}% of floor ({r['floor_us']:.1f} us)  "
-          f"vs eager {ratio('ref_eager_us')}  graph {ratio('ref_graph_us')}  compile {ratio('ref_compile_us')}",
-          flush=True)
+          f"vs eager {ratio('ref_eager_us')}  graph {ratio('ref_graph_us')}  compile {ratio('ref_compile_us')}  "
+          f"| no fc {r['no_fc_us']:.1f} us ({r['no_fc_pct_floor']:.1f}% of floor)", flush=True)
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -247,7 +256,7 @@ def parse(argv) -> argparse.Namespace:
                     choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead", "none"],
                     help="torch.compile mode for the reference baseline (none: skip it)")
     ap.add_argument("--breakdown", action="store_true", help="also print each kernel's device time (CUDA profiler)")
-    ap.add_argument("--json", default=None, help="write {draft_step_us, draft_step_us_by_batch, meta} here")
+    ap.add_argument("--json", default=None, help="write the cost model's draft tables and every row (meta) here")
     ap.add_argument("--markdown", default=None, help="write the README's table of this run here")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
@@ -264,13 +273,16 @@ def parse(argv) -> argparse.Namespace:
     return args
 
 
-def headline(rows: list[dict]) -> dict:
-    """The row the cost model takes: Kimi-K2 at batch 1, else the first batch-1 row, else the first."""
-    for pick in (lambda r: r["shape"] == "kimi-k2" and r["batch"] == 1, lambda r: r["batch"] == 1):
-        for r in rows:
-            if pick(r):
-                return r
-    return rows[0]
+def cost_inputs(rows: list[dict]) -> tuple[str, dict]:
+    """The cost model's draft tables from one shape's rows: Kimi-K2's when measured, else the first
+    shape's; returns (that shape, the tables)."""
+    shape = "kimi-k2" if any(r["shape"] == "kimi-k2" for r in rows) else rows[0]["shape"]
+    mine = sorted((r for r in rows if r["shape"] == shape), key=lambda r: r["batch"])
+    return shape, {
+        "draft_step_us": mine[0]["no_fc_us"],
+        "draft_step_us_by_batch": {str(r["batch"]): r["no_fc_us"] for r in mine},
+        "draft_extend_us_by_batch": {str(r["batch"]): r["us"] for r in mine},
+    }
 
 
 def main(argv=None) -> int:
@@ -291,16 +303,17 @@ def main(argv=None) -> int:
     for shape in args.shapes:
         rows += bench_shape(shape, args.batch, args, device, timer, copy_gbs)
     if args.json:
-        head = headline(rows)
+        shape, tables = cost_inputs(rows)
         result = {
-            "draft_step_us": head["us"],
-            "draft_step_us_by_batch": {str(r["batch"]): r["us"] for r in rows if r["shape"] == head["shape"]},
+            **tables,
             "meta": {
-                "draft_step_us_from": f"{head['shape']} batch {head['batch']}",
+                "draft_tables_from": shape,
+                "extend_tokens": 1,
                 "device": name, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                 "dtype": args.dtype, "context": args.context, "topk": args.topk, "copies": args.copies,
                 "copy_bandwidth_gbs": copy_gbs, "compile_mode": args.compile_mode,
-                "timing": "median of event-timed single calls; us = CUDA-graph replay of the fused op (eager on CPU)",
+                "timing": "median of event-timed single calls; us (with fc) and no_fc_us = CUDA-graph replay of "
+                          "the fused op (eager on CPU)",
                 "rows": rows,
             },
         }

@@ -18,16 +18,20 @@ def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
             "--reps", "2", "--warmup", "1", "--json", str(out), "--markdown", str(table)]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
-    assert set(result) == {"draft_step_us", "draft_step_us_by_batch", "meta"}
-    assert set(result["draft_step_us_by_batch"]) == {"1", "3"}
-    assert result["draft_step_us"] == result["draft_step_us_by_batch"]["1"]
+    assert set(result) == {"draft_step_us", "draft_step_us_by_batch", "draft_extend_us_by_batch", "meta"}
     rows = result["meta"]["rows"]
     assert [r["batch"] for r in rows] == [1, 3]
     for r in rows:
-        assert r["us"] > 0 and r["ref_eager_us"] > 0 and 0 < r["floor_us"] and r["gbs"] > 0
+        assert r["us"] > 0 and r["no_fc_us"] > 0 and r["ref_eager_us"] > 0 and 0 < r["floor_us"] and r["gbs"] > 0
+        assert 0 < r["no_fc_pct_floor"]
+    # a cycle's first draft reads the aux states through fc (the extend); its later steps do not
+    assert result["draft_step_us_by_batch"] == {str(r["batch"]): r["no_fc_us"] for r in rows}
+    assert result["draft_extend_us_by_batch"] == {str(r["batch"]): r["us"] for r in rows}
+    assert result["draft_step_us"] == result["draft_step_us_by_batch"]["1"]
+    assert (result["meta"]["draft_tables_from"], result["meta"]["extend_tokens"]) == ("tiny", 1)
     assert result["meta"]["copy_bandwidth_gbs"] > 0
     printed = capsys.readouterr().out
-    assert "tiny B=1" in printed and "vs eager" in printed
+    assert "tiny B=1" in printed and "vs eager" in printed and "| no fc " in printed
     # The README's table: a row per batch, the same numbers, n/a for what a CPU run does not measure.
     lines = table.read_text().splitlines()
     assert lines[0].startswith("| drafter shape | batch | floor |") and len(lines) == 2 + len(rows)
@@ -43,7 +47,10 @@ def test_bench_cpu_tiny(tmp_path, capsys, require_draft_step_op):
     cfg, _ = apply_inputs(CostModelConfig(), out)
     assert cfg.draft_step_us == pytest.approx(result["draft_step_us"])
     for batch, us in result["draft_step_us_by_batch"].items():  # the draft step at each measured batch
-        assert CostModel(dataclasses.replace(cfg, batch=int(batch))).draft_step_us == pytest.approx(us)
+        m = CostModel(dataclasses.replace(cfg, batch=int(batch)))
+        assert m.draft_step_us == pytest.approx(us)
+        extend = result["draft_extend_us_by_batch"][batch]
+        assert m.draft_ms == pytest.approx((extend + (cfg.steps - 1) * us) / 1000)
 
 
 def test_bench_rejects_missing_gpu(monkeypatch):

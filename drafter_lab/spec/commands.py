@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from drafter_lab import atomic
@@ -441,6 +442,8 @@ def run_costmodel(args) -> int:
         cfg, latency = fold(cfg, data, path)
         measured = latency if latency is not None else measured
     cfg = labconfig.apply_cli_args(cfg, args)  # a flag given says what the files must not change
+    if args.cfg__verify_layer_compute_us is not None and args.cfg__measured_verify_ms is None:
+        cfg = dataclasses.replace(cfg, measured_verify_ms=0.0)  # the flag's compute, not a file's verify
     try:
         r = report(cfg, measured)
     except LabError as e:  # the deployment the inputs made is inconsistent: say which inputs made it

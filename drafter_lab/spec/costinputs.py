@@ -10,7 +10,8 @@ any of these keys (others are ignored, so a benchmark can write its full results
     "draft_step_us": number, replaces draft_step_us (and, without the next key, any table)
     "draft_step_us_by_batch": {"<batch>": us, ...}, the draft step at each measured batch
     "draft_extend_us_by_batch": {"<batch>": us, ...}, the drafter's pass over the accepted tokens
-    "verify_ms":     number, a measured whole verify step: the per-layer compute is derived from it
+    "verify_ms":     number, a measured whole verify step (measured_verify_ms): the per-layer compute
+                     is derived from it
     "verify_ms_by_tokens": {"<batch>": {"<tokens per row>": ms}}, one device's target passes
                      (`bench verify`): sets pass_ms_by_tokens
     "deployment":    {field: value} for num_layers, hidden_size, dtype_bytes, allreduces_per_layer,
@@ -44,7 +45,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
-from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency
+from drafter_lab.spec.costmodel import CostModelConfig, Latency
 from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
 
 
@@ -231,17 +232,9 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
     cfg = dataclasses.replace(cfg, **over)
     if "verify_ms_by_tokens" in data:
         cfg = dataclasses.replace(cfg, pass_ms_by_tokens=_pass_table(data["verify_ms_by_tokens"], path))
-    if "verify_ms" in data:
-        verify_us = positive(data["verify_ms"], "verify_ms", path) * 1000
-        model = CostModel(cfg)
-        compute = (verify_us - model.n_allreduce * cfg.verify_allreduce_us) / cfg.num_layers
-        if compute <= 0:
-            raise LabError(
-                f"verify_ms {data['verify_ms']} is shorter than its {model.n_allreduce} all-reduces of "
-                f"{cfg.verify_allreduce_us} us",
-                path,
-            )
-        cfg = dataclasses.replace(cfg, verify_layer_compute_us=compute, verify_compute_tokens=cfg.verify_tokens)
+    if "verify_ms" in data:  # its compute is derived once the deployment is whole (CostModel)
+        cfg = dataclasses.replace(cfg, measured_verify_ms=positive(data["verify_ms"], "verify_ms", path),
+                                  verify_compute_tokens=cfg.verify_tokens)
     measured = None
     if "allreduce_us" in data:
         ar = data["allreduce_us"]

@@ -94,6 +94,11 @@ class CostModelConfig:
     verify_compute_tokens: int = 4
     """Tokens per verify at which verify_layer_compute_us holds: the preset's, or those of the verify
     an input measured (`verify_ms`)."""
+    measured_verify_ms: float = 0.0
+    """A measured whole verify pass of verify_compute_tokens tokens, all-reduces included,
+    milliseconds (`--inputs`' verify_ms): > 0 prices a layer's verify compute as what is left of it
+    after its n_allreduce x verify_allreduce_us, in place of verify_layer_compute_us. Derived after
+    every input and flag, so the deployment they describe reproduces the measurement."""
     accept_lengths: list[float] = field(default_factory=lambda: [1.5, 2.0, 2.5, 3.0, 3.5, 4.0])
     """Served accept lengths (bonus included) for the what-if tables."""
     whatif_allreduce_us: list[float] = field(default_factory=lambda: [200.0, 40.0, 25.0, 15.0, 8.0])
@@ -133,14 +138,39 @@ PRESETS = {
 }
 
 
+POSITIVE = ("num_layers", "verify_layer_compute_us", "decode_ms", "draft_step_us", "steps", "hidden_size",
+            "dtype_bytes", "verify_tokens", "verify_compute_tokens", "batch", "topk")
+NON_NEGATIVE = ("allreduces_per_layer", "verify_allreduce_us", "decode_allreduce_us", "cycle_overhead_ms",
+                "decode_overhead_ms", "verify_token_compute_us", "measured_verify_ms")
+POSITIVE_LISTS = ("accept_lengths", "whatif_allreduce_us", "batches", "accept_by_steps")
+
+
+def check_fields(cfg: CostModelConfig) -> None:
+    """Every count and time a finite number on its side of zero (a flag's NaN or negative overhead
+    printed nonsense tables)."""
+    def number(v) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+    for name in POSITIVE:
+        if not (number(v := getattr(cfg, name)) and v > 0):
+            raise LabError(f"{name} must be a finite number > 0, got {v!r}")
+    for name in NON_NEGATIVE:
+        if not (number(v := getattr(cfg, name)) and v >= 0):
+            raise LabError(f"{name} must be a finite number >= 0, got {v!r}")
+    for name in POSITIVE_LISTS:
+        if not all(number(v) and v > 0 for v in getattr(cfg, name)):
+            raise LabError(f"{name} must hold finite numbers > 0, got {getattr(cfg, name)!r}")
+
+
 class CostModel:
     def __init__(self, cfg: CostModelConfig):
         self.cfg = cfg
+        check_fields(cfg)
         if not 0 <= cfg.no_draft_share < 1:
             raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
-        if cfg.batch < 1 or any(b < 1 for b in cfg.batches) or cfg.topk < 1:
-            raise LabError(f"batch sizes and topk must be >= 1, got batch {cfg.batch}, batches {cfg.batches}, "
-                           f"topk {cfg.topk}")
+        if self._layer_base_us <= 0:
+            raise LabError(f"the measured verify_ms {cfg.measured_verify_ms:g} is shorter than its {self.n_allreduce} "
+                           f"all-reduces of {cfg.verify_allreduce_us:g} us: lower verify_allreduce_us")
         if self.layer_compute_us <= 0:
             raise LabError(f"verify compute per layer at {cfg.verify_tokens} tokens comes to "
                            f"{self.layer_compute_us:g} us: lower verify_token_compute_us")
@@ -164,10 +194,18 @@ class CostModel:
         return interpolate_linear({b: interpolate_linear(row, tokens) for b, row in table.items()}, self.cfg.batch)
 
     @property
+    def _layer_base_us(self) -> float:
+        """One layer's verify compute at verify_compute_tokens: the measured pass's, else the field's."""
+        c = self.cfg
+        if c.measured_verify_ms:
+            return (1000 * c.measured_verify_ms - self.n_allreduce * c.verify_allreduce_us) / c.num_layers
+        return c.verify_layer_compute_us
+
+    @property
     def layer_compute_us(self) -> float:
         """One layer's verify compute for one sequence's verify_tokens tokens."""
         c = self.cfg
-        return c.verify_layer_compute_us + c.verify_token_compute_us * (c.verify_tokens - c.verify_compute_tokens)
+        return self._layer_base_us + c.verify_token_compute_us * (c.verify_tokens - c.verify_compute_tokens)
 
     @property
     def verify_compute_ms(self) -> float:

@@ -82,18 +82,56 @@ def test_measured_inputs(tmp_path):
     assert interpolate_latency({8: 1.0, 32: 3.0}, 2) == 1.0 and interpolate_latency({8: 1.0, 32: 3.0}, 64) == 6.0
 
 
-def test_verify_ms_input_sets_compute(tmp_path):
+def test_verify_ms_input_sets_compute(tmp_path, capsys):
     f = tmp_path / "m.json"
     f.write_text(json.dumps({"verify_ms": 40.0}))
     cfg, _ = apply_inputs(PRESETS[SEEDS], f)
     assert CostModel(cfg).verify_ms() == pytest.approx(40.0)
+    # the compute is derived from the whole deployment, flags included: the measured verify holds
+    # whatever layers or all-reduce latency they give, and the what-if tables still move it
+    for flags in (["--num-layers", "30"], ["--verify-allreduce-us", "100"], ["--decode-allreduce-us", "10"]):
+        out = tmp_path / "cm.json"
+        assert main(["costmodel", "--inputs", str(f), *flags, "--json", str(out)]) == 0
+        r = json.loads(out.read_text())
+        assert r["verify_ms"] == pytest.approx(40.0)
+        assert r["whatif"][-1]["verify_ms"] < 40.0
+    # a decode step the preset's all-reduces do not fit, mended by a flag, in one file with the verify
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"decode_ms": 5.0, "verify_ms": 30.0}))
+    assert main(["costmodel", "--inputs", str(both), "--decode-allreduce-us", "10", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["verify_ms"] == pytest.approx(30.0)
+    # a flag for the per-layer compute wins over a file's measured verify
+    assert main(["costmodel", "--inputs", str(f), "--verify-layer-compute-us", "50", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["verify_ms"] == pytest.approx(61 * 50 / 1000 + 122 * 0.205)
+    capsys.readouterr()
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"verify_ms": 1.0}))
+    assert main(["costmodel", "--inputs", str(short)]) == 2
+    err = capsys.readouterr().err
+    assert "shorter than its 122 all-reduces" in err and str(short) in err
+
+
+@pytest.mark.parametrize("flag, value, match", [
+    ("--cycle-overhead-ms", "-100", "cycle_overhead_ms must be a finite number >= 0"),
+    ("--decode-ms", "nan", "decode_ms must be a finite number > 0"),
+    ("--num-layers", "0", "num_layers must be a finite number > 0"),
+    ("--accept-lengths", "0", "accept_lengths must hold finite numbers > 0"),
+    ("--steps", "0", "steps must be a finite number > 0"),
+    ("--draft-step-us", "-5", "draft_step_us must be a finite number > 0"),
+    ("--verify-allreduce-us", "inf", "verify_allreduce_us must be a finite number >= 0"),
+])
+def test_a_flag_out_of_range_is_refused(flag, value, match, capsys):
+    """Each printed tables of negative or NaN tok/s."""
+    assert main(["costmodel", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("content, match", [
     ("{not json", "not valid JSON"),
     ('{"other": 1}', "no cost model inputs"),
     ('{"draft_step_us": -3}', "positive number"),
-    ('{"verify_ms": 1.0}', "shorter than"),
+    ('{"verify_ms": -1.0}', "positive number"),
     ('{"allreduce_us": {"big": 3}}', "message sizes"),
     ('{"accept_histogram": {"1": 0, "2": 0}}', "no verify steps"),
     ('{"accept_histogram": [1, 2]}', "must map"),
@@ -307,7 +345,7 @@ def test_a_batch_scales_every_sequences_work():
     table = {8192: 10.0, 1 << 20: 100.0}
     assert m8.verify_ms(table) == pytest.approx(m8.verify_compute_ms + 122 * interpolate_latency(table, 8 * 4 * 14336) / 1000)
     assert m8.decode_ms(table) == pytest.approx(m8.decode_compute_ms + 122 * interpolate_latency(table, 8 * 14336) / 1000)
-    with pytest.raises(LabError, match="batch sizes and topk must be >= 1"):
+    with pytest.raises(LabError, match="batch must be a finite number > 0, got 0"):
         CostModel(dataclasses.replace(flat, batch=0))
 
 

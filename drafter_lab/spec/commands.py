@@ -24,6 +24,17 @@ LOCAL_ONLY = {"steps": [4], "topk": [1], "draft_tokens": None, "batch": [1], "sc
 DRAFTER_ONLY = ("fused", "allow_other_target")
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count: one integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def int_list(text: str) -> list[int]:
     """argparse type of a sweepable flag: positive integers separated by commas."""
     try:
@@ -95,7 +106,7 @@ def register(sub) -> None:
                    help="static: batch after batch, each until its last row ends; continuous: --batch rows in "
                         "flight, a waiting prompt takes each finished row's place (as a server batches)")
     e.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
-    e.add_argument("--max-prompts", type=int, default=None, help="use only the first N conversations")
+    e.add_argument("--max-prompts", type=positive_int, default=None, help="use only the first N conversations")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check); > 0 sampling")
     e.add_argument("--seed", type=int, default=0, help="sampling seed (with --server: of the request arrivals)")
     e.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",

@@ -139,6 +139,8 @@ def read_inputs(path, sampled: bool = False) -> dict:
                                                         and isinstance((r.get("config") or {}).get("steps"), int)
                                                         for r in rows)):
             raise LabError("sweep must be a list of `eval --json` results (served_accept_len, config.steps)", path)
+        for r in rows:
+            batch_of(r, path)
         return data
     if not isinstance(data, dict) or not any(k in data for k in KNOWN_INPUTS):
         raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(KNOWN_INPUTS)}", path)
@@ -171,18 +173,22 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
             raise LabError(f"config.{key} must be a positive integer, got {conf[key]!r}", path)
     if "served_accept_len" in data and conf.get("steps") is not None:
         over["steps"] = conf["steps"]
-        over["batch"] = batch_of(data)
+        over["batch"] = batch_of(data, path)
         over["topk"] = conf.get("topk") or 1
         over["verify_tokens"] = (conf.get("draft_tokens") or conf["steps"]) + 1
     return dataclasses.replace(cfg, **over)
 
 
-def batch_of(result: dict) -> int:
+def batch_of(result: dict, path=None) -> int:
     """Sequences an eval decoded together: the lab's batch, or a served eval's requests in flight (at
     a request rate, the mean the speculative server carried)."""
     c = result["config"]
     if c.get("request_rate") is not None:
-        return max(1, round(result["in_flight"]["spec"]))
+        spec = (result.get("in_flight") or {}).get("spec") if isinstance(result.get("in_flight"), dict) else None
+        if isinstance(spec, bool) or not isinstance(spec, (int, float)) or not 0 < spec < math.inf:
+            raise LabError("a served eval at a request rate needs in_flight.spec, the requests it carried "
+                           f"(a positive number), got {spec!r}", path)
+        return max(1, round(spec))
     return int(c.get("batch") or c.get("concurrency") or 1)
 
 

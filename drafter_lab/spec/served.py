@@ -360,8 +360,9 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, tem
     The prompts are rendered here (`template_kwargs`: the chat template's variables) and sent as ids."""
     if cfg.engine not in ENGINES:
         raise LabError(f"unknown engine {cfg.engine!r}: use {' or '.join(ENGINES)}")
-    if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
-        raise LabError("need concurrency >= 1, max_new_tokens >= 1 and temperature >= 0")
+    if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or not 0 <= cfg.temperature < math.inf:  # nan too
+        raise LabError(f"need concurrency >= 1, max_new_tokens >= 1 and a finite temperature >= 0, got concurrency "
+                       f"{cfg.concurrency}, max_new_tokens {cfg.max_new_tokens}, temperature {cfg.temperature}")
     if cfg.request_rate is not None and not 0 < cfg.request_rate < math.inf:
         raise LabError(f"the request rate must be a positive number of requests per second, got {cfg.request_rate}")
     engine = {"sglang": SGLang, "vllm": VLLM}[cfg.engine]

@@ -209,6 +209,14 @@ def test_bad_prompt_files(random_llama, drafter_dir, tmp_path, capsys):
     assert "s1 has no user turn" in _cli_error(capsys, _eval_argv(drafter_dir, random_llama, no_user))
 
 
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_max_prompts_below_one_is_refused(random_llama, drafter_dir, prompts_file, n, capsys):
+    """-1 silently dropped the last prompt (a slice), 0 blamed the prompts file."""
+    with pytest.raises(SystemExit) as e:
+        main([*_eval_argv(drafter_dir, random_llama, prompts_file), "--max-prompts", n])
+    assert e.value.code == 2 and "--max-prompts: expected a positive integer" in capsys.readouterr().err
+
+
 def test_evaluate_refuses_a_misfit_object(target, trained_drafter, conversations):
     bad = Eagle3Drafter(DrafterConfig.for_target(target.config, 32, [2, 4, 5]))
     with torch.no_grad():

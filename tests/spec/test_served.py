@@ -116,6 +116,8 @@ def test_served_eval_bad_use_is_one_line(random_llama, drafter_dir, prompts_file
     assert "--plot apply to the lab's own decoding" in error(["eval", "--server", spec, "--plot", "p.png", *common])
     assert "apply to a served eval" in error(["eval", "--drafter", str(drafter_dir), "--baseline-server", base,
                                               *common[:-2]])
+    # nan passed `temperature < 0` and went to the server
+    assert "a finite temperature >= 0" in error(["eval", "--server", spec, "--temperature", "nan", *common])
 
 
 def test_accept_length_without_a_histogram_leaves_out_the_prefill_token():

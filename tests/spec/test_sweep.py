@@ -121,6 +121,15 @@ def test_bad_sweep_file(tmp_path):
     f.write_text(json.dumps({"sweep": [{"served_accept_len": 2.0}]}))
     with pytest.raises(LabError, match="sweep must be a list of `eval --json` results"):
         read_inputs(f)
+    # a served eval at a request rate is priced at the requests it carried: without them, one line (a KeyError)
+    rated = {"served_accept_len": 2.0, "config": {"steps": 2, "request_rate": 1.0}}
+    for content in ({"sweep": [rated]}, rated, dict(rated, in_flight={"spec": float("nan")})):
+        f.write_text(json.dumps(content))
+        with pytest.raises(LabError, match=f"^{f}: a served eval at a request rate needs in_flight.spec"):
+            from drafter_lab.spec.costinputs import apply_inputs
+            from drafter_lab.spec.costmodel import PRESETS
+
+            apply_inputs(PRESETS["seeds-kimi-k2.5-8x-pcie"], f)
 
 
 def evaluations(monkeypatch, dies_at: int) -> list:

@@ -60,9 +60,13 @@ def accept_by_steps(histogram, path) -> list[float]:
     """Served accept length at depths 1..S from a chain eval's accept histogram at S steps
     ({served length n: verify steps}, n = 1..S+1; see the module docstring)."""
     try:
-        counts = {int(n): int(c) for n, c in histogram.items()}
+        counts = {int(n): c for n, c in histogram.items()}
     except (AttributeError, TypeError, ValueError):
         raise LabError("accept_histogram must map served accept lengths to counts", path) from None
+    if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c == int(c)
+               for c in counts.values()):  # int() cut 1.7 to 1
+        raise LabError(f"accept_histogram counts must be whole numbers of verify steps, got {histogram!r}", path)
+    counts = {n: int(c) for n, c in counts.items()}
     total = sum(counts.values())
     if total <= 0 or min(counts) < 1 or min(counts.values()) < 0:
         raise LabError("accept_histogram holds no verify steps", path)
@@ -228,7 +232,7 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
         if not isinstance(given, list) or not given:
             raise LabError(f"accept_by_steps must be a list of served accept lengths, got {given!r}", path)
         over["accept_by_steps"] = [positive(a, f"accept_by_steps[{i}]", path) for i, a in enumerate(given)]
-    if data.get("accept_histogram") is not None:
+    if data.get("accept_histogram") is not None and "accept_by_steps" not in data:  # a list given is what was meant
         topk = (data.get("config") or {}).get("topk", 1)
         if topk == 1:
             over["accept_by_steps"] = accept_by_steps(data["accept_histogram"], path)
@@ -266,7 +270,7 @@ def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
         raise LabError(f"deployment must be an object with some of {', '.join(DEPLOYMENT_FIELDS)}", path)
     over = {}
     for key, value in given.items():
-        if key in ("allreduces_per_layer", *OVERHEADS) and value == 0:
+        if key in ("allreduces_per_layer", *OVERHEADS) and value == 0 and not isinstance(value, bool):
             over[key] = value
         elif key in OVERHEADS:
             over[key] = positive(value, f"deployment.{key}", path)

@@ -135,6 +135,8 @@ def test_a_flag_out_of_range_is_refused(flag, value, match, capsys):
     ('{"allreduce_us": {"big": 3}}', "message sizes"),
     ('{"accept_histogram": {"1": 0, "2": 0}}', "no verify steps"),
     ('{"accept_histogram": [1, 2]}', "must map"),
+    ('{"accept_histogram": {"1": 1.7, "2": 0.6}}', "counts must be whole numbers"),  # read as {1: 1, 2: 0}
+    ('{"deployment": {"allreduces_per_layer": false}}', "deployment.allreduces_per_layer must be a positive integer"),
     # each of these was a traceback (ZeroDivisionError, ValueError, AttributeError) or a negative cost
     ('{"allreduce_us": {"0": 10}}', r"message sizes in bytes \(>= 1\)"),
     ('{"allreduce_us": {"-4096": 10}}', r"message sizes in bytes \(>= 1\)"),
@@ -252,6 +254,8 @@ def test_a_training_run_prices_its_drafter_before_any_decode(tmp_path, capsys):
     f = tmp_path / "given.json"  # the same key in an inputs file
     f.write_text(json.dumps({"accept_by_steps": [1.7, 2.1, 2.3]}))
     assert apply_inputs(PRESETS[SEEDS], f)[0].accept_by_steps == [1.7, 2.1, 2.3]
+    f.write_text(json.dumps({"accept_by_steps": [1.7, 2.1], "accept_histogram": {"1": 1, "2": 1}}))
+    assert apply_inputs(PRESETS[SEEDS], f)[0].accept_by_steps == [1.7, 2.1]  # the list given, not the histogram's
     f.write_text(json.dumps({"accept_by_steps": []}))
     with pytest.raises(LabError, match="must be a list of served accept lengths"):
         apply_inputs(PRESETS[SEEDS], f)

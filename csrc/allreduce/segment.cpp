@@ -129,8 +129,11 @@ Segment Segment::create(const std::string& name, int world_size, uint64_t max_by
   size_t total = kHeaderBytes + (backend != kCudaIpc ? (size_t)world_size * layout.slot_bytes : 0);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0 && errno == EEXIST) {
-    if (!is_stale(name, 0.0))
-      throw CommError("shared-memory segment " + name + " is in use by a live process (another run with the same name?)");
+    // A segment without its header yet may be another creator's between shm_open and the stamp:
+    // unlinking it would leave both believing they created the one their peers attach to.
+    if (!is_stale(name, kCreatingS))
+      throw CommError("shared-memory segment " + name + " is in use by a live process or still being created "
+                      "(another run with the same name?)");
     shm_unlink(name.c_str());
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   }

@@ -18,6 +18,9 @@ class CommError : public std::runtime_error {
 };
 
 constexpr const char* kNamePrefix = "drafter_lab_ar.";
+// A segment of our name without its header yet is taken to be mid-creation for this long (create
+// stamps the header within milliseconds; a run killed before that leaves one that ages out).
+constexpr double kCreatingS = 5.0;
 
 // "/drafter_lab_ar.<tag>" from a user tag (letters, digits, '-', '_', '.').
 std::string segment_name(const std::string& tag);
@@ -32,7 +35,8 @@ std::vector<std::string> cleanup_stale(double min_age_s = 30.0);
 
 class Segment {
  public:
-  // Rank 0: creates `name` (a stale segment of that name is replaced; a live one is an error).
+  // Rank 0: creates `name` (a stale segment of that name is replaced; a live one, or one younger
+  // than kCreatingS without its header, is an error).
   static Segment create(const std::string& name, int world_size, uint64_t max_bytes, uint32_t blocks,
                         uint32_t backend);
   // Other ranks: waits up to `timeout_s` for `name` to exist with a live creator, then maps it.

@@ -326,6 +326,26 @@ def test_stale_segment_of_a_killed_run_is_removed_at_next_init():
     assert not seg.exists(), "stale segment survived the next init"
 
 
+def test_a_segment_being_created_is_not_taken_over():
+    """A segment of the name without its header yet may be another creator's between shm_open and the
+    stamp: taking it over left two rank 0s, their peers attached to one. Once it has aged past the
+    grace period it is a killed init's, and is replaced."""
+    from drafter_lab.kernels.allreduce import AllReduceError, Communicator
+
+    tag = f"test-creating-{os.getpid()}-{secrets.token_hex(4)}"
+    seg = SHM / f"drafter_lab_ar.{tag}"
+    seg.write_bytes(b"")  # shm_open(O_CREAT) done, not yet sized nor stamped
+    try:
+        with pytest.raises(AllReduceError, match="in use by a live process or still being created"):
+            Communicator(0, 1, name=tag)
+        os.utime(seg, (time.time() - 60, time.time() - 60))
+        with Communicator(0, 1, name=tag) as comm:
+            x = torch.randn(5)
+            assert torch.equal(comm.all_reduce(x.clone()), x)
+    finally:
+        seg.unlink(missing_ok=True)
+
+
 def test_a_segment_of_another_layout_version_is_refused():
     from drafter_lab.kernels.allreduce import AllReduceError, Communicator, cleanup_stale_segments
 

@@ -43,10 +43,13 @@ def progress(description: str, total: int | None, every_s: float = 30.0):
         start = last = time.monotonic()
         done = 0
         status = ""  # the fields last given, kept (as the live bar keeps them) until others come
+        written = None  # the last line's status
 
         def line(status: str) -> None:
+            nonlocal written
             of = f"/{total}" if total is not None else ""
             log(f"{description} {done}{of} [{time.monotonic() - start:.0f} s] {status}".rstrip())
+            written = status
 
         def advance(n: int = 1, **fields) -> None:
             nonlocal done, last, status
@@ -60,6 +63,8 @@ def progress(description: str, total: int | None, every_s: float = 30.0):
                 line(status)
 
         yield advance
+        if not live and written is not None and status != written:  # fields given after the last step's line
+            line(status)
 
 
 def maybe_progress(description: str, total: int, show: bool):

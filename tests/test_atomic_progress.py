@@ -128,9 +128,14 @@ def test_progress_logs_lines_without_a_terminal(capsys):
     with progress("again", 2, every_s=3600) as advance:
         advance(loss=2.0)
         advance()  # the fields last given stay on the line
-        advance(0, loss=1.0)  # a status after the end waits for every_s
-    err = capsys.readouterr().err
-    assert err.count("again 2/2") == 1 and "again 2/2 [0 s] loss=2" in err
+        advance(0, loss=1.0)  # a status after the end: no line now, one as the work closes
+        advance(0, loss=0.5)
+        assert capsys.readouterr().err.count("again 2/2") == 1
+    err = capsys.readouterr().err  # eval's accept length came after its last prompt, and the log kept the one before
+    assert err.count("again 2/2") == 1 and "again 2/2 [0 s] loss=0.5" in err
+    with progress("quiet", 1, every_s=3600) as advance:
+        advance(loss=3.0)
+    assert capsys.readouterr().err.count("quiet 1/1") == 1  # nothing new at the close: no second line
 
 
 def test_a_logged_line_stays_one_line_whatever_its_length(capsys):

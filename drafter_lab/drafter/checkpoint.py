@@ -272,6 +272,8 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
     if fmt not in FORMATS:
         raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise LabError("output is a file: choose a directory", out)
     if out.exists() and any(out.iterdir()):
         raise LabError("output directory exists and is not empty: choose a new one", out)
     ckpt = read_checkpoint(src)

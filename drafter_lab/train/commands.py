@@ -52,10 +52,11 @@ def register(sub) -> None:
     p.add_argument("--init-from", metavar="DRAFTER", help="initialise from another drafter (any supported layout)")
     p.add_argument("--no-remap", action="store_true",
                    help="with --init-from: copy lm_head rows as they are (the seeds' naive path)")
-    p.add_argument("--l2sp", type=float, default=0.0, metavar="LAMBDA",
-                   help="with --init-from: add LAMBDA * sum ||w - w_init||^2 over transferred weights")
-    p.add_argument("--transfer-lr-scale", type=float, default=1.0, metavar="X",
-                   help="with --init-from: learning-rate multiplier for transferred weights")
+    # None where not given (the defaults are train()'s), so that giving one without --init-from is refused.
+    p.add_argument("--l2sp", type=float, metavar="LAMBDA",
+                   help="with --init-from: add LAMBDA * sum ||w - w_init||^2 over transferred weights (default 0)")
+    p.add_argument("--transfer-lr-scale", type=float, metavar="X",
+                   help="with --init-from: learning-rate multiplier for transferred weights (default 1)")
     p.add_argument("--source-target", metavar="DIR",
                    help="with --init-from: the target the source drafter was trained for; where its tokenizer "
                         "differs from --target's, lm_head rows are remapped by token string, not id (default: the "
@@ -102,14 +103,18 @@ def run(args) -> int:
                                                  CaptureConfig.turns, CaptureConfig.tokenize_workers):
         raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs, "
                        "--turns and --tokenize-workers apply to --conversations (online) runs only")
-    if args.source_target and not args.init_from:
-        raise LabError("--source-target applies with --init-from")
+    given = [flag for flag, value in (("--no-remap", args.no_remap or None), ("--l2sp", args.l2sp),
+                                      ("--transfer-lr-scale", args.transfer_lr_scale),
+                                      ("--source-target", args.source_target)) if value is not None]
+    if given and not args.init_from:
+        raise LabError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
+    transfer = {k: v for k, v in (("l2sp", args.l2sp), ("transfer_lr_scale", args.transfer_lr_scale)) if v is not None}
     watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
     if args.stop_if_behind is None and watch_cfg != WatchConfig():
         raise LabError("--watch-* settings apply with --stop-if-behind only")
     result = train(
         cfg, args.target, args.data or args.conversations, args.out, resume=args.resume, init_from=args.init_from,
-        remap=not args.no_remap, l2sp=args.l2sp, transfer_lr_scale=args.transfer_lr_scale,
+        remap=not args.no_remap, **transfer,
         source_target=args.source_target, online=online,
         stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
     )

@@ -138,6 +138,8 @@ def check_config(cfg: TrainConfig) -> None:
             raise LabError(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.batch_tokens == 0 and cfg.batch_size < 1:
         raise LabError(f"batch_size must be >= 1 (or batch_tokens set), got {cfg.batch_size}")
+    if not 0 <= cfg.seed < 2**32:  # torch takes seeds below 2**64, and data.plan_epoch's is seed * 100_003 + epoch
+        raise LabError(f"seed must be in [0, 2**32), got {cfg.seed}")
     if not 0 < cfg.loss_decay < math.inf:
         raise LabError(f"loss_decay must be > 0, got {cfg.loss_decay}")
     if not 0 <= cfg.min_lr_ratio <= 1 or not 0 <= cfg.adam_beta2 < 1:

@@ -6,6 +6,7 @@ Without torchrun's environment everything degrades to a single process and no-op
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -46,10 +47,16 @@ class Dist:
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    # The devices a run trains on: torch takes others (meta, mps) and fails later, or refuses gpu with a traceback.
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise LabError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise LabError(f"device {name!r} requested but no CUDA device is visible")
-        return torch.device(name if ":" in name else f"cuda:{local_rank}")
+        dev = torch.device(name if ":" in name else f"cuda:{local_rank}")
+        if dev.index >= torch.cuda.device_count():
+            raise LabError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA devices are visible")
+        return dev
     return torch.device(name)
 
 

@@ -82,11 +82,15 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
                 int(tc.intermediate_size) if hidden == int(tc.hidden_size) else 4 * hidden
             ),
         )
-    return DrafterConfig.for_target(target.config, n_draft, aux_ids, max_position_embeddings=max(
+    dcfg = DrafterConfig.for_target(target.config, n_draft, aux_ids, max_position_embeddings=max(
         cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)),
         norm_before_residual=cfg.drafter_norm_before_residual,
         rope_scaling=rope_scaling_from_text(cfg.drafter_rope_scaling, "--drafter-rope-scaling"),
         **over)
+    if dcfg.head_dim % 2:  # RoPE rotates pairs of a head's dimensions: the first step would fail
+        raise LabError(f"drafter shape: head_dim {dcfg.head_dim} (hidden {dcfg.hidden_size} / heads "
+                       f"{dcfg.num_attention_heads}) must be even")
+    return dcfg
 
 
 def _load_vocab(vocab, source, size: int, target_vocab: int):
@@ -204,6 +208,8 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     fallen behind the baseline at equal steps and is not catching up.
     """
     val = None if val_data is None else Path(val_data)
+    _check_out(Path(out_dir), {"--target": target_dir, "--data": data_dir, "--val-data": val_data,
+                               "--init-from": init_from, "--source-target": source_target})
     d = distributed.setup(cfg.device)
     try:
         with torch_threads(cfg.threads):
@@ -220,6 +226,20 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
         return result
     finally:
         distributed.teardown(d)
+
+
+def _check_out(out_dir: Path, inputs: dict) -> None:
+    """Refuse an --out the run would spoil: one of its inputs (a drafter's config.json and
+    model.safetensors are written there), a file, or a directory with other things in it."""
+    for flag, path in inputs.items():
+        if path is not None and Path(path).resolve() == out_dir.resolve():
+            raise LabError(f"--out is the {flag} path: the run would overwrite it; choose another --out", out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise LabError("--out is a file: choose a directory", out_dir)
+    # A run makes metrics.jsonl first thing (fit), so a directory without it or a train state is not one.
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (
+            (out_dir / state.STATE_DIR).exists() or (out_dir / METRICS).exists()):
+        raise LabError("--out is not empty and holds no training run: choose a new or empty directory", out_dir)
 
 
 class _Run:
@@ -239,9 +259,14 @@ class _Run:
             self.watch = (baseline, watch)
         self.stop_reason: str | None = None
         check_config(cfg)
+        if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
+            raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")
         names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0, cfg.val_temperature > 0)  # replay: checked below
-        if cfg.keep_best and cfg.keep_best not in names:
-            raise LabError(f"keep_best: {cfg.keep_best!r} is not a validation metric; one of {', '.join(names)}")
+        # The metrics compared, checked now: the baseline may have no validation yet to check the watch's against.
+        compared = {"keep_best": cfg.keep_best, "watch_metric": watch.watch_metric if self.watch else ""}
+        for what, name in compared.items():
+            if name and name not in names:
+                raise LabError(f"{what}: {name!r} is not a validation metric; one of {', '.join(names)}")
         writer_cls = None
         if cfg.tensorboard and d.main:
             try:
@@ -257,9 +282,10 @@ class _Run:
         self.saved = None
         self.data = source.identity()
         self.replay = _replays(cfg.val_temperature, source.val_sampled_at, d.main)
-        if cfg.keep_best.startswith("replay") and not self.replay:
-            raise LabError(f"keep_best: {cfg.keep_best!r} needs validation text of the target's own tokens sampled "
-                           f"at {cfg.val_temperature} (data prepare --token-exact, or online --token-exact)")
+        for what, name in compared.items():
+            if name.startswith("replay") and not self.replay:
+                raise LabError(f"{what}: {name!r} needs validation text of the target's own tokens sampled "
+                               f"at {cfg.val_temperature} (data prepare --token-exact, or online --token-exact)")
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)
@@ -495,6 +521,7 @@ class _Run:
             return self.last_val
         if d.main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / METRICS).touch()  # first: it marks the directory a run's (_check_out)
             if self.report is not None:
                 console.print(self.report.table())
                 atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())

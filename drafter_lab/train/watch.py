@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,10 +116,11 @@ def matched(run: list[tuple], base: list[tuple], metric: str) -> list[dict]:
 
 
 def _gap_text(gaps: list[float], metric: str) -> str:
-    """Signed gaps as the metric reads: points of an accuracy, else plain values."""
-    if "acc" in metric:
+    """Signed gaps as the metric reads: points of an accuracy (acc_k, cond_acc_k, sampled_acc_k),
+    tokens of an accept length, else plain values."""
+    if re.search(r"(^|_)acc_\d+$", metric):
         return " / ".join(f"{100 * g:+.1f}" for g in gaps) + " points"
-    return " / ".join(f"{g:+.3g}" for g in gaps)
+    return " / ".join(f"{g:+.3g}" for g in gaps) + (" tokens" if "accept_len" in metric else "")
 
 
 def _parity(rows: list[dict]) -> float | None:
@@ -146,6 +148,8 @@ def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: 
     closing at all counts). The `*_where` name the files in errors."""
     if cfg.watch_window < 1:
         raise LabError(f"watch_window must be >= 1, got {cfg.watch_window}")
+    if not 0 <= cfg.watch_margin < math.inf:  # nan and inf too
+        raise LabError(f"watch_margin must be >= 0, got {cfg.watch_margin}")
     if cfg.watch_axis not in AXES:
         raise LabError(f"watch_axis must be one of {', '.join(AXES)}, got {cfg.watch_axis!r}")
     m, axis = cfg.watch_metric, cfg.watch_axis

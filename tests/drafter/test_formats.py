@@ -551,3 +551,12 @@ def test_read_vocab_reads_the_two_vocab_tensors_alone(tmp_path, drafter, monkeyp
     read.clear()
     full = read_checkpoint(d)
     assert len(read) == len(state) - 1 and torch.equal(full.tensors["t2d"], vocab.t2d)
+
+
+def test_export_to_a_file_is_one_line(tmp_path, capsys):
+    """Checked before the drafter is read: a nonexistent --drafter does not come first."""
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(LabError, match=f"^{tmp_path / 'afile'}: output is a file"):
+        export(tmp_path / "nothing", formats.SGLANG, tmp_path / "afile")
+    assert main(["export", "--drafter", str(tmp_path), "--format", "sglang", "--out", str(tmp_path / "afile")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

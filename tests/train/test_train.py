@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,8 +115,8 @@ def test_transfer_through_train(trained, peaked_llama, features, tmp_path):
                             ({"init_from": src, "l2sp": 1e4, "transfer_lr_scale": 0.5}, "transfer_lr_scale 1.0 there")):
         with pytest.raises(LabError, match=re.escape(f"--resume with a different transfer ({problem}")):
             train(cfg, peaked_llama, features, tmp_path / "d", resume=True, **kwargs)
-    with pytest.raises(LabError, match=re.escape(f"(init_from none there, {src} now)")):
-        train(CFG, peaked_llama, features, src, resume=True, init_from=src)  # the scratch run
+    with pytest.raises(LabError, match=re.escape(f"(init_from none there, {moved} now)")):
+        train(CFG, peaked_llama, features, src, resume=True, init_from=moved)  # the scratch run
     w = load_file(str(moved / "model.safetensors"))
     save_file({**w, "fc.weight": 2 * w["fc.weight"]}, str(moved / "model.safetensors"))  # other source weights
     with pytest.raises(LabError, match="source_fingerprint"):
@@ -237,6 +238,7 @@ def test_drafter_narrower_than_target_learns_its_own_embedding(peaked_llama, fea
 def test_lm_head_can_start_from_the_target(peaked_llama, features, tmp_path):
     cfg = TrainConfig(**{**CFG.__dict__, "max_steps": 1, "lr": 0.0, "warmup_steps": 0,
                          "init_lm_head_from_target": True})
+    (tmp_path / "h").mkdir()  # an empty --out is a new one
     train(cfg, peaked_llama, features, tmp_path / "h")
     drafter = load_drafter(tmp_path / "h")
     head = load_target(peaked_llama, tokenizer=False).lm_head_weight()
@@ -256,6 +258,8 @@ def test_drafter_shape_overrides_keep_the_targets_head_dim():
     cfg = _drafter_config(TrainConfig(drafter_intermediate_size=96), target, 32, [1, 2, 3])
     assert (cfg.head_dim, cfg.intermediate_size, cfg.hidden_size) == (32, 96, 64)
     assert _drafter_config(TrainConfig(drafter_hidden_size=48), target, 32, [1, 2, 3]).head_dim == 12
+    with pytest.raises(LabError, match=r"head_dim 15 \(hidden 30 / heads 2\) must be even"):  # RoPE turns pairs
+        _drafter_config(TrainConfig(drafter_hidden_size=30, drafter_heads=2, drafter_kv_heads=1), target, 32, [1, 2, 3])
 
 
 def test_a_resume_needs_the_transfer_remapped_the_same_way(tmp_path):
@@ -273,14 +277,87 @@ def test_a_resume_needs_the_transfer_remapped_the_same_way(tmp_path):
             _check_resume_transfer(saved, now, tmp_path)
 
 
-def test_source_target_needs_init_from(peaked_llama, features, tmp_path, capsys):
-    assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "o"),
-                 "--source-target", str(peaked_llama)]) == 2
-    assert "--source-target applies with --init-from" in capsys.readouterr().err
+@pytest.mark.parametrize("flags, given", [(["--source-target", "t"], "--source-target applies"),
+                                          (["--no-remap"], "--no-remap applies"), (["--l2sp", "0"], "--l2sp applies"),
+                                          (["--transfer-lr-scale", "1", "--l2sp", "0.1"],
+                                           "--l2sp, --transfer-lr-scale apply")])
+def test_transfer_options_need_init_from(tmp_path, capsys, flags, given):
+    """Refused even at their defaults: a flag given is a flag the user meant to take effect."""
+    assert main(["train", "--target", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o"),
+                 *flags]) == 2
+    assert capsys.readouterr().err == f"error: {given} with --init-from\n"
+
+
+@pytest.mark.parametrize("over", [{"l2sp": float("nan")}, {"l2sp": -1.0}, {"transfer_lr_scale": float("inf")},
+                                  {"transfer_lr_scale": -0.5}])
+def test_transfer_settings_refuse_nan_inf_and_negatives(tmp_path, over):
+    with pytest.raises(LabError, match="l2sp and transfer_lr_scale must be >= 0"):  # before the target is loaded
+        train(CFG, tmp_path / "t", tmp_path / "d", tmp_path / "o", init_from=tmp_path / "src", **over)
+
+
+def test_an_out_that_would_spoil_something_is_refused_first(tmp_path, monkeypatch, capsys):
+    """The run writes config.json and model.safetensors into --out: never into one of its inputs, a file, or a
+    directory of something else. All checked before the target is loaded (there is none here)."""
+    monkeypatch.chdir(tmp_path)
+    inputs = {"--target": "t", "--data": "d", "--val-data": "v", "--init-from": "src", "--source-target": "st"}
+    for path in inputs.values():
+        Path(path).mkdir()
+        Path(path, "config.json").write_text("{}")
+    kwargs = {"val_data": tmp_path / "v", "init_from": tmp_path / "src", "source_target": tmp_path / "st"}
+    for flag, path in inputs.items():
+        with pytest.raises(LabError, match=f"^{path}: --out is the {flag} path: the run would overwrite it"):
+            train(CFG, tmp_path / "t", tmp_path / "d", Path(path), **kwargs)
+        assert Path(path, "config.json").read_text() == "{}"
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(LabError, match="afile: --out is a file"):
+        train(CFG, "t", "d", tmp_path / "afile")
+    with pytest.raises(LabError, match="d: --out is not empty and holds no training run"):
+        train(CFG, "nothing", "nothing", "d")
+    assert main(["train", "--target", "t", "--data", "d", "--out", "afile"]) == 2
+    assert capsys.readouterr().err.strip() == "error: afile: --out is a file: choose a directory"
+
+
+def test_a_run_killed_before_it_logged_is_still_a_run(peaked_llama, features, tmp_path, monkeypatch):
+    """A run killed before its first metrics line leaves run.json: its directory is still a run's, which
+    --resume begins again (it has no train state)."""
+    from drafter_lab.train import loop
+
+    def killed(*a):
+        raise KeyboardInterrupt
+
+    cfg = TrainConfig(**{**CFG.__dict__, "max_steps": 2, "log_every": 10, "eval_every": 0})
+    with monkeypatch.context() as m:
+        m.setattr(loop._Run, "train_step", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, peaked_llama, features, tmp_path / "k")
+    assert (tmp_path / "k" / "run.json").exists() and not read_metrics(tmp_path / "k")
+    assert train(cfg, peaked_llama, features, tmp_path / "k", resume=True)["step"] == 2
+
+
+@pytest.mark.parametrize("name", ["meta", pytest.param("gpu", id="gpu-name"), "cuda:x", "cpu:0"])  # not the gpu mark
+def test_a_device_a_run_cannot_train_on_is_one_line(name):
+    from drafter_lab.train.distributed import pick_device
+
+    with pytest.raises(LabError, match=f"device must be auto, cpu, cuda or cuda:N, got '{name}'"):
+        pick_device(name)
+
+
+def test_cuda_is_taken_only_where_it_is_visible(monkeypatch):
+    from drafter_lab.train.distributed import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(LabError, match="no CUDA device is visible"):
+        pick_device("cuda")
+    assert pick_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert pick_device("cuda", local_rank=1) == torch.device("cuda:1")
+    with pytest.raises(LabError, match="device 'cuda:2': only 2 CUDA devices are visible"):
+        pick_device("cuda:2")
 
 
 @pytest.mark.parametrize("over", [{"val_temperature": float("nan")}, {"lr": float("nan")},
-                                  {"grad_clip": float("inf")}])
+                                  {"grad_clip": float("inf")}, {"seed": 2**64}, {"seed": -1}])
 def test_train_settings_refuse_nan_and_inf(over):
     from drafter_lab.train.config import check_config
 

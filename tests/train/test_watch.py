@@ -81,6 +81,24 @@ def test_losses_count_lower_as_better():
     assert not judge(curve({200: 2.4, 300: 2.1, 400: 1.9}, "loss_0"), base, cfg, 1000).stop
 
 
+def test_accept_lengths_read_in_tokens_accuracies_in_points():
+    cfg = dataclasses.replace(W, watch_metric="simulated_accept_len", watch_margin=0.05)
+    base = curve({100: 1.5, 200: 1.8, 300: 2.0}, "simulated_accept_len")
+    v = judge(curve({100: 1.2, 200: 1.3, 300: 1.3}, "simulated_accept_len"), base, cfg, 300)
+    assert v.stop and v.reason.startswith("simulated_accept_len -0.7 tokens against the baseline")
+    assert "(-0.3 / -0.5 / -0.7 tokens)" in v.reason
+    cfg = dataclasses.replace(W, watch_metric="sampled_acc_1")
+    v = judge(curve({100: 0.2, 200: 0.2, 300: 0.2}, "sampled_acc_1"), curve({100: 0.5, 200: 0.6, 300: 0.7},
+                                                                          "sampled_acc_1"), cfg, 300)
+    assert "(-30.0 / -40.0 / -50.0 points)" in v.reason
+
+
+@pytest.mark.parametrize("margin", [float("nan"), -0.01, float("inf")])
+def test_a_margin_that_means_nothing_is_refused(margin):
+    with pytest.raises(LabError, match=f"watch_margin must be >= 0, got {margin}"):
+        judge([], BASE, dataclasses.replace(W, watch_margin=margin), 2000)
+
+
 def test_replay_finds_the_first_stop():
     run = curve({0: 0.0, 100: 0.55, 200: 0.58, 300: 0.60, 400: 0.61, 500: 0.61, 600: 0.62})
     v = replay(run, BASE, W, 2000)
@@ -310,6 +328,18 @@ def test_bad_watch_input_is_one_line(baseline, peaked_llama, features, tmp_path,
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "y"),
                  "--watch-margin", "0.05"]) == 2
     assert "apply with --stop-if-behind only" in capsys.readouterr().err
+
+
+def test_a_mistyped_watch_metric_is_refused_before_the_baseline_validates(tmp_path):
+    """A baseline without a validation yet cannot show the metric missing: the run's own metric names
+    do, before the target is loaded (none is here)."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "metrics.jsonl").write_text("")
+    with pytest.raises(LabError, match="watch_metric: 'cond_acc_9' is not a validation metric; one of loss_0,"):
+        train(CFG, tmp_path / "no-target", tmp_path / "no-data", tmp_path / "out", stop_if_behind=base,
+              watch=WatchConfig(watch_metric="cond_acc_9"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_follow_waits_for_the_run_to_start_then_stops_it(tmp_path, capsys):

@@ -526,7 +526,10 @@ class _Run:
                 console.print(self.report.table())
                 atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
             atomic.write_json(self.out_dir / RUN_FILE, self.info)
-        self.tb = self.writer_cls(str(self.out_dir / "tensorboard")) if self.writer_cls else None
+        # Resumed, the steps after the checkpoint are logged again: purge the killed attempt's events of them
+        # (metrics.jsonl is cut back the same way), or TensorBoard draws both.
+        purge = {"purge_step": self.step + 1} if self.saved is not None else {}
+        self.tb = self.writer_cls(str(self.out_dir / "tensorboard"), **purge) if self.writer_cls else None
         if self.watch and self.watch_note and d.main:
             log(f"[yellow]watch:[/] {self.watch_note}")
         self.drafter.train()

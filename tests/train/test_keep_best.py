@@ -116,3 +116,33 @@ def test_an_unknown_metric_is_one_line(tmp_path, peaked_llama, features, capsys)
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "'accept_len' is not a validation metric" in err
     assert "simulated_accept_len" in err and not (tmp_path / "bad").exists()
+
+
+def test_a_resumed_run_purges_the_killed_attempts_tensorboard_events(monkeypatch, tmp_path, peaked_llama, features):
+    """The steps after the checkpoint are logged again on resume: events of them from the killed attempt
+    must go (SummaryWriter's purge_step), or TensorBoard draws two curves over those steps."""
+    import types
+
+    opened = []
+
+    class Writer:  # records what the run asks of TensorBoard (the package is not installed here)
+        def __init__(self, log_dir, purge_step=None):
+            opened.append(purge_step)
+
+        def add_scalar(self, *args):
+            pass
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    cfg = dataclasses.replace(CFG, checkpoint_every=4, keep_best="cond_acc_0", tensorboard=True)
+    with monkeypatch.context() as m:
+        _scripted(m, {}, kill_at=6)
+        with pytest.raises(_Killed):
+            train(cfg, peaked_llama, features, tmp_path / "run")
+    train(cfg, peaked_llama, features, tmp_path / "run", resume=True)
+    assert opened == [None, 5]  # a fresh run purges nothing; the resume, everything after step 4's checkpoint

@@ -160,18 +160,6 @@ def register(sub) -> None:
     c.set_defaults(func=run_costmodel)
 
 
-def _device(name: str):
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise LabError("--device cuda: no CUDA device is visible")
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise LabError(f"unknown device {name!r}: use auto, cpu or cuda")
-    return name
-
-
 def _prompt_sets(args) -> dict[str, tuple[str, list]]:
     """Each --prompts file's conversations (cut to --max-prompts), named by the file's stem."""
     from drafter_lab.data.conversations import read_conversations
@@ -240,7 +228,7 @@ def run_eval(args) -> int:
         drafter = _ngram_drafter(args)  # its flags are checked before the target loads
     elif (args.ngram_min, args.ngram_max, args.ngram_across_prompts) != (None, None, False):
         raise LabError("--ngram-min, --ngram-max and --ngram-across-prompts apply to n-gram drafting (--ngram)")
-    target = load_target(args.target, device=_device(args.device), dtype=dtype)
+    target = load_target(args.target, device=args.device, dtype=dtype)
     if not args.ngram:
         drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
 

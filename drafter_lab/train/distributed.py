@@ -6,13 +6,12 @@ Without torchrun's environment everything degrades to a single process and no-op
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import resolve_device
 
 
 @dataclass
@@ -45,19 +44,9 @@ class Dist:
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    # The devices a run trains on: torch takes others (meta, mps) and fails later, or refuses gpu with a traceback.
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
-        raise LabError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise LabError(f"device {name!r} requested but no CUDA device is visible")
-        dev = torch.device(name if ":" in name else f"cuda:{local_rank}")
-        if dev.index >= torch.cuda.device_count():
-            raise LabError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA devices are visible")
-        return dev
-    return torch.device(name)
+    """The device a run trains on: `resolve_device`'s, with a bare "cuda" taken as this rank's GPU."""
+    dev = resolve_device(name)
+    return resolve_device(f"cuda:{local_rank}") if dev.type == "cuda" and dev.index is None else dev
 
 
 def setup(device: str) -> Dist:

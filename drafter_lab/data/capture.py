@@ -51,9 +51,14 @@ from drafter_lab.data.capture_config import (
     without,
 )
 from drafter_lab.data.chat import rendered_with
-from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
+from drafter_lab.data.conversations import (
+    Conversation,
+    read_conversations,
+    refuse_below_file,
+    write_conversations,
+)
 from drafter_lab.data.encodings import encodings
-from drafter_lab.data.regenerate import SAMPLER, regenerate, stop_token_ids
+from drafter_lab.data.regenerate import SAMPLER, regenerate
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name, stored_text
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
@@ -63,9 +68,11 @@ from drafter_lab.targets.hf import (
     Target,
     check_aux_layer_ids,
     default_aux_layer_ids,
+    first_line,
     load_target,
     load_tokenizer,
     quiet_transformers,
+    stop_token_ids,
 )
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -112,7 +119,7 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)
     except Exception as e:
-        raise LabError(f"cannot load model tensor-parallel: {str(e).strip().splitlines()[0][:300]}", path) from None
+        raise LabError(f"cannot load model tensor-parallel: {first_line(e)}", path) from None
     model.eval().requires_grad_(False)
     return Target(path=path, model=model, tokenizer=load_tokenizer(path), fingerprint=fp)
 
@@ -174,6 +181,7 @@ def check_out_dir(out: Path) -> None:
     """An existing --out without a manifest may only hold what an earlier run of ours left."""
     if out.exists() and not out.is_dir():
         raise LabError("output path exists and is not a directory", out)
+    refuse_below_file(out)
     if not out.is_dir() or (out / MANIFEST).exists():
         return
     foreign = [
@@ -368,8 +376,9 @@ def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype
 
 
 def temperature_of(convs: list[Conversation]) -> float | None:
-    """The temperature every assistant turn of `convs` was sampled at, if one is recorded for all."""
-    temps = {m.get("temperature") for c in convs for m in c.messages if m["role"] == "assistant"}
+    """The temperature every sampled assistant turn of `convs` (one with `token_ids`) was sampled at, if
+    one is recorded for all. A turn of tool calls that regeneration keeps as recorded was not sampled."""
+    temps = {m.get("temperature") for c in convs for m in c.messages if m["role"] == "assistant" and "token_ids" in m}
     return temps.pop() if len(temps) == 1 else None  # {None}: none recorded
 
 

@@ -73,6 +73,7 @@ from drafter_lab.atomic import sha256_json
 from drafter_lab.data.capture_config import TEMPLATE_HASH, TOKENIZER_HASH, template_setting
 from drafter_lab.data.conversations import SAMPLING_FIELDS
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import first_line
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
@@ -91,7 +92,7 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
             **(template_kwargs or {})
         )
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
-        raise LabError(f"chat template rejects the conversation: {str(e).splitlines()[0][:200]}") from None
+        raise LabError(f"chat template rejects the conversation: {first_line(e)}") from None
 
 
 def _for_template(m: dict, parts: bool) -> dict:
@@ -299,7 +300,8 @@ def _turn_start(tokenizer, messages: list[dict], i: int, text: str, template_kwa
 def _stop_token_at(tokenizer, text: str, at: int, end_ids: frozenset[int]) -> str:
     """The token in `end_ids` that `text` holds at offset `at`, as text; '' where none is there (end
     tokens are special: the tokenizer never splits them, so their text there is that token)."""
-    return next((n for n in tokenizer.convert_ids_to_tokens(sorted(end_ids)) if text.startswith(n, at)), "")
+    names = tokenizer.convert_ids_to_tokens(sorted(end_ids))  # None for an id past the tokenizer (a padded vocab)
+    return next((n for n in names if n is not None and text.startswith(n, at)), "")
 
 
 def _closing(tokenizer, messages: list[dict], text: str, end_ids: frozenset[int], template_kwargs: dict | None,

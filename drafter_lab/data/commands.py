@@ -115,15 +115,14 @@ def _prepare(args) -> int:
 def _regenerate(args) -> int:
     from pathlib import Path
 
-    from drafter_lab.data.conversations import read_conversations, write_conversations
+    from drafter_lab.data.conversations import read_conversations, refuse_below_file, write_conversations
     from drafter_lab.progress import log
 
     source, out = Path(args.conversations), Path(args.out)
     # Refused now, not when the finished file is written after all the generation.
     if out.is_dir():
         raise LabError("--out is a directory; give the path of the jsonl file to write", out)
-    if not next(p for p in out.absolute().parents if p.exists()).is_dir():
-        raise LabError("--out lies below a file, not a directory", out)
+    refuse_below_file(out)
     convs, skipped = read_conversations(source)
     if not convs:
         raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)

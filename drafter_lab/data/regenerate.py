@@ -35,22 +35,13 @@ from drafter_lab.data.chat import THINK_TAGS, render, rendered_with, special_tok
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
+from drafter_lab.targets.hf import stop_token_ids
 
 
 def regenerated_turns(conv: Conversation) -> list[int]:
     """The assistant turns a regeneration writes anew: all but those making tool calls, which stay as
     recorded, since the tool results after them answer those calls and no tool runs here."""
     return [i for i in conv.assistant_turns() if "tool_calls" not in conv.messages[i]]
-
-
-def stop_token_ids(target) -> list[int]:
-    """The tokenizer's eos plus every eos the model's generation config lists (e.g. <|eot_id|>)."""
-    ids = [] if target.tokenizer.eos_token_id is None else [int(target.tokenizer.eos_token_id)]
-    gen_eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-    for i in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
-        if i is not None and int(i) not in ids:
-            ids.append(int(i))
-    return ids
 
 
 # Every knob a model's generation_config.json may set that reshapes the distribution (Qwen2.5 ships

@@ -28,6 +28,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import first_line
 
 FORMAT = "drafter_lab.features/1"
 MANIFEST = "manifest.json"
@@ -103,7 +104,34 @@ class Manifest:
         data.pop("counts", None)
         if unknown := sorted(data.keys() - {f.name for f in fields(cls)}):
             raise LabError(f"unknown field {unknown[0]!r} (written by a newer drafter_lab?)", path)
+        _check_shape(data, path)
         return cls(**data)
+
+
+_FIELD_TYPES = {"target": (dict, "an object"), "aux_layer_ids": (list, "a list"), "dtype": (str, "a string"),
+                "source": (dict, "an object"), "shards": (dict, "an object"), "skipped": (dict, "an object")}
+_ROW_COUNTS = ("sequences", "tokens", "loss_tokens")
+
+
+def _check_shape(data: dict, path: Path) -> None:
+    """A manifest's fields of the types the lab reads them as: an edited or foreign one is refused
+    here in one line, not met as a TypeError wherever a field is first used."""
+    if missing := [k for k in ("target", "aux_layer_ids", "dtype") if k not in data]:
+        raise LabError(f"no {missing[0]!r} field", path)
+    for name, (kind, what) in _FIELD_TYPES.items():
+        if name in data and not isinstance(data[name], kind):
+            raise LabError(f"{name!r} is not {what}", path)
+    if not (isinstance(data["target"].get("fingerprint"), str) and type(data["target"].get("hidden_size")) is int):
+        raise LabError("'target' lacks its fingerprint or hidden_size", path)
+    if not all(type(i) is int for i in data["aux_layer_ids"]):
+        raise LabError("'aux_layer_ids' holds a non-integer", path)
+    for split, rows in data.get("shards", {}).items():
+        if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
+            raise LabError(f"shards of {split!r} are not a list of objects", path)
+        for r in rows:
+            if not isinstance(r.get("file"), str) or not all(type(r.get(k)) is int for k in _ROW_COUNTS):
+                raise LabError(f"a {split!r} shard row lacks a string 'file' or integer {', '.join(_ROW_COUNTS)}",
+                               path)
 
 
 def shard_name(split: str, index: int) -> str:
@@ -179,7 +207,7 @@ class SequenceRef:
 def _corrupt(e: Exception, path: Path) -> LabError:
     if isinstance(e, FileNotFoundError):
         return LabError("feature shard is missing", path)
-    return LabError(f"truncated or corrupt feature shard ({str(e).splitlines()[0][:200]})", path)
+    return LabError(f"truncated or corrupt feature shard ({first_line(e)})", path)
 
 
 def _open(path: Path):

@@ -31,7 +31,7 @@ from drafter_lab.data.capture import (
 )
 from drafter_lab.data.shards import MANIFEST, Manifest, Sequence
 from drafter_lab.errors import LabError
-from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, load_target_head
+from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, first_line, load_target_head
 
 FORMAT = "specforge-offline"
 KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
@@ -66,7 +66,7 @@ def _load(path: Path) -> dict:
     try:
         d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
-        raise LabError(f"cannot read as a SpecForge sample ({str(e).strip().splitlines()[0][:200]})", path) from None
+        raise LabError(f"cannot read as a SpecForge sample ({first_line(e)})", path) from None
     if not isinstance(d, dict):
         raise LabError(f"holds {type(d).__name__}, not a SpecForge sample (a dict of tensors)", path)
     missing = sorted(set(KEYS) - set(d))

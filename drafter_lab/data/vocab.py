@@ -17,6 +17,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import first_line
 
 FORMAT = "drafter_lab.vocab/1"
 
@@ -78,7 +79,7 @@ class DraftVocab:
         except FileNotFoundError:
             raise LabError("draft vocabulary file not found", path) from None
         except Exception as e:
-            raise LabError(f"truncated or corrupt safetensors ({str(e).splitlines()[0][:200]})", path) from None
+            raise LabError(f"truncated or corrupt safetensors ({first_line(e)})", path) from None
         return cls.checked(d2t, t2d, path)
 
     @classmethod

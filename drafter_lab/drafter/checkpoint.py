@@ -22,6 +22,7 @@ from drafter_lab.drafter.config import FORMATS, DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
+from drafter_lab.targets.hf import first_line
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -69,7 +70,7 @@ def _read_file(f: Path, only: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
                 return {k: fh.get_tensor(k) for k in fh.keys() if not only or formats.canonical_name(k) in only}
         state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many types for a bad file
-        raise LabError(f"truncated or corrupt weights file ({str(e).splitlines()[0][:200]})", f) from None
+        raise LabError(f"truncated or corrupt weights file ({first_line(e)})", f) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

@@ -37,6 +37,7 @@ from drafter_lab.spec.phases import PhaseClock
 from drafter_lab.spec.sampling import SAMPLE_TOPK, probs_from_logits, sample
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import DraftTree, chain
+from drafter_lab.targets.hf import stop_token_ids
 
 
 @dataclass
@@ -126,16 +127,6 @@ class Generation:
     add up to the decode's."""
 
 
-def eos_ids(target) -> set[int]:
-    ids = set()
-    for v in (getattr(target.tokenizer, "eos_token_id", None), getattr(target.config, "eos_token_id", None)):
-        if isinstance(v, int):
-            ids.add(v)
-        elif isinstance(v, (list, tuple)):
-            ids.update(int(i) for i in v)
-    return ids
-
-
 def _root_only(root: torch.Tensor) -> DraftTree:
     return chain(root, root[:, None][:, :0])
 
@@ -149,7 +140,7 @@ class SpecEngine:
         aux_ids = drafter.config.aux_layer_ids if drafter is not None else []
         self.target = TargetRunner(target.model, aux_ids, target.path)
         self.drafter = DrafterRunner(drafter, self.cfg.use_fused) if drafter is not None else None
-        self.eos = eos_ids(target) if self.cfg.stop_at_eos else set()
+        self.eos = set(stop_token_ids(target)) if self.cfg.stop_at_eos else set()
         self.vocab = target.vocab_size
         self.pad_id = getattr(target.tokenizer, "pad_token_id", None) or 0
 

@@ -29,7 +29,7 @@ from drafter_lab.progress import log
 from drafter_lab.targets import corpus as corpus_mod
 from drafter_lab.targets.drift import measure_drift
 from drafter_lab.targets.fingerprint import fingerprint
-from drafter_lab.targets.hf import default_aux_layer_ids, quiet_transformers
+from drafter_lab.targets.hf import default_aux_layer_ids, quiet_transformers, resolve_device
 from drafter_lab.targets.presets import PRESETS, TargetConfig, resolve
 from drafter_lab.targets.tokenizer import train_bpe
 from drafter_lab.targets.train_lm import encode_conversations, train_lm
@@ -47,16 +47,6 @@ def default_cache_dir() -> Path:
     """$DRAFTER_LAB_CACHE/targets, else ~/.cache/drafter_lab/targets."""
     root = os.environ.get("DRAFTER_LAB_CACHE") or Path.home() / ".cache" / "drafter_lab"
     return Path(root) / "targets"
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise LabError("device 'cuda' requested but no CUDA device is visible")
-    if name not in ("cpu", "cuda"):
-        raise LabError(f"unknown device {name!r}; known: auto, cpu, cuda")
-    return torch.device(name)
 
 
 def _llama(cfg: TargetConfig, tok):
@@ -290,7 +280,7 @@ def build_pair(
         cfg = dataclasses.replace(cfg, drift=float(drift))
     out_dir = Path(out_dir)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     files = corpus_mod.source_files(cfg.corpus_max_files)
     content_hash = corpus_mod.corpus_hash(files)
     base_key = sha256_json([CODE_VERSION, device.type, content_hash, cfg.base_fields()])[:16]

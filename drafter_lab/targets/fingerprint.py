@@ -80,10 +80,12 @@ def _safetensors_sample(f: Path, fh, size: int, h) -> None:
     try:
         entries = json.loads(header)
         spans = sorted((name, *e["data_offsets"]) for name, e in entries.items() if name != "__metadata__")
+        if not all(len(s) == 3 and all(type(x) is int for x in s[1:]) for s in spans):
+            raise ValueError("data_offsets is not a pair of integers")
     except (ValueError, TypeError, KeyError, AttributeError):
         raise LabError("not a safetensors file: unreadable header", f) from None
     for name, begin, end in spans:
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= size - 8 - n):
+        if not 0 <= begin <= end <= size - 8 - n:
             raise LabError(f"safetensors header: tensor {name} lies outside the file", f)
         for at, length in _windows(8 + n + begin, end - begin, TENSOR_STRIDE, TENSOR_WINDOWS):
             h.update(_read(fh, at, length))

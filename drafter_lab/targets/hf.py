@@ -95,11 +95,13 @@ class Target(_TargetFacts):
 
     @property
     def config(self):
-        return self.model.config
+        """The (text) model config: a multimodal wrapper's own lacks the layer count and hidden size."""
+        return self.model.config.get_text_config()
 
     @property
     def architecture(self) -> str:
-        return (self.config.architectures or [type(self.model).__name__])[0]
+        # The wrapper's class where there is one: what a serving engine loads as the verifier.
+        return (self.model.config.architectures or [type(self.model).__name__])[0]
 
     @property
     def device(self) -> torch.device:
@@ -124,10 +126,8 @@ class TargetHead(_TargetFacts):
     embed: torch.Tensor
     lm_head: torch.Tensor
     fingerprint: str
-
-    @property
-    def architecture(self) -> str:
-        return (getattr(self.config, "architectures", None) or ["unknown"])[0]
+    architecture: str
+    """The model class config.json names (a multimodal wrapper's, whose text config names none)."""
 
     def embed_weight(self) -> torch.Tensor:
         return self.embed
@@ -143,7 +143,7 @@ def load_tokenizer(path):
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # transformers raises many types for a broken dir
-        raise LabError(f"cannot load tokenizer: {_first_line(e)}", path) from None
+        raise LabError(f"cannot load tokenizer: {first_line(e)}", path) from None
     if not getattr(tok, "chat_template", None):
         warnings.warn(f"{path}: no chat template; using the default ChatML template", stacklevel=2)
         tok.chat_template = DEFAULT_CHAT_TEMPLATE
@@ -152,20 +152,39 @@ def load_tokenizer(path):
     return tok
 
 
+def resolve_device(name) -> torch.device:
+    """`name` ("auto", "cpu", "cuda", "cuda:N" or a torch.device) as a device this machine has; else a
+    one-line error, not torch's assertion from deep inside `model.to`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise LabError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LabError(f"device {name!r}: no CUDA device is visible")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise LabError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return device
+
+
 def load_target(
     path, device="cpu", dtype: torch.dtype | None = torch.float32, tokenizer: bool = True
 ) -> Target:
     """Load a local HF causal LM directory (no hub access) for inference."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = Path(path)
+    path, device = Path(path), resolve_device(device)
     _check_model_dir(path)
     try:
         AutoConfig.from_pretrained(str(path))
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     except Exception as e:
-        raise LabError(f"cannot load model: {_first_line(e)}", path) from None
+        raise LabError(f"cannot load model: {first_line(e)}", path) from None
     model.to(device).eval()
     model.requires_grad_(False)
     tok = load_tokenizer(path) if tokenizer else None
@@ -195,7 +214,7 @@ def _safetensors(f: Path):
         with safe_open(str(f), "pt") as fh:
             yield fh
     except (OSError, SafetensorError) as e:
-        raise LabError(f"cannot read safetensors file: {_first_line(e)}", f) from None
+        raise LabError(f"cannot read safetensors file: {first_line(e)}", f) from None
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
@@ -231,14 +250,15 @@ def load_target_head(path, device="cpu") -> TargetHead:
     path = Path(path)
     _check_model_dir(path)
     try:
-        config = AutoConfig.from_pretrained(str(path)).get_text_config()
+        whole = AutoConfig.from_pretrained(str(path))
     except Exception as e:
-        raise LabError(f"cannot read the model config: {_first_line(e)}", path) from None
+        raise LabError(f"cannot read the model config: {first_line(e)}", path) from None
+    config, architecture = whole.get_text_config(), (getattr(whole, "architectures", None) or ["unknown"])[0]
     files = _tensor_files(path)
     if not files:
         full = load_target(path, device=device, tokenizer=False)
         return TargetHead(path, config, full.embed_weight().detach(), full.lm_head_weight().detach(),
-                          full.fingerprint)
+                          full.fingerprint, architecture)
 
     def find(suffix: str) -> str | None:
         names = sorted((n for n in files if n == suffix or n.endswith("." + suffix)), key=len)
@@ -254,7 +274,7 @@ def load_target_head(path, device="cpu") -> TargetHead:
     if embed.shape[1] != int(config.hidden_size) or head.shape[1] != int(config.hidden_size):
         raise LabError(f"embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not match "
                        f"hidden_size {config.hidden_size}", path)
-    return TargetHead(path, config, embed.to(device), head.to(device), fingerprint(path))
+    return TargetHead(path, config, embed.to(device), head.to(device), fingerprint(path), architecture)
 
 
 @contextlib.contextmanager
@@ -272,6 +292,24 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def _first_line(e: Exception) -> str:
+def stop_token_ids(target) -> list[int]:
+    """The ids that end a reply: the tokenizer's eos, the model config's (a multimodal wrapper's own,
+    else its text model's) and each one its generation config lists (e.g. <|eot_id|>); the tokenizer's
+    first."""
+    model = target.model
+    config_eos = getattr(model.config, "eos_token_id", None)
+    if config_eos is None:
+        config_eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+    ids: list[int] = []
+    for v in (getattr(target.tokenizer, "eos_token_id", None), config_eos,
+              getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        for i in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return ids
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message for a one-line error: its first line, or its type where it has none."""
     text = str(e).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:300]

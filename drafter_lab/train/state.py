@@ -16,6 +16,7 @@ import torch
 
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import first_line
 
 STATE_DIR = "train_state"
 STATE_FILE = "state.pt"
@@ -51,4 +52,4 @@ def load(out_dir) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises many types for a damaged pickle
-        raise LabError(f"train state is unreadable ({str(e).splitlines()[0][:200]})", path) from None
+        raise LabError(f"train state is unreadable ({first_line(e)})", path) from None

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from drafter_lab.data.chat import render
-from drafter_lab.data.regenerate import generate_texts, generation_config, stop_token_ids
-from drafter_lab.targets.hf import load_target
+from drafter_lab.data.regenerate import generate_texts, generation_config
+from drafter_lab.targets.hf import load_target, stop_token_ids
 
 torch.set_num_threads(1)
 target = load_target(sys.argv[1])

@@ -162,6 +162,21 @@ def test_bad_input_one_line_exit_2_no_output(case, message, random_llama, tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", [("prepare", "--conversations"), ("import-specforge", "--hidden-states")])
+def test_an_out_below_a_file_is_refused_before_any_work(tmp_path, capsys, command):
+    """Not once every shard is computed: the target (none here) is not even loaded."""
+    (tmp_path / "sf").mkdir()
+    src = write_jsonl(tmp_path / "sf" / "c.jsonl", make_conversations(2))
+    (tmp_path / "sf" / "a.ckpt").touch()
+    (tmp_path / "f").touch()
+    out = tmp_path / "f" / "sub" / "feat"
+    name, given = command
+    assert run_cli("data", name, given, src if name == "prepare" else src.parent, "--target", tmp_path / "no-such-target",
+                   "--out", out) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {out}: --out lies below a file, not a directory\n"
+
+
 def test_truncated_shard_is_an_error_when_reading(features, tmp_path, capsys):
     out = tmp_path / "feat"
     shutil.copytree(features, out)

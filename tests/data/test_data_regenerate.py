@@ -13,10 +13,10 @@ from test_data_capture import snapshot
 from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render
 from drafter_lab.data.conversations import read_conversations
-from drafter_lab.data.regenerate import regenerate, stop_token_ids
+from drafter_lab.data.regenerate import regenerate
 from drafter_lab.data.shards import FeatureSet, Manifest
 from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint
-from drafter_lab.targets.hf import load_target
+from drafter_lab.targets.hf import load_target, stop_token_ids
 
 NEW_TOKENS = 6
 

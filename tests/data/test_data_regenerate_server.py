@@ -21,13 +21,13 @@ from drafter_lab.data import regenerate_server
 from drafter_lab.data.capture import sampled_at
 from drafter_lab.data.chat import render, rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations
-from drafter_lab.data.regenerate import generate_texts, generation_config, regenerated_turns, stop_token_ids
+from drafter_lab.data.regenerate import generate_texts, generation_config, regenerated_turns
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.servers import PLAIN
-from drafter_lab.targets.hf import fingerprint, load_target, load_tokenizer
+from drafter_lab.targets.hf import fingerprint, load_target, load_tokenizer, stop_token_ids
 
 SERVER = Path(__file__).with_name("chat_server.py")
 GEN = ("--max-new-tokens", "6", "--seed", "0")

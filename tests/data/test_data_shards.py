@@ -56,6 +56,13 @@ def test_a_shard_lands_only_with_every_sequence_in_its_slot(features, tmp_path):
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda m: {**m, "created_by": "drafter_lab 9"}, "unknown field 'created_by' (written by a newer drafter_lab?)"),
     (lambda m: [m], "not a JSON object"),
+    *[(lambda m, k=k: {f: v for f, v in m.items() if f != k}, f"no {k!r} field")
+      for k in ("target", "aux_layer_ids", "dtype")],
+    (lambda m: {**m, "shards": []}, "'shards' is not an object"),
+    (lambda m: {**m, "target": {**m["target"], "hidden_size": "64"}}, "'target' lacks its fingerprint or hidden_size"),
+    (lambda m: {**m, "shards": {**m["shards"], "train": [{**m["shards"]["train"][0], "file": 7}]}},
+     "a 'train' shard row lacks a string 'file' or integer sequences, tokens, loss_tokens"),
+    (lambda m: {**m, "shards": {"train": "train-00000.safetensors"}}, "shards of 'train' are not a list of objects"),
 ])
 def test_a_manifest_of_another_shape_is_one_line_naming_it(features, tmp_path, edit, message):
     manifest = json.loads((features / MANIFEST).read_text())

@@ -16,6 +16,7 @@ from test_data_regenerate_server import requests, serving
 
 from drafter_lab.data import regenerate as regenerate_module
 from drafter_lab.data import regenerate_server
+from drafter_lab.data.capture import prepare_features, sampled_at
 from drafter_lab.data.chat import dropped_calls, encode_conversation, render
 from drafter_lab.data.conversations import content_id, read_conversations, write_conversations
 from drafter_lab.data.regenerate import generate_texts, generation_config, regenerate
@@ -208,6 +209,10 @@ def test_local_regeneration_keeps_calls_and_answers_after_their_results(hermes_l
         prompt = render(target.tokenizer, before.messages[:4], True, tools=TOOLS)
         ((text, ids),) = generate_texts(target, [prompt], generation_config(target, 0.0, 6))
         assert (after.messages[4]["content"], after.messages[4]["token_ids"]) == (text, ids)
+    # Captured token for token, the answers say how they were sampled: the calls kept as recorded were not.
+    write_conversations(tmp_path / "r.jsonl", out)
+    manifest = prepare_features(hermes_llama, tmp_path / "r.jsonl", tmp_path / "feat", token_exact=True, val_fraction=0.0)
+    assert sampled_at(manifest.source) == 0.0
 
 
 def test_server_regeneration_sends_tools_and_calls_and_resumes(hermes_llama, tmp_path, monkeypatch):

@@ -76,7 +76,7 @@ def test_continuous_schedule_keeps_the_batch_full(target, trained_drafter, conve
     passes than batch after batch, and none of its rows is a finished one riding along."""
     plain = SpecEngine(target, None, SpecConfig(max_new_tokens=24, stop_at_eos=False))
     eos = late_tokens(plain.generate(prompts, speculative=False).tokens, first=3)
-    monkeypatch.setattr(engine_module, "eos_ids", lambda target: eos)
+    monkeypatch.setattr(engine_module, "stop_token_ids", lambda target: sorted(eos))
     runs = {continuous: evaluate(target, trained_drafter, conversations, batch=3, continuous=continuous,
                                  max_new_tokens=24) for continuous in (False, True)}
     static, cont = runs[False], runs[True]

@@ -139,7 +139,11 @@ def test_a_name_recorded_the_older_way_is_kept_beside_the_work_that_holds_it(tmp
                                            ((10 ** 9).to_bytes(8, "little"), "bad header length"),
                                            (len(b"{nope").to_bytes(8, "little") + b"{nope", "unreadable header"),
                                            (len(h := b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 99]}}')
-                                            .to_bytes(8, "little") + h + bytes(16), "tensor w lies outside the file")])
+                                            .to_bytes(8, "little") + h + bytes(16), "tensor w lies outside the file"),
+                                           (len(h := b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8, 16]}}')
+                                            .to_bytes(8, "little") + h + bytes(16), "unreadable header"),
+                                           (len(h := b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, "8"]}}')
+                                            .to_bytes(8, "little") + h + bytes(16), "unreadable header")])
 def test_a_broken_safetensors_file_is_one_line_naming_it(tmp_path, data, problem):
     model = tmp_path / "m"
     model.mkdir()

@@ -1,5 +1,6 @@
 """load_target_head: a target's embedding and lm_head read from its files, equal to the loaded model's,
-for one file, shards with an index, a tied head, a multimodal-style prefix and .bin-only checkpoints."""
+for one file, shards with an index, a tied head, a multimodal-style prefix and .bin-only checkpoints;
+a multimodal wrapper loads and captures by its text model."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from drafter_lab.data.capture import prepare_features
+from drafter_lab.data.shards import FeatureSet
 from drafter_lab.errors import LabError
-from drafter_lab.targets.hf import load_target, load_target_head
+from drafter_lab.targets.hf import load_target, load_target_head, load_tokenizer, stop_token_ids
 
 
 def _llama(out, tie=False, **save_kw):
@@ -85,3 +88,35 @@ def test_a_bad_weights_file_is_one_line_naming_it(tmp_path):
     (path / "model.safetensors.index.json").write_text("[]")  # valid JSON, no index
     with pytest.raises(LabError, match="not a shard index"):
         load_target_head(path)
+
+
+def test_a_multimodal_wrapper_is_a_target_by_its_text_model(random_llama, tmp_path):
+    """AutoModelForCausalLM loads Gemma 3's image-text checkpoint as the wrapper, whose own config has
+    no num_hidden_layers or hidden_size: they are its text config's."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    tok = load_tokenizer(random_llama)
+    text = dict(vocab_size=len(tok) + 4, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14)
+    torch.manual_seed(0)
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=len(tok),
+                       boi_token_index=len(tok) + 1, eoi_token_index=len(tok) + 2,
+                       eos_token_id=[tok.eos_token_id, len(tok) + 3])  # Gemma 3 lists <end_of_turn> here
+    path = tmp_path / "gemma3"
+    Gemma3ForConditionalGeneration(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    head = _same_as_loaded(path)
+    assert (head.architecture, head.num_layers, head.hidden_size) == ("Gemma3ForConditionalGeneration", 5, 32)
+    # decoding and loss masks stop where the wrapper's config says, not only where its text model's does
+    wrapped = load_target(path)
+    wrapped.model.generation_config.eos_token_id = None  # as where no generation_config.json ships
+    assert stop_token_ids(wrapped) == [tok.eos_token_id, len(tok) + 3]  # not the text config's default (1)
+    convs = tmp_path / "chats.jsonl"
+    convs.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer number {i}"}]}) + "\n"
+        for i in range(3)))
+    manifest = prepare_features(path, convs, tmp_path / "feat", max_length=64, val_fraction=0.0)
+    assert manifest.aux_layer_ids == [2, 2, 2] and manifest.target == head.describe()
+    assert [s.aux_hidden.shape[1] for s in FeatureSet(tmp_path / "feat").sequences("train")] == [96] * 3

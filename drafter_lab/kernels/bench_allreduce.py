@@ -75,6 +75,8 @@ def _for_world(args, world: int) -> argparse.Namespace:
     (measure those with --gpu-streams instead)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     keep = [b for b in args.backends if b in ("cpu", "gloo") or gpus >= world]
+    if not keep:  # it would print an empty table, or write a simulator JSON without an all-reduce
+        raise LabError(f"{world} ranks: none of {', '.join(args.backends)} can run here ({gpus} GPU(s) visible)")
     if keep != args.backends:
         log(f"{world} ranks: skipping {', '.join(sorted(set(args.backends) - set(keep)))} ({gpus} GPU(s) visible)")
     return argparse.Namespace(**{**vars(args), "backends": keep})
@@ -144,10 +146,13 @@ def _iters(nbytes: int, base: int) -> int:
 
 
 def _algo_name(comm: Communicator, nbytes: int) -> str:
-    """What `comm` runs for a sum of `nbytes` by its thresholds."""
-    if nbytes <= min(comm.ll_max_bytes, comm.ll_capacity):
-        return "LL"
-    return "1-shot" if nbytes <= comm.one_shot_max_bytes else "2-shot"
+    """What `comm` runs for a sum of `nbytes` by its thresholds: a sum beyond its capacity runs as
+    chunks of the capacity, each picked by its own size (named by the first, with their count)."""
+    chunks = -(-nbytes // comm.capacity)
+    size = min(nbytes, comm.capacity)
+    name = ("LL" if size <= min(comm.ll_max_bytes, comm.ll_capacity)
+            else "1-shot" if size <= comm.one_shot_max_bytes else "2-shot")
+    return name if chunks == 1 else f"{chunks}x {name}"
 
 
 def _latency_worker(rank, world, store_path, args, queue):
@@ -460,8 +465,13 @@ def main(argv: list[str] | None = None) -> int:
         raise LabError(f"--ranks must be in 1..{MAX_RANKS}, got {' '.join(map(str, args.ranks))}")
     if unknown := sorted(set(args.backends) - set(BACKENDS)):
         raise LabError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
-    if args.iters < 1:
-        raise LabError(f"--iters must be at least 1, got {args.iters}")
+    counts = {"--iters": [args.iters], "--sizes": args.sizes, "--tokens": args.tokens, "--layers": [args.layers],
+              "--inner": [args.inner], "--sim-reps": [args.sim_reps], "--blocks": [args.blocks]}
+    for flag, values in counts.items():  # each was a rank's traceback, a silent 2-byte message or a 0-byte row
+        if min(values) < 1:
+            raise LabError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
+    if not 0 < args.timeout < float("inf"):
+        raise LabError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     itemsize = DTYPES[args.dtype].itemsize  # what is sent: whole elements, at least one, so label those bytes
     args.sizes = list(dict.fromkeys(max(1, s // itemsize) * itemsize for s in args.sizes))
     if not _ext.available():

@@ -55,6 +55,12 @@ def test_tp_sim_writes_what_the_cost_model_reads(tmp_path):
     (["--ranks", "2", "17"], "--ranks must be in 1..16, got 2 17"),
     (["--backends", "cpu", "nvlink"], "unknown backend\\(s\\) nvlink; known: cpu, cuda-host, cuda-ipc, gloo, nccl"),
     (["--iters", "0"], "--iters must be at least 1"),
+    # each was a rank's traceback, a silent 2-byte message, or a 0-byte row in the cost model's JSON
+    (["--sizes", "-4096", "0"], "--sizes must be at least 1, got -4096 0"),
+    (["--tp-sim", "--tokens", "0"], "--tokens must be at least 1"),
+    (["--tp-sim", "--sim-reps", "0"], "--sim-reps must be at least 1"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds"),
 ])
 def test_bad_ranks_backends_and_iters_are_refused(argv, message):
     from drafter_lab.errors import LabError
@@ -71,3 +77,30 @@ def test_sizes_are_labelled_by_the_bytes_sent_and_iters_are_honoured(capsys):
     sizes = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if line.split()[1:2] in (["B"], ["KB"])]
     assert sizes == [["2", "B"], ["1", "KB"]]  # bfloat16: 3 bytes send one element, as 2 do
     assert (_iters(1024, 10), _iters(1 << 20, 2000), _iters(1 << 20, 100)) == (10, 125, 50)
+
+
+def test_a_world_no_backend_can_run_is_refused(monkeypatch):
+    """GPU backends with fewer GPUs than ranks are dropped; with nothing left the run printed an empty
+    table (or wrote a simulator JSON without an all-reduce) and exited 0."""
+    from drafter_lab.errors import LabError
+    from drafter_lab.kernels import bench_allreduce
+
+    monkeypatch.setattr(bench_allreduce.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(LabError, match="^2 ranks: none of nccl can run here"):
+        bench_allreduce.main(["--ranks", "2", "--backends", "nccl"])
+
+
+def test_a_sum_beyond_capacity_is_labelled_by_its_chunks():
+    """The native side picks each capacity-sized chunk's algorithm by that chunk's size: a 2 MB sum on a
+    1 MB communicator whose one-shot covers its capacity runs two one-shot chunks, not a two-shot."""
+    import os
+
+    from drafter_lab.kernels.allreduce import Communicator
+    from drafter_lab.kernels.bench_allreduce import _algo_name
+
+    with Communicator(0, 1, name=f"test-label-{os.getpid()}", max_bytes=1 << 20) as comm:
+        comm.one_shot_max_bytes = comm.capacity
+        assert _algo_name(comm, 2 << 20) == "2x 1-shot"
+        assert _algo_name(comm, comm.capacity) == "1-shot"
+        comm.one_shot_max_bytes = 0
+        assert _algo_name(comm, (2 << 20) + 2) == "3x 2-shot"

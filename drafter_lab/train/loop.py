@@ -208,6 +208,8 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     fallen behind the baseline at equal steps and is not catching up.
     """
     val = None if val_data is None else Path(val_data)
+    if val is not None and val.resolve() == Path(data_dir).resolve():  # its train split would score itself
+        raise LabError("--val-data is the --data path: validation would score what the drafter trains on", val)
     _check_out(Path(out_dir), {"--target": target_dir, "--data": data_dir, "--val-data": val_data,
                                "--init-from": init_from, "--source-target": source_target})
     d = distributed.setup(cfg.device)

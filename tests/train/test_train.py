@@ -315,6 +315,8 @@ def test_an_out_that_would_spoil_something_is_refused_first(tmp_path, monkeypatc
         train(CFG, "nothing", "nothing", "d")
     assert main(["train", "--target", "t", "--data", "d", "--out", "afile"]) == 2
     assert capsys.readouterr().err.strip() == "error: afile: --out is a file: choose a directory"
+    with pytest.raises(LabError, match="^d: --val-data is the --data path: validation would score what the drafter"):
+        train(CFG, "t", "d", tmp_path / "new", val_data="./d")
 
 
 def test_a_run_killed_before_it_logged_is_still_a_run(peaked_llama, features, tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ import torch
 
 from drafter_lab.atomic import atomic_dir, save_safetensors, sha256_json, write_json
 from drafter_lab.errors import LabError
+from drafter_lab.locks import building
 from drafter_lab.progress import log
 from drafter_lab.targets import corpus as corpus_mod
 from drafter_lab.targets.drift import measure_drift
@@ -297,17 +298,21 @@ def build_pair(
 
     corpus = _Corpus(cfg, files, content_hash)
     base_dir, tuned_dir = cache / f"base-{base_key}", cache / f"tuned-{tuned_key}"
-    base_cached = not force and (base_dir / "build.json").exists()
-    tuned_cached = not force and (tuned_dir / "build.json").exists()
+    # Each stage under its cache entry's lock, looked up again once held: studies at other drifts share
+    # the base, and one started beside another would train it a second time.
     with torch_threads(cfg.threads):
-        if base_cached:
-            log(f"base: cached ({base_dir})")
-        else:
-            _build_base(cfg, corpus, base_key, base_dir, device)
-        if tuned_cached:
-            log(f"tuned: cached ({tuned_dir})")
-        else:
-            _build_tuned(cfg, corpus, base_dir, tuned_key, tuned_dir, device)
+        with building(base_dir, "base target"):
+            base_cached = not force and (base_dir / "build.json").exists()
+            if base_cached:
+                log(f"base: cached ({base_dir})")
+            else:
+                _build_base(cfg, corpus, base_key, base_dir, device)
+        with building(tuned_dir, "tuned target"):
+            tuned_cached = not force and (tuned_dir / "build.json").exists()
+            if tuned_cached:
+                log(f"tuned: cached ({tuned_dir})")
+            else:
+                _build_tuned(cfg, corpus, base_dir, tuned_key, tuned_dir, device)
 
     base_info = json.loads((base_dir / "build.json").read_text())
     tuned_info = json.loads((tuned_dir / "build.json").read_text())

@@ -209,3 +209,28 @@ def test_cli_help_lists_every_config_field(capsys):
     assert "--drift" in printed and all(
         f"--{f.name.replace('_', '-')}" in printed for f in dataclasses.fields(PRESETS["micro"])
     )
+
+
+def test_a_base_another_run_is_building_is_waited_for(pair, cache, tmp_path, monkeypatch):
+    """Studies at other drifts share the base: one started beside another waits for its build under the
+    entry's lock, then finds it cached (both trained it before)."""
+    import threading
+
+    from drafter_lab import locks
+
+    _, info = pair
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from drafter_lab.locks import building\n"
+         "with building(Path(sys.argv[1]), 'x'):\n    print('held', flush=True); sys.stdin.readline()",
+         str(cache / f"base-{info['base_key']}")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    waiting, built = threading.Event(), []
+    monkeypatch.setattr(locks, "log", lambda line: waiting.set())
+    monkeypatch.setattr(build_mod, "train_lm", _no_training)  # drift 0 trains nothing once the base is there
+    thread = threading.Thread(target=lambda: built.append(build_pair("micro", tmp_path / "z", drift=0.0,
+                                                                     cache_dir=cache)))
+    thread.start()
+    assert waiting.wait(60) and not built
+    holder.communicate("done\n")
+    thread.join(120)
+    assert built and built[0]["base"]["cached"] and built[0]["base_key"] == info["base_key"]

@@ -236,15 +236,17 @@ def test_the_first_failure_is_raised_while_other_requests_are_in_flight():
     (a served eval journals whole settings, so they are abandoned)."""
     from drafter_lab.spec import served
 
-    release, sent, order = threading.Event(), [], []
+    release, in_flight, sent, order = threading.Event(), threading.Event(), [], []
 
     class Failing:
         def generate(self, ids, max_new_tokens):
             sent.append(ids)
             if ids == [1]:  # a long generation, in flight until the test releases it
+                in_flight.set()
                 release.wait(30)
                 order.append("long request ended")
-            if ids == [2]:
+            if ids == [2]:  # fails once [1] is in flight (its slot may still be sleeping to its arrival)
+                in_flight.wait(30)
                 raise LabError("the server aborted the request", "http://s/generate")
             return served.Answer([1], 1, {}, 0.001, 0.001, 1)
 

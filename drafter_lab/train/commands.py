@@ -150,6 +150,7 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
 
 
 def watch(args) -> int:
+    from drafter_lab.train.loop import stopped_at
     from drafter_lab.train.metrics_log import METRICS
     from drafter_lab.train.watch import AXES, comparison_note, judge, read_run
 
@@ -167,6 +168,10 @@ def watch(args) -> int:
         total = info.get(AXES.get(cfg.watch_axis, "total_steps"))
         verdict = judge(rows, base_rows, cfg, total, args.run, args.baseline)
         finished = any(r.get("split") == "val" and r["step"] >= info.get("total_steps", math.inf) for r in rows)
+        stopped = stopped_at(Path(args.run))  # by its own watch: it logs nothing more (following it never ended)
+        if stopped is not None and rows and rows[-1]["step"] <= stopped:
+            print(f"the run's own watch stopped it at step {stopped}", flush=True)
+            finished = True
         if not args.follow or verdict.stop or finished:
             break
         if len(verdict.rows) > shown:

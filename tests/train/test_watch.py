@@ -359,3 +359,16 @@ def test_follow_waits_for_the_run_to_start_then_stops_it(tmp_path, capsys):
         later.cancel()
     out = capsys.readouterr().out
     assert out.count("waiting for") == 1 and "stop" in out
+
+
+def test_follow_ends_when_the_runs_own_watch_stopped_it(tmp_path, capsys):
+    """A run its own --stop-if-behind stopped logs nothing more: following it waited forever."""
+    def write(run_dir, points):
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
+
+    write(tmp_path / "base", {100: 0.5, 200: 0.5, 300: 0.5})
+    write(tmp_path / "run", {100: 0.5, 200: 0.5})  # level, so this watch would keep going
+    (tmp_path / "run" / "watch.json").write_text(json.dumps({"step": 200}))
+    assert main(["watch", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"), "--follow", "0.05"]) == 0
+    assert "the run's own watch stopped it at step 200" in capsys.readouterr().out

@@ -166,33 +166,49 @@ def build_vocab(feature_dir, size: int) -> DraftVocab:
     return vocab_from_counts(count_train_tokens(feature_dir), size)
 
 
-def compare_vocabs(a: DraftVocab, b: DraftVocab, top: int = 10) -> dict:
+def _ids_in(b_to_a: torch.Tensor, a_vocab_size: int) -> torch.Tensor:
+    """`b_to_a` inverted: each of a's target ids as b's (the lowest where b has two tokens of its
+    bytes), -1 where b's vocabulary has no such token."""
+    b_ids = torch.nonzero((b_to_a >= 0) & (b_to_a < a_vocab_size)).flatten()
+    out = torch.full((a_vocab_size,), b_to_a.numel(), dtype=torch.int64)
+    out.scatter_reduce_(0, b_to_a[b_ids].long(), b_ids, "amin")
+    return torch.where(out == b_to_a.numel(), -1, out)
+
+
+def compare_vocabs(a: DraftVocab, b: DraftVocab, top: int = 10, b_to_a: torch.Tensor | None = None) -> dict:
     """How far two draft vocabularies agree (the seeds' "252 of 32,000 positions" diagnosis).
 
     `same_positions`: draft positions i where both map to the same target token, i.e. where an
     lm_head row can be reused unchanged. `shared_tokens`: target tokens both hold (rows a remap
     could reuse). `largest_gaps`: positions whose target ids differ most. `only_a`/`only_b`: the
-    lowest target ids held by one side only.
+    lowest target ids held by one side only, each in its own target's ids.
+
+    `b_to_a` (drafter.transfer.token_map): where the two targets' tokenizers differ, each of b's
+    target ids as a's (-1: none); a's tokens are then compared as b's ids (`largest_gaps` shows them
+    so), and one b's vocabulary lacks is held by a only, never at a same position. None: ids name the
+    same tokens in both.
     """
     ua, ub = a.used, b.used
+    as_b = ua if b_to_a is None else _ids_in(b_to_a, a.target_vocab_size)[ua]
     n = min(a.size, b.size)
-    gaps = (ua[:n] - ub[:n]).abs()
+    gaps = torch.where(as_b[:n] >= 0, (as_b[:n] - ub[:n]).abs(), 0)  # one b's vocabulary lacks: no gap to measure
     order = torch.sort(gaps, descending=True, stable=True).indices
     order = order[gaps[order] > 0][:top]
-    ta, tb = set(ua.tolist()), set(ub.tolist())
+    ta, tb = set(as_b[as_b >= 0].tolist()), set(ub.tolist())
+    only_a = sorted(ua[~torch.isin(as_b, ub)].tolist())
     return {
         "size_a": a.size,
         "size_b": b.size,
         "target_vocab_a": a.target_vocab_size,
         "target_vocab_b": b.target_vocab_size,
-        "same_positions": int((gaps == 0).sum()),
+        "same_positions": int((as_b[:n] == ub[:n]).sum()),  # -1 is no id of b
         "shared_tokens": len(ta & tb),
-        "only_a_count": len(ta - tb),
+        "only_a_count": len(only_a),
         "only_b_count": len(tb - ta),
         "largest_gaps": [
-            {"position": int(i), "target_a": int(ua[i]), "target_b": int(ub[i]), "gap": int(gaps[i])}
+            {"position": int(i), "target_a": int(as_b[i]), "target_b": int(ub[i]), "gap": int(gaps[i])}
             for i in order
         ],
-        "only_a": sorted(ta - tb)[:top],
+        "only_a": only_a[:top],
         "only_b": sorted(tb - ta)[:top],
     }

@@ -9,10 +9,18 @@ import sys
 from pathlib import Path
 
 from drafter_lab.config import add_cli_args, apply_cli_args
+from drafter_lab.errors import LabError
 
 
 def _cache_root(args) -> Path:
     return Path(args.cache or os.environ.get("DRAFTER_LAB_CACHE") or Path.home() / ".cache" / "drafter_lab")
+
+
+def _directories(*paths) -> None:
+    """Refuse, before a study's minutes of work, a directory option that names a file."""
+    for path in paths:
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            raise LabError("not a directory", path)
 
 
 def _probe(args) -> int:
@@ -26,6 +34,8 @@ def _probe(args) -> int:
     from drafter_lab.train.config import TrainConfig
 
     th, cfg = apply_cli_args(ProbeThresholds(), args), apply_cli_args(ProbeConfig(), args)
+    if args.json and Path(args.json).is_dir():  # written last, after the pilot's minutes
+        raise LabError("is a directory: --json takes a file to write", args.json)
     recipe = load_config(args.pilot_config) if args.pilot_config else TrainConfig()
     if args.threads > 0:
         import torch
@@ -50,6 +60,7 @@ def _probe(args) -> int:
     v = result["vocab"]
     table.add_row("draft positions that agree", f"{v['same_positions']} / {v['size_a']}")
     table.add_row("tokens shared", f"{v['shared_tokens']}")
+    table.add_row("vocabularies compared by", "token string" if v["by"] == "token" else "token id")
     for i, c in enumerate(result["aux_cka"] or []):
         table.add_row(f"aux layer {i} CKA (source vs new)", f"{c:.4f}")
     for row in (result["pilot"] or {}).get("curve", []):
@@ -66,6 +77,7 @@ def _experiment(args) -> int:
 
     cfg = apply_cli_args(get_config(args.config), args)
     cache = _cache_root(args)
+    _directories(args.runs, args.run_dir, cache)
     run_dir = run_study(cfg, Path(args.runs), cache, Path(args.run_dir) if args.run_dir else None,
                         command=["drafter-lab", *sys.argv[1:]])
     print(json.dumps({"run_dir": str(run_dir), "report": str(run_dir / "report.md")}))
@@ -113,6 +125,7 @@ def _reproduce(args) -> int:
     from drafter_lab.experiments.reproduce import machine_note, package_note, reproduce
 
     cache = _cache_root(args)
+    _directories(args.runs, cache)
     reused = cache.is_dir() and any(cache.iterdir())
     new_dir, diffs = reproduce(args.run_dir, Path(args.runs), cache, args.rel_tol)
     con = Console()

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 from drafter_lab.errors import LabError
+
+
+def _check(cfg, at_least_one: tuple[str, ...], at_least_zero: tuple[str, ...]) -> None:
+    """Counts that would make a stage do nothing or fail late, and numbers that are not finite, refused
+    before anything runs."""
+    for name in at_least_one:
+        if getattr(cfg, name) < 1:
+            raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in at_least_zero:
+        if not 0 <= getattr(cfg, name) < math.inf:  # nan and inf too
+            raise LabError(f"{name} must be >= 0 and finite, got {getattr(cfg, name)}")
 
 
 @dataclass
@@ -71,6 +83,18 @@ class ExperimentConfig:
     def __post_init__(self):
         if not self.drift_levels:  # `--drift-levels ""` would run no study and still exit 0
             raise LabError("drift_levels is empty: give at least one drift level")
+        bad = [d for d in self.drift_levels if not 0 <= d < math.inf]
+        if bad:
+            raise LabError(f"drift levels must be >= 0 and finite, got {', '.join(map(str, bad))}")
+        # source_steps or arm_steps 0 would be TrainConfig's max_steps 0, "no limit": 10,000 epochs
+        _check(self, ("max_length", "max_new_tokens", "regen_batch_size", "draft_vocab_size", "source_steps",
+                      "arm_steps", "batch_size", "ttt_steps", "served_prompts", "served_steps"),
+               ("regen_temperature", "eval_every", "probe_pilot_steps", "lr", "transfer_lr_scale", "l2sp", "threads"))
+        if not 0 <= self.seed < 2**32:  # TrainConfig's range
+            raise LabError(f"seed must be in [0, 2**32), got {self.seed}")
+        unknown = sorted(set(self.arms) - {"a", "b", "c"})
+        if unknown or not {"a", "b"} <= set(self.arms):
+            raise LabError(f"arms must include a and b and be among a, b, c (d follows l2sp); got {self.arms}")
 
 
 @dataclass
@@ -99,6 +123,11 @@ class ProbeThresholds:
     0.1x the rate they turn negative (-2.6 at knob 4, -1.9 at knob 1, over steps 1000-2000) where
     the pilot led by +18.4 and +27.0."""
 
+    def __post_init__(self):
+        for f in fields(self):
+            if not math.isfinite(getattr(self, f.name)):  # a nan line would compare false either way
+                raise LabError(f"{f.name} must be a finite number, got {getattr(self, f.name)}")
+
 
 @dataclass
 class ProbeConfig:
@@ -116,6 +145,11 @@ class ProbeConfig:
     """Optimizer steps of each pilot arm (scratch, transfer with remap) on the new target's train
     split (48: about a minute on one core for the tiny pair); 0 skips the pilot and the transfer
     verdict falls back to aux CKA."""
+
+    def __post_init__(self):
+        _check(self, ("max_sequences", "ttt_steps", "batch_size"), ("pilot_steps",))
+        if self.cka_tokens < 2:  # CKA centres each feature: one token leaves nothing, and 0/0 is nan
+            raise LabError(f"cka_tokens must be >= 2, got {self.cka_tokens}")
 
 
 PRESETS: dict[str, ExperimentConfig] = {

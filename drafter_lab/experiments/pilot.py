@@ -78,12 +78,24 @@ def run_pilot(drafter_dir, target_dir, data_dir, cfg: TrainConfig, out_dir=None,
     }
 
 
-def lead_text(pilot: dict) -> str:
-    """The transfer's lead in points of val cond_acc_0 along the pilot, e.g. "+36.1 / +12.0 / +7.4
-    at steps 12 / 24 / 48"."""
+def points_text(x: float, *lines: float) -> str:
+    """`x` (a fraction) in signed points to one decimal, or to as many as keep it on its side of each
+    of `lines` (fractions, each read as `x >= line`): a lead of 0.996 points under a 1-point line
+    reads "+0.996", not "+1.0"."""
+    p = 100 * x
+    for digits in range(1, 16):
+        text = f"{p:+.{digits}f}"
+        if all((float(text) >= 100 * line) == (x >= line) for line in lines):
+            return text
+    return f"{p:+.17g}"  # nearer a line than 15 decimals show: the float itself
+
+
+def lead_text(pilot: dict, line: float) -> str:
+    """The transfer's lead in points of val cond_acc_0 along the pilot, each on its side of `line`
+    (the gain the verdict asks for), e.g. "+36.1 / +12.0 / +7.4 at steps 12 / 24 / 48"."""
     rows = [r for r in pilot["curve"] if r["step"] > 0]
-    leads = [100 * (r["transfer_cond_acc_0"] - r["scratch_cond_acc_0"]) for r in rows]
-    return (" / ".join(f"{x:+.1f}" for x in leads) + " points at steps "
+    leads = [r["transfer_cond_acc_0"] - r["scratch_cond_acc_0"] for r in rows]
+    return (" / ".join(points_text(x, line) for x in leads) + " points at steps "
             + " / ".join(str(r["step"]) for r in rows))
 
 

@@ -7,7 +7,8 @@ feature directory of its own, e.g. captured from the prompts it will serve):
 - home acceptance: the same drafter on the *source* target's features for the same tokens (when
   the source target is given), so the zero-shot figure has a reference;
 - vocab agreement: how many draft positions of the drafter's d2t mean the same target token as
-  the new data's draft vocab (the seeds' 252 / 32,000), and how many tokens both hold;
+  the new data's draft vocab (the seeds' 252 / 32,000), and how many tokens both hold; by token
+  string where the two targets' tokenizers differ (as the transfer remaps), else by id;
 - aux alignment: linear CKA between the source and new target's aux hidden states, per aux layer;
 - the pilot (`experiments.pilot`, when `pilot_steps` > 0): scratch and transfer-with-remap trained
   side by side for a few steps, the transfer question measured at a small budget.
@@ -22,6 +23,7 @@ Verdict (thresholds in `ProbeThresholds`, justified by the drift sweep in the RE
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,6 +32,7 @@ import torch
 from drafter_lab.data.shards import FeatureSet, Sequence
 from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
 from drafter_lab.drafter.checkpoint import load_drafter
+from drafter_lab.drafter.transfer import source_tokens
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
 from drafter_lab.experiments.pilot import closing, lead_text, pilot_config, run_pilot
@@ -78,7 +81,7 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
             f"accept {home_accept:.2f} (>= {th.reuse_fraction:.0%})"
         )
     if pilot is not None:
-        lead = f"pilot of {pilot['steps']} steps per arm: transfer - scratch = {lead_text(pilot)}"
+        lead = f"pilot of {pilot['steps']} steps per arm: transfer - scratch = {lead_text(pilot, th.pilot_min_gain)}"
         if pilot["gain"] >= th.pilot_min_gain:
             tail = "; the lead is closing, so a much longer budget may erase it" if closing(pilot) else ""
             scale = pilot.get("transfer_lr_scale", 1.0)
@@ -92,6 +95,9 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
         return VERDICTS[2], f"{lead} (< {100 * th.pilot_min_gain:g} at the end): the old weights buy nothing"
     if ckas is None:
         return VERDICTS[2], "no source target given: aux alignment unknown, so no basis to expect transfer to pay"
+    if not all(map(math.isfinite, ckas)):  # min() over a nan depends on where it sits
+        return VERDICTS[2], (f"aux layer CKA is undefined ({', '.join(f'{c:.3f}' for c in ckas)}: features without "
+                             "variance), so no basis to expect transfer to pay")
     if min(ckas) >= th.transfer_min_cka:
         return VERDICTS[1], (
             f"aux layers stay aligned (min CKA {min(ckas):.3f} >= {th.transfer_min_cka}); "
@@ -140,7 +146,10 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
 
     zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size)
     new_vocab = build_vocab(data_dir, drafter.config.draft_vocab_size)
-    vocab = compare_vocabs(vocab_of_drafter(drafter), new_vocab)
+    # where the two targets' tokenizers differ, an id names another token in each: compare tokens
+    tokens, tokens_from = source_tokens(drafter_dir, source_target_dir, target)
+    vocab = {**compare_vocabs(vocab_of_drafter(drafter), new_vocab, b_to_a=tokens),
+             "by": "id" if tokens is None else "token", "source_tokenizer": tokens_from}
 
     home, ckas = None, None
     if source_target_dir is not None:

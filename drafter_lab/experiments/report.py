@@ -8,7 +8,7 @@ import math
 
 from drafter_lab.config import to_dict
 from drafter_lab.experiments.config import ExperimentConfig
-from drafter_lab.experiments.pilot import lead_closing, lead_text
+from drafter_lab.experiments.pilot import lead_closing, lead_text, points_text
 from drafter_lab.spec.costinputs import accept_by_steps
 from drafter_lab.spec.costmodel import PRESETS, CostModel
 from drafter_lab.spec.costreport import best_row, steps_table
@@ -56,7 +56,8 @@ def measured_outcome(level: dict) -> tuple[str, float]:
     a, b = arms["a"].final, arms["b"].final
     gain = b["cond_acc_0"] - a["cond_acc_0"]
     zero = level["probe"]["zero_shot"]["simulated_accept_len"]
-    if zero >= REUSE_MARGIN * a["simulated_accept_len"]:
+    # a source that gets nothing accepted is no reuse, even beside a scratch arm that gets nothing either
+    if zero > 0 and zero >= REUSE_MARGIN * a["simulated_accept_len"]:
         return "reuse as is", gain
     return ("transfer with remap" if gain >= GAIN_MARGIN else "train from scratch"), gain
 
@@ -84,7 +85,8 @@ def decisions(level: dict, cfg: ExperimentConfig) -> list[str]:
     elif diff >= 100 * GAIN_MARGIN:
         out.append(f"(b) leads (a) by {diff:.1f} points of cond_acc_0 at equal steps: the transfer pays.")
     else:
-        out.append(f"(b) and (a) are within {100 * GAIN_MARGIN:.0f} point ({diff:+.1f}): the transfer buys nothing.")
+        out.append(f"(b) and (a) are within {100 * GAIN_MARGIN:.0f} point "
+                   f"({points_text(fb - fa, -GAIN_MARGIN, GAIN_MARGIN)}): the transfer buys nothing.")
     trend = _lead_trend(arms["a"], arms["b"])
     if trend:
         out.append(trend)
@@ -210,27 +212,28 @@ def _probe_section(level: dict) -> list[str]:
     z = p["zero_shot"]
     outcome, gain = measured_outcome(level)
     match = "matches" if outcome == p["verdict"] else "does NOT match"
-    lines = [
-        f"- zero-shot on the new target: simulated accept {z['simulated_accept_len']:.2f}, "
-        f"cond_acc_0 {z['cond_acc_0']:.3f}, cond_acc_1 {z['cond_acc_1']:.3f}",
-    ]
+    accs = [f"{k} {z[k]:.3f}" for k in ("cond_acc_0", "cond_acc_1") if k in z]  # K = 1 has no cond_acc_1
+    lines = [f"- zero-shot on the new target: simulated accept {z['simulated_accept_len']:.2f}, " + ", ".join(accs)]
     if p.get("home"):
         lines.append(f"- home (source target, same tokens): simulated accept {p['home']['simulated_accept_len']:.2f}")
     if level.get("source_served_zero_shot"):
         lines.append(f"- zero-shot served accept length (decoded, bonus included): "
                      f"{level['source_served_zero_shot']['served_accept_len']:.2f}")
     v = p["vocab"]
+    by = " (compared by token string: the targets' tokenizers differ)" if v["by"] == "token" else ""
     lines.append(f"- vocab: {v['same_positions']} of {v['size_a']} draft positions mean the same target token; "
-                 f"{v['shared_tokens']} tokens shared")
+                 f"{v['shared_tokens']} tokens shared{by}")
     if p.get("aux_cka"):
         lines.append("- aux-layer CKA (source vs new target): " + ", ".join(f"{c:.3f}" for c in p["aux_cka"]))
     if p.get("pilot"):
         lines.append(f"- pilot ({p['pilot']['steps']} steps per arm, {p['pilot']['seconds']:.0f} s): "
-                     f"transfer - scratch in val cond_acc_0 = {lead_text(p['pilot'])}")
+                     f"transfer - scratch in val cond_acc_0 = "
+                     f"{lead_text(p['pilot'], p['thresholds']['pilot_min_gain'])}")
     lines += [
         "",
         f"**Probe verdict: {p['verdict']}** ({p['reason']}).",
-        f"**Measured outcome: {outcome}** (transfer gain (b) - (a) = {100 * gain:+.1f} points of cond_acc_0). "
+        f"**Measured outcome: {outcome}** (transfer gain (b) - (a) = {points_text(gain, GAIN_MARGIN)} points of "
+        "cond_acc_0). "
         f"The verdict {match} the measurement.",
     ]
     return lines
@@ -248,6 +251,7 @@ def sweep_points(levels: list[dict]) -> list[dict]:
             "zero_shot_accept": lv["probe"]["zero_shot"]["simulated_accept_len"],
             "gain": gain,
             "pilot_gain": (lv["probe"].get("pilot") or {}).get("gain"),
+            "pilot_min_gain": lv["probe"]["thresholds"]["pilot_min_gain"],
             "verdict": lv["probe"]["verdict"],
             "outcome": outcome,
             "verdict_matches": outcome == lv["probe"]["verdict"],
@@ -262,10 +266,10 @@ def sweep_table(points: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
-        pilot = "-" if p.get("pilot_gain") is None else f"{100 * p['pilot_gain']:+.1f}"
+        pilot = "-" if p.get("pilot_gain") is None else points_text(p["pilot_gain"], p["pilot_min_gain"])
         lines.append(
             f"| {p['drift_knob']:g} | {p['drift']:.4f} | {p['min_cka']:.4f} | {p['zero_shot_accept']:.2f} | "
-            f"{pilot} | {100 * p['gain']:+.1f} | {p['verdict']} | {p['outcome']} | "
+            f"{pilot} | {points_text(p['gain'], GAIN_MARGIN)} | {p['verdict']} | {p['outcome']} | "
             f"{'yes' if p['verdict_matches'] else 'no'} |"
         )
     hits = sum(p["verdict_matches"] for p in points)

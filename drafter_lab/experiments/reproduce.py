@@ -16,7 +16,13 @@ def _load(run_dir: Path) -> tuple[dict, dict]:
     def read(name: str):
         return atomic.read_json(run_dir / name, f"not a finished run: {name} is missing", run_dir)
 
-    return read("manifest.json"), read("results.json")
+    manifest, results = read("manifest.json"), read("results.json")
+    if not isinstance(manifest, dict):
+        raise LabError(f"a JSON {type(manifest).__name__}, not an object: not a run's manifest",
+                       run_dir / "manifest.json")
+    if not isinstance(results, dict) or not isinstance(results.get("levels"), list):
+        raise LabError('no "levels" list: not a study\'s results', run_dir / "results.json")
+    return manifest, results
 
 
 # Served-evaluation fields that a re-run must match; speeds and seconds are left out on purpose.
@@ -75,6 +81,14 @@ def flat_metrics(results: dict) -> dict[str, object]:
         if "measured_outcome" in lv:
             out[f"{prefix} / measured outcome"] = lv["measured_outcome"]
     return out
+
+
+def _metrics(results: dict, path: Path) -> dict[str, object]:
+    """flat_metrics of a results.json, a file that is not a study's refused naming it."""
+    try:
+        return flat_metrics(results)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise LabError(f"not a study's results ({type(e).__name__}: {e})", path) from None
 
 
 def compare(a: dict, b: dict, rel_tol: float = 0.0) -> list[tuple[str, object, object]]:
@@ -147,17 +161,23 @@ def recorded_config(manifest: dict, run_dir: Path) -> ExperimentConfig:
     if not isinstance(manifest.get("config"), dict):
         raise LabError("manifest.json has no config to re-run", run_dir)
     before = {"probe_pilot_steps": 0, "ngram_baseline": False}
-    return from_dict(ExperimentConfig, {**before, **manifest["config"]}, str(run_dir / "manifest.json"))
+    try:
+        return from_dict(ExperimentConfig, {**before, **manifest["config"]}, "config")
+    except LabError as e:  # a bad value is the manifest's, not an option's
+        raise LabError(str(e), run_dir / "manifest.json") from None
 
 
 def reproduce(run_dir, runs_root: Path, cache: Path, rel_tol: float = 0.0) -> tuple[Path, list]:
     """Re-run the study recorded in `run_dir`/manifest.json into a new directory under `runs_root`;
     returns it and every (key, original, reproduced) metric or data record that differs."""
+    if not 0 <= rel_tol < math.inf:  # math.isclose refuses a negative one only after the re-run
+        raise LabError(f"--rel-tol must be >= 0 and finite, got {rel_tol}")
     run_dir = Path(run_dir)
-    manifest, before = _load(run_dir)
+    manifest, results = _load(run_dir)
+    before = _metrics(results, run_dir / "results.json")
     cfg = recorded_config(manifest, run_dir)
     new_dir = run_study(cfg, runs_root, cache, run_dir=_fresh_dir(runs_root, run_dir.name),
                         command=["drafter-lab", "reproduce", str(run_dir)])
     manifest_after, after = _load(new_dir)
-    diffs = compare(flat_metrics(before), flat_metrics(after), rel_tol)
+    diffs = compare(before, _metrics(after, new_dir / "results.json"), rel_tol)
     return new_dir, diffs + compare(flat_data(manifest), flat_data(manifest_after))

@@ -97,6 +97,21 @@ def test_compare_sizes_differ():
     assert r["same_positions"] == 0 and r["shared_tokens"] == 4 and r["only_a_count"] == 4 and r["only_b_count"] == 0
 
 
+def test_compare_by_token_translates_the_first_vocabs_ids():
+    """b's target id t is a's t - 1 (a tokenizer that moved ids); a's 10 has no token in b, and b's 3 and
+    15 are both a's 2 (the lower id stands for it). a [0 2 4 6 8 10] reads as b's [1 3 5 7 9 -]."""
+    a = DraftVocab.from_used(torch.tensor([0, 2, 4, 6, 8, 10]), 20)
+    b = DraftVocab.from_used(torch.tensor([1, 3, 5, 7, 12, 19]), 20)
+    b_to_a = torch.arange(20) - 1
+    b_to_a[11], b_to_a[15], b_to_a[16] = -1, 2, 25  # 25: past a's target vocab, so no token of it
+    r = compare_vocabs(a, b, b_to_a=b_to_a)
+    assert r["same_positions"] == 4 and r["shared_tokens"] == 4  # positions 0..3; 10 never matches
+    assert (r["only_a_count"], r["only_a"]) == (2, [8, 10])  # a's own ids: 10 has none in b
+    assert (r["only_b_count"], r["only_b"]) == (2, [12, 19])
+    assert r["largest_gaps"] == [{"position": 4, "target_a": 9, "target_b": 12, "gap": 3}]  # 10: no gap to measure
+    assert compare_vocabs(a, b)["same_positions"] == compare_vocabs(a, b)["shared_tokens"] == 0  # by id
+
+
 def test_bad_vocab_files(tmp_path, capsys):
     a, _ = constructed_pair(tmp_path)
     good = (tmp_path / "a.safetensors").read_bytes()

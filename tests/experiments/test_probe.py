@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from drafter_lab.cli import main
+from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.shards import FeatureSet
+from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
+from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.experiments.pilot import closing, lead_text
 from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, decide, probe
-from drafter_lab.targets.hf import load_target_head
+from drafter_lab.targets.hf import load_target_head, load_tokenizer
+from drafter_lab.targets.tokenizer import train_bpe
 from drafter_lab.train import sources
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
@@ -63,7 +71,7 @@ def test_pilot_decides_transfer_against_scratch_before_cka():
 
 def test_lead_text_and_closing():
     p = _pilot(0.5, 0.361, 0.12, 0.074)
-    assert lead_text(p) == "+36.1 / +12.0 / +7.4 points at steps 10 / 20 / 30"
+    assert lead_text(p, 0.01) == "+36.1 / +12.0 / +7.4 points at steps 10 / 20 / 30"
     assert closing(p) and not closing(_pilot(0.0, 0.1, 0.08, 0.06)) and not closing(_pilot(0.0, 0.2, 0.0, -0.05))
 
 
@@ -200,3 +208,51 @@ def test_at_home_the_drafter_embeds_with_its_own_targets_embedding(source, rando
     zero_shot, home = seen
     assert torch.equal(home.embed_tokens.weight, model.get_input_embeddings().weight.detach())
     assert not torch.equal(zero_shot.embed_tokens.weight, home.embed_tokens.weight)
+
+
+def test_a_nan_cka_is_no_basis_for_transfer_wherever_it_sits():
+    """min() over a nan gives the nan or a number depending on the order: each order, the same verdict."""
+    for ckas in ([math.nan, 0.9, 0.9], [0.9, math.nan, 0.9]):
+        verdict, reason = decide(1.0, 2.0, ckas, ProbeThresholds())
+        assert verdict == "train from scratch" and reason.startswith("aux layer CKA is undefined"), ckas
+
+
+def test_cli_json_naming_a_directory_is_refused_before_the_probe_runs(tmp_path, capsys, monkeypatch):
+    """It is written last: refused only then, the probe's and the pilot's minutes were lost."""
+    from drafter_lab.experiments import probe as probe_mod
+
+    monkeypatch.setattr(probe_mod, "probe", lambda *a, **k: pytest.fail("the probe ran"))
+    argv = ["probe", "--drafter", "d", "--target", "t", "--data", "f", "--json", str(tmp_path)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path}: is a directory: --json takes a file to write\n"
+
+
+@pytest.fixture(scope="module")
+def next_version(random_llama, features, tmp_path_factory):
+    """The same weights with a tokenizer trained on other text (as tests/drafter/test_transfer.py makes one),
+    and its features of the same conversations: an id names another token in each target."""
+    root = tmp_path_factory.mktemp("next-version")
+    shutil.copytree(random_llama, root / "model")
+    texts = [p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))]
+    train_bpe(texts, 400).save_pretrained(root / "model")
+    prepare_features(root / "model", features.parent / "convs.jsonl", root / "features", max_length=64,
+                     val_fraction=0.25, batch_size=12)
+    return root / "model", root / "features"
+
+
+def test_the_vocabs_are_compared_by_token_where_the_targets_tokenizers_differ(source, next_version, random_llama):
+    """Positions and shared tokens counted by what the ids stand for in each target's tokenizer (both
+    byte-level: a token string is its bytes), not by id; with one tokenizer, by id."""
+    src, own_features = source
+    new, feats = next_version
+    cfg = ProbeConfig(max_sequences=4, pilot_steps=0, cka_tokens=64)
+    v = probe(src, new, feats, random_llama, cfg=cfg)["vocab"]
+    assert v["by"] == "token" and v["source_tokenizer"] == "--source-target"
+    drafter, new_vocab = load_drafter(src, target=load_target_head(new)), build_vocab(feats, 64)
+    old = load_tokenizer(random_llama).convert_ids_to_tokens(vocab_of_drafter(drafter).used.tolist())
+    mine = load_tokenizer(new).convert_ids_to_tokens(new_vocab.used.tolist())
+    assert v["same_positions"] == sum(a == b for a, b in zip(old, mine))
+    assert v["shared_tokens"] == len(set(old) & set(mine)) and v["only_a_count"] == len(set(old) - set(mine))
+    assert v["shared_tokens"] != compare_vocabs(vocab_of_drafter(drafter), new_vocab)["shared_tokens"]  # by id
+    same = probe(src, random_llama, own_features, random_llama, cfg=cfg)["vocab"]
+    assert same["by"] == "id" and same["source_tokenizer"] == "--source-target"

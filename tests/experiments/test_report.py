@@ -1,5 +1,6 @@
 """Decisions and verdicts are computed from the numbers: check them on constructed results."""
 
+import dataclasses
 import math
 
 from drafter_lab.experiments import report
@@ -22,7 +23,8 @@ def _level(a_acc, b_acc, zero_accept, verdict="train from scratch"):
             _arm("b", [0.3, 0.38, 0.38, 0.383], 3.0, b_acc, 1.6),
             _arm("c", [0.1, 0.2, 0.3, 0.3], 9.5, 0.3, 1.2),
         ],
-        "probe": {"zero_shot": {"simulated_accept_len": zero_accept}, "verdict": verdict},
+        "probe": {"zero_shot": {"simulated_accept_len": zero_accept}, "verdict": verdict,
+                  "thresholds": dataclasses.asdict(ProbeThresholds())},
     }
 
 
@@ -178,3 +180,63 @@ def test_ngram_baseline_is_priced_with_its_own_draft_time():
     assert "(tokens per verify step): n-gram lookup (2..4) 3.33; n-gram lookup (2..4, across prompts) 1.67." in line
     assert line.endswith("The best arm serves 3.33 (1.00x the better lookup).")
     assert report._ngram_line(_level(0.7, 0.6, 0.5)) == []
+
+
+def _study_level(a_acc, b_acc, zero_shot, pilot_gain=None):
+    """A level as run_level returns it, the probe measured at the arms' K (the keys of `zero_shot`)."""
+    def arm(key, acc):
+        history = [{"split": "val", "step": s, "cond_acc_0": acc, "loss_0": 1.0} for s in (0, 10, 20)]
+        return Arm(key, f"({key})", history=history,
+                   final={"cond_acc_0": acc, "loss_0": 1.0, "simulated_accept_len": acc})
+
+    probe = {"zero_shot": zero_shot, "vocab": {"same_positions": 1, "size_a": 2, "shared_tokens": 2, "by": "id"},
+             "thresholds": dataclasses.asdict(ProbeThresholds()), "verdict": "train from scratch", "reason": "x"}
+    if pilot_gain is not None:
+        probe["pilot"] = {"steps": 8, "seconds": 1.0, "gain": pilot_gain,
+                          "curve": [{"step": 8, "scratch_cond_acc_0": 0.5, "transfer_cond_acc_0": 0.5 + pilot_gain}]}
+    return {"drift_knob": 1.0, "pair": {}, "timings": {}, "arms": [arm("a", a_acc), arm("b", b_acc)], "probe": probe}
+
+
+def test_a_study_at_k_1_reports_the_probes_one_cond_acc():
+    """With ttt_steps 1 the probe measures cond_acc_0 alone: the report prints what it has (it read
+    cond_acc_1 and failed after every arm had trained)."""
+    cfg = dataclasses.replace(get_config("smoke"), ttt_steps=1, served_eval=False)
+    level = _study_level(0.3, 0.5, {"cond_acc_0": 0.2, "loss_0": 2.0, "simulated_accept_len": 0.2})
+    text = report.render(cfg, [level], None, 1.0)
+    assert "- zero-shot on the new target: simulated accept 0.20, cond_acc_0 0.200\n" in text
+
+
+def test_the_report_says_when_the_vocabs_were_compared_by_token():
+    level = _study_level(0.3, 0.5, {"cond_acc_0": 0.2, "cond_acc_1": 0.1, "simulated_accept_len": 0.2})
+    lines = report._probe_section(level)
+    assert "- vocab: 1 of 2 draft positions mean the same target token; 2 tokens shared" in lines
+    level["probe"]["vocab"]["by"] = "token"
+    assert ("- vocab: 1 of 2 draft positions mean the same target token; 2 tokens shared (compared by token "
+            "string: the targets' tokenizers differ)") in report._probe_section(level)
+
+
+def test_a_source_that_gets_nothing_accepted_is_no_reuse():
+    """Scratch at 0 accept length: 0 >= 0.95 * 0 made the untouched source "reuse as is"; a source that
+    gets something accepted where scratch gets nothing still is."""
+    level = _study_level(0.0, 0.2, {"simulated_accept_len": 0.0})
+    assert report.measured_outcome(level)[0] == "transfer with remap"
+    level["probe"]["zero_shot"]["simulated_accept_len"] = 0.1
+    assert report.measured_outcome(level)[0] == "reuse as is"
+
+
+def test_a_lead_just_under_the_margin_is_printed_under_it():
+    """0.996 points is under the 1-point line: printed "+1.0" it read as at the line, next to "< 1" and
+    "within 1 point". Each figure keeps the digits that show its side; others keep one decimal."""
+    level = _study_level(0.5, 0.50996, {"cond_acc_0": 0.2, "cond_acc_1": 0.1, "simulated_accept_len": 0.2},
+                         pilot_gain=0.00996)
+    assert "(b) and (a) are within 1 point (+0.996): the transfer buys nothing." in \
+        report.decisions(level, get_config("drift-sweep"))
+    verdict, reason = decide(0.2, None, None, ProbeThresholds(), level["probe"]["pilot"])
+    assert verdict == "train from scratch" and "= +0.996 points at steps 8 (< 1 at the end)" in reason
+    text = report.render(get_config("drift-sweep"), [level], None, 1.0)
+    assert "transfer - scratch in val cond_acc_0 = +0.996 points at steps 8" in text
+    assert "**Measured outcome: train from scratch** (transfer gain (b) - (a) = +0.996 points" in text
+    rows = report.sweep_table(report.sweep_points([level]))
+    assert "| +0.996 | +0.996 | train from scratch | train from scratch |" in rows[2]
+    assert "within 1 point (-0.5)" in report.decisions(_study_level(0.5, 0.495, {"simulated_accept_len": 0.0}),
+                                                       get_config("drift-sweep"))[0]

@@ -2,6 +2,7 @@
 record is named; an unfinished run is refused."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,3 +124,60 @@ def test_identical_says_when_the_cache_supplied_stages(tmp_path, monkeypatch, ca
     assert main(["reproduce", str(orig), "--runs", str(tmp_path), "--cache", str(cache)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "identical" in out and ("were reused, not rebuilt" in out) == noted
+
+
+def _recorded_run(tmp_path, manifest, results) -> Path:
+    run_dir = tmp_path / "orig"
+    run_dir.mkdir()
+    for name, value in (("manifest.json", manifest), ("results.json", results)):
+        (run_dir / name).write_text(value if isinstance(value, str) else json.dumps(value))
+    return run_dir
+
+
+RESULTS = {"levels": [{"drift_knob": 1.0, "arms": [{"key": "a", "final": {"cond_acc_0": 0.5}}],
+                       "probe": {"zero_shot": {"cond_acc_0": 0.1}, "verdict": "train from scratch"}}]}
+
+
+@pytest.mark.parametrize("manifest, results, file, message", [
+    ("[1]", RESULTS, "manifest.json", "a JSON list, not an object: not a run's manifest"),
+    ({"config": {"name": "smoke"}}, {}, "results.json", 'no "levels" list: not a study\'s results'),
+    ({"config": {"name": "smoke"}}, {"levels": {}}, "results.json", 'no "levels" list: not a study\'s results'),
+    ({"config": {"name": "smoke"}}, {"levels": [{"drift_knob": 1.0}]}, "results.json",
+     "not a study's results (KeyError: 'arms')"),
+    ({"config": {"name": "smoke", "arms": ["a"]}}, RESULTS, "manifest.json", "arms must include a and b"),
+    ({"config": {"name": "smoke", "arm_steps": 0}}, RESULTS, "manifest.json", "arm_steps must be >= 1, got 0"),
+    ({"config": {"name": "smoke", "arm_stepz": 3}}, RESULTS, "manifest.json", "config: unknown config key(s) arm_stepz"),
+])
+def test_a_run_that_cannot_be_reproduced_is_refused_naming_its_file_before_the_rerun(
+        tmp_path, monkeypatch, manifest, results, file, message):
+    from drafter_lab.experiments import reproduce as reproduce_mod
+
+    monkeypatch.setattr(reproduce_mod, "run_study", lambda *a, **k: pytest.fail("the study re-ran"))
+    run_dir = _recorded_run(tmp_path, manifest, results)
+    with pytest.raises(LabError) as e:
+        reproduce(run_dir, tmp_path / "runs", tmp_path / "cache")
+    assert str(e.value).startswith(f"{run_dir / file}: {message}")
+
+
+@pytest.mark.parametrize("rel_tol", [-0.1, float("nan"), float("inf")])
+def test_a_bad_relative_tolerance_is_refused_before_the_rerun(tmp_path, monkeypatch, capsys, rel_tol):
+    from drafter_lab.cli import main
+    from drafter_lab.experiments import reproduce as reproduce_mod
+
+    monkeypatch.setattr(reproduce_mod, "run_study", lambda *a, **k: pytest.fail("the study re-ran"))
+    run_dir = _recorded_run(tmp_path, {"config": {"name": "smoke"}}, RESULTS)
+    argv = ["reproduce", str(run_dir), "--runs", str(tmp_path / "runs"), "--cache", str(tmp_path / "cache"),
+            "--rel-tol", str(rel_tol)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: --rel-tol must be >= 0 and finite, got {rel_tol}\n"
+
+
+def test_a_cache_that_is_a_file_is_refused_before_the_rerun(tmp_path, monkeypatch, capsys):
+    from drafter_lab.cli import main
+    from drafter_lab.experiments import reproduce as reproduce_mod
+
+    monkeypatch.setattr(reproduce_mod, "run_study", lambda *a, **k: pytest.fail("the study re-ran"))
+    run_dir = _recorded_run(tmp_path, {"config": {"name": "smoke"}}, RESULTS)
+    (tmp_path / "cache").write_text("")
+    assert main(["reproduce", str(run_dir), "--runs", str(tmp_path / "runs"), "--cache", str(tmp_path / "cache")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'cache'}: not a directory\n"

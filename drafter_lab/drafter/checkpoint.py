@@ -137,10 +137,14 @@ def read_checkpoint(path) -> Checkpoint:
             # a bias, an extra norm or experts; layers.0 is the midlayer, so layers.1 is a second layer
             raise LabError(f"tensor {formats.export_name(name, fmt)!r} is not part of a Llama EAGLE-3 midlayer",
                            where[name])
+        elif part == name and name not in formats.TOP_LEVEL_TENSORS:  # lm_head.bias, norm.bias: load would drop it
+            raise LabError(f"tensor {name!r} is not part of a Llama EAGLE-3 drafter", where[name])
     for name in (*formats.REQUIRED_TENSORS, formats.EMBED, formats.HEAD):
         if name in tensors and not tensors[name].is_floating_point():
             raise LabError(f"tensor {formats.export_name(name, fmt)!r} is {tensors[name].dtype}, not a floating-point "
                            "weight", where[name])
+        if name in (formats.EMBED, formats.HEAD) and name in tensors and tensors[name].dim() != 2:
+            raise LabError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, not [rows, hidden]", where[name])
     n, v = cfg.draft_vocab_size, cfg.target_vocab_size
     if not ckpt.has_head and n != v:
         raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "
@@ -206,7 +210,8 @@ def build_drafter(ckpt: Checkpoint, device="cpu", dtype: torch.dtype = torch.flo
     """
     shapes = expected_shapes(ckpt.config)
     given = {formats.EMBED: embed_weight, formats.HEAD: None if ckpt.has_head else head_weight}
-    why = {formats.EMBED: " (pass the target, whose embedding it uses)",
+    why = {formats.EMBED: " (its hidden size differs from its target's, so the embedding is its own)"
+           if ckpt.config.own_embedding else " (pass the target, whose embedding it uses)",
            formats.HEAD: " (it shares its target's: pass the target)"}
     state = {}
     for name, want in shapes.items():

@@ -17,6 +17,7 @@ The conversion happens only here, at import and export, and each file says which
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
@@ -50,6 +51,9 @@ MIDLAYER_BUFFERS = ("self_attn.rotary_emb.inv_freq",)
 REQUIRED_TENSORS = ("fc.weight", *(f"midlayer.{n}" for n in MIDLAYER_TENSORS), "norm.weight")
 EMBED = "embed_tokens.weight"
 HEAD = "lm_head.weight"
+VERIFIER_TENSORS = ("verifier_lm_head.weight", "verifier_norm.weight")
+"""The target's head and norm some training frameworks save beside the drafter: carried, never loaded."""
+TOP_LEVEL_TENSORS = ("fc.weight", "norm.weight", EMBED, HEAD, "d2t", "t2d", *VERIFIER_TENSORS)
 
 _MIDLAYER_PREFIXES = ("midlayer.", "layers.0.")
 
@@ -206,7 +210,10 @@ def _refuse_other_families(data: dict, layer: dict, path) -> None:
     kind = data.get("speculators_model_type")
     if kind is not None and kind != "eagle3":
         raise LabError(f"speculators model type {kind!r} is not supported (eagle3 only)", path)
-    archs = [a for a in data.get("architectures") or [] if a not in (*LLAMA_EAGLE3_ARCHS, SPECULATORS_ARCH)]
+    given = data.get("architectures") or []
+    if not isinstance(given, list) or not all(isinstance(a, str) for a in given):  # a string was read letter by letter
+        raise LabError(f"config's 'architectures' is {given!r}, not a list of class names", path)
+    archs = [a for a in given if a not in (*LLAMA_EAGLE3_ARCHS, SPECULATORS_ARCH)]
     if archs:
         raise LabError(f"drafter architecture {archs[0]!r} is not supported (Llama EAGLE-3 only: "
                        f"{', '.join(LLAMA_EAGLE3_ARCHS)} or {SPECULATORS_ARCH})", path)
@@ -254,9 +261,14 @@ def rope_scaling_of(layer: dict, where) -> dict | None:
         return None
     if not isinstance(kind, str) or kind not in ROPE_SCALING_KEYS:
         raise LabError(f"RoPE scaling {kind!r} is not supported (plain, {' or '.join(ROPE_SCALING_KEYS)} only)", where)
-    missing = [k for k in ROPE_SCALING_KEYS[kind] if not isinstance(params.get(k), int | float)]
+    missing = [k for k in ROPE_SCALING_KEYS[kind] if k not in params]
     if missing:
         raise LabError(f"{kind} RoPE scaling lacks {', '.join(missing)}", where)
+    odd = [k for k in ROPE_SCALING_KEYS[kind] if isinstance(params[k], bool) or not isinstance(params[k], int | float)
+           or not math.isfinite(params[k])]  # true read as 1.0; an infinite factor turns RoPE off
+    if odd:
+        raise LabError(f"{kind} RoPE scaling's {', '.join(f'{k} {params[k]!r}' for k in odd)} is not a finite number",
+                       where)
     out = {"rope_type": kind, **{k: float(params[k]) for k in ROPE_SCALING_KEYS[kind]}}
     if not out["factor"] > 0:  # the slow frequencies are divided by it: 0 gives NaN logits
         raise LabError(f"{kind} RoPE scaling needs factor > 0, got {params['factor']!r}", where)

@@ -39,8 +39,8 @@ SKIP_REASONS = {
     "d2t": "source draft->target mapping; the new draft vocab's mapping is used",
     "t2d": "source target->draft mask; the new draft vocab's mask is used",
     formats.EMBED: "token embedding is the new target's own (frozen)",
-    "verifier_lm_head.weight": "the source verifier's head, not a drafter weight",
-    "verifier_norm.weight": "the source verifier's norm, not a drafter weight",
+    formats.VERIFIER_TENSORS[0]: "the source verifier's head, not a drafter weight",
+    formats.VERIFIER_TENSORS[1]: "the source verifier's norm, not a drafter weight",
 }
 FILLED_REASONS = {
     "d2t": "not in the source file (read as the identity); the new draft vocab's mapping is used",

@@ -71,7 +71,7 @@ def recorded_fingerprint(drafter_dir) -> str | None:
         return None
     try:
         return (json.loads(path.read_text()).get("target") or {}).get("fingerprint")
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, AttributeError):  # ValueError: bad JSON or bytes that are not UTF-8
         raise LabError("not a valid run record (JSON object with target.fingerprint)", path) from None
 
 

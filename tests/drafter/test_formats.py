@@ -234,6 +234,9 @@ def _without(cfg, *keys):
     ("sglang", lambda c: {**c, "num_key_value_heads": 3}, "num_attention_heads (4) is not a multiple of "
      "num_key_value_heads (3)"),
     ("speculators", lambda c: _with_layer(c, head_dim=15), "head_dim 15 is odd: RoPE needs an even one"),
+    # a string was read letter by letter: "drafter architecture 'L' is not supported"
+    ("sglang", lambda c: {**c, "architectures": "LlamaForCausalLMEagle3"},
+     "'architectures' is 'LlamaForCausalLMEagle3', not a list of class names"),
 ])
 def test_a_malformed_config_value_is_one_line_naming_the_file(drafter, layout, change, problem):
     cfg = formats.config_for(layout, drafter.config, torch.float32)
@@ -300,6 +303,27 @@ def test_a_midlayer_tensor_of_another_family_is_refused_naming_it(tmp_path, draf
         with pytest.raises(LabError, match=f"tensor '{extra}' is not part of a Llama EAGLE-3 midlayer") as e:
             read_checkpoint(d)
         assert str(e.value).startswith(f"{weights}: ")
+
+
+def test_a_top_level_tensor_load_would_drop_is_refused_naming_it(tmp_path, drafter):
+    """A non-zero lm_head.bias or norm.bias changes the logits, and load and export dropped it without a word
+    (only init_from refused it); a head or embedding of the wrong rank was a TypeError or IndexError."""
+    d = _foreign(tmp_path, drafter, "top", lambda k: k, formats.sglang_config(drafter.config, torch.float32))
+    weights = d / "model.safetensors"
+    state = load_file(str(weights))
+    save_file({**state, "lm_head.bias": torch.zeros(len(state["lm_head.weight"]))}, str(weights))  # zero: changes nothing
+    assert_same_state(load_drafter(d), drafter)
+    vocab = DraftVocab(drafter.d2t, drafter.t2d)
+    for extra, value in (("lm_head.bias", torch.full((len(state["lm_head.weight"]),), 5.0)), ("norm.bias", torch.ones(4)),
+                         ("lm_head.weight", torch.tensor(1.0)), ("lm_head.weight", state["lm_head.weight"][0])):
+        save_file({**state, extra: value}, str(weights))
+        for read in (load_drafter, lambda p: init_from(Eagle3Drafter(drafter.config), p, SimpleNamespace(), vocab),
+                     lambda p: export(p, "sglang", tmp_path / "out")):
+            with pytest.raises(LabError, match=f"^{weights}: tensor '{extra}' ") as e:
+                read(d)
+            assert "not part of a Llama EAGLE-3 drafter" in str(e.value) or "not [rows, hidden]" in str(e.value)
+    save_file({**state, "verifier_norm.weight": torch.ones(4)}, str(weights))  # SpecForge saves its target's: carried
+    assert_same_state(load_drafter(d), drafter)
 
 
 def test_export_cli(tmp_path, drafter):
@@ -499,6 +523,10 @@ def test_rope_scaling_is_read_from_either_layout_kept_and_checked(tmp_path):
                              ({**LLAMA3, "original_max_position_embeddings": 0},
                               "original_max_position_embeddings is 0, not a positive integer"),
                              ({"rope_type": ["llama3"]}, r"RoPE scaling \['llama3'\] is not supported"),
+                             # true read as 1.0; an infinite factor zeroed every frequency; "2" lacked nothing
+                             ({"rope_type": "linear", "factor": True}, "scaling's factor True is not a finite number"),
+                             ({"rope_type": "linear", "factor": float("inf")}, "factor inf is not a finite number"),
+                             ({"rope_type": "linear", "factor": "2"}, "factor '2' is not a finite number"),
                              ("linear", "rope_scaling is not a JSON object")):
         with pytest.raises(LabError, match=problem) as e:
             formats.parse_config({**layer, "rope_scaling": scaling}, tmp_path / "config.json")
@@ -560,3 +588,14 @@ def test_export_to_a_file_is_one_line(tmp_path, capsys):
         export(tmp_path / "nothing", formats.SGLANG, tmp_path / "afile")
     assert main(["export", "--drafter", str(tmp_path), "--format", "sglang", "--out", str(tmp_path / "afile")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_run_record_that_is_not_text_is_one_line(tmp_path):
+    """Bytes that are not UTF-8 were a UnicodeDecodeError out of the pairing check (eval, train --init-from)."""
+    from drafter_lab.spec.pairing import recorded_fingerprint
+
+    (tmp_path / "run.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(LabError, match=f"^{tmp_path / 'run.json'}: not a valid run record"):
+        recorded_fingerprint(tmp_path)
+    (tmp_path / "run.json").write_text('{"target": {"fingerprint": "abc"}}')
+    assert recorded_fingerprint(tmp_path) == "abc"

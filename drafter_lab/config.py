@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
 import tomllib
 import typing
@@ -127,6 +128,17 @@ def load_toml(cls, path, section: str | None = None):
                            f"put every field in [{section}] or all at top level", path)
         data = data[section]
     return from_dict(cls, data, str(path))
+
+
+def check_counts(cfg, at_least_one: tuple[str, ...], at_least_zero: tuple[str, ...]) -> None:
+    """Fields that would make a run do nothing or fail late (counts below one; numbers below zero, NaN or
+    infinite), refused in one line before anything runs."""
+    for name in at_least_one:
+        if getattr(cfg, name) < 1:
+            raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in at_least_zero:
+        if not 0 <= getattr(cfg, name) < math.inf:  # nan and inf too
+            raise LabError(f"{name} must be >= 0 and finite, got {getattr(cfg, name)}")
 
 
 def replace(cfg, **overrides):

@@ -5,18 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from drafter_lab.config import check_counts
 from drafter_lab.errors import LabError
-
-
-def _check(cfg, at_least_one: tuple[str, ...], at_least_zero: tuple[str, ...]) -> None:
-    """Counts that would make a stage do nothing or fail late, and numbers that are not finite, refused
-    before anything runs."""
-    for name in at_least_one:
-        if getattr(cfg, name) < 1:
-            raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name in at_least_zero:
-        if not 0 <= getattr(cfg, name) < math.inf:  # nan and inf too
-            raise LabError(f"{name} must be >= 0 and finite, got {getattr(cfg, name)}")
 
 
 @dataclass
@@ -87,7 +77,7 @@ class ExperimentConfig:
         if bad:
             raise LabError(f"drift levels must be >= 0 and finite, got {', '.join(map(str, bad))}")
         # source_steps or arm_steps 0 would be TrainConfig's max_steps 0, "no limit": 10,000 epochs
-        _check(self, ("max_length", "max_new_tokens", "regen_batch_size", "draft_vocab_size", "source_steps",
+        check_counts(self, ("max_length", "max_new_tokens", "regen_batch_size", "draft_vocab_size", "source_steps",
                       "arm_steps", "batch_size", "ttt_steps", "served_prompts", "served_steps"),
                ("regen_temperature", "eval_every", "probe_pilot_steps", "lr", "transfer_lr_scale", "l2sp", "threads"))
         if not 0 <= self.seed < 2**32:  # TrainConfig's range
@@ -147,7 +137,7 @@ class ProbeConfig:
     verdict falls back to aux CKA."""
 
     def __post_init__(self):
-        _check(self, ("max_sequences", "ttt_steps", "batch_size"), ("pilot_steps",))
+        check_counts(self, ("max_sequences", "ttt_steps", "batch_size"), ("pilot_steps",))
         if self.cka_tokens < 2:  # CKA centres each feature: one token leaves nothing, and 0/0 is nan
             raise LabError(f"cka_tokens must be >= 2, got {self.cka_tokens}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from drafter_lab.config import check_counts
 from drafter_lab.errors import LabError
 
 RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_mb", "keep_best")
@@ -130,12 +131,7 @@ AT_LEAST_ZERO = ("lr", "warmup_steps", "weight_decay", "grad_clip", "batch_token
 def check_config(cfg: TrainConfig) -> None:
     """Settings that would fail mid-run (a division by zero at the first train line, an empty validation
     batch after a whole epoch) or mean nothing, refused in one line before anything is written."""
-    for name in AT_LEAST_ONE:
-        if getattr(cfg, name) < 1:
-            raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name in AT_LEAST_ZERO:
-        if not 0 <= getattr(cfg, name) < math.inf:  # nan and inf too
-            raise LabError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    check_counts(cfg, AT_LEAST_ONE, AT_LEAST_ZERO)
     if cfg.batch_tokens == 0 and cfg.batch_size < 1:
         raise LabError(f"batch_size must be >= 1 (or batch_tokens set), got {cfg.batch_size}")
     if not 0 <= cfg.seed < 2**32:  # torch takes seeds below 2**64, and data.plan_epoch's is seed * 100_003 + epoch

@@ -80,15 +80,15 @@ def test_a_run_saved_before_the_sampled_columns_resumes(peaked_llama, features, 
 
 
 @pytest.mark.parametrize("over, message", [
-    ({"val_temperature": -1.0}, "val_temperature must be >= 0, got -1.0"),
+    ({"val_temperature": -1.0}, "val_temperature must be >= 0 and finite, got -1.0"),
     ({"keep_best": "sampled_accept_len"}, "'sampled_accept_len' is not a validation metric"),
     # each of these failed mid-run (at the first train line, or at the first validation after an epoch)
     ({"log_every": 0}, "log_every must be >= 1, got 0"),
     ({"eval_batch_size": 0}, "eval_batch_size must be >= 1, got 0"),
     ({"batch_size": 0}, r"batch_size must be >= 1 \(or batch_tokens set\), got 0"),
     ({"epochs": 0}, "epochs must be >= 1, got 0"),
-    ({"max_steps": -1}, "max_steps must be >= 0, got -1"),
-    ({"lr": -1.0}, "lr must be >= 0, got -1.0"),
+    ({"max_steps": -1}, "max_steps must be >= 0 and finite, got -1"),
+    ({"lr": -1.0}, "lr must be >= 0 and finite, got -1.0"),
     ({"loss_decay": 0.0}, "loss_decay must be > 0, got 0.0"),
     ({"min_lr_ratio": 1.5}, r"min_lr_ratio must be in \[0, 1\]"),
 ])

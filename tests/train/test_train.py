@@ -365,3 +365,21 @@ def test_train_settings_refuse_nan_and_inf(over):
 
     with pytest.raises(LabError, match="must be"):
         check_config(TrainConfig(**over))
+
+
+def test_a_metrics_file_shorter_than_its_checkpoint_recorded_is_refused(tmp_path):
+    """Cutting it back to the checkpoint's size would pad it with NUL bytes, which no reader parses."""
+    from drafter_lab.errors import LabError
+    from drafter_lab.train.metrics_log import MetricsLog, read_metrics
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (1, 2):
+        log.write({"step": step})
+    size = (tmp_path / "metrics.jsonl").stat().st_size
+    log.write({"step": 3})
+    log.truncate(size)  # the lines after the checkpoint go
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(LabError, match="fewer than the .* its checkpoint recorded"):
+        log.truncate(size)
+    assert b"\0" not in (tmp_path / "metrics.jsonl").read_bytes()

@@ -87,7 +87,8 @@ def load_config(path) -> TrainConfig:
 
 
 def run(args) -> int:
-    from drafter_lab.train.loop import stopped_at, train
+    from drafter_lab.train.loop import train
+    from drafter_lab.train.watch import stopped_at
 
     cfg = load_config(args.config) if args.config else TrainConfig()
     if args.draft_config:
@@ -150,9 +151,8 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
 
 
 def watch(args) -> int:
-    from drafter_lab.train.loop import stopped_at
     from drafter_lab.train.metrics_log import METRICS
-    from drafter_lab.train.watch import AXES, comparison_note, judge, read_run
+    from drafter_lab.train.watch import AXES, comparison_note, judge, read_run, stopped_at
 
     cfg = labconfig.apply_cli_args(WatchConfig(), args)
     shown, waiting = 0, False

@@ -45,9 +45,16 @@ from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, RUN_FILE
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
-from drafter_lab.train.watch import WatchConfig, comparison_note, judge, lower_is_better, read_run
+from drafter_lab.train.watch import (
+    WATCH_FILE,
+    WatchConfig,
+    comparison_note,
+    judge,
+    lower_is_better,
+    read_run,
+    stopped_at,
+)
 
-WATCH_FILE = "watch.json"
 """Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
 
 # Fields that may change between a run and its --resume without changing what it computes (a
@@ -594,17 +601,6 @@ def _kept_best(out_dir: Path, metric: str) -> dict | None:
     if not isinstance(kept, dict) or not isinstance(kept.get("step"), int):
         raise LabError("not the record of a kept drafter (a JSON object with its step)", path)
     return kept if kept.get("metric") == metric else None
-
-
-def stopped_at(out_dir: Path) -> int | None:
-    """The step at which the watch stopped the run in `out_dir`, if it did."""
-    path = out_dir / WATCH_FILE
-    if not path.exists():
-        return None
-    verdict = atomic.read_json(path, "")
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("step"), int):
-        raise LabError("not the watch's verdict (a JSON object with the step it stopped at)", path)
-    return verdict["step"]
 
 
 def _new_drafter(cfg: TrainConfig, dcfg: DrafterConfig, target, d2t, t2d) -> Eagle3Drafter:

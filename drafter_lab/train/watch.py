@@ -258,3 +258,18 @@ def comparison_note(run_info: dict, base_info: dict, axis: str) -> str | None:
     """What makes a run's validations and its baseline's unequal, if anything (for the verdict)."""
     notes = [unequal_batches(run_info, base_info) if axis == "step" else None, unequal_validation(run_info, base_info)]
     return "; ".join(n for n in notes if n) or None
+
+
+WATCH_FILE = "watch.json"
+"""The watch's verdict where it stopped a run (in the run directory)."""
+
+
+def stopped_at(out_dir: Path) -> int | None:
+    """The step at which the watch stopped the run in `out_dir`, if it did."""
+    path = out_dir / WATCH_FILE
+    if not path.exists():
+        return None
+    verdict = atomic.read_json(path, "")
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("step"), int):
+        raise LabError("not the watch's verdict (a JSON object with the step it stopped at)", path)
+    return verdict["step"]

@@ -88,9 +88,10 @@ def test_a_resume_needs_the_same_validation_set(peaked_llama, features, held_out
     _, val_dir = held_out
     out = tmp_path / "run"
     final = train(CFG, peaked_llama, features, out, val_data=val_dir)
-    for other in ({}, {"val_data": features}):  # the val split again, or every sequence of the training set
-        with pytest.raises(LabError, match="--resume with other validation data"):
-            train(CFG, peaked_llama, features, out, resume=True, **other)
+    with pytest.raises(LabError, match="--resume with other validation data"):  # the val split again
+        train(CFG, peaked_llama, features, out, resume=True)
+    with pytest.raises(LabError, match="--val-data is the --data path"):  # every sequence it trains on
+        train(CFG, peaked_llama, features, out, resume=True, val_data=features)
     assert train(CFG, peaked_llama, features, out, resume=True, val_data=val_dir) == final
 
 

@@ -12,14 +12,16 @@ import pytest
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
 from drafter_lab.train.config import TrainConfig
-from drafter_lab.train.loop import WATCH_FILE, stopped_at, train
+from drafter_lab.train.loop import train
 from drafter_lab.train.metrics_log import read_metrics
 from drafter_lab.train.watch import (
     STOP_EXIT,
+    WATCH_FILE,
     WatchConfig,
     comparison_note,
     judge,
     replay,
+    stopped_at,
     unequal_batches,
     value_at,
 )

@@ -52,6 +52,15 @@ class DrafterConfig:
         """H != H_t: the target's embedding has the wrong width, so the drafter trains its own."""
         return self.hidden_size != self.target_hidden_size
 
+    def attention_problem(self) -> str | None:
+        """What makes this attention shape unbuildable (GQA groups, RoPE's halves), else None."""
+        if self.num_attention_heads % self.num_key_value_heads:
+            return (f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                    f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:  # RoPE rotates the two halves of each head
+            return f"head_dim {self.head_dim} is odd: RoPE needs an even one"
+        return None
+
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids, **overrides) -> DrafterConfig:
         """Mirror the target's attention layout, as SpecForge's and SGLang's drafters do."""

@@ -348,11 +348,8 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
         max_position_embeddings=_positive(layer, "max_position_embeddings", path, 4096),
         norm_before_residual=norm_before_residual,
     )
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise LabError(f"config's num_attention_heads ({cfg.num_attention_heads}) is not a multiple of "
-                       f"num_key_value_heads ({cfg.num_key_value_heads})", path)
-    if cfg.head_dim % 2:  # RoPE rotates the two halves of each head
-        raise LabError(f"config's head_dim {cfg.head_dim} is odd: RoPE needs an even one", path)
+    if problem := cfg.attention_problem():
+        raise LabError(f"config's {problem}", path)
     return cfg, fmt
 
 

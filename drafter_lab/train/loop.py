@@ -94,9 +94,8 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
         norm_before_residual=cfg.drafter_norm_before_residual,
         rope_scaling=rope_scaling_from_text(cfg.drafter_rope_scaling, "--drafter-rope-scaling"),
         **over)
-    if dcfg.head_dim % 2:  # RoPE rotates pairs of a head's dimensions: the first step would fail
-        raise LabError(f"drafter shape: head_dim {dcfg.head_dim} (hidden {dcfg.hidden_size} / heads "
-                       f"{dcfg.num_attention_heads}) must be even")
+    if problem := dcfg.attention_problem():  # refused now: the first step would fail
+        raise LabError(f"drafter shape: {problem}")
     return dcfg
 
 

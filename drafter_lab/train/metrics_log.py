@@ -47,12 +47,14 @@ class MetricsLog:
     def truncate(self, size: int) -> None:
         """Drop lines written after the checkpoint that recorded `size` (a file already that size is
         left untouched)."""
-        if not (self.enabled and self.path.exists()) or self.path.stat().st_size == size:
+        if not (self.enabled and self.path.exists()):
             return
-        if self.path.stat().st_size < size:  # truncate would pad it with NUL bytes, which no reader parses
-            raise LabError(f"holds {self.path.stat().st_size} bytes, fewer than the {size} its checkpoint recorded: "
+        now = self.path.stat().st_size
+        if now < size:  # truncate would pad it with NUL bytes, which no reader parses
+            raise LabError(f"holds {now} bytes, fewer than the {size} its checkpoint recorded: "
                            "it was cut or replaced; restore it or start a new run", self.path)
-        os.truncate(self.path, size)
+        if now > size:
+            os.truncate(self.path, size)
 
 
 def read_metrics(path) -> list[dict]:

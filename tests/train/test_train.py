@@ -258,7 +258,7 @@ def test_drafter_shape_overrides_keep_the_targets_head_dim():
     cfg = _drafter_config(TrainConfig(drafter_intermediate_size=96), target, 32, [1, 2, 3])
     assert (cfg.head_dim, cfg.intermediate_size, cfg.hidden_size) == (32, 96, 64)
     assert _drafter_config(TrainConfig(drafter_hidden_size=48), target, 32, [1, 2, 3]).head_dim == 12
-    with pytest.raises(LabError, match=r"head_dim 15 \(hidden 30 / heads 2\) must be even"):  # RoPE turns pairs
+    with pytest.raises(LabError, match=r"drafter shape: head_dim 15 is odd: RoPE needs an even one"):  # RoPE turns pairs
         _drafter_config(TrainConfig(drafter_hidden_size=30, drafter_heads=2, drafter_kv_heads=1), target, 32, [1, 2, 3])
 
 

@@ -120,7 +120,8 @@ def run(args) -> int:
         stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
     )
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns it: one line for a script
-        print(json.dumps(result))
+        # an undefined metric (a loss with no position) is NaN, which JSON lacks: null keeps the line JSON
+        print(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in result.items()}))
     if cfg.drafter_norm_before_residual and int(os.environ.get("RANK", "0")) == 0:  # SGLang's layout has no such switch
         from drafter_lab.progress import log
 

@@ -397,6 +397,7 @@ class _Run:
         self.last_val = s.get("last_val")
         self.best = _kept_best(self.out_dir, self.cfg.keep_best)
         self.metrics.truncate(s["metrics_bytes"])
+        self.t0 = time.time() - s.get("elapsed_s", 0.0)  # the clock goes on from the checkpoint's (older states lack it)
         state.set_rng_state(s["rng"])
 
     def record(self, event: str, values: dict) -> None:
@@ -473,6 +474,7 @@ class _Run:
             "log_counts": log_counts.cpu(),
             "last_val": self.last_val,
             "metrics_bytes": self.metrics.sync_size(),
+            "elapsed_s": time.time() - self.t0,
             "rng": state.rng_state(),
         })
 
@@ -580,9 +582,14 @@ class _Run:
         if d.main and self.stop_reason is not None:
             log(f"[bold]the watch stopped the run[/] at step {self.step} of {self.total}: {self.stop_reason}")
         if d.main:
-            log(f"trained {self.step} steps in {time.time() - self.t0:.0f}s: val cond_acc_0={v['cond_acc_0']:.3f}"
-                + (f" cond_acc_1={v['cond_acc_1']:.3f}" if c.ttt_steps > 1 else "")
-                + f" simulated_accept_len={v['simulated_accept_len']:.3f} -> {self.out_dir}")
+            if v["positions"]:
+                scored = (f"val cond_acc_0={v['cond_acc_0']:.3f}"
+                          + (f" cond_acc_1={v['cond_acc_1']:.3f}" if c.ttt_steps > 1 else "")
+                          + f" simulated_accept_len={v['simulated_accept_len']:.3f}")
+            else:  # its zero accuracies would measure nothing
+                scored = ("validation scored no position (no val sequence has an assistant token past its first two "
+                          f"within max_length {c.max_length})")
+            log(f"trained {self.step} steps in {time.time() - self.t0:.0f}s: {scored} -> {self.out_dir}")
             if self.best is not None:
                 b = self.best
                 log(f"best {b['metric']}={b['value']:.4g} at step {b['step']} -> {self.out_dir / BEST_DIR}")

@@ -383,3 +383,38 @@ def test_a_metrics_file_shorter_than_its_checkpoint_recorded_is_refused(tmp_path
     with pytest.raises(LabError, match="fewer than the .* its checkpoint recorded"):
         log.truncate(size)
     assert b"\0" not in (tmp_path / "metrics.jsonl").read_bytes()
+
+
+def test_elapsed_time_carries_over_a_resume(peaked_llama, features, tmp_path, monkeypatch):
+    """A resumed run's clock goes on from its checkpoint's: metrics.jsonl never shows time going back."""
+    from drafter_lab.train import loop
+
+    clock = iter(range(0, 10**6, 100))  # every reading of the run's clock is 100 s after the last
+    monkeypatch.setattr(loop, "time", type("Clock", (), {"time": staticmethod(lambda: float(next(clock)))}))
+    step = loop._Run.train_step
+
+    def killed_after_5(self, *a):
+        step(self, *a)
+        if self.step == 5:
+            raise KeyboardInterrupt
+
+    cfg = TrainConfig(**{**CFG.__dict__, "checkpoint_every": 2})
+    with monkeypatch.context() as m:
+        m.setattr(loop._Run, "train_step", killed_after_5)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, peaked_llama, features, tmp_path / "k")
+    assert 0 < state.load(tmp_path / "k")["step"] < 5  # the kill lands after a checkpoint
+    train(cfg, peaked_llama, features, tmp_path / "k", resume=True)
+    elapsed = [r["elapsed_s"] for r in read_metrics(tmp_path / "k")]
+    assert elapsed == sorted(elapsed)
+
+
+def test_a_validation_that_scored_nothing_says_so(peaked_llama, features, tmp_path, capsys):
+    """Cut to 4 tokens no val sequence reaches an answer: the printed result stays JSON (an undefined loss
+    is null, not NaN) and the summary says nothing was scored instead of showing zero accuracies."""
+    assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "o"),
+                 "--draft-vocab-size", "128", "--epochs", "1", "--max-length", "4", "--threads", "1"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1], parse_constant=lambda c: pytest.fail(f"{c} in the result"))
+    assert result["positions"] == 0 and result["loss_0"] is None
+    assert "validation scored no position" in err and "simulated_accept_len=" not in err

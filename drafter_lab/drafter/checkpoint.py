@@ -83,11 +83,16 @@ def _read_tensors(files: list[Path], only: tuple[str, ...] = ()) -> tuple[dict[s
     """Tensors of every file under our names, and the file each came from."""
     tensors: dict[str, torch.Tensor] = {}
     where: dict[str, Path] = {}
+    named: dict[str, str] = {}  # the name each tensor had in its file
     for f in files:
         for name, t in _read_file(f, only).items():
             canon = formats.canonical_name(name)
+            if canon in where:  # e.g. a stale shard beside a re-saved file: which copy is meant is a guess
+                raise LabError(f"tensor {canon!r} is in two places, {where[canon].name} ({named[canon]!r}) and "
+                               f"{f.name} ({name!r}): remove the stale one", f.parent)
             tensors[canon] = t
             where[canon] = f
+            named[canon] = name
     return tensors, where
 
 

@@ -162,14 +162,15 @@ def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = Tr
 
 
 def _positive(data: dict, key: str, path, default=None, kind: type = int):
-    """Field `key`, a positive int (or with `kind=float`, any positive number); `default` when it is
-    absent or null, required without one."""
+    """Field `key`, a positive int (or with `kind=float`, any finite positive number: JSON's Infinity as
+    an eps zeroes every norm); `default` when it is absent or null, required without one."""
     value = data.get(key)
     if value is None:
         if default is None:
             raise LabError(f"config lacks {key!r}", path)
         return default
-    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float) or \
+            not 0 < value < math.inf:  # NaN and Infinity too
         raise LabError(f"config's {key!r} is {value!r}, not a positive {'integer' if kind is int else 'number'}", path)
     return kind(value)
 

@@ -309,6 +309,9 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
                                "reason": "absent: the source shares its target's head, so every row is this target's"})
         rows = _target_rows(target, used_new, drafter.config.hidden_size, ckpt.weights_file())
         params[formats.HEAD].copy_(rows.to(params[formats.HEAD].dtype))
+    if drafter.config.own_embedding and formats.EMBED not in src:  # EAGLE releases often leave it out
+        report.skipped.append({"tensor": formats.EMBED,
+                               "reason": "absent from the source file: this drafter's own embedding starts fresh"})
     drafter.d2t.copy_(new_d2t.to(drafter.d2t.device))
     drafter.t2d.copy_(torch.as_tensor(new_vocab.t2d).bool().to(drafter.t2d.device))
     return report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -220,6 +221,9 @@ def _without(cfg, *keys):
     ("sglang", lambda c: {**c, "hidden_size": "48"}, "'hidden_size' is '48', not a positive integer"),
     ("speculators", lambda c: _with_layer(c, rms_norm_eps=-1e-5), "'rms_norm_eps' is -1e-05, not a positive number"),
     ("speculators", lambda c: _with_layer(c, rope_theta="big"), "'rope_theta' is 'big', not a positive number"),
+    # JSON's Infinity: an eps that zeroes every norm, a theta that turns RoPE off
+    ("sglang", lambda c: {**c, "rms_norm_eps": float("inf")}, "'rms_norm_eps' is inf, not a positive number"),
+    ("speculators", lambda c: _with_layer(c, rope_theta=float("inf")), "'rope_theta' is inf, not a positive number"),
     ("speculators", lambda c: {**c, "transformer_layer_config": "llama"},
      "'transformer_layer_config' is 'llama', not a JSON object"),
     # a string "false" is truthy: read as true it would build another model, or refuse a plain one
@@ -599,3 +603,23 @@ def test_a_run_record_that_is_not_text_is_one_line(tmp_path):
         recorded_fingerprint(tmp_path)
     (tmp_path / "run.json").write_text('{"target": {"fingerprint": "abc"}}')
     assert recorded_fingerprint(tmp_path) == "abc"
+
+
+@pytest.mark.parametrize("stale", ["model-00002-of-00002.safetensors", "model.safetensors"])
+def test_a_tensor_in_two_weights_files_is_refused(tmp_path, drafter, stale):
+    """Shards that overlap (a stale file beside a re-saved one) held the tensor twice, and the last file
+    in name order won silently; so did two names of one tensor in one file (fc.weight, model.fc.weight)."""
+    state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    d = tmp_path / "sharded"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(formats.sglang_config(drafter.config, torch.float32)))
+    save_file(state, str(d / "model-00001-of-00002.safetensors"))
+    save_file({"model.fc.weight": torch.zeros_like(state["fc.weight"])}, str(d / stale))
+    where = "model-00001-of-00002.safetensors ('fc.weight') and " + f"{stale} ('model.fc.weight')"
+    with pytest.raises(LabError, match=f"^{re.escape(str(d))}: tensor 'fc.weight' is in two places, {re.escape(where)}"):
+        read_checkpoint(d)
+    (d / stale).unlink()
+    save_file({**state, "model.fc.weight": state["fc.weight"].clone()}, str(d / "model-00001-of-00002.safetensors"))
+    with pytest.raises(LabError, match=re.escape("model-00001-of-00002.safetensors ('fc.weight') and "
+                                                 "model-00001-of-00002.safetensors ('model.fc.weight')")):
+        read_checkpoint(d)

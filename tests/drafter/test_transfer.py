@@ -212,6 +212,27 @@ def test_an_embedding_the_drafter_owns_comes_from_the_source(tmp_path, remap):
     assert torch.equal(drafter.embed_tokens.weight, before) and "fc.weight" in report.transferred
 
 
+def test_an_embedding_the_drafter_owns_that_the_source_lacks_is_reported(tmp_path):
+    """H != H_target and the source file has no embed_tokens.weight (as EAGLE releases ship): the
+    drafter's own embedding stays at its init, and the report says so instead of nothing."""
+    cfg = small_config(target_vocab_size=V, draft_vocab_size=N)  # H 48, H_target 40
+    src = random_drafter(cfg, seed=23, dtype=torch.float32)
+    src.d2t.copy_(vocab(USED_SRC).d2t)
+    src.t2d.copy_(vocab(USED_SRC).t2d)
+    save_drafter(src, tmp_path / "src", embed=False)
+    drafter = fresh(cfg)
+    before = drafter.embed_tokens.weight.clone()
+    report = init_from(drafter, tmp_path / "src", target_head(40), vocab(USED_SRC))
+    reasons = {row["tensor"]: row["reason"] for row in report.skipped}
+    assert reasons["embed_tokens.weight"] == "absent from the source file: this drafter's own embedding starts fresh"
+    assert torch.equal(drafter.embed_tokens.weight, before) and "fc.weight" in report.transferred
+    # a drafter of the target's width embeds with the target's: nothing to report
+    cfg = dataclasses.replace(cfg, target_hidden_size=48)
+    save_drafter(random_drafter(cfg, seed=23, dtype=torch.float32), tmp_path / "same", embed=False)
+    report = init_from(fresh(cfg), tmp_path / "same", target_head(), vocab(USED_SRC))
+    assert "embed_tokens.weight" not in {row["tensor"] for row in report.skipped}
+
+
 def test_a_source_with_another_rope_theta_or_context_length_is_reported(tmp_path):
     """A new target version may change RoPE theta or max_position_embeddings: the transfer goes on, and
     the report (printed, and kept in transfer.json) says the attention weights were trained otherwise."""

@@ -9,6 +9,13 @@ from drafter_lab.config import check_counts
 from drafter_lab.errors import LabError
 
 
+def level_name(drift: float) -> str:
+    """A drift level's name in run and cache directories, manifests and reports: short (`0.5`) and
+    distinct for distinct levels (`:g` alone makes 0.1234561 and 0.1234564 one directory)."""
+    short = f"{drift:g}"
+    return short if float(short) == drift else repr(float(drift))
+
+
 @dataclass
 class ExperimentConfig:
     """The seeds' transfer-vs-scratch study, end to end, as one config."""
@@ -76,6 +83,8 @@ class ExperimentConfig:
         bad = [d for d in self.drift_levels if not 0 <= d < math.inf]
         if bad:
             raise LabError(f"drift levels must be >= 0 and finite, got {', '.join(map(str, bad))}")
+        if len(set(self.drift_levels)) < len(self.drift_levels):  # one directory, two studies
+            raise LabError(f"drift levels repeat: {', '.join(map(level_name, self.drift_levels))}")
         # source_steps or arm_steps 0 would be TrainConfig's max_steps 0, "no limit": 10,000 epochs
         check_counts(self, ("max_length", "max_new_tokens", "regen_batch_size", "draft_vocab_size", "source_steps",
                       "arm_steps", "batch_size", "ttt_steps", "served_prompts", "served_steps"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from drafter_lab.experiments.config import level_name
 from drafter_lab.plotting import plt, save_png
 
 
@@ -73,7 +74,7 @@ def drift_sweep(points: list[dict], path: Path) -> None:
     ax.plot(xs, ys, color="tab:blue", alpha=0.5)
     ax.scatter(xs, ys, c=colors, zorder=3)
     for p in points:
-        ax.annotate(f"knob {p['drift_knob']:g}\n{p['verdict']}", (p["drift"], 100 * p["gain"]), fontsize=7,
+        ax.annotate(f"knob {level_name(p['drift_knob'])}\n{p['verdict']}", (p["drift"], 100 * p["gain"]), fontsize=7,
                     textcoords="offset points", xytext=(4, 4))
     for color, text in (("tab:green", "probe verdict = measured outcome"), ("tab:red", "probe verdict wrong")):
         ax.scatter([], [], c=color, label=text)

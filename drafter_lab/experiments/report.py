@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from drafter_lab.config import to_dict
-from drafter_lab.experiments.config import ExperimentConfig
+from drafter_lab.experiments.config import ExperimentConfig, level_name
 from drafter_lab.experiments.pilot import lead_closing, lead_text, points_text
 from drafter_lab.spec.costinputs import accept_by_steps
 from drafter_lab.spec.costmodel import PRESETS, CostModel
@@ -268,7 +268,7 @@ def sweep_table(points: list[dict]) -> list[str]:
     for p in points:
         pilot = "-" if p.get("pilot_gain") is None else points_text(p["pilot_gain"], p["pilot_min_gain"])
         lines.append(
-            f"| {p['drift_knob']:g} | {p['drift']:.4f} | {p['min_cka']:.4f} | {p['zero_shot_accept']:.2f} | "
+            f"| {level_name(p['drift_knob'])} | {p['drift']:.4f} | {p['min_cka']:.4f} | {p['zero_shot_accept']:.2f} | "
             f"{pilot} | {points_text(p['gain'], GAIN_MARGIN)} | {p['verdict']} | {p['outcome']} | "
             f"{'yes' if p['verdict_matches'] else 'no'} |"
         )
@@ -292,14 +292,14 @@ def render(cfg: ExperimentConfig, levels: list[dict], sweep: list[dict] | None, 
     ]
     for lv in levels:
         if len(levels) > 1:
-            lines += [f"## Drift knob {lv['drift_knob']:g}", ""]
+            lines += [f"## Drift knob {level_name(lv['drift_knob'])}", ""]
         drift = lv["pair"].get("drift_figures", {}).get("all")
         if drift:
             lines += [f"Target drift (tuned vs base): KL {drift.get('kl', float('nan')):.4f}; "
                       f"per-layer CKA {', '.join(f'{c:.3f}' for c in drift.get('cka', []))}", ""]
         lines += ["### Arms (final validation)", ""] + _arm_table(lv, k) + [""] + _ngram_line(lv)
         lines += ["### Decisions, taken from the numbers", ""] + [f"- {d}" for d in decisions(lv, cfg)] + [""]
-        prefix = "" if len(levels) == 1 else f"drift-{lv['drift_knob']:g}/"
+        prefix = "" if len(levels) == 1 else f"drift-{level_name(lv['drift_knob'])}/"
         speed = _speed_section(lv, cfg, f"{prefix}speed.png")
         lines += speed + ([""] if speed else [])
         lines += ["### Phase-0 probe", ""] + _probe_section(lv) + [""]

@@ -8,7 +8,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.config import from_dict
 from drafter_lab.errors import LabError
-from drafter_lab.experiments.config import ExperimentConfig
+from drafter_lab.experiments.config import ExperimentConfig, level_name
 from drafter_lab.experiments.study import run_study
 
 
@@ -52,7 +52,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
     evaluation, and the measured outcome. Timings and paths are not results."""
     out: dict[str, object] = {}
     for lv in results["levels"]:
-        prefix = f"drift {lv['drift_knob']:g}"
+        prefix = f"drift {level_name(lv['drift_knob'])}"
         pair = lv.get("pair") or {}
         # The corpus is the running interpreter's standard library: another Python, another pair.
         if "hash" in (pair.get("corpus") or {}):

@@ -28,7 +28,7 @@ from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.data.shards import Manifest
 from drafter_lab.experiments import plots, report
-from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig
+from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig, level_name
 from drafter_lab.experiments.manifest import build_manifest, write_manifest
 from drafter_lab.experiments.probe import VERDICTS, probe
 from drafter_lab.locks import building
@@ -137,7 +137,7 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     """One drift level: pair, data, source drafter, probe, arms. Returns the level's results."""
     t0 = time.time()
     timings = {}
-    pair_dir = cache / "pairs" / f"{cfg.target_preset}-drift{drift:g}"
+    pair_dir = cache / "pairs" / f"{cfg.target_preset}-drift{level_name(drift)}"
     with building(pair_dir, "target pair"):
         pair = build_pair(cfg.target_preset, pair_dir, drift=drift, cache_dir=cache / "targets")
     timings["pair_s"] = time.time() - t0
@@ -257,14 +257,14 @@ def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path
     levels = []
     with torch_threads(cfg.threads):
         for i, drift in enumerate(cfg.drift_levels):
-            level_dir = run_dir if len(cfg.drift_levels) == 1 else run_dir / f"drift-{drift:g}"
+            level_dir = run_dir if len(cfg.drift_levels) == 1 else run_dir / f"drift-{level_name(drift)}"
             level_dir.mkdir(parents=True, exist_ok=True)
-            log(f"[bold]level {i + 1}/{len(cfg.drift_levels)}[/]: drift knob {drift:g} -> {level_dir}")
+            log(f"[bold]level {i + 1}/{len(cfg.drift_levels)}[/]: drift knob {level_name(drift)} -> {level_dir}")
             levels.append(run_level(cfg, drift, level_dir, cache))
     elapsed = time.time() - started
 
     for level in levels:
-        level_dir = run_dir if len(levels) == 1 else run_dir / f"drift-{level['drift_knob']:g}"
+        level_dir = run_dir if len(levels) == 1 else run_dir / f"drift-{level_name(level['drift_knob'])}"
         for arm in level["arms"]:
             atomic.write_text(level_dir / f"metrics-{arm.key}.jsonl",
                               "".join(json.dumps(r) + "\n" for r in arm.history))
@@ -278,7 +278,7 @@ def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path
             command=command or [],
             config=to_dict(cfg),
             seeds={"seed": cfg.seed},
-            data={f"drift-{lv['drift_knob']:g}": data_record(lv) for lv in levels},
+            data={f"drift-{level_name(lv['drift_knob'])}": data_record(lv) for lv in levels},
         ),
     )
     atomic.write_json(run_dir / "results.json", report.results_json(levels, sweep, elapsed))

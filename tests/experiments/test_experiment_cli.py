@@ -10,7 +10,13 @@ import pytest
 
 from drafter_lab.cli import main
 from drafter_lab.errors import LabError
-from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig, ProbeThresholds, get_config
+from drafter_lab.experiments.config import (
+    ExperimentConfig,
+    ProbeConfig,
+    ProbeThresholds,
+    get_config,
+    level_name,
+)
 
 
 def test_an_empty_drift_level_list_is_refused(tmp_path, capsys):
@@ -31,6 +37,7 @@ def test_an_empty_drift_level_list_is_refused(tmp_path, capsys):
     ({"drift_levels": [0.5, math.inf]}, "drift levels must be >= 0 and finite, got inf"),
     ({"drift_levels": [math.nan]}, "drift levels must be >= 0 and finite, got nan"),
     ({"drift_levels": [-1.0]}, "drift levels must be >= 0 and finite, got -1.0"),
+    ({"drift_levels": [1.0, 0.5, 1.0]}, "drift levels repeat: 1, 0.5, 1"),  # one run directory, two studies
     ({"lr": math.nan}, "lr must be >= 0 and finite, got nan"),
     ({"transfer_lr_scale": math.inf}, "transfer_lr_scale must be >= 0 and finite, got inf"),
     ({"regen_temperature": -1.0}, "regen_temperature must be >= 0 and finite, got -1.0"),
@@ -47,6 +54,14 @@ def test_zero_where_it_means_something_is_accepted():
     cfg = ExperimentConfig(name="x", probe_pilot_steps=0, eval_every=0, drift_levels=[0.0], threads=0)
     assert (cfg.probe_pilot_steps, cfg.eval_every, cfg.threads) == (0, 0, 0)  # no pilot, no extra validation
     assert ProbeConfig(pilot_steps=0).pilot_steps == 0  # the verdict from aux CKA
+
+
+def test_each_drift_level_has_its_own_name():
+    """A level's run and cache directory, manifest key and report heading: with `:g`, levels 0.1234561
+    and 0.1234564 resumed each other's arms."""
+    assert [level_name(d) for d in (0.0, 0.5, 1.0, 4.0, 1e-7)] == ["0", "0.5", "1", "4", "1e-07"]  # cached names kept
+    assert level_name(0.1234561) != level_name(0.1234564)
+    assert float(level_name(0.1234561)) == 0.1234561
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ Aux layer ids (DESIGN "Aux layers"). In memory we keep indices into HF `output_h
 - SGLang's `LlamaForCausalLMEagle3` config (`eagle_config.eagle_aux_hidden_state_layer_ids`) is read
   by SGLang as "output of layer k": its target captures before layer k+1 (sglang 0.5.23,
   `set_eagle3_layers_to_capture`: `layers_to_capture = [val + 1 for val in layer_ids]`). SpecForge
-  and ModelOpt write that form too, so the SGLang layout stores ours - 1.
+  and ModelOpt write that form too, so the SGLang layout stores ours - 1, and ours unchanged at the
+  top level, where vLLM looks when it serves this layout.
 - speculators (vLLM) configs store `eagle_aux_hidden_state_layer_ids` as "capture before layer i",
   which is ours unchanged.
 The conversion happens only here, at import and export, and each file says which form it holds.
@@ -118,6 +119,9 @@ def sglang_config(cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> 
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids],
             "aux_layer_ids_convention": SGLANG_AUX_CONVENTION,
         }
+        # vLLM serves this layout too but reads only the top-level ids, in its own numbering (ours); without
+        # them it captures its default layers. SGLang ignores the field.
+        out["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
     return out
 
 

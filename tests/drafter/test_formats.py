@@ -56,6 +56,7 @@ def test_layouts_name_and_convert_as_documented(tmp_path, drafter):
     sp = json.loads((tmp_path / "sp/config.json").read_text())
     assert sg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert sg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in cfg.aux_layer_ids]
+    assert sg["eagle_aux_hidden_state_layer_ids"] == cfg.aux_layer_ids  # where vLLM, serving this layout, looks
     assert sg["target_hidden_size"] == cfg.target_hidden_size
     assert sp["architectures"] == ["Eagle3Speculator"] and sp["speculators_model_type"] == "eagle3"
     assert sp["eagle_aux_hidden_state_layer_ids"] == cfg.aux_layer_ids
@@ -94,7 +95,7 @@ def test_imports_specforge_eagle_and_speculators_names(tmp_path, drafter):
     # SpecForge: midlayer.* names, "output of layer k" aux ids, embed_tokens included
     spec = _foreign(tmp_path, drafter, "specforge", lambda k: k, llama)
     # EAGLE (yuhuili-style): pytorch_model.bin, no embed_tokens, no eagle_config
-    eagle_cfg = {k: v for k, v in llama.items() if k != "eagle_config"}
+    eagle_cfg = {k: v for k, v in llama.items() if k not in ("eagle_config", "eagle_aux_hidden_state_layer_ids")}
     eagle = _foreign(tmp_path, drafter, "eagle", lambda k: k, eagle_cfg, file="pytorch_model.bin",
                      drop=("embed_tokens.weight",))
     # speculators: layers.0.* names, verifier head present (ignored)

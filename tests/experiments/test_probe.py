@@ -179,6 +179,7 @@ def test_a_drafter_reading_other_aux_layers_than_the_features_is_refused(source,
     shutil.copytree(src, other)
     cfg = json.loads((other / "config.json").read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 3, 4]  # SGLang's ids: hidden_states [1, 4, 5]
+    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 4, 5]  # and vLLM's
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(LabError, match=r"reads aux layers \[1, 4, 5\] \(hidden_states indices\), the features hold "
                                        r"\[2, 4, 5\]") as e:

@@ -75,7 +75,7 @@ class _TargetFacts:
 
     def describe(self) -> dict:
         return {
-            "path": str(self.path),
+            "path": str(self.path.absolute()),  # records outlive the cwd a relative --target was given from
             "fingerprint": self.fingerprint,
             "architecture": self.architecture,
             "num_layers": self.num_layers,
@@ -239,12 +239,62 @@ def _read_tensor(name: str, files: dict[str, Path]) -> torch.Tensor:
         return fh.get_tensor(name)
 
 
+def _vocab_names(whole, config, files: dict[str, Path]) -> tuple[str | None, str | None, bool, str, str]:
+    """The stored names of the embedding and lm_head (None: not stored), whether the head is the
+    embedding, and the two parameters' names for an error. Asked of the model class the config names,
+    built on the meta device: GPT-2 has `transformer.wte`, Pythia `gpt_neox.embed_in` and an lm_head
+    it stores as `embed_out` (transformers renames it on load). Llama's names where it cannot be built."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"), quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(whole)
+        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        modules = {m: n for n, m in model.named_modules(remove_duplicate=False)}
+        params, tied = (f"{modules[embed]}.weight", f"{modules[head]}.weight"), head.weight is embed.weight
+    except Exception:  # a config transformers has no class for, or one that builds otherwise
+        model, params = None, ("embed_tokens.weight", "lm_head.weight")
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+    loaded_as = _loaded_names(model, files)
+    embed_name, head_name = (_stored_name(p, loaded_as) for p in params)
+    return embed_name, head_name, tied, *params
+
+
+def _loaded_names(model, files: dict[str, Path]) -> dict[str, str]:
+    """Stored tensor name -> the name transformers loads it as into `model` (its renamings of older
+    checkpoints' names; transformers 5 has them, 4.x loads by the stored names)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+        renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+        return {name: rename_source_key(name, renamings, [])[0] for name in files}
+    except Exception:  # no model, or a transformers without these renamings
+        return {name: name for name in files}
+
+
+def _stored_name(param: str, loaded_as: dict[str, str]) -> str | None:
+    """The stored tensor that loads as model parameter `param`: the longest tail of its name (module and
+    `weight` at least) that a loaded name ends with, as checkpoints drop or add prefixes (GPT-2's is
+    saved without `transformer.`, a multimodal wrapper's under its own); of those, the shortest, over the
+    copies an MTP layer keeps."""
+    parts = param.split(".")
+    for k in range(len(parts) - 1):
+        tail = ".".join(parts[k:])
+        names = sorted((n for n, as_ in loaded_as.items() if as_ == tail or as_.endswith("." + tail)),
+                       key=lambda n: len(loaded_as[n]))
+        if names:
+            return names[0]
+    return None
+
+
 def load_target_head(path, device="cpu") -> TargetHead:
     """A target's config, embedding and lm_head (fp32), read from its safetensors files alone.
 
-    The names are found by suffix (`embed_tokens.weight`, `lm_head.weight`, under any prefix such as
-    a multimodal wrapper's); a tied head is the embedding. A checkpoint without safetensors is loaded
-    whole, once, to take the two matrices."""
+    The names are the model's own (`_vocab_names`), found under any prefix such as a multimodal
+    wrapper's; a tied head is the embedding. A checkpoint without safetensors is loaded whole, once, to
+    take the two matrices."""
     from transformers import AutoConfig
 
     path = Path(path)
@@ -260,15 +310,11 @@ def load_target_head(path, device="cpu") -> TargetHead:
         return TargetHead(path, config, full.embed_weight().detach(), full.lm_head_weight().detach(),
                           full.fingerprint, architecture)
 
-    def find(suffix: str) -> str | None:
-        names = sorted((n for n in files if n == suffix or n.endswith("." + suffix)), key=len)
-        return names[0] if names else None
-
-    embed_name, head_name = find("embed_tokens.weight"), find("lm_head.weight")
+    embed_name, head_name, tied, embed_param, head_param = _vocab_names(whole, config, files)
     if embed_name is None:
-        raise LabError("no embed_tokens.weight tensor in the safetensors files", path)
-    if head_name is None and not getattr(config, "tie_word_embeddings", False):
-        raise LabError("no lm_head.weight tensor, and the config does not tie it to the embedding", path)
+        raise LabError(f"no {embed_param} tensor in the safetensors files", path)
+    if head_name is None and not tied:
+        raise LabError(f"no {head_param} tensor, and the config does not tie it to the embedding", path)
     embed = _read_tensor(embed_name, files).float()
     head = embed if head_name is None else _read_tensor(head_name, files).float()
     if embed.shape[1] != int(config.hidden_size) or head.shape[1] != int(config.hidden_size):

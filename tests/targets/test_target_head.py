@@ -120,3 +120,47 @@ def test_a_multimodal_wrapper_is_a_target_by_its_text_model(random_llama, tmp_pa
     manifest = prepare_features(path, convs, tmp_path / "feat", max_length=64, val_fraction=0.0)
     assert manifest.aux_layer_ids == [2, 2, 2] and manifest.target == head.describe()
     assert [s.aux_hidden.shape[1] for s in FeatureSet(tmp_path / "feat").sequences("train")] == [96] * 3
+
+
+def test_names_are_the_models_own_for_other_families(tmp_path):
+    """GPT-2 keeps its (tied) embedding as `transformer.wte`, and hub checkpoints store it without the
+    prefix; Pythia (GPT-NeoX) has `gpt_neox.embed_in` and stores its head as `embed_out`."""
+    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(gpt2)
+    head = _same_as_loaded(gpt2)
+    assert head.lm_head_weight() is head.embed_weight()
+    tensors = load_file(gpt2 / "model.safetensors")
+    save_file({k.removeprefix("transformer."): v for k, v in tensors.items()}, gpt2 / "model.safetensors")
+    assert torch.equal(_same_as_loaded(gpt2).embed_weight(), tensors["transformer.wte.weight"])
+    pythia = tmp_path / "pythia"
+    GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, bos_token_id=0, eos_token_id=0)).save_pretrained(pythia)
+    head = _same_as_loaded(pythia)
+    assert torch.equal(head.lm_head_weight(), load_file(pythia / "model.safetensors")["embed_out.weight"])
+    tensors = load_file(pythia / "model.safetensors")
+    del tensors["embed_out.weight"]
+    save_file(tensors, pythia / "model.safetensors")
+    with pytest.raises(LabError, match="no lm_head.weight tensor"):
+        load_target_head(pythia)
+
+
+def test_a_relative_target_path_is_recorded_whole(random_llama, tmp_path, monkeypatch):
+    """A run record names its target by the path it was loaded from: one given relative to where a
+    command ran must still name it from elsewhere (train --init-from finds the source's tokenizer there)."""
+    import shutil
+
+    from drafter_lab.drafter.transfer import source_tokens
+
+    shutil.copytree(random_llama, tmp_path / "model")
+    (tmp_path / "drafter").mkdir()
+    monkeypatch.chdir(tmp_path)
+    head = load_target_head("model")
+    assert head.describe()["path"] == str(tmp_path / "model") == load_target("model").describe()["path"]
+    (tmp_path / "drafter" / "run.json").write_text(json.dumps({"target": head.describe()}))
+    monkeypatch.chdir(tmp_path / "drafter")  # a later command, run elsewhere
+    found = source_tokens(tmp_path / "drafter", None, load_target_head(tmp_path / "model"))[1]
+    assert found == f"the target its run.json names, {tmp_path / 'model'}"

@@ -42,6 +42,7 @@ from drafter_lab import config as cfglib
 from drafter_lab.data.capture_config import (
     DTYPE_NAMES,
     RECORDED_SINCE,
+    STOP_IDS,
     TEMPLATE_HASH,
     TOKENIZER_HASH,
     TURNS,
@@ -194,11 +195,11 @@ def check_out_dir(out: Path) -> None:
 
 
 REGENERATION_KEYS = ("target fingerprint", "dtype", "sha256", "regenerate", TEMPLATE_HASH, "chat_template_kwargs",
-                     TOKENIZER_HASH)
+                     TOKENIZER_HASH, STOP_IDS)
 """What of a capture's settings (resume_settings) decides its regenerated answers: the target and the dtype it
-runs in, the conversations, the sampling (`regenerate`; its batch size too, as padding can flip near-ties) and
-how prompts are rendered and tokenized. The rest (max_length, turns, token_exact, the split, shard and capture
-batch sizes, aux ids) acts on the answers once written: changing it reuses them."""
+runs in, the conversations, the sampling (`regenerate`; its batch size too, as padding can flip near-ties), how
+prompts are rendered and tokenized, and the tokens that end an answer. The rest (max_length, turns, token_exact,
+the split, shard and capture batch sizes, aux ids) acts on the answers once written: changing it reuses them."""
 
 
 def _partial(cache: Path) -> Path:
@@ -382,7 +383,7 @@ def temperature_of(convs: list[Conversation]) -> float | None:
     return temps.pop() if len(temps) == 1 else None  # {None}: none recorded
 
 
-def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversation], tokenizer) -> dict:
+def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversation], target: Target) -> dict:
     """Where the sequences come from and every setting that changes their content."""
     regen = ("temperature", "max_new_tokens", "regen_batch_size", "seed")
     # Answers regenerated before (`data regenerate`, locally or through a server) say how they were sampled.
@@ -397,7 +398,8 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
         **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
         **({"turns": cfg.turns} if cfg.turns != "all" else {}),  # likewise
-        **rendered_with(tokenizer, cfg.chat_template_kwargs),
+        **rendered_with(target.tokenizer, cfg.chat_template_kwargs),
+        **({STOP_IDS: stop_token_ids(target)} if cfg.regenerate else {}),
         **({"sampled_at": given} if given is not None else {}),
     }
 
@@ -527,7 +529,7 @@ def prepare_features(
         target.num_layers,
         target.path,
     )
-    source = _source(cfg, conversations_path, convs, target.tokenizer)
+    source = _source(cfg, conversations_path, convs, target)
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
     describe = _described(target, out, existing, aux_ids, cfg.dtype, source)
     earlier = _earlier_settings(out, existing, resume_settings(describe, aux_ids, cfg.dtype, source))

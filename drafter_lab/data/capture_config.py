@@ -104,10 +104,15 @@ ENCODED_HASH = "encoded_sha256"
 """The key under which an online run names what its conversations encoded to (sources.encoded_sha256):
 another lab or transformers version can encode the same text to other tokens or loss masks."""
 
+STOP_IDS = "stop_token_ids"
+"""The key under which a regeneration names the ids that end an answer (hf.stop_token_ids): a model's
+generation_config.json can add one (Llama 3's <|eot_id|>) with its weights, config and tokenizer unchanged."""
+
 RECORDED_SINCE = {TEMPLATE_HASH: ("chat templates", "template"), TOKENIZER_HASH: ("tokenizers", "tokenizer"),
-                  ENCODED_HASH: ("encodings", "encoding")}
+                  ENCODED_HASH: ("encodings", "encoding"), STOP_IDS: ("stop token sets", "stop token set")}
 """Keys the lab began to record once work could already have been made without them (templates on
-2026-12-02, tokenizers and online runs' encodings on 2026-12-03), oldest first, with what they name."""
+2026-12-02, tokenizers and online runs' encodings on 2026-12-03, regenerations' stop tokens on
+2026-12-04), oldest first, with what they name."""
 
 
 def unrecorded(before: dict, now: dict) -> list[str]:
@@ -129,7 +134,12 @@ def as_recorded(before: dict | None, now: dict, where) -> dict:
         return now
     from drafter_lab.progress import log
 
-    what, its = (" and ".join(RECORDED_SINCE[k][i] for k in unseen) for i in (0, 1))
+    what, its = (_listed([RECORDED_SINCE[k][i] for k in unseen]) for i in (0, 1))
     log(f"{where}: begun before the lab recorded {what}, so its {its} {'is' if len(unseen) == 1 else 'are'} "
         "not checked")
     return without(now, unseen)
+
+
+def _listed(names: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))

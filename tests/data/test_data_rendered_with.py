@@ -14,7 +14,7 @@ from test_data_reasoning import THINKING
 
 from drafter_lab import atomic
 from drafter_lab.data.capture import REGENERATION_KEYS, resume_settings
-from drafter_lab.data.capture_config import TEMPLATE_HASH, TOKENIZER_HASH, without
+from drafter_lab.data.capture_config import STOP_IDS, TEMPLATE_HASH, TOKENIZER_HASH, without
 from drafter_lab.data.chat import rendered_with, template_sha256, tokenizer_sha256
 from drafter_lab.data.shards import MANIFEST, Manifest
 from drafter_lab.targets.hf import load_tokenizer
@@ -24,6 +24,14 @@ ERAS = {"before 2026-12-02": ((TEMPLATE_HASH, TOKENIZER_HASH), "begun before the
                               "and tokenizers, so its template and tokenizer are not checked"),
         "2026-12-02": ((TOKENIZER_HASH,), "begun before the lab recorded tokenizers, so its tokenizer is not checked")}
 """The settings work made on each day lacks, and the line its resume says."""
+REGEN_ERAS = {"before 2026-12-02": ((TEMPLATE_HASH, TOKENIZER_HASH, STOP_IDS), "begun before the lab recorded chat "
+                                    "templates, tokenizers and stop token sets, so its template, tokenizer and stop "
+                                    "token set are not checked"),
+              "2026-12-02": ((TOKENIZER_HASH, STOP_IDS), "begun before the lab recorded tokenizers and stop token "
+                             "sets, so its tokenizer and stop token set are not checked"),
+              "2026-12-03": ((STOP_IDS,), "begun before the lab recorded stop token sets, so its stop token set is "
+                             "not checked")}
+"""Likewise for a regeneration, which names its stop tokens since 2026-12-04."""
 
 
 @pytest.fixture
@@ -165,11 +173,11 @@ def test_a_manifest_from_before_resumes_unchecked(model, tmp_path, capsys, era):
     assert not set(unseen) & resumed.source.keys() and len(resumed.shards["train"]) == 2
 
 
-@pytest.mark.parametrize("era", ERAS)
+@pytest.mark.parametrize("era", REGEN_ERAS)
 def test_a_regeneration_from_before_resumes_under_its_name(model, tmp_path, interrupt_at, capsys, era):
     """Killed while it regenerated (no manifest yet): its journal, named by settings without the
     hashes of its day, is found and resumed, not begun again."""
-    unseen, begun = ERAS[era]
+    unseen, begun = REGEN_ERAS[era]
     convs = write_jsonl(tmp_path / "c.jsonl", [dict(r, conversations=r["conversations"][:-2])
                                                for r in make_conversations(4)])
     out = tmp_path / "feat"
@@ -214,7 +222,7 @@ def test_data_regenerate_journals_name_it(model, random_llama, tmp_path, interru
     settings = json.loads(partial.read_text().split("\n")[0])["settings"]
     assert rendered_with(load_tokenizer(model), None).items() <= settings.items()
     saved = partial.read_text()
-    unseen, begun = ERAS["before 2026-12-02"]
+    unseen, begun = REGEN_ERAS["before 2026-12-02"]
     strip_hash(partial, "settings", hashes=unseen)  # as a lab before the hashes wrote it
     rounds = interrupt_at(None)
     capsys.readouterr()
@@ -277,3 +285,41 @@ def test_answers_from_before_tokenizers_were_recorded_stay_token_exact(model, tm
     assert "rendered otherwise" not in capsys.readouterr().err
     assert run_cli(*prepare, "--conversations", recorded({TOKENIZER_HASH: "0" * 16}), "--out", tmp_path / "other") == 2
     assert "answers sampled after prompts rendered with" in capsys.readouterr().err
+
+
+def test_a_regeneration_names_its_stop_tokens(model, tmp_path, interrupt_at, capsys):
+    """A generation_config.json that adds an end token (as Llama 3's update added <|eot_id|>) leaves the
+    weights, config and tokenizer as they were, but cuts the answers: a cached regeneration, or a data
+    regenerate journal, from before is not reused."""
+    from collections import Counter
+
+    from drafter_lab.data.conversations import read_conversations
+
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
+    out = tmp_path / "feat"
+    args = ("data", "prepare", "--target", model, "--conversations", convs, "--out", out, "--val-fraction", "0",
+            "--regenerate", "--max-new-tokens", "16")
+    assert run_cli(*args) == 0
+    (cache,) = out.glob("regenerated-*.jsonl")
+    sampled = Counter(t for c in read_conversations(cache)[0] for m in c.messages for t in m.get("token_ids", []))
+    stop = sampled.most_common(1)[0][0]
+    for p in out.iterdir():  # killed after the regeneration was cached, before its first shard landed
+        if p != cache:
+            p.unlink()
+    config = json.loads((model / "generation_config.json").read_text())
+    eos = config["eos_token_id"]
+    (model / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [eos, stop]}))
+    assert run_cli(*args) == 0
+    assert Manifest.load(out).source[STOP_IDS] == [eos, stop]
+    (now,) = set(out.glob("regenerated-*.jsonl")) - {cache}
+    assert not any(stop in m.get("token_ids", []) for c in read_conversations(now)[0] for m in c.messages)
+
+    regenerated = tmp_path / "r.jsonl"
+    args = ("data", "regenerate", "--conversations", convs, "--out", regenerated, "--target", model, *GEN)
+    interrupt_at(2)
+    assert run_cli(*args) == 130
+    (model / "generation_config.json").write_text(json.dumps(config))
+    interrupt_at(None)
+    capsys.readouterr()
+    assert run_cli(*args) == 2
+    assert "partial run made with other settings" in capsys.readouterr().err

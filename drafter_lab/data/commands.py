@@ -4,6 +4,9 @@ locally or through a server), and `data import-specforge` (features SpecForge ca
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+from pathlib import Path
 
 from drafter_lab.config import field_docs
 from drafter_lab.errors import LabError
@@ -102,7 +105,8 @@ def _prepare(args) -> int:
         strict=args.strict,
         device=args.device,
     )
-    manifest = prepare_features(args.target, args.conversations, args.out, cfg)
+    with _one_writer(Path(args.out)):
+        manifest = prepare_features(args.target, args.conversations, args.out, cfg)
     if torch.distributed.is_initialized():  # under torchrun: rank 0 reports, every rank leaves the group
         rank = torch.distributed.get_rank()
         torch.distributed.destroy_process_group()
@@ -113,8 +117,6 @@ def _prepare(args) -> int:
 
 
 def _regenerate(args) -> int:
-    from pathlib import Path
-
     from drafter_lab.data.conversations import read_conversations, refuse_below_file, write_conversations
     from drafter_lab.progress import log
 
@@ -160,10 +162,24 @@ def _regenerate(args) -> int:
 def _import_specforge(args) -> int:
     from drafter_lab.data.specforge import import_specforge
 
-    manifest = import_specforge(args.hidden_states, args.target, args.out, aux_layer_ids=args.aux_layer_ids,
-                                val_fraction=args.val_fraction, shard_size=args.shard_size)
+    with _one_writer(Path(args.out)):
+        manifest = import_specforge(args.hidden_states, args.target, args.out, aux_layer_ids=args.aux_layer_ids,
+                                    val_fraction=args.val_fraction, shard_size=args.shard_size)
     _print_manifest(manifest, args.out)
     return 0
+
+
+def _one_writer(out: Path):
+    """Hold feature directory `out`'s lock (locks.building) on the rank that writes it: two runs on one
+    directory would delete each other's half-written shards and overwrite each other's manifest. The
+    second waits, then resumes the finished directory (or refuses it, made with other settings)."""
+    from drafter_lab.data.capture import check_out_dir
+    from drafter_lab.locks import building
+
+    if int(os.environ.get("RANK", "0")):  # torchrun's other ranks write nothing
+        return contextlib.nullcontext()
+    check_out_dir(out)  # a path below a file, say, refused before the lock is made beside it
+    return building(out, "feature directory")
 
 
 def _print_manifest(manifest, out) -> None:

@@ -270,6 +270,10 @@ def parse(argv) -> argparse.Namespace:
     bad += [f"--batch {b}" for b in args.batch if b < 1] + ([f"--warmup {args.warmup}"] if args.warmup < 0 else [])
     if bad:  # each was a traceback deep in the op, or silently replaced by its default
         ap.error(f"{', '.join(bad)}: must be >= 1 (--warmup >= 0)")
+    # Both were a traceback deep in the op: past the draft vocab, or past what the CUDA kernels take.
+    most = min([SHAPES[s]["draft_vocab_size"] for s in args.shapes] + ([] if cpu else [ds.CUDA_MAX_TOPK]))
+    if args.topk > most:
+        ap.error(f"--topk {args.topk}: must be <= {most} (the draft vocab{'' if cpu else ', and the CUDA kernels'})")
     return args
 
 

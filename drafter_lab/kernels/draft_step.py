@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from drafter_lab.drafter.model import Eagle3Drafter
 
 OP_NAME = "drafter_lab::draft_step"
+CUDA_MAX_TOPK = 16
+"""The largest topk the CUDA kernels take (kMaxTopk in csrc/draft_forward)."""
 
 
 @functools.cache
@@ -73,12 +75,12 @@ def op_takes(cfg: DrafterConfig) -> bool:
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
                   topk: int) -> bool:
     """Whether the CUDA kernels take this step: `op_takes` the drafter; one dtype for activations,
-    cache and weights; the hidden input width a multiple of 8; topk <= 16."""
+    cache and weights; the hidden input width a multiple of 8; topk <= CUDA_MAX_TOPK."""
     c = drafter.config
     dtype = drafter.lm_head.weight.dtype
     return (op_takes(c) and embeds.dtype == k_cache.dtype == dtype
             and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
-            and hidden.shape[-1] % 8 == 0 and 1 <= topk <= 16)
+            and hidden.shape[-1] % 8 == 0 and 1 <= topk <= CUDA_MAX_TOPK)
 
 
 def op_args(drafter: Eagle3Drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk) -> tuple:

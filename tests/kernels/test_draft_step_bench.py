@@ -66,3 +66,13 @@ def test_bench_refuses_counts_below_one(argv, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse(["--device", "cpu", *argv])
     assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,most", [(["--device", "cpu", "--shapes", "tiny", "--topk", "2001"], 2000),
+                                       (["--device", "cuda", "--topk", "17"], 16)])
+def test_bench_refuses_topk_the_op_does_not_take(argv, most, capsys):
+    """Past the draft vocab (or, on CUDA, past the kernels' top-k) was a traceback deep in the op."""
+    with pytest.raises(SystemExit) as e:
+        bench.parse(argv)
+    assert e.value.code == 2 and f"--topk {argv[-1]}: must be <= {most}" in capsys.readouterr().err
+    assert bench.parse(argv[:-1] + [str(most)]).topk == most

@@ -73,34 +73,42 @@ def op_takes(cfg: DrafterConfig) -> bool:
 
 
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
-                  topk: int) -> bool:
+                  v_cache: torch.Tensor, topk: int) -> bool:
     """Whether the CUDA kernels take this step: `op_takes` the drafter; one dtype for activations,
-    cache and weights; the hidden input width a multiple of 8; topk <= CUDA_MAX_TOPK."""
+    caches and weights, and contiguous caches and weights (what the op would raise on, the reference
+    takes); the hidden input width a multiple of 8; topk <= CUDA_MAX_TOPK."""
     c = drafter.config
     dtype = drafter.lm_head.weight.dtype
-    return (op_takes(c) and embeds.dtype == k_cache.dtype == dtype
+    return (op_takes(c) and embeds.dtype == k_cache.dtype == v_cache.dtype == dtype
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and all(w.dtype == dtype and w.is_contiguous() for w in _weights(drafter))
             and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
             and hidden.shape[-1] % 8 == 0 and 1 <= topk <= CUDA_MAX_TOPK)
+
+
+def _weights(drafter: Eagle3Drafter) -> tuple[torch.Tensor, ...]:
+    """The op's weight arguments, in its order (fc first)."""
+    layer = drafter.midlayer
+    attn, mlp = layer.self_attn, layer.mlp
+    weights = (
+        drafter.fc.weight, layer.input_layernorm.weight, layer.hidden_norm.weight, attn.q_proj.weight,
+        attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, layer.post_attention_layernorm.weight,
+        mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, drafter.norm.weight, drafter.lm_head.weight,
+    )
+    return tuple(w.detach() for w in weights)
 
 
 def op_args(drafter: Eagle3Drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk) -> tuple:
     """The op's positional arguments for one step of `drafter` (fc applied as the reference decides)."""
     cfg = drafter.config
-    fc = None
+    fc, *weights = _weights(drafter)
     if hidden.shape[-1] == 3 * cfg.target_hidden_size and hidden.shape[-1] != cfg.hidden_size:
-        fc = drafter.fc.weight
         hidden = hidden.to(fc.dtype)
-    elif hidden.shape[-1] != cfg.hidden_size:
+    elif hidden.shape[-1] == cfg.hidden_size:
+        fc = None  # a later step: the hidden state is already the drafter's width
+    else:
         raise ValueError(f"hidden has width {hidden.shape[-1]}, want {cfg.hidden_size} or 3*H_t")
-    layer = drafter.midlayer
-    attn, mlp = layer.self_attn, layer.mlp
-    weights = (
-        fc, layer.input_layernorm.weight, layer.hidden_norm.weight, attn.q_proj.weight, attn.k_proj.weight,
-        attn.v_proj.weight, attn.o_proj.weight, layer.post_attention_layernorm.weight, mlp.gate_proj.weight,
-        mlp.up_proj.weight, mlp.down_proj.weight, drafter.norm.weight, drafter.lm_head.weight,
-    )
-    weights = tuple(None if w is None else w.detach() for w in weights)
-    return (embeds, hidden, positions, k_cache, v_cache, cache_lens, *weights, drafter.d2t,
+    return (embeds, hidden, positions, k_cache, v_cache, cache_lens, fc, *weights, drafter.d2t,
             float(cfg.rms_norm_eps), rope_frequencies(drafter, embeds.device), int(topk))
 
 
@@ -137,7 +145,8 @@ def draft_step(
     False forces the reference.
     """
     if use_fused is None:
-        use_fused = embeds.is_cuda and available(embeds.device) and cuda_supports(drafter, embeds, hidden, k_cache, topk)
+        use_fused = (embeds.is_cuda and available(embeds.device)
+                     and cuda_supports(drafter, embeds, hidden, k_cache, v_cache, topk))
     if not use_fused:
         return drafter.draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
     why = _load()

@@ -317,19 +317,30 @@ def test_face_dispatch(monkeypatch):
 
 
 def test_cuda_supports():
-    """The default path falls back to the reference for what the CUDA kernels do not take."""
+    """The default path falls back to the reference for what the CUDA kernels do not take (the op
+    would raise on it)."""
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=2, head_dim=64, inter=192, vocab=1000,
                   target_hidden=64, context=6, topk=3, fc=True)
     drafter = make_drafter(shape, 4, "cpu")
     inp = make_inputs(shape, 4, "cpu", torch.float32)
-    assert ds.cuda_supports(drafter, inp.embeds, inp.hidden, inp.k_cache, 3)
-    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, inp.k_cache, 17)
-    assert not ds.cuda_supports(drafter, inp.embeds.bfloat16(), inp.hidden, inp.k_cache, 3)
-    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden[:, :100], inp.k_cache, 3)
+    k, v = inp.k_cache, inp.v_cache
+    assert ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v, 3)
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v, 17)
+    assert not ds.cuda_supports(drafter, inp.embeds.bfloat16(), inp.hidden, k, v, 3)
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden[:, :100], k, v, 3)
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v.bfloat16(), 3)
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k.transpose(2, 3).contiguous().transpose(2, 3), v, 3)
+    with torch.no_grad():
+        drafter.midlayer.mlp.up_proj.weight.data = drafter.midlayer.mlp.up_proj.weight.data.half()  # mixed weights
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v, 3)
+    drafter = make_drafter(shape, 4, "cpu")
+    drafter.midlayer.self_attn.q_proj.weight.data = drafter.midlayer.self_attn.q_proj.weight.data.t().contiguous().t()
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v, 3)
     odd = make_drafter(Shape(**{**shape.__dict__, "heads": 1, "kv_heads": 1, "head_dim": 96}), 4, "cpu")
-    assert not ds.cuda_supports(odd, inp.embeds, inp.hidden, inp.k_cache, 3)
+    assert not ds.cuda_supports(odd, inp.embeds, inp.hidden, k, v, 3)
+    drafter = make_drafter(shape, 4, "cpu")
     drafter.config.norm_before_residual = True  # speculators' variant: the kernels run plain EAGLE-3 only
-    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, inp.k_cache, 3)
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v, 3)
 
 
 def test_a_drafter_the_kernels_do_not_implement_drafts_on_the_reference_from_the_start(monkeypatch):

@@ -27,8 +27,8 @@ def setup(wide_llama, conversations):
         seqs = greedy_continuations(target, prompts)
         drafter = train_on(target, make_drafter(target, seed=5), seqs, iters=40)
     c = drafter.config  # shapes the CUDA kernels take (forcing the op on others is an error)
-    step = (torch.zeros(1, c.hidden_size), torch.zeros(1, 3 * c.target_hidden_size),
-            torch.zeros(1, c.num_key_value_heads, 8, c.head_dim))
+    cache = torch.zeros(1, c.num_key_value_heads, 8, c.head_dim)
+    step = (torch.zeros(1, c.hidden_size), torch.zeros(1, 3 * c.target_hidden_size), cache, cache)
     assert fused_op.cuda_supports(drafter, *step, topk=4)
     return prompts, drafter
 

@@ -33,6 +33,7 @@ from drafter_lab import atomic
 from drafter_lab.data.capture_config import STOP_IDS, without
 from drafter_lab.data.chat import THINK_TAGS, render, rendered_with, special_token_ids
 from drafter_lab.data.conversations import Conversation
+from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
 from drafter_lab.targets.hf import stop_token_ids
@@ -135,7 +136,12 @@ def _rng_state(device: torch.device) -> dict:
     return {k: base64.b64encode(v.numpy().tobytes()).decode() for k, v in state.items()}
 
 
-def _set_rng_state(state: dict, device: torch.device) -> None:
+def _set_rng_state(state: dict, device: torch.device, journal: Path) -> None:
+    begun_on = "cuda" if "cuda" in state else "cpu"
+    if begun_on != device.type:  # the devices sample from other streams: the rest would be neither run's
+        raise LabError(f"this sampled run began on {begun_on}; resume it there, or delete the file to start over",
+                       journal)
+
     def tensor(k):
         return torch.frombuffer(bytearray(base64.b64decode(state[k])), dtype=torch.uint8)
 
@@ -175,7 +181,7 @@ def regenerate(
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
         torch.manual_seed(seed)
         if records and temperature > 0:  # replayed batches draw nothing: continue from the last one's state
-            _set_rng_state(records[-1]["rng"], target.device)
+            _set_rng_state(records[-1]["rng"], target.device, journal.path)
         with maybe_progress("regenerate", sum(len(t) for t in turns), show_progress) as advance:
             for k in range(rounds):
                 jobs = [(c, t[k]) for c, t in zip(convs, turns) if len(t) > k]

@@ -199,6 +199,28 @@ def test_a_killed_regeneration_resumes_from_its_journal(random_llama, tmp_path, 
     assert not partial.exists()
 
 
+def test_a_sampled_run_resumes_on_the_device_it_began_on(random_llama, tmp_path, interrupt_at, capsys):
+    """Its RNG state is that device's: resumed on another, the rest would be neither run's answers (CPU to
+    CUDA was a KeyError)."""
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
+    out, partial = tmp_path / "r.jsonl", tmp_path / "r.jsonl.partial"
+    args = ("data", "regenerate", "--conversations", convs, "--target", random_llama, "--batch-size", "2", *SAMPLED,
+            "--out", out)
+    interrupt_at(2)
+    assert run_cli(*args) == 130
+    head, *records = partial.read_text().splitlines()
+    records = [json.loads(r) for r in records]
+    for r in records:  # as a run on a GPU records it
+        r["rng"]["cuda"] = r["rng"]["cpu"]
+    partial.write_text("\n".join([head, *map(json.dumps, records)]) + "\n")
+    interrupt_at(None)
+    capsys.readouterr()
+    assert run_cli(*args) == 2
+    assert capsys.readouterr().err == f"error: {partial}: this sampled run began on cuda; resume it there, or " \
+                                      "delete the file to start over\n"
+    assert partial.exists() and not out.exists()
+
+
 def test_prepare_resumes_an_interrupted_regeneration(random_llama, tmp_path, interrupt_at):
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(5))
     out = tmp_path / "feat"

@@ -43,7 +43,6 @@ from drafter_lab.kernels import _ext
 
 BACKENDS = ("cpu", "cuda-host", "cuda-ipc")
 AUTOTUNE_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
-_rendezvous_counts: dict[tuple, int] = {}
 
 
 class AllReduceError(LabError, RuntimeError):
@@ -62,9 +61,10 @@ class Communicator:
     """One rank of a shared-memory all-reduce group (processes on one host).
 
     Rendezvous: `store=` (a torch.distributed Store: rank 0 publishes a fresh segment name under
-    `drafter_lab/allreduce/<name>/<n>`), `path=` (a FileStore at that path), or `name=` alone (a
-    fixed segment name every rank knows). All ranks must construct their communicators, and then
-    call them, in the same order.
+    `drafter_lab/allreduce/<name>/<n>` for the ranks' n-th communicators of that name on the store,
+    counted in the store), `path=` (a FileStore at that path), or `name=` alone (a fixed segment
+    name every rank knows). All ranks must construct their communicators, and then call them, in
+    the same order.
 
     `one_shot_max_bytes=None` times the algorithms at init (collectively, on the current
     stream); ranks that are streams of one process must pass a value instead. `ll_max_bytes=None`
@@ -94,17 +94,24 @@ class Communicator:
             raise LabError("pass store= or path=, not both")
         if store is None and path is None and name is None:
             raise LabError("the all-reduce needs a rendezvous: pass store=, path= or name=")
+        if not 0 <= rank < world_size:  # through a store it waited out the timeout for a key no rank 0 sets
+            raise LabError(f"rank {rank} is outside 0..{world_size - 1}")
         native = _native()
         self._device = self._resolve_device(backend, device)
-        self._store = dist.FileStore(str(path), world_size) if path is not None else store
+        if path is not None:
+            try:  # FileStore retries a file it cannot open for 5 minutes, then raises without the path
+                open(path, "ab").close()
+            except OSError as e:  # a missing directory, a directory, no permission
+                raise AllReduceError(f"cannot open the rendezvous file store: {e.strerror}", path) from None
+            store = dist.FileStore(str(path), world_size)
+        self._store = store
         try:
             if self._store is None:
                 seg = native.segment_name(name)
                 self._impl = self._open(native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend)
                 self._impl.connect()
             else:
-                self._rendezvous(native, rank, world_size, name or "default", str(path) if path else id(store),
-                                 max_bytes, blocks, timeout_s, backend)
+                self._rendezvous(native, rank, world_size, name or "default", max_bytes, blocks, timeout_s, backend)
         except native.CommError as e:
             raise AllReduceError(f"rank {rank}: {e}") from None
         except ValueError as e:
@@ -126,9 +133,10 @@ class Communicator:
     def _open(self, native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend):
         return native.Communicator(seg, rank, world_size, max_bytes, blocks, timeout_s, backend, self._device)
 
-    def _rendezvous(self, native, rank, world_size, name, store_id, max_bytes, blocks, timeout_s, backend):
-        count = _rendezvous_counts.get((store_id, name), 0)
-        _rendezvous_counts[(store_id, name)] = count + 1
+    def _rendezvous(self, native, rank, world_size, name, max_bytes, blocks, timeout_s, backend):
+        # Each rank counts its communicators in the store itself, so a rank's n-th meets its peers'
+        # n-th whichever Store object (or thread, or process) made it; one key per rank and name.
+        count = self._store.add(f"drafter_lab/allreduce-count/{rank}/{name}", 1) - 1
         key = f"drafter_lab/allreduce/{name}/{count}"
         if rank == 0:
             self._impl = self._open(native, native.unique_segment_name(), 0, world_size, max_bytes, blocks, timeout_s, backend)

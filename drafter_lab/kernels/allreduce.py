@@ -300,6 +300,8 @@ class Communicator:
         return self._impl.ll_capacity
 
     def __repr__(self) -> str:
+        if "_impl" not in self.__dict__:  # its constructor failed (a traceback shows it anyway)
+            return "Communicator(not connected)"
         if self._impl.closed:
             return "Communicator(closed)"
         return (

@@ -93,3 +93,14 @@ def test_a_rank_outside_the_group_is_refused_at_once(rank):
 
     with pytest.raises(LabError, match=f"^rank {rank} is outside 0..1$"):
         Communicator(rank, 2, store=dist.HashStore(), timeout_s=30, one_shot_max_bytes=0)
+
+
+def test_a_communicator_whose_rendezvous_failed_still_has_a_repr(monkeypatch):
+    """A traceback (pytest's, a debugger's) shows the half-built object: its repr raised AttributeError."""
+    from drafter_lab.kernels import allreduce
+
+    seen = []
+    monkeypatch.setattr(allreduce.Communicator, "_rendezvous", lambda self, *a: seen.append(repr(self)) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        allreduce.Communicator(0, 2, store=dist.HashStore(), one_shot_max_bytes=0)
+    assert seen == ["Communicator(not connected)"]

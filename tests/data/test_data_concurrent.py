@@ -14,6 +14,7 @@ from data_helpers import PREPARE_ARGS
 # The first run, held inside its first shard until the test lets it go.
 HELD = """
 import sys, time
+from pathlib import Path
 from drafter_lab import cli
 from drafter_lab.data import shards
 

@@ -85,7 +85,7 @@ def _experiment(args) -> int:
 
 
 def register(sub) -> None:
-    from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig, ProbeThresholds
+    from drafter_lab.experiments.config import PRESETS, ExperimentConfig, ProbeConfig, ProbeThresholds
 
     p = sub.add_parser("probe", help="tell in minutes whether an existing drafter will pay on a new target")
     p.add_argument("--drafter", required=True, help="drafter checkpoint (any format we import)")
@@ -108,7 +108,7 @@ def register(sub) -> None:
     p.set_defaults(func=_probe)
 
     e = sub.add_parser("experiment", help="the transfer-vs-scratch study end to end (report, plots, manifest)")
-    e.add_argument("--config", default="tiny-cpu", help="tiny-cpu (default), drift-sweep, gpu-small, smoke")
+    e.add_argument("--config", default="tiny-cpu", help=", ".join(PRESETS) + " (default: %(default)s)")
     e.add_argument("--runs", default="runs", help="where run directories go")
     e.add_argument("--run-dir", help="resume into this run directory instead of a new one")
     e.add_argument("--cache", help="cache root for targets, features, source drafters "

@@ -117,3 +117,12 @@ def test_cli_probe_refuses_a_zero_count_before_loading_anything(tmp_path, capsys
             "--ttt-steps", "0"]
     assert main(argv) == 2
     assert capsys.readouterr().err == "error: ttt_steps must be >= 1, got 0\n"
+
+
+def test_the_help_names_every_study_config(capsys):
+    from drafter_lab.experiments.config import PRESETS
+
+    with pytest.raises(SystemExit):
+        main(["experiment", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in PRESETS), text  # seeds-finetune was missing

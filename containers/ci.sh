@@ -12,7 +12,7 @@ if ! { command -v buildah || command -v podman; } >/dev/null || ! command -v deb
     $sudo apt-get update -qq
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman debootstrap
 fi
-python3 -m pip install -q --disable-pip-version-check nox
+python3 -m pip install -q --disable-pip-version-check "nox==2026.10.20"  # as .ci/run pins it
 
 start=$SECONDS
 python3 -m nox -s container

@@ -56,8 +56,18 @@ def clear_stale_temps(path: Path) -> None:
                         entry.unlink()
 
 
+def make_parent(path: Path) -> None:
+    """Create `path`'s directory; a path below a file is a one-line error naming it, not mkdir's traceback."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise LabError("lies below a file, not a directory", path) from None
+
+
 def _temp_beside(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # else the rename's traceback, after all the work that made the file
+        raise LabError("is a directory: give the path of a file to write", path)
+    make_parent(path)
     clear_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -101,8 +111,10 @@ def read_json(path, missing: str, owner=None):
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the latter: a directory in its path is a file
         raise LabError(missing, owner if owner is not None else path) from None
+    except IsADirectoryError:
+        raise LabError("is a directory, not a JSON file", path) from None
     except ValueError as e:  # not JSON, or not UTF-8 text
         raise LabError(f"not valid JSON ({e})", path) from None
 
@@ -218,7 +230,7 @@ def atomic_dir(path: str | os.PathLike):
     never finds it missing. Where the system cannot swap, it is moved aside first, and a write killed
     between the two moves is undone by the next write of `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path)
     clear_stale_temps(path)
     old = path.with_name(f".{path.name}.old")
     if old.exists() and not path.exists():  # killed between the fallback's two moves

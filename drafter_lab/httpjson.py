@@ -9,15 +9,26 @@ off would otherwise be decoded twice. What retries do not cure is a LabError tha
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import itertools
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
 from drafter_lab.errors import LabError
+
+
+def server_url(text: str) -> str:
+    """argparse type of a server's base URL: a scheme-less "localhost:30000" would otherwise be retried
+    as an unknown URL type, and an empty or bare word be urllib's traceback."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"expected a base URL like http://localhost:30000, got {text!r}")
+    return text
 
 
 def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: bool = False,

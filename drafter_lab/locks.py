@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 from pathlib import Path
 
+from drafter_lab.atomic import make_parent
 from drafter_lab.progress import log
 
 
@@ -20,7 +21,7 @@ from drafter_lab.progress import log
 def building(path: Path, what: str):
     """Hold the lock of cache entry `path` (what: how the wait is logged) for the `with` block."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path)
     with open(path.with_name(f".{path.name}.lock"), "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

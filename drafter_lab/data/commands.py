@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 from pathlib import Path
 
 from drafter_lab.config import field_docs
 from drafter_lab.errors import LabError
+from drafter_lab.httpjson import server_url
 
 
 def aux_ids_arg(text: str) -> list[int]:
@@ -54,7 +56,7 @@ def register(subparsers) -> None:
     r.add_argument("--out", required=True, help="regenerated jsonl (a killed run resumes from <out>.partial)")
     who = r.add_mutually_exclusive_group(required=True)
     who.add_argument("--target", help="local HF causal-LM directory, run here with transformers")
-    who.add_argument("--server", metavar="URL", help="base URL of a server with /v1/chat/completions")
+    who.add_argument("--server", metavar="URL", type=server_url, help="base URL of a server with /v1/chat/completions")
     r.add_argument("--model", default=None, help="with --server: the model name to request (default: the first "
                                                  "the server's /v1/models lists)")
     r.add_argument("--concurrency", type=int, default=8, help="with --server: conversations in flight")
@@ -125,6 +127,9 @@ def _regenerate(args) -> int:
     if out.is_dir():
         raise LabError("--out is a directory; give the path of the jsonl file to write", out)
     refuse_below_file(out)
+    if out.resolve() == source.resolve():
+        raise LabError("--out is the --conversations file: the regenerated turns would replace the recorded ones; "
+                       "choose another --out", out)
     convs, skipped = read_conversations(source)
     if not convs:
         raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
@@ -141,6 +146,9 @@ def _regenerate(args) -> int:
         from drafter_lab.journal import Journal
         from drafter_lab.targets.hf import load_target
 
+        if args.max_new_tokens < 1 or args.batch_size < 1 or not 0 <= args.temperature < math.inf:
+            raise LabError(f"need max_new_tokens >= 1, batch_size >= 1 and a finite temperature >= 0, got "
+                           f"{args.max_new_tokens}, {args.batch_size} and {args.temperature}")
         target = load_target(args.target, device=args.device)
         gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                    seed=args.seed, template_kwargs=args.chat_template_kwargs)

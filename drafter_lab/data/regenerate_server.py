@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -151,8 +152,9 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
                           show_progress: bool = True) -> list[Conversation]:
     """Regenerate every assistant turn of `conversations` (read from `source`) through the server at
     `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order."""
-    if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
-        raise LabError("need concurrency >= 1, max_new_tokens >= 1 and temperature >= 0")
+    # retries < 0 would retry a refused connection forever; a NaN temperature would be sent as sampling
+    if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.retries < 0 or not 0 <= cfg.temperature < math.inf:
+        raise LabError("need concurrency >= 1, max_new_tokens >= 1, retries >= 0 and a finite temperature >= 0")
     if cfg.model is None:
         cfg = replace(cfg, model=served_model(cfg.url, cfg.timeout_s, cfg.retries))
     journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source))

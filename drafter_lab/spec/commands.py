@@ -14,6 +14,7 @@ from drafter_lab.data.capture_config import (
     template_kwargs_arg,
 )
 from drafter_lab.errors import LabError
+from drafter_lab.httpjson import server_url
 from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
@@ -73,7 +74,7 @@ def register(sub) -> None:
     )
     who = e.add_mutually_exclusive_group(required=True)
     who.add_argument("--drafter", help="drafter checkpoint directory (decoded here, by the lab's engine)")
-    who.add_argument("--server", metavar="URL", help="base URL of an SGLang or vLLM server with speculative decoding")
+    who.add_argument("--server", metavar="URL", type=server_url, help="base URL of an SGLang or vLLM server with speculative decoding")
     who.add_argument("--ngram", action="store_true",
                      help="no drafter: draft chains by n-gram lookup in each row's own tokens (prompt lookup)")
     e.add_argument("--target", required=True, help="target model directory (any local HF causal LM; with "
@@ -81,7 +82,7 @@ def register(sub) -> None:
     e.add_argument("--prompts", required=True, action="append",
                    help="ShareGPT/SpecForge jsonl conversations; repeat for several prompt sets (chat, code, "
                         "math, ...): each is decoded and reported apart, then pooled")
-    e.add_argument("--baseline-server", metavar="URL", default=None,
+    e.add_argument("--baseline-server", metavar="URL", type=server_url, default=None,
                    help="with --server: the same target served without speculation")
     e.add_argument("--engine", default="sglang", choices=("sglang", "vllm"),
                    help="with --server: the serving engine (SGLang: per-request meta_info; vLLM: /metrics counters, "
@@ -213,6 +214,9 @@ def run_eval(args) -> int:
     from drafter_lab.targets.hf import load_target
 
     sets = _prompt_sets(args)
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and Path(path).is_dir():  # written last, after the decoding's minutes
+            raise LabError(f"is a directory: {flag} takes a file to write", path)
     if args.server is not None:
         return _run_served_eval(args, sets)
     if (args.baseline_server is not None or args.concurrency != [1] or args.request_rate != [None]

@@ -140,6 +140,8 @@ def load_tokenizer(path):
     from transformers import AutoTokenizer
 
     path = Path(path)
+    if not path.is_dir():  # else transformers takes it for a hub name and says it cannot reach the hub
+        raise LabError("model directory not found", path)
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # transformers raises many types for a broken dir
@@ -200,7 +202,13 @@ def load_target(
 def _check_model_dir(path: Path) -> None:
     if not path.is_dir():
         raise LabError("model directory not found", path)
-    atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
+    config = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    # Else transformers loads its one layer as a whole Llama: a page of missing weights, then a size mismatch.
+    drafter = next((a for a in archs if isinstance(a, str) and ("eagle" in a.lower() or "speculator" in a.lower())),
+                   None) if isinstance(archs, list) else None
+    if drafter is not None:
+        raise LabError(f"a drafter ({drafter}), not a target model: give the target's own directory", path)
     if not weight_files(path):
         raise LabError("no weight files (*.safetensors or *.bin)", path)
 

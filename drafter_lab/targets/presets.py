@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from drafter_lab.config import check_counts
 from drafter_lab.errors import LabError
 
 
@@ -72,8 +73,11 @@ class TargetConfig:
     busy machines: oversubscribed OpenMP threads slow small ops down by an order of magnitude."""
 
     def __post_init__(self):
-        if not self.drift >= 0.0:
-            raise LabError(f"drift must be >= 0, got {self.drift}")
+        # Each would otherwise fail mid-build with a traceback, or build a pair that is not what was asked.
+        check_counts(self, ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "max_position_embeddings",
+                            "seq_len", "batch_size", "train_prompts", "eval_prompts", "drift_conversations"),
+                     ("corpus_max_files", "base_steps", "base_lr", "warmup_steps", "weight_decay", "tune_steps",
+                      "tune_lr", "drift", "threads"))
         if self.num_layers < 8:
             raise LabError(f"num_layers must be >= 8 for distinct aux layers, got {self.num_layers}")
         if self.num_heads % self.num_kv_heads or self.hidden_size % self.num_heads:

@@ -155,6 +155,8 @@ def watch(args) -> int:
     from drafter_lab.train.metrics_log import METRICS
     from drafter_lab.train.watch import AXES, comparison_note, judge, read_run, stopped_at
 
+    if not 0 <= args.follow < math.inf:  # else time.sleep's traceback, after the first check
+        raise LabError(f"--follow must be a finite number of seconds >= 0, got {args.follow}")
     cfg = labconfig.apply_cli_args(WatchConfig(), args)
     shown, waiting = 0, False
     while True:

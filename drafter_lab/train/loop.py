@@ -19,6 +19,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import ENCODED_HASH, CaptureConfig, as_recorded, without
+from drafter_lab.data.conversations import refuse_below_file
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.formats import rope_scaling_from_text
@@ -213,6 +214,7 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     (train.watch, settings `watch`): after each validation the run stops, checkpointed, when it has
     fallen behind the baseline at equal steps and is not catching up.
     """
+    check_config(cfg)  # before torch_threads meets cfg.threads
     val = None if val_data is None else Path(val_data)
     if val is not None and val.resolve() == Path(data_dir).resolve():  # its train split would score itself
         raise LabError("--val-data is the --data path: validation would score what the drafter trains on", val)
@@ -244,6 +246,7 @@ def _check_out(out_dir: Path, inputs: dict) -> None:
             raise LabError(f"--out is the {flag} path: the run would overwrite it; choose another --out", out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise LabError("--out is a file: choose a directory", out_dir)
+    refuse_below_file(out_dir)
     # A run makes metrics.jsonl first thing (fit), so a directory without it or a train state is not one.
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (
             (out_dir / state.STATE_DIR).exists() or (out_dir / METRICS).exists()):
@@ -266,7 +269,6 @@ class _Run:
             judge([], base_rows, watch, None, base_where=baseline)  # a baseline that cannot be read fails now
             self.watch = (baseline, watch)
         self.stop_reason: str | None = None
-        check_config(cfg)
         if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
             raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")
         names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0, cfg.val_temperature > 0)  # replay: checked below

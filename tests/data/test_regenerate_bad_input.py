@@ -1,0 +1,47 @@
+"""`data regenerate` settings and paths refused in one line before the target loads or a request goes out."""
+
+from __future__ import annotations
+
+import pytest
+from data_helpers import run_cli
+
+
+@pytest.mark.parametrize("flag,value", [("--max-new-tokens", "0"), ("--batch-size", "0"), ("--temperature", "nan"),
+                                        ("--temperature", "-1")])
+def test_local_settings(random_llama, conversations_file, tmp_path, capsys, flag, value):
+    out = tmp_path / "regen.jsonl"
+    assert run_cli("data", "regenerate", "--conversations", conversations_file, "--out", out, "--target", random_llama,
+                   flag, value) == 2
+    assert capsys.readouterr().err.strip().startswith(
+        "error: need max_new_tokens >= 1, batch_size >= 1 and a finite temperature >= 0, got ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag,value", [("--retries", "-1"), ("--temperature", "nan")])
+def test_server_settings(conversations_file, tmp_path, capsys, flag, value):
+    """Refused before the first request: retries -1 retried a refused connection forever."""
+    assert run_cli("data", "regenerate", "--conversations", conversations_file, "--out", tmp_path / "regen.jsonl",
+                   "--server", "http://127.0.0.1:9", "--model", "m", "--retries", "0", flag, value) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: need concurrency >= 1, max_new_tokens >= 1, retries >= 0 and a finite temperature >= 0"
+
+
+@pytest.mark.parametrize("url", ["", "localhost:30000", "notaurl"])
+def test_server_that_is_no_url(conversations_file, tmp_path, capsys, url):
+    with pytest.raises(SystemExit) as e:
+        run_cli("data", "regenerate", "--conversations", conversations_file, "--out", tmp_path / "regen.jsonl",
+                "--server", url)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"argument --server: expected a base URL like http://localhost:30000, got {url!r}")
+
+
+def test_out_that_is_the_conversations_file(random_llama, conversations_file, tmp_path, capsys):
+    convs = tmp_path / "chats.jsonl"
+    convs.write_bytes(conversations_file.read_bytes())
+    assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "." / "chats.jsonl",
+                   "--target", random_llama, "--max-new-tokens", "2") == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'chats.jsonl'}: --out is the --conversations file: the regenerated turns would replace "
+        "the recorded ones; choose another --out")
+    assert convs.read_bytes() == conversations_file.read_bytes()

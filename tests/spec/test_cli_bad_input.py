@@ -1,0 +1,53 @@
+"""`eval` and `bench verify` input of the wrong kind, refused in one line before any decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter_lab import cli
+from drafter_lab.drafter.checkpoint import save_drafter
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_eval_output_that_is_a_directory(random_llama, prompts_file, tmp_path, capsys, flag):
+    """Refused before the decoding's minutes, not by the write after them."""
+    assert cli.main(["eval", "--ngram", "--target", str(random_llama), "--prompts", str(prompts_file),
+                     flag, str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path}: is a directory: {flag} takes a file to write"
+
+
+@pytest.mark.parametrize("flag", ["--server", "--baseline-server"])
+@pytest.mark.parametrize("url", ["", "notaurl", "localhost:30000"])
+def test_eval_server_that_is_no_url(random_llama, prompts_file, capsys, flag, url):
+    server = ["--server", "http://127.0.0.1:9"] if flag == "--baseline-server" else []
+    with pytest.raises(SystemExit) as e:
+        cli.main(["eval", *server, flag, url, "--target", str(random_llama), "--prompts", str(prompts_file)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"argument {flag}: expected a base URL like http://localhost:30000, got {url!r}")
+
+
+def test_eval_server_target_not_found(prompts_file, tmp_path, capsys):
+    """Only the tokenizer is read: a missing directory is not taken for a hub name it cannot reach."""
+    missing = tmp_path / "no-such-target"
+    assert cli.main(["eval", "--server", "http://127.0.0.1:9", "--target", str(missing),
+                     "--prompts", str(prompts_file)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {missing}: model directory not found"
+
+
+@pytest.mark.parametrize("command", ["eval", "bench"])
+def test_a_drafter_given_as_the_target(random_drafter, prompts_file, tmp_path, capsys, command):
+    drafter = save_drafter(random_drafter, tmp_path / "drafter")
+    args = (["eval", "--ngram", "--target", str(drafter), "--prompts", str(prompts_file)] if command == "eval"
+            else ["bench", "verify", "--target", str(drafter), "--tokens", "1", "--batch", "1", "--reps", "1"])
+    assert cli.main(args) == 2
+    assert capsys.readouterr().err.strip() == \
+        f"error: {drafter}: a drafter (LlamaForCausalLMEagle3), not a target model: give the target's own directory"
+
+
+def test_export_out_below_a_file(random_drafter, tmp_path, capsys):
+    drafter = save_drafter(random_drafter, tmp_path / "drafter")
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "export"
+    assert cli.main(["export", "--drafter", str(drafter), "--format", "sglang", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {out}: lies below a file, not a directory"

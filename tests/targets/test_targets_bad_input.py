@@ -1,0 +1,34 @@
+"""`targets build` settings and paths that would fail mid-build, or build something else, refused first."""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter_lab import cli
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--threads", "-1", "threads must be >= 0 and finite, got -1"),
+    ("--hidden-size", "0", "hidden_size must be >= 1, got 0"),
+    ("--num-kv-heads", "0", "num_kv_heads must be >= 1, got 0"),
+    ("--batch-size", "0", "batch_size must be >= 1, got 0"),
+    ("--base-lr", "nan", "base_lr must be >= 0 and finite, got nan"),
+    ("--base-steps", "-1", "base_steps must be >= 0 and finite, got -1"),
+    ("--drift", "inf", "drift must be >= 0 and finite, got inf"),
+    ("--drift-conversations", "0", "drift_conversations must be >= 1, got 0"),
+])
+def test_nonsense_settings_are_one_line(tmp_path, capsys, flag, value, says):
+    out = tmp_path / "pair"
+    assert cli.main(["targets", "build", "--preset", "micro", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+                     flag, value]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {says}"
+    assert not out.exists()
+
+
+def test_cache_dir_that_is_a_file(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    cache.write_text("")
+    assert cli.main(["targets", "build", "--preset", "micro", "--out", str(tmp_path / "pair"),
+                     "--cache-dir", str(cache)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {cache}/") and err.endswith(": lies below a file, not a directory")

@@ -68,7 +68,10 @@ def _coerce(value, tp, where: str, parse: bool):
         return _coerce(value, tp, where, parse)
     if origin in (list, tuple):
         if parse and isinstance(value, str):
-            value = value.split(",")
+            items = value.split(",") if value else []  # "" is the empty list, which the config judges
+            if "" in items:  # "1,,2" or "1,": a value lost to a typo
+                raise LabError(f"{where}: an empty item in {value!r}")
+            value = items
         if not isinstance(value, (list, tuple)):
             raise LabError(f"{where}: cannot read {value!r} as a list")
         inner = args[0] if args else str

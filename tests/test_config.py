@@ -52,6 +52,14 @@ def test_toml_values_of_their_type_load_and_cli_strings_are_read(tmp_path):
         replace(cfg, steps="2.5")
 
 
+@pytest.mark.parametrize("text", ["1,,2", "1,", ",1"])
+def test_a_cli_list_with_an_empty_item_is_refused(text):
+    """A value lost to a typo was dropped without a word ("1,,2" read as [1, 2])."""
+    with pytest.raises(LabError, match=f"^Cfg: levels: an empty item in '{text}'$"):
+        replace(Cfg(), levels=text)
+    assert replace(Cfg(levels=[1.0]), levels="").levels == []  # the empty list, for the config to judge
+
+
 def test_an_unreadable_file_is_one_line_naming_it(tmp_path):
     (tmp_path / "bin.toml").write_bytes(b"\xff\xfe")
     with pytest.raises(LabError, match=f"^{tmp_path / 'bin.toml'}: not valid TOML: not UTF-8 text$"):

@@ -160,6 +160,8 @@ def check_fields(cfg: CostModelConfig) -> None:
     for name in POSITIVE_LISTS:
         if not all(number(v) and v > 0 for v in getattr(cfg, name)):
             raise LabError(f"{name} must hold finite numbers > 0, got {getattr(cfg, name)!r}")
+    if not cfg.accept_lengths:  # the main table would have no row
+        raise LabError("accept_lengths is empty: give at least one served accept length")
 
 
 class CostModel:

@@ -116,6 +116,8 @@ def test_verify_ms_input_sets_compute(tmp_path, capsys):
     ("--decode-ms", "nan", "decode_ms must be a finite number > 0"),
     ("--num-layers", "0", "num_layers must be a finite number > 0"),
     ("--accept-lengths", "0", "accept_lengths must hold finite numbers > 0"),
+    ("--accept-lengths", "", "accept_lengths is empty"),  # printed a table with no row
+    ("--batches", "1,,8", "batches: an empty item in '1,,8'"),  # was read as 1,8
     ("--steps", "0", "steps must be a finite number > 0"),
     ("--draft-step-us", "-5", "draft_step_us must be a finite number > 0"),
     ("--verify-allreduce-us", "inf", "verify_allreduce_us must be a finite number >= 0"),

@@ -37,3 +37,12 @@ def test_watch_runs_without_heavy_imports(tmp_path):
     r = _run(f"raise SystemExit(main(['watch', {str(tmp_path / 'run')!r}, '--baseline', {str(tmp_path / 'base')!r}]))")
     assert r.returncode == 3, r.stderr
     assert "stop" in r.stdout and "not closing" in " ".join(r.stdout.split())
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly():
+    """`drafter-lab costmodel | head -1`: a BrokenPipeError traceback at the first print after head left."""
+    p = subprocess.Popen([sys.executable, "-m", "drafter_lab", "costmodel"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # long before the command prints: its imports take far longer
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 141 and err == "", err

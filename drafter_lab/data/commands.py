@@ -59,14 +59,16 @@ def register(subparsers) -> None:
     who.add_argument("--server", metavar="URL", type=server_url, help="base URL of a server with /v1/chat/completions")
     r.add_argument("--model", default=None, help="with --server: the model name to request (default: the first "
                                                  "the server's /v1/models lists)")
-    r.add_argument("--concurrency", type=int, default=8, help="with --server: conversations in flight")
-    r.add_argument("--retries", type=int, default=3, help="with --server: retries of a request that failed to "
-                                                           "connect or got a 5xx answer (1, 2, 4, ... s apart)")
+    r.add_argument("--concurrency", type=int, default=None, help="with --server: conversations in flight (default 8)")
+    r.add_argument("--retries", type=int, default=None, help="with --server: retries of a request that failed to "
+                                                              "connect or got a 5xx answer (1, 2, 4, ... s apart; "
+                                                              "default 3)")
     r.add_argument("--temperature", type=float, default=d.temperature, help=docs["temperature"])
     r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
-    r.add_argument("--batch-size", type=int, default=d.regen_batch_size, help="with --target: " + docs["regen_batch_size"])
+    r.add_argument("--batch-size", type=int, default=None,
+                   help=f"with --target: {docs['regen_batch_size']} (default {d.regen_batch_size})")
     r.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
-    r.add_argument("--device", default=d.device, help="with --target: " + docs["device"])
+    r.add_argument("--device", default=None, help=f"with --target: {docs['device']} (default {d.device})")
     r.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
                    help="variables for the chat template (here, or the server's: its requests carry them), e.g. "
                         "'{\"enable_thinking\": false}' for a hybrid thinking model served with its thinking off")
@@ -133,24 +135,32 @@ def _regenerate(args) -> int:
     convs, skipped = read_conversations(source)
     if not convs:
         raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
+    # A flag of the other mode would be ignored: the run would not be the one asked for.
+    other = ("--batch-size", "--device") if args.server is not None else ("--model", "--concurrency", "--retries")
+    given = [f for f in other if getattr(args, f[2:].replace("-", "_")) is not None]
+    if given:
+        mode, other_mode = ("--server", "--target") if args.server is not None else ("--target", "--server")
+        raise LabError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for {other_mode}, not {mode}")
     if args.server is not None:
         from drafter_lab.data.regenerate_server import ServerConfig, regenerate_via_server
 
+        served = {k: v for k, v in (("concurrency", args.concurrency), ("retries", args.retries)) if v is not None}
         cfg = ServerConfig(url=args.server, model=args.model, temperature=args.temperature,
-                           max_new_tokens=args.max_new_tokens, seed=args.seed, concurrency=args.concurrency,
-                           retries=args.retries, chat_template_kwargs=args.chat_template_kwargs)
+                           max_new_tokens=args.max_new_tokens, seed=args.seed,
+                           chat_template_kwargs=args.chat_template_kwargs, **served)
         regenerate_via_server(convs, source, out, cfg)
     else:
-        from drafter_lab.data.capture_config import as_recorded
+        from drafter_lab.data.capture_config import CaptureConfig, as_recorded
         from drafter_lab.data.regenerate import regenerate, regeneration_settings
         from drafter_lab.journal import Journal
         from drafter_lab.targets.hf import load_target
 
-        if args.max_new_tokens < 1 or args.batch_size < 1 or not 0 <= args.temperature < math.inf:
+        batch_size = CaptureConfig.regen_batch_size if args.batch_size is None else args.batch_size
+        if args.max_new_tokens < 1 or batch_size < 1 or not 0 <= args.temperature < math.inf:
             raise LabError(f"need max_new_tokens >= 1, batch_size >= 1 and a finite temperature >= 0, got "
-                           f"{args.max_new_tokens}, {args.batch_size} and {args.temperature}")
-        target = load_target(args.target, device=args.device)
-        gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                           f"{args.max_new_tokens}, {batch_size} and {args.temperature}")
+        target = load_target(args.target, device=args.device or CaptureConfig.device)
+        gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
                    seed=args.seed, template_kwargs=args.chat_template_kwargs)
         partial = out.with_name(out.name + ".partial")
         before, now = Journal.settings_of(partial), regeneration_settings(target, source, **gen)

@@ -45,3 +45,18 @@ def test_out_that_is_the_conversations_file(random_llama, conversations_file, tm
         f"error: {tmp_path / 'chats.jsonl'}: --out is the --conversations file: the regenerated turns would replace "
         "the recorded ones; choose another --out")
     assert convs.read_bytes() == conversations_file.read_bytes()
+
+
+@pytest.mark.parametrize("mode, flags, message", [
+    ("--target", ["--concurrency", "4"], "--concurrency is for --server, not --target"),
+    ("--target", ["--retries", "0", "--model", "m"], "--model, --retries are for --server, not --target"),
+    ("--server", ["--batch-size", "4"], "--batch-size is for --target, not --server"),
+    ("--server", ["--device", "cuda"], "--device is for --target, not --server"),
+])
+def test_a_flag_of_the_other_mode_is_refused(random_llama, conversations_file, tmp_path, capsys, mode, flags,
+                                            message):
+    """It was ignored without a word: the run was not the one asked for."""
+    who = random_llama if mode == "--target" else "http://127.0.0.1:9"
+    assert run_cli("data", "regenerate", "--conversations", conversations_file, "--out", tmp_path / "r.jsonl", mode,
+                   who, *flags) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"

@@ -306,6 +306,8 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
         run = _run_record(src)
         if speculative_tokens is not None and speculative_tokens < 1:
             raise LabError(f"speculative_tokens must be at least 1, got {speculative_tokens}")
+        if verifier is not None and not verifier.strip():  # vLLM would be told to serve a model named ""
+            raise LabError("--verifier is empty: give the target's name or path, or leave it out")
         serving = {"speculative_tokens": speculative_tokens or run.get("config", {}).get("ttt_steps")
                    or formats.SPECULATIVE_TOKENS, "verifier": verifier}
         architecture = run.get("target", {}).get("architecture")

@@ -3,6 +3,8 @@ lm_head) and `export` (a drafter checkpoint re-written in the SGLang or speculat
 
 from __future__ import annotations
 
+import argparse
+
 from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.drafter.config import FORMATS
 
@@ -18,7 +20,7 @@ def register(sub) -> None:
     c = vocab_sub.add_parser("compare", help="how far two draft vocabularies agree")
     c.add_argument("a", help="vocab .safetensors, or a drafter directory of any layout export reads")
     c.add_argument("b", help="vocab .safetensors, or a drafter directory of any layout export reads")
-    c.add_argument("--top", type=int, default=10, help="rows in the disagreement tables")
+    c.add_argument("--top", type=_rows, default=10, help="rows in the disagreement tables (0: none)")
     c.add_argument("--tokenizer", default=None, help="model directory whose tokenizer shows token text")
     c.set_defaults(func=_compare)
 
@@ -34,6 +36,17 @@ def register(sub) -> None:
     p.add_argument("--verifier", metavar="NAME_OR_PATH",
                    help="speculators: the target `vllm serve DRAFTER` serves the drafter with")
     p.set_defaults(func=_export)
+
+
+def _rows(text: str) -> int:
+    """argparse type of --top: a count of rows (a negative one printed every row)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of rows >= 0, got {text!r}")
+    return value
 
 
 def _export(args) -> int:

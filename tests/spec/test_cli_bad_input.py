@@ -51,3 +51,30 @@ def test_export_out_below_a_file(random_drafter, tmp_path, capsys):
     out = tmp_path / "file" / "export"
     assert cli.main(["export", "--drafter", str(drafter), "--format", "sglang", "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip() == f"error: {out}: lies below a file, not a directory"
+
+
+def test_export_verifier_that_is_empty(random_drafter, tmp_path, capsys):
+    """It was written into the config: vLLM would be told to serve a model named ""."""
+    drafter = save_drafter(random_drafter, tmp_path / "drafter")
+    out = tmp_path / "export"
+    assert cli.main(["export", "--drafter", str(drafter), "--format", "speculators", "--out", str(out),
+                     "--verifier", " "]) == 2
+    assert capsys.readouterr().err == "error: --verifier is empty: give the target's name or path, or leave it out\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("top", ["-1", "x"])
+def test_vocab_compare_top_that_is_no_row_count(random_drafter, tmp_path, capsys, top):
+    """-1 printed every row."""
+    drafter = save_drafter(random_drafter, tmp_path / "drafter")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["vocab", "compare", str(drafter), str(drafter), "--top", top])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"argument --top: expected a number of rows >= 0, got {top!r}")
+
+
+def test_probe_threads_below_zero(tmp_path, capsys):
+    """It was taken as 0, torch's default."""
+    assert cli.main(["probe", "--drafter", str(tmp_path), "--target", str(tmp_path), "--data", str(tmp_path),
+                     "--threads", "-2"]) == 2
+    assert capsys.readouterr().err == "error: --threads must be >= 0 (0: torch's default), got -2\n"

@@ -165,6 +165,11 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.target, device=args.device, dtype=DTYPES[args.dtype], tokenizer=False)
+    longest = args.context + max(max(args.tokens), args.extend_tokens if args.drafter else 1)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if limit is not None and longest > limit:  # past it: positions the model was not made for, and a dense mask
+        raise LabError(f"--context {args.context} plus {longest - args.context} tokens is {longest} positions, past "
+                       f"the target's max_position_embeddings {limit}", args.target)
     drafter = load_for_target(args.drafter, target, allow_other_target=True).to(DTYPES[args.dtype]) \
         if args.drafter else None
     aux_ids = drafter.config.aux_layer_ids if drafter is not None else []

@@ -115,3 +115,7 @@ def test_bench_verify_bad_arguments(random_llama, tmp_path, capsys):
     assert main(["bench", "verify", "--target", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert "missing" in err and len(err.strip().splitlines()) == 1
+    # past the target's positions: a RuntimeError allocating the dense mask (40 GB at --context 100000)
+    assert main(["bench", "verify", "--target", str(random_llama), "--context", "1020", "--tokens", "5"]) == 2
+    assert capsys.readouterr().err == (f"error: {random_llama}: --context 1020 plus 5 tokens is 1025 positions, past "
+                                       "the target's max_position_embeddings 1024\n")

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from drafter_lab.config import check_counts
 from drafter_lab.errors import LabError
 
+SMALLEST_VOCAB = 256 + 3
+"""The byte-level BPE's 256 bytes and tokenizer.SPECIAL_TOKENS: the smallest vocabulary it trains."""
+
 
 @dataclass(frozen=True)
 class TargetConfig:
@@ -78,6 +81,9 @@ class TargetConfig:
                             "seq_len", "batch_size", "train_prompts", "eval_prompts", "drift_conversations"),
                      ("corpus_max_files", "base_steps", "base_lr", "warmup_steps", "weight_decay", "tune_steps",
                       "tune_lr", "drift", "threads"))
+        if self.vocab_size < SMALLEST_VOCAB:  # the trainer would quietly make that size: not the target asked for
+            raise LabError(f"vocab_size must be >= {SMALLEST_VOCAB} (the 256 bytes and the special tokens), "
+                           f"got {self.vocab_size}")
         if self.num_layers < 8:
             raise LabError(f"num_layers must be >= 8 for distinct aux layers, got {self.num_layers}")
         if self.num_heads % self.num_kv_heads or self.hidden_size % self.num_heads:

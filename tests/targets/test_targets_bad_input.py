@@ -16,6 +16,8 @@ from drafter_lab import cli
     ("--base-steps", "-1", "base_steps must be >= 0 and finite, got -1"),
     ("--drift", "inf", "drift must be >= 0 and finite, got inf"),
     ("--drift-conversations", "0", "drift_conversations must be >= 1, got 0"),
+    # the trainer made its smallest vocabulary instead, and the build exited 0
+    ("--vocab-size", "0", "vocab_size must be >= 259 (the 256 bytes and the special tokens), got 0"),
 ])
 def test_nonsense_settings_are_one_line(tmp_path, capsys, flag, value, says):
     out = tmp_path / "pair"
@@ -32,3 +34,10 @@ def test_cache_dir_that_is_a_file(tmp_path, capsys):
                      "--cache-dir", str(cache)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {cache}/") and err.endswith(": lies below a file, not a directory")
+
+
+def test_the_smallest_vocab_is_the_tokenizers():
+    from drafter_lab.targets.presets import SMALLEST_VOCAB
+    from drafter_lab.targets.tokenizer import SPECIAL_TOKENS, train_bpe
+
+    assert len(train_bpe(["a b"], 1)) == SMALLEST_VOCAB == 256 + len(SPECIAL_TOKENS)

@@ -364,6 +364,9 @@ def stop_token_ids(target) -> list[int]:
 
 
 def first_line(e: BaseException) -> str:
-    """An exception's message for a one-line error: its first line, or its type where it has none."""
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
+    """An exception's message for a one-line error: its first line, or its type where it has none; a
+    first line that ends in a colon goes on with the lines it introduces ("from one of: (1) ...")."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    return (" ".join(lines) if lines[0].endswith(":") else lines[0])[:300]

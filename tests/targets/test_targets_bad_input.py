@@ -41,3 +41,19 @@ def test_the_smallest_vocab_is_the_tokenizers():
     from drafter_lab.targets.tokenizer import SPECIAL_TOKENS, train_bpe
 
     assert len(train_bpe(["a b"], 1)) == SMALLEST_VOCAB == 256 + len(SPECIAL_TOKENS)
+
+
+def test_a_model_directory_without_a_tokenizer_says_what_is_missing(tmp_path, capsys):
+    """transformers' message is a list introduced by a colon: its first line alone ended on 'from one of:'."""
+    from transformers import LlamaConfig
+
+    d = tmp_path / "no-tokenizer"
+    LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=32).save_pretrained(d)
+    from drafter_lab.errors import LabError
+    from drafter_lab.targets.hf import load_tokenizer
+
+    with pytest.raises(LabError) as e:
+        load_tokenizer(d)
+    assert str(e.value).startswith(f"{d}: cannot load tokenizer: ") and "(1) a `tokenizers` library" in str(e.value)
+    assert len(str(e.value).splitlines()) == 1

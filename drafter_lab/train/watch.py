@@ -256,6 +256,10 @@ def unequal_validation(run_info: dict, base_info: dict) -> str | None:
 
 def comparison_note(run_info: dict, base_info: dict, axis: str) -> str | None:
     """What makes a run's validations and its baseline's unequal, if anything (for the verdict)."""
+    unknown = [who for who, info in (("the run", run_info), ("the baseline", base_info)) if not info]
+    if unknown:  # compared field by field, its missing settings read as "batch_size 4 vs None"
+        return (f"{' and '.join(unknown)} {'has' if len(unknown) == 1 else 'have'} no {RUN_FILE} yet: whether "
+                "the batches and validation sets match is unknown")
     notes = [unequal_batches(run_info, base_info) if axis == "step" else None, unequal_validation(run_info, base_info)]
     return "; ".join(n for n in notes if n) or None
 

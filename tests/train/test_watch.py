@@ -374,3 +374,11 @@ def test_follow_ends_when_the_runs_own_watch_stopped_it(tmp_path, capsys):
     (tmp_path / "run" / "watch.json").write_text(json.dumps({"step": 200}))
     assert main(["watch", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"), "--follow", "0.05"]) == 0
     assert "the run's own watch stopped it at step 200" in capsys.readouterr().out
+
+
+def test_a_run_without_its_record_is_noted_as_unknown_not_as_other_settings():
+    """A baseline that has not written run.json yet read as "batch_size 8 vs None"."""
+    info = {"config": {"batch_size": 8}, "features": {"manifest_sha256": "aa"}}
+    assert comparison_note(info, {}, "step") == ("the baseline has no run.json yet: whether the batches and "
+                                                 "validation sets match is unknown")
+    assert comparison_note({}, {}, "train_tokens").startswith("the run and the baseline have no run.json yet")

@@ -73,35 +73,37 @@ def op_takes(cfg: DrafterConfig) -> bool:
 
 
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, topk: int) -> bool:
+                  v_cache: torch.Tensor, topk: int, weights: tuple | None = None) -> bool:
     """Whether the CUDA kernels take this step: `op_takes` the drafter; one dtype for activations,
     caches and weights, and contiguous caches and weights (what the op would raise on, the reference
-    takes); the hidden input width a multiple of 8; topk <= CUDA_MAX_TOPK."""
+    takes); the hidden input width a multiple of 8; topk <= CUDA_MAX_TOPK. `weights`: the drafter's
+    `_weights`, where the caller has them (the walk over its modules costs as much as the rest)."""
     c = drafter.config
     dtype = drafter.lm_head.weight.dtype
     return (op_takes(c) and embeds.dtype == k_cache.dtype == v_cache.dtype == dtype
             and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and all(w.dtype == dtype and w.is_contiguous() for w in _weights(drafter))
+            and all(w.dtype == dtype and w.is_contiguous() for w in weights or _weights(drafter))
             and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)
             and hidden.shape[-1] % 8 == 0 and 1 <= topk <= CUDA_MAX_TOPK)
 
 
 def _weights(drafter: Eagle3Drafter) -> tuple[torch.Tensor, ...]:
-    """The op's weight arguments, in its order (fc first)."""
+    """The op's weight arguments, in its order (fc first), as the drafter holds them."""
     layer = drafter.midlayer
     attn, mlp = layer.self_attn, layer.mlp
-    weights = (
+    return (
         drafter.fc.weight, layer.input_layernorm.weight, layer.hidden_norm.weight, attn.q_proj.weight,
         attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, layer.post_attention_layernorm.weight,
         mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, drafter.norm.weight, drafter.lm_head.weight,
     )
-    return tuple(w.detach() for w in weights)
 
 
-def op_args(drafter: Eagle3Drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk) -> tuple:
-    """The op's positional arguments for one step of `drafter` (fc applied as the reference decides)."""
+def op_args(drafter: Eagle3Drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk,
+            weights: tuple | None = None) -> tuple:
+    """The op's positional arguments for one step of `drafter` (fc applied as the reference decides);
+    `weights` as in `cuda_supports`."""
     cfg = drafter.config
-    fc, *weights = _weights(drafter)
+    fc, *weights = (w.detach() for w in weights or _weights(drafter))
     if hidden.shape[-1] == 3 * cfg.target_hidden_size and hidden.shape[-1] != cfg.hidden_size:
         hidden = hidden.to(fc.dtype)
     elif hidden.shape[-1] == cfg.hidden_size:
@@ -144,9 +146,12 @@ def draft_step(
     `cuda_supports` the step, else the reference; True forces the op (the CPU op included; LabError when it is not built);
     False forces the reference.
     """
+    weights = None  # walked once per step, for the check and the op's arguments
     if use_fused is None:
-        use_fused = (embeds.is_cuda and available(embeds.device)
-                     and cuda_supports(drafter, embeds, hidden, k_cache, v_cache, topk))
+        use_fused = embeds.is_cuda and available(embeds.device)
+        if use_fused:
+            weights = _weights(drafter)
+            use_fused = cuda_supports(drafter, embeds, hidden, k_cache, v_cache, topk, weights)
     if not use_fused:
         return drafter.draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
     why = _load()
@@ -156,7 +161,7 @@ def draft_step(
         raise LabError(f"the fused draft_step op was built without a {embeds.device.type} kernel")
     if drafter.config.norm_before_residual:
         raise LabError("the fused draft_step op runs plain EAGLE-3; this drafter is norm_before_residual")
-    args = op_args(drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk)
+    args = op_args(drafter, embeds, hidden, positions, k_cache, v_cache, cache_lens, topk, weights)
     return torch.ops.drafter_lab.draft_step(*args)
 
 

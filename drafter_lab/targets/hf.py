@@ -15,8 +15,14 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
+from drafter_lab.drafter.formats import LLAMA_EAGLE3_ARCHS, SPECULATORS_ARCH
 from drafter_lab.errors import LabError
 from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint, weight_files
+
+DRAFTER_ARCHS = (*(a for a in LLAMA_EAGLE3_ARCHS if a != "LlamaForCausalLM"), SPECULATORS_ARCH,
+                 "LlamaForCausalLMEagle", "EagleLlamaForCausalLM")
+"""Architecture names only drafters carry: EAGLE-3's and speculators' (formats), and EAGLE(-2)'s in SGLang
+and vLLM (`LlamaForCausalLM`, which EAGLE's own releases also use, is a target's name too)."""
 
 # ChatML, used when a target ships no chat template (with a warning).
 DEFAULT_CHAT_TEMPLATE = (
@@ -205,8 +211,8 @@ def _check_model_dir(path: Path) -> None:
     config = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
     archs = config.get("architectures") if isinstance(config, dict) else None
     # Else transformers loads its one layer as a whole Llama: a page of missing weights, then a size mismatch.
-    drafter = next((a for a in archs if isinstance(a, str) and ("eagle" in a.lower() or "speculator" in a.lower())),
-                   None) if isinstance(archs, list) else None
+    # By name, not by "eagle" in it: NVIDIA's Eagle2 models are targets.
+    drafter = next((a for a in archs if a in DRAFTER_ARCHS), None) if isinstance(archs, list) else None
     if drafter is not None:
         raise LabError(f"a drafter ({drafter}), not a target model: give the target's own directory", path)
     if not weight_files(path):

@@ -78,3 +78,14 @@ def test_probe_threads_below_zero(tmp_path, capsys):
     assert cli.main(["probe", "--drafter", str(tmp_path), "--target", str(tmp_path), "--data", str(tmp_path),
                      "--threads", "-2"]) == 2
     assert capsys.readouterr().err == "error: --threads must be >= 0 (0: torch's default), got -2\n"
+
+
+def test_a_target_whose_architecture_merely_says_eagle_is_not_taken_for_a_drafter(tmp_path):
+    """NVIDIA's Eagle2 vision-language models are targets."""
+    import json
+
+    from drafter_lab.targets.hf import _check_model_dir
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Eagle2ChatModel"]}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    _check_model_dir(tmp_path)

@@ -56,6 +56,13 @@ def clear_stale_temps(path: Path) -> None:
                         entry.unlink()
 
 
+def refuse_below_file(out: Path) -> None:
+    """Refuse an output path whose nearest existing parent is a file now, before the work (`make_parent`
+    refuses it only when the result is written)."""
+    if not next(p for p in out.absolute().parents if p.exists()).is_dir():
+        raise LabError("--out lies below a file, not a directory", out)
+
+
 def make_parent(path: Path) -> None:
     """Create `path`'s directory; a path below a file is a one-line error naming it, not mkdir's traceback."""
     try:

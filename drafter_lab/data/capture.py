@@ -52,12 +52,7 @@ from drafter_lab.data.capture_config import (
     without,
 )
 from drafter_lab.data.chat import rendered_with
-from drafter_lab.data.conversations import (
-    Conversation,
-    read_conversations,
-    refuse_below_file,
-    write_conversations,
-)
+from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.encodings import encodings
 from drafter_lab.data.regenerate import SAMPLER, regenerate
 from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name, stored_text
@@ -182,7 +177,7 @@ def check_out_dir(out: Path) -> None:
     """An existing --out without a manifest may only hold what an earlier run of ours left."""
     if out.exists() and not out.is_dir():
         raise LabError("output path exists and is not a directory", out)
-    refuse_below_file(out)
+    atomic.refuse_below_file(out)
     if not out.is_dir() or (out / MANIFEST).exists():
         return
     foreign = [

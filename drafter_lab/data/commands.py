@@ -121,7 +121,8 @@ def _prepare(args) -> int:
 
 
 def _regenerate(args) -> int:
-    from drafter_lab.data.conversations import read_conversations, refuse_below_file, write_conversations
+    from drafter_lab.atomic import refuse_below_file
+    from drafter_lab.data.conversations import read_conversations, write_conversations
     from drafter_lab.progress import log
 
     source, out = Path(args.conversations), Path(args.out)

@@ -266,13 +266,6 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
     return convs, dict(skipped)
 
 
-def refuse_below_file(out: Path) -> None:
-    """Refuse an output path whose nearest existing parent is a file now: writing there fails only
-    once all the work is done."""
-    if not next(p for p in out.absolute().parents if p.exists()).is_dir():
-        raise LabError("--out lies below a file, not a directory", out)
-
-
 def write_conversations(path, convs: list[Conversation]) -> None:
     """Write SpecForge-style jsonl (`id`, `tools` where there are some, `conversations` with
     role/content), atomically."""

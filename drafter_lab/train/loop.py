@@ -19,7 +19,6 @@ import torch
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import ENCODED_HASH, CaptureConfig, as_recorded, without
-from drafter_lab.data.conversations import refuse_below_file
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.formats import rope_scaling_from_text
@@ -246,7 +245,7 @@ def _check_out(out_dir: Path, inputs: dict) -> None:
             raise LabError(f"--out is the {flag} path: the run would overwrite it; choose another --out", out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise LabError("--out is a file: choose a directory", out_dir)
-    refuse_below_file(out_dir)
+    atomic.refuse_below_file(out_dir)
     # A run makes metrics.jsonl first thing (fit), so a directory without it or a train state is not one.
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (
             (out_dir / state.STATE_DIR).exists() or (out_dir / METRICS).exists()):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from drafter_lab.atomic import atomic_dir, save_safetensors, sha256_json, write_json
+from drafter_lab.atomic import atomic_dir, refuse_below_file, save_safetensors, sha256_json, write_json
 from drafter_lab.errors import LabError
 from drafter_lab.locks import building
 from drafter_lab.progress import log
@@ -130,6 +130,16 @@ def _build_base(cfg: TargetConfig, corpus: _Corpus, key: str, dest: Path, device
             (m["content"] for r in c.base + c.shifted for m in r["conversations"]), cfg.vocab_size
         )
         tok_seconds = round(time.perf_counter() - start, 2)
+        if len(tok) < cfg.vocab_size:  # else a smaller model than asked, under a config that names vocab_size
+            raise LabError(f"vocab_size {cfg.vocab_size}: this corpus yields only {len(tok)} tokens; "
+                           f"lower vocab_size or raise corpus_max_files")
+        split = _heldout_split(cfg, c)
+        drift_inputs = {side: encode_conversations(tok, split[f"drift_{side}"]).windows(cfg.seq_len)
+                        for side in ("base", "shifted")}
+        for side, windows in drift_inputs.items():  # checked before training: no drift is measured on nothing
+            if not len(windows):
+                raise LabError(f"the {cfg.drift_conversations} held-out {side} conversation(s) for drift "
+                               f"hold fewer than seq_len {cfg.seq_len} tokens; raise drift_conversations")
         model = _llama(cfg, tok).to(device)
         stats = train_lm(
             model,
@@ -147,16 +157,9 @@ def _build_base(cfg: TargetConfig, corpus: _Corpus, key: str, dest: Path, device
         with quiet_transformers():
             model.cpu().save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")
-        split = _heldout_split(cfg, c)
         _write_jsonl(tmp / "prompts-train.jsonl", split["train"])
         _write_jsonl(tmp / "prompts-eval.jsonl", split["eval"])
-        save_safetensors(
-            {
-                "base": encode_conversations(tok, split["drift_base"]).windows(cfg.seq_len),
-                "shifted": encode_conversations(tok, split["drift_shifted"]).windows(cfg.seq_len),
-            },
-            tmp / "drift-inputs.safetensors",
-        )
+        save_safetensors(drift_inputs, tmp / "drift-inputs.safetensors")
         write_json(
             tmp / "build.json",
             {
@@ -229,8 +232,12 @@ def _build_tuned(cfg: TargetConfig, corpus: _Corpus, base_dir: Path, key: str, d
         )
 
 
-def _check_out_dir(out_dir: Path) -> None:
-    """`out_dir` is replaced whole, so it must be new, empty, or an earlier pair."""
+def _check_out_dir(out_dir: Path, cache: Path) -> None:
+    """`out_dir` is replaced whole, so it must be new, empty, or an earlier pair, and hold no cache."""
+    refuse_below_file(out_dir)  # else _read_pair's NotADirectoryError traceback
+    if cache.resolve().is_relative_to(out_dir.resolve()):  # replacing out_dir would delete the cache
+        raise LabError(f"holds the cache dir {cache}, and each build replaces it whole; "
+                       f"put the cache elsewhere", out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise LabError("exists and is not a directory", out_dir)
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "pair.json").exists():
@@ -287,7 +294,7 @@ def build_pair(
     base_key = sha256_json([CODE_VERSION, device.type, content_hash, cfg.base_fields()])[:16]
     tuned_key = sha256_json([base_key, dataclasses.asdict(cfg)])[:16]
 
-    _check_out_dir(out_dir)
+    _check_out_dir(out_dir, cache)
     existing = _read_pair(out_dir)
     if not force and existing and existing.get("key") == tuned_key and (out_dir / "tuned").is_dir():
         log(f"cached: {out_dir} already holds this pair (key {tuned_key})")

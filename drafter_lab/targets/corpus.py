@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import lzma
 import os
 import tarfile
 import textwrap
@@ -82,7 +83,7 @@ def _read_snapshot(path: Path) -> list[SourceFile]:
                 for m in tar.getmembers()
                 if m.isfile() and m.name.endswith(".py")
             ]
-    except (OSError, tarfile.TarError, EOFError) as e:
+    except (OSError, tarfile.TarError, EOFError, lzma.LZMAError) as e:  # LZMAError: corrupt past the header
         raise LabError(f"cannot read the corpus snapshot: {e}", path) from e
     if not files:
         raise LabError("the corpus snapshot holds no Python sources", path)

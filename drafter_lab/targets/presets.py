@@ -84,6 +84,11 @@ class TargetConfig:
         if self.vocab_size < SMALLEST_VOCAB:  # the trainer would quietly make that size: not the target asked for
             raise LabError(f"vocab_size must be >= {SMALLEST_VOCAB} (the 256 bytes and the special tokens), "
                            f"got {self.vocab_size}")
+        for name in ("shifted_share", "tune_shifted_fraction"):  # else a negative batch share's traceback
+            if not 0 <= getattr(self, name) <= 1:  # nan too
+                raise LabError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+        if self.seq_len > self.max_position_embeddings:  # the saved config would refuse what it was trained on
+            raise LabError(f"seq_len {self.seq_len} exceeds max_position_embeddings {self.max_position_embeddings}")
         if self.num_layers < 8:
             raise LabError(f"num_layers must be >= 8 for distinct aux layers, got {self.num_layers}")
         if self.num_heads % self.num_kv_heads or self.hidden_size % self.num_heads:

@@ -137,6 +137,10 @@ class SpecEngine:
         self.ngram = drafter if isinstance(drafter, NgramDrafter) else None
         if self.ngram is not None:
             drafter = None
+        if drafter is not None and self._step0_topk() > drafter.config.draft_vocab_size:  # else topk's traceback
+            name = "sample_topk" if self.cfg.sampled_chain else "topk"
+            raise LabError(f"{name} {self._step0_topk()} exceeds the drafter's draft vocab of "
+                           f"{drafter.config.draft_vocab_size} tokens")
         aux_ids = drafter.config.aux_layer_ids if drafter is not None else []
         self.target = TargetRunner(target.model, aux_ids, target.path)
         self.drafter = DrafterRunner(drafter, self.cfg.use_fused) if drafter is not None else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from drafter_lab.errors import LabError
 from drafter_lab.spec.drafting import DrafterRunner
 from drafter_lab.spec.engine import SpecConfig, SpecEngine
 
@@ -229,7 +230,6 @@ def test_greedy_chain_is_the_top1_tree(target):
 
 
 def test_fused_step_selection(target, random_drafter, prompts):
-    from drafter_lab.errors import LabError
     from drafter_lab.kernels import draft_step as fused_op
 
     # auto on CPU: the reference step; forced off: the reference step
@@ -300,3 +300,10 @@ def test_draft_tokens_on_a_chain_is_refused_not_ignored():
     assert SpecConfig(steps=4, draft_tokens=4).tree_tokens == 4
     with pytest.raises(LabError, match="a chain verifies the 4 tokens it drafts: draft_tokens 2 applies to a tree"):
         SpecConfig(steps=4, draft_tokens=2)
+
+
+@pytest.mark.parametrize("kw", [dict(topk=5, steps=2), dict(temperature=1.0, sample_topk=5)])
+def test_topk_past_the_draft_vocab_is_one_line(target, kw):
+    """A drafter cannot propose more children than its draft vocab holds (torch.topk's traceback)."""
+    with pytest.raises(LabError, match="exceeds the drafter's draft vocab of 4 tokens"):
+        SpecEngine(target, make_drafter(target, torch.arange(4)), SpecConfig(max_new_tokens=4, **kw))

@@ -166,13 +166,19 @@ def build_vocab(feature_dir, size: int) -> DraftVocab:
     return vocab_from_counts(count_train_tokens(feature_dir), size)
 
 
-def _ids_in(b_to_a: torch.Tensor, a_vocab_size: int) -> torch.Tensor:
-    """`b_to_a` inverted: each of a's target ids as b's (the lowest where b has two tokens of its
-    bytes), -1 where b's vocabulary has no such token."""
-    b_ids = torch.nonzero((b_to_a >= 0) & (b_to_a < a_vocab_size)).flatten()
-    out = torch.full((a_vocab_size,), b_to_a.numel(), dtype=torch.int64)
-    out.scatter_reduce_(0, b_to_a[b_ids].long(), b_ids, "amin")
-    return torch.where(out == b_to_a.numel(), -1, out)
+def _ids_in(b_to_a: torch.Tensor, a_vocab_size: int, held: torch.Tensor) -> torch.Tensor:
+    """`b_to_a` inverted: each of a's target ids as b's, -1 where b's vocabulary has no such token. Where
+    b has two tokens of its bytes (a byte-fallback <0x41> beside 'A'), the lowest of those b's draft
+    vocab holds (`held`, its target ids), else the lowest."""
+    valid = (b_to_a >= 0) & (b_to_a < a_vocab_size)
+    none = b_to_a.numel()
+    out = torch.full((a_vocab_size,), none, dtype=torch.int64)
+    held = valid & torch.isin(torch.arange(none), held)
+    for ids in (torch.nonzero(valid).flatten(), torch.nonzero(held).flatten()):
+        pick = torch.full((a_vocab_size,), none, dtype=torch.int64)
+        pick.scatter_reduce_(0, b_to_a[ids].long(), ids, "amin")
+        out = torch.where(pick < none, pick, out)  # the second pass (held ids) overrides the first
+    return torch.where(out == none, -1, out)
 
 
 def compare_vocabs(a: DraftVocab, b: DraftVocab, top: int = 10, b_to_a: torch.Tensor | None = None) -> dict:
@@ -189,7 +195,7 @@ def compare_vocabs(a: DraftVocab, b: DraftVocab, top: int = 10, b_to_a: torch.Te
     same tokens in both.
     """
     ua, ub = a.used, b.used
-    as_b = ua if b_to_a is None else _ids_in(b_to_a, a.target_vocab_size)[ua]
+    as_b = ua if b_to_a is None else _ids_in(b_to_a, a.target_vocab_size, ub)[ua]
     n = min(a.size, b.size)
     gaps = torch.where(as_b[:n] >= 0, (as_b[:n] - ub[:n]).abs(), 0)  # one b's vocabulary lacks: no gap to measure
     order = torch.sort(gaps, descending=True, stable=True).indices

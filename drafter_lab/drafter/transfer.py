@@ -152,39 +152,47 @@ def _vocab_kind(tokenizer) -> str | None:
     return None
 
 
-def _token_keys(tokenizer) -> dict[int, bytes | str]:
-    """Each id's bytes (what its token stands for in text); an added or special token's content string."""
+def _token_keys(tokenizer) -> tuple[dict[int, bytes | str], set[int]]:
+    """Each id's bytes (what its token stands for in text); an added or special token's content string.
+    And the ids of the byte-fallback tokens."""
     kind = _vocab_kind(tokenizer)
     added = set(tokenizer.get_added_vocab().values())
     alphabet = _byte_level_alphabet()
-    keys = {}
+    keys, fallbacks = {}, set()
     for token, i in tokenizer.get_vocab().items():
         fallback = BYTE_FALLBACK.fullmatch(token) if kind == "metaspace" else None
         if fallback:
             keys[i] = bytes([int(fallback[1], 16)])
+            fallbacks.add(i)
         elif i in added:
             keys[i] = token
         elif kind == "byte_level" and all(c in alphabet for c in token):
             keys[i] = bytes(alphabet[c] for c in token)
         else:
             keys[i] = (token.replace("▁", " ") if kind == "metaspace" else token).encode()
-    return keys
+    return keys, fallbacks
 
 
 def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor | None:
     """Each new-target id's id in the source target's vocabulary (a token of the same bytes; an added or
     special token of the same content), -1 where it has none or past the tokenizer (padding rows); None
     where the two vocabularies are the same, so that ids already name the same tokens. Where the source
-    has two tokens of the same bytes (a byte-fallback <0x41> beside 'A'), its lowest id."""
+    has two tokens of the same bytes (a byte-fallback <0x41> beside 'A'): the one of the same spelling,
+    else its lowest id that is no byte fallback (the token its text is written with, which a drafter's
+    vocab and embedding know)."""
     if source_tokenizer.get_vocab() == new_tokenizer.get_vocab():
         return None
+    src_keys, src_fallbacks = _token_keys(source_tokenizer)
+    spelled = source_tokenizer.get_vocab()
     theirs: dict[bytes | str, int] = {}
-    for i, key in sorted(_token_keys(source_tokenizer).items()):
+    for i, key in sorted(src_keys.items(), key=lambda item: (item[0] in src_fallbacks, item[0])):
         theirs.setdefault(key, i)
+    new_keys, _ = _token_keys(new_tokenizer)
     out = torch.full((vocab_size,), -1, dtype=torch.long)
-    for i, key in _token_keys(new_tokenizer).items():
+    for token, i in new_tokenizer.get_vocab().items():
         if i < vocab_size:
-            out[i] = theirs.get(key, -1)
+            same = spelled.get(token)
+            out[i] = same if same is not None and src_keys[same] == new_keys[i] else theirs.get(new_keys[i], -1)
     return out
 
 
@@ -263,6 +271,10 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
         report.notes.append(f"the two targets' tokenizers differ (found through {tokens_from}): remapped by token "
                             f"string (of the {n_new} draft tokens, {moved} under another id there, {absent} absent "
                             "from it)")
+    elif ckpt.config.target_vocab_size != drafter.config.target_vocab_size and tokens_from is not None:
+        report.notes.append(f"the source's target has {ckpt.config.target_vocab_size} tokens, this one "
+                            f"{drafter.config.target_vocab_size}, with the same tokenizer (found through {tokens_from}): "
+                            "ids name the same tokens")
     elif ckpt.config.target_vocab_size != drafter.config.target_vocab_size:
         report.notes.append(f"the source's target has {ckpt.config.target_vocab_size} tokens, this one "
                             f"{drafter.config.target_vocab_size}, and no tokenizer of the source's target is at hand: "
@@ -284,11 +296,15 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
         reason = FILLED_REASONS[name] if name in ckpt.filled else SKIP_REASONS.get(name)
         if name == formats.EMBED and drafter.config.own_embedding:
             have, want = tuple(tensor.shape), shapes[name]
-            if tokens is not None and have[1:] == want[1:]:
-                has = (tokens >= 0) & (tokens < have[0])
-                params[name][has] = tensor[tokens[has]].to(params[name].dtype)
+            by = tokens
+            if by is None and tokens_from is not None and have != want:  # the same tokenizer over another row count
+                by = torch.arange(want[0])  # ids name the same tokens
+            if by is not None and have[1:] == want[1:]:
+                has = (by >= 0) & (by < have[0])
+                params[name][has] = tensor[by[has]].to(params[name].dtype)
+                how = "by token string" if tokens is not None else "by id (the same tokenizer)"
                 report.loaded.append({"tensor": name, "reason": f"rows of the {int(has.sum())} tokens the source's "
-                                      "vocabulary has, by token string; the others start fresh"})
+                                      f"vocabulary has, {how}; the others start fresh"})
                 continue
             reason = None if have == want else f"shape {have}, this drafter's own embedding is {want}: it starts fresh"
         if reason is not None:

@@ -110,6 +110,13 @@ void Channel::leave() {
 
 void Channel::connect() {
   barrier("init");
+  // A rank arriving last passes the barrier without waiting, so it would not see that a peer
+  // already gave up on this init (and may have left): it would join a group that is gone.
+  Header* h = seg_.header();
+  if (const int32_t aborted = __atomic_load_n(&h->abort_rank, __ATOMIC_ACQUIRE); aborted > 0) {
+    broken_ = "rank " + std::to_string(aborted - 1) + " gave up: " + h->abort_msg;
+    throw CommError(broken_ + " (rank " + std::to_string(rank_) + " arrived after it)");
+  }
   connected_ = true;
   if (rank_ == 0) seg_.unlink();  // every rank has it mapped: a killed run now leaks nothing
 }

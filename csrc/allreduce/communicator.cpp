@@ -77,7 +77,7 @@ class Communicator {
       cleanup_stale();
       seg = Segment::create(name, world_size, (uint64_t)max_bytes, (uint32_t)blocks, backend_);
     } else {
-      seg = Segment::attach(name, world_size, timeout_s);
+      seg = Segment::attach(name, world_size, rank, timeout_s);
       const Header* h = seg.header();
       if (h->backend != backend_ || h->max_bytes != Layout::make((uint64_t)max_bytes, blocks, backend_ != kCpu).max_bytes ||
           h->blocks != (uint32_t)blocks)

@@ -169,7 +169,7 @@ Segment Segment::create(const std::string& name, int world_size, uint64_t max_by
   return s;
 }
 
-Segment Segment::attach(const std::string& name, int world_size, double timeout_s) {
+Segment Segment::attach(const std::string& name, int world_size, int rank, double timeout_s) {
   const double deadline = now_s() + timeout_s;
   std::string waiting_for = "to appear";
   while (true) {
@@ -184,9 +184,20 @@ Segment Segment::attach(const std::string& name, int world_size, double timeout_
         bool creator_alive = ready && pid_alive(h->creator_pid);
         uint32_t ws = h->world_size, version = h->version;
         uint64_t total = h->total_bytes;
+        // Only our rank writes its barrier count: set, an earlier communicator of ours already
+        // joined this segment (a live other pid in the seat is a second process of our rank,
+        // which the Channel refuses by name).
+        bool seat_used = false;
+        if (ready && version == kVersion && rank < kMaxRanks &&
+            __atomic_load_n(&h->control[rank].barrier, __ATOMIC_ACQUIRE) != 0) {
+          const int32_t pid = __atomic_load_n(&h->pids[rank], __ATOMIC_ACQUIRE);
+          seat_used = pid == 0 || pid == (int32_t)getpid() || !pid_alive(pid);
+        }
         munmap(hp, kHeaderBytes);
         if (ready && !creator_alive) waiting_for = "to be recreated (its creator is dead)";
-        if (ready && creator_alive) {
+        if (seat_used)
+          waiting_for = "to be recreated (rank " + std::to_string(rank) + " already joined the one there)";
+        if (ready && creator_alive && !seat_used) {
           if (version != kVersion) {  // another drafter_lab's layout (the LL area came with version 2)
             close(fd);
             throw CommError("shared-memory segment " + name + " has layout version " + std::to_string(version) +

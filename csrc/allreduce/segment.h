@@ -40,7 +40,9 @@ class Segment {
   static Segment create(const std::string& name, int world_size, uint64_t max_bytes, uint32_t blocks,
                         uint32_t backend);
   // Other ranks: waits up to `timeout_s` for `name` to exist with a live creator, then maps it.
-  static Segment attach(const std::string& name, int world_size, double timeout_s);
+  // A segment where `rank` already joined the init barrier is an earlier group's that rank 0 has
+  // not unlinked yet (the name reused at once): it waits for rank 0's fresh one instead.
+  static Segment attach(const std::string& name, int world_size, int rank, double timeout_s);
 
   Segment() = default;
   Segment(Segment&& o) noexcept { *this = static_cast<Segment&&>(o); }

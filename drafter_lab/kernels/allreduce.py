@@ -112,10 +112,16 @@ class Communicator:
                 self._impl.connect()
             else:
                 self._rendezvous(native, rank, world_size, name or "default", max_bytes, blocks, timeout_s, backend)
-        except native.CommError as e:
-            raise AllReduceError(f"rank {rank}: {e}") from None
-        except ValueError as e:
-            raise AllReduceInputError(str(e)) from None
+        except BaseException as e:
+            # The raised error's traceback holds self: unclosed, a failed init kept its segment
+            # named and mapped (a retry of the name read "in use", a late peer joined it).
+            if "_impl" in self.__dict__:
+                self._impl.close()
+            if isinstance(e, native.CommError):
+                raise AllReduceError(f"rank {rank}: {e}") from None
+            if isinstance(e, ValueError):
+                raise AllReduceInputError(str(e)) from None
+            raise
         if one_shot_max_bytes is None:
             one_shot_max_bytes, tuned_ll = self._autotune(ll=backend != "cpu" and ll_max_bytes is None)
             ll_max_bytes = tuned_ll if ll_max_bytes is None else ll_max_bytes
@@ -254,11 +260,11 @@ class Communicator:
 
     @property
     def rank(self) -> int:
-        return self._impl.rank
+        return self._call(getattr, self._impl, "rank")
 
     @property
     def world_size(self) -> int:
-        return self._impl.world_size
+        return self._call(getattr, self._impl, "world_size")
 
     @property
     def backend(self) -> str:
@@ -272,7 +278,7 @@ class Communicator:
     @property
     def capacity(self) -> int:
         """Bytes one call carries; larger tensors run as several calls."""
-        return self._impl.capacity
+        return self._call(getattr, self._impl, "capacity")
 
     @property
     def one_shot_max_bytes(self) -> int:

@@ -173,8 +173,13 @@ def check_resumable(out: Path, existing: Manifest, now: dict) -> None:
             )
 
 
+SHARD_FILE = re.compile(rf"({'|'.join(SPLITS)})-\d{{5,}}\.safetensors")
+"""The name of a shard (shards.shard_name)."""
+
+
 def check_out_dir(out: Path) -> None:
-    """An existing --out without a manifest may only hold what an earlier run of ours left."""
+    """An existing --out without a manifest may only hold what an earlier run of ours left: a run
+    killed before its first manifest leaves a regeneration, temps, and perhaps its first shard."""
     if out.exists() and not out.is_dir():
         raise LabError("output path exists and is not a directory", out)
     atomic.refuse_below_file(out)
@@ -183,7 +188,7 @@ def check_out_dir(out: Path) -> None:
     foreign = [
         p.name
         for p in out.iterdir()
-        if not (p.name.startswith("regenerated-") or p.name.startswith("."))
+        if not (p.name.startswith("regenerated-") or p.name.startswith(".") or SHARD_FILE.fullmatch(p.name))
     ]
     if foreign:
         raise LabError(f"output directory holds other files ({', '.join(sorted(foreign)[:3])}) and no manifest", out)
@@ -475,6 +480,8 @@ def write_planned(out: Path, manifest: Manifest, existing: Manifest | None, plan
                        out / MANIFEST)
     if existing is not None:
         manifest.shards = _kept(out, existing, plan, holds, main)
+        if main and manifest.shards != existing.shards:  # else a run killed once a dropped shard landed again
+            manifest.save(out)  # would resume keeping its old row (sha256, loss_tokens)
     done = {r["file"] for rows in manifest.shards.values() for r in rows}
     todo = [(s, k, chunk) for s in SPLITS for k, chunk in enumerate(plan[s]) if shard_name(s, k) not in done]
     if main:

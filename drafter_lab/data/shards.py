@@ -264,23 +264,30 @@ class ShardReader:
 
     def index(self, path: Path, hidden_size: int) -> list[SequenceRef]:
         """The sequences of one shard, from its offsets and header only; a shard whose tensors are
-        missing or of another width than the manifest says is a LabError naming it."""
+        missing, of another width than the manifest says, or not spanned by its offsets is a
+        LabError naming it."""
         f = self.handle(path)
         try:
             keys = set(f.keys())
             if missing := sorted(set(KEYS) - keys):
                 raise LabError(f"feature shard lacks {missing}", path)
-            widths = {k: f.get_slice(k).get_shape() for k in HIDDEN_KEYS}
+            shapes = {k: f.get_slice(k).get_shape() for k in KEYS}
             offsets = f.get_tensor("offsets").tolist()
             seq_ids = json.loads((f.metadata() or {}).get("seq_ids", "[]"))
         except LabError:
             raise
         except Exception as e:
             raise _corrupt(e, path) from None
-        want = {"aux_hidden": 3 * hidden_size, "final_hidden": hidden_size}
-        for k, shape in widths.items():
-            if len(shape) != 2 or shape[1] != want[k] or shape[0] != offsets[-1]:
-                raise LabError(f"{k} is {shape}; the manifest says {offsets[-1]} tokens of width {want[k]}", path)
+        if len(shapes["offsets"]) != 1 or not offsets or offsets[0] != 0 or any(a > b for a, b in zip(offsets, offsets[1:])):
+            raise LabError("corrupt feature shard: its offsets do not run up from 0", path)
+        if not isinstance(seq_ids, list):
+            raise LabError("corrupt feature shard: its seq_ids are not a list", path)
+        tokens = offsets[-1]
+        want = {"input_ids": [tokens], "loss_mask": [tokens], "aux_hidden": [tokens, 3 * hidden_size],
+                "final_hidden": [tokens, hidden_size]}
+        for k, shape in want.items():
+            if list(shapes[k]) != shape:
+                raise LabError(f"{k} is {list(shapes[k])}; its offsets and the manifest's hidden size say {shape}", path)
         return [SequenceRef(path, a, b, seq_ids[i] if i < len(seq_ids) else str(i))
                 for i, (a, b) in enumerate(zip(offsets, offsets[1:]))]
 
@@ -289,7 +296,10 @@ class ShardReader:
         handle of its own: the shard is unmapped when the scan is done."""
         f = _open(path)
         for key in HIDDEN_KEYS:
-            tokens, width = f.get_slice(key).get_shape()
+            try:
+                tokens, width = f.get_slice(key).get_shape()
+            except Exception as e:  # no such tensor, or not rows of states
+                raise _corrupt(e, path) from None
             step = max(1, chunk_bytes // (4 * width))
             for a in range(0, tokens, step):
                 if not torch.isfinite(self.rows(path, key, a, a + step, f)).all():
@@ -337,7 +347,16 @@ class FeatureSet:
 
     def index(self, split: str) -> list[SequenceRef]:
         """Every sequence of `split`, located but not read (shard headers and offsets only)."""
-        return [ref for r in self.shards(split) for ref in self.reader.index(self.dir / r["file"], self.hidden_size)]
+        refs = []
+        for row in self.shards(split):
+            path = self.dir / row["file"]
+            got = self.reader.index(path, self.hidden_size)
+            tokens = got[-1].end if got else 0
+            if (len(got), tokens) != (row["sequences"], row["tokens"]):  # a shard of another capture, say
+                raise LabError(f"holds {len(got)} sequences of {tokens} tokens; the manifest lists {row['sequences']} "
+                               f"of {row['tokens']}", path)
+            refs += got
+        return refs
 
     def require(self, split: str) -> list[SequenceRef]:
         """`index(split)`, refused when the manifest counts no loss token in it."""

@@ -85,6 +85,18 @@ __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
 __device__ __forceinline__ void st_volatile8(uint64_t* p, uint64_t v) {
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ void st_volatile16(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ld_volatile16(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -226,8 +238,29 @@ __device__ void publish(const Params& p, uint32_t gen, int phase) {
   if (threadIdx.x == 0) post_flag<kPush>(p, gen, phase, true);
 }
 
+// Stamps every LL packet this CTA may send in `gen`'s buffer, where its readers poll them (as
+// ll_send writes them), with `stamp` in both halves. Packets match a generation exactly, so one that
+// a run of smaller calls left unwritten would read as fresh once the counter came round to its
+// generation again, 2^32 calls later.
+template <bool kPush>
+__device__ void stamp_packets(const Params& p, uint32_t gen, uint32_t stamp) {
+  const uint64_t off = blockIdx.x * p.layout.block_stride(), packets = p.layout.block_stride() / 16;
+  const uint4 packet = make_uint4(0, stamp, 0, stamp);
+  auto fill = [&](char* base) {
+    uint4* dst = reinterpret_cast<uint4*>(p.layout.ll(base, p.rank, gen) + off);
+    for (uint64_t i = threadIdx.x; i < packets; i += blockDim.x) st_volatile16(dst + i, packet);
+  };
+  if (kPush) {
+    for (int q = 0; q < p.world; ++q)
+      if (q != p.rank) fill(p.peer[q]);
+  } else if (p.world > 1) {
+    fill(p.slots);
+  }
+}
+
 // This CTA's generation for the call (shared by its threads), with its failure flag cleared; its
-// flag lines of the call's buffer stamped with gen - 2 when a refresh is due (layout.h).
+// flag lines and LL packets of the call's buffer stamped with gen - 2 when a refresh is due
+// (layout.h), before anything of the call is written there.
 template <bool kPush>
 __device__ uint32_t begin_call(const Params& p, uint32_t* s_gen, int* s_fail) {
   if (threadIdx.x == 0) {
@@ -240,7 +273,13 @@ __device__ uint32_t begin_call(const Params& p, uint32_t* s_gen, int* s_fail) {
     *s_fail = 0;
   }
   __syncthreads();
-  return *s_gen;
+  const uint32_t gen = *s_gen;
+  if (p.layout.with_ll && refresh_due(gen)) {
+    stamp_packets<kPush>(p, gen, gen - 2);
+    __threadfence_system();  // the call's own packets, from any thread, land after the stamps
+    __syncthreads();
+  }
+  return gen;
 }
 
 template <bool kPush>
@@ -482,18 +521,6 @@ __global__ void __launch_bounds__(kThreads) allreduce_kernel(Params p) {
 // trip: one write and one read over the link per packet, at the price of sending twice the bytes.
 // The flag line is still posted (relaxed, with no fence before it): it confirms the call's
 // signature, and tells a reader stuck on a packet a peer in another call from a late one.
-__device__ __forceinline__ void st_volatile16(uint4* p, uint4 v) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-__device__ __forceinline__ uint4 ld_volatile16(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
 
 // The 8 data bytes of packet i: elements [i * E, (i + 1) * E) of n, zero past the end.
 template <typename T>

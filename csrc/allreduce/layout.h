@@ -142,7 +142,8 @@ DL_HD uint64_t flag_word(uint32_t gen, uint32_t sig) { return ((uint64_t)sig << 
 // one-shot, high blocks while every call is small) would lag that far after 2^31 calls (days of
 // serving) and then read as a peer ahead. So once per kRefreshPeriod generations, before writing
 // anything for the call, a writer stamps all its lines of the call's buffer with gen - 2: the last
-// call that buffer served, which every peer has finished reading.
+// call that buffer served, which every peer has finished reading. Its LL packets too: they match a
+// generation exactly, so one left unwritten would read as fresh 2^32 calls later.
 constexpr uint32_t kRefreshPeriod = 1u << 30;
 DL_HD bool refresh_due(uint32_t gen) { return (gen & (kRefreshPeriod - 1)) < 2; }
 

@@ -150,6 +150,53 @@ def test_cuda_generations_wrap_around(backend):
         c.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_ll_packets_do_not_alias_2_to_the_32_calls_later(backend):
+    """An LL packet left by a large call, under a run of smaller calls, would match its generation
+    again 2^32 calls later and be summed before the peer's fresh one lands; the refresh every 2^30
+    calls (layout.h) stamps it stale. The counters jump (2^30, then 2^31 on, keeping every peer
+    behind) and the peer's call of the alias waits behind a sleep, so a stale packet is read first."""
+    from drafter_lab.kernels.allreduce import sum_native
+
+    comms = _group(2, backend)
+    gen = torch.Generator().manual_seed(secrets.randbits(31))
+    ll_cap = comms[0].ll_capacity
+    numel = ll_cap // 4
+
+    def call(data, ll: bool, sleep_rank1: bool = False):
+        for c in comms:
+            c.ll_max_bytes, c.one_shot_max_bytes = (ll_cap if ll else 0), c.capacity
+        ins = [d.to(c.device) for d, c in zip(data, comms)]
+
+        def rank1():
+            if sleep_rank1:
+                torch.cuda._sleep(100_000_000)  # ~50 ms: rank 0 polls rank 1's packets meanwhile
+            comms[1].all_reduce(ins[1])
+        _on_streams(comms, [partial(comms[0].all_reduce, ins[0]), rank1])
+        return [x.cpu() for x in ins]
+
+    def jump(next_gen: int):
+        for c in comms:
+            c._impl._set_generation((next_gen - 1) % 2**32)
+
+    g0 = 2**30 - 100
+    jump(g0)
+    call([torch.randn(numel, generator=gen) for _ in comms], ll=True)  # the packets that could alias
+    jump(2**30)  # the refresh of both buffers, by small calls that write no packet there
+    for _ in range(2):
+        call([torch.randn(7, generator=gen) for _ in comms], ll=False)
+    jump(g0 + 2**31 + 10)  # half way: each peer's flag lines stay behind the caller's generation
+    for _ in range(2):
+        call([torch.randn(7, generator=gen) for _ in comms], ll=False)
+    jump(g0 + 2**32)
+    fresh = [torch.randn(numel, generator=gen) for _ in comms]
+    got = call(fresh, ll=True, sleep_rank1=True)
+    for r in range(2):
+        assert torch.equal(got[r], sum_native(fresh)), f"{backend} rank {r}: a stale packet was summed"
+    for c in comms:
+        c.close()
+
+
 def _check_fused(comms, gen, dtype, rows, hidden, what):
     from drafter_lab.kernels.allreduce import residual_rmsnorm_native
 

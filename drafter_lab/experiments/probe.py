@@ -31,13 +31,14 @@ import torch
 
 from drafter_lab.data.shards import FeatureSet, Sequence
 from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
-from drafter_lab.drafter.checkpoint import load_drafter
+from drafter_lab.drafter.checkpoint import load_drafter, read_config
 from drafter_lab.drafter.transfer import source_tokens
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
 from drafter_lab.experiments.pilot import closing, lead_text, pilot_config, run_pilot
+from drafter_lab.spec.pairing import check_config
 from drafter_lab.targets.drift import linear_cka
-from drafter_lab.targets.hf import Target, load_target, load_target_head
+from drafter_lab.targets.hf import Target, check_aux_layer_ids, load_target, load_target_head
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.metrics import evaluate
 from drafter_lab.train.sources import HeldOutFeatures
@@ -73,6 +74,16 @@ def aux_cka(src: list[Sequence], new: list[Sequence], n_aux: int, tokens: int, s
     return [linear_cka(a[idx, i * wa:(i + 1) * wa], b[idx, i * wb:(i + 1) * wb]) for i in range(n_aux)]
 
 
+def _cka_text(x: float, line: float) -> str:
+    """`x` to 3 decimals, or to as many as keep it on its side of `line`: 0.79996 under a 0.8 line
+    reads "0.79996", not "0.800 (< 0.8)"."""
+    for digits in range(3, 17):
+        text = f"{x:.{digits}f}"
+        if (float(text) >= line) == (x >= line):
+            return text
+    return repr(x)
+
+
 def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float] | None,
            th: ProbeThresholds, pilot: dict | None = None) -> tuple[str, str]:
     if home_accept is not None and home_accept > 0 and zero_shot_accept >= th.reuse_fraction * home_accept:
@@ -98,23 +109,31 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
     if not all(map(math.isfinite, ckas)):  # min() over a nan depends on where it sits
         return VERDICTS[2], (f"aux layer CKA is undefined ({', '.join(f'{c:.3f}' for c in ckas)}: features without "
                              "variance), so no basis to expect transfer to pay")
+    low = _cka_text(min(ckas), th.transfer_min_cka)
     if min(ckas) >= th.transfer_min_cka:
         return VERDICTS[1], (
-            f"aux layers stay aligned (min CKA {min(ckas):.3f} >= {th.transfer_min_cka}); "
+            f"aux layers stay aligned (min CKA {low} >= {th.transfer_min_cka}); "
             "the midlayer's inputs barely moved, so its weights are a head start once lm_head is re-indexed"
         )
     return VERDICTS[2], (
-        f"aux layer CKA drops to {min(ckas):.3f} (< {th.transfer_min_cka}): fc and midlayer were fit to "
+        f"aux layer CKA drops to {low} (< {th.transfer_min_cka}): fc and midlayer were fit to "
         "representations that moved; expect negative transfer as in the seeds (38% vs 74.7%)"
     )
 
 
-def _at_home(drafter_dir, source_target_dir, val: list[Sequence], cfg: ProbeConfig, device) -> tuple[dict, list[float]]:
+def _at_home(drafter_dir, source_target_dir, val: list[Sequence], aux_ids: list[int], cfg: ProbeConfig,
+             device) -> tuple[dict, list[float]]:
     """The drafter on its own (source) target, over the new target's tokens, and the aux CKA
-    between the two targets. The whole source model is loaded here and released on return."""
+    between the two targets at `aux_ids` (the features'; a drafter may not record its own). The whole
+    source model is loaded here and released on return."""
     source = load_target(source_target_dir, device=device, tokenizer=False)
+    try:  # the wrong --source-target would fail deep in a forward pass (another width, too few layers)
+        check_config(read_config(drafter_dir)[0], source, None)
+        check_aux_layer_ids(aux_ids, source.num_layers, None)
+    except LabError as e:
+        raise LabError(f"{e} (--source-target {source_target_dir})", drafter_dir) from None
     drafter = load_drafter(drafter_dir, target=source, device=device)  # at home it embeds with its own target's
-    src = _source_features(source, val, list(drafter.config.aux_layer_ids))
+    src = _source_features(source, val, aux_ids)
     home = evaluate(drafter, source.lm_head_weight(), src, cfg.ttt_steps, cfg.batch_size)
     return home, aux_cka(src, val, 3, cfg.cka_tokens)
 
@@ -131,11 +150,15 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     target = load_target_head(target_dir, device=device)  # features are given: no layer runs
     features = FeatureSet(data_dir)
     features.check_target(target)
+    if val_data is not None and cfg.pilot_steps > 0 and Path(val_data).resolve() == Path(data_dir).resolve():
+        # the pilot's arms refuse it (they train on it), but only after the signals' minutes
+        raise LabError("--val-data is the --data path: the pilot would validate on what it trains on", val_data)
     if val_data is not None:
         held = HeldOutFeatures(Path(val_data), target, Path(target_dir), features.manifest.aux_layer_ids)
         val = held.features.read(held.items[: cfg.max_sequences])
     else:
         val = features.read(features.require("val")[: cfg.max_sequences])
+    check_config(read_config(drafter_dir)[0], target, drafter_dir)  # else a traceback from fc's matmul
     drafter = load_drafter(drafter_dir, target=target, device=device)
     aux, captured = list(drafter.config.aux_layer_ids), list(features.manifest.aux_layer_ids)
     if aux and aux != captured:  # its fc would read other layers than it was trained on, and CKA pair them
@@ -153,7 +176,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
 
     home, ckas = None, None
     if source_target_dir is not None:
-        home, ckas = _at_home(drafter_dir, source_target_dir, val, cfg, device)
+        home, ckas = _at_home(drafter_dir, source_target_dir, val, captured, cfg, device)
 
     pilot = None
     if cfg.pilot_steps > 0:

@@ -1,0 +1,97 @@
+"""Probe review: bad pairings are one line, a drafter without recorded aux layers is probed at home,
+--val-data naming --data is refused before the signals, a CKA prints on the side of its line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from drafter_lab.data.capture import prepare_features
+from drafter_lab.errors import LabError
+from drafter_lab.experiments import probe as probe_mod
+from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, decide, probe
+from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.loop import train
+
+RECIPE = TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
+                     log_every=2, threads=1)
+QUICK = ProbeConfig(max_sequences=4, pilot_steps=0, cka_tokens=64, ttt_steps=2)
+
+
+@pytest.fixture(scope="module")
+def source(random_llama, features, tmp_path_factory):
+    out = tmp_path_factory.mktemp("review-source") / "source"
+    train(RECIPE, random_llama, features, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def wide_source(wide_llama, features, tmp_path_factory):
+    """A drafter of a target 256 wide (the random Llama is 64): its fc takes 3 x 256."""
+    root = tmp_path_factory.mktemp("wide-source")
+    prepare_features(wide_llama, features.parent / "convs.jsonl", root / "features", max_length=64,
+                     val_fraction=0.25, batch_size=12)
+    train(RECIPE, wide_llama, root / "features", root / "source")
+    return root / "source"
+
+
+def _shallow(random_llama, out):
+    """The random Llama's tokenizer on a 4-layer model: aux layers 4 and 5 are past its end."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(random_llama))
+    cfg.num_hidden_layers = 4
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    for f in random_llama.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_a_drafter_of_another_targets_width_is_one_line(wide_source, random_llama, features):
+    """Its fc would meet the features in a matmul: a traceback, not the probe's answer."""
+    with pytest.raises(LabError, match=r"hidden size does not fit the target: fc takes 3 x 256, the target's "
+                                       r"hidden states are 64 wide") as e:
+        probe(wide_source, random_llama, features, cfg=QUICK)
+    assert str(wide_source) in str(e.value)
+
+
+def test_a_source_target_of_another_width_is_one_line(source, features, random_llama, wide_llama):
+    """The home run would fail in a forward pass (fc), as it would with too few layers (below)."""
+    with pytest.raises(LabError, match=r"hidden size does not fit.*\(--source-target .*\)$"):
+        probe(source, random_llama, features, wide_llama, cfg=QUICK)
+
+
+def test_a_source_target_too_shallow_for_the_aux_layers_is_one_line(source, features, random_llama, tmp_path):
+    shallow = _shallow(random_llama, tmp_path / "shallow")
+    with pytest.raises(LabError, match=r"aux layer id\(s\) \[4, 5\] out of range.*\(--source-target .*\)$"):
+        probe(source, random_llama, features, shallow, cfg=QUICK)
+
+
+def test_a_drafter_without_recorded_aux_layers_is_measured_at_home(source, features, random_llama, tmp_path):
+    """EAGLE releases may not record them (the features' are the ones it is probed on): the home run
+    takes the features' aux layers, not an empty list."""
+    bare = tmp_path / "bare"
+    shutil.copytree(source, bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+    cfg.get("eagle_config", {}).pop("eagle_aux_hidden_state_layer_ids", None)
+    (bare / "config.json").write_text(json.dumps(cfg))
+    out = probe(bare, random_llama, features, random_llama, cfg=QUICK)
+    ref = probe(source, random_llama, features, random_llama, cfg=QUICK)
+    assert out["aux_cka"] == ref["aux_cka"] and out["home"] == ref["home"]
+
+
+def test_val_data_naming_the_data_is_refused_before_any_signal(source, features, random_llama, monkeypatch):
+    """The pilot's arms refuse it, but only after the zero-shot, home and CKA minutes."""
+    monkeypatch.setattr(probe_mod, "evaluate", lambda *a, **k: pytest.fail("a signal was measured"))
+    with pytest.raises(LabError, match="--val-data is the --data path"):
+        probe(source, random_llama, features, cfg=ProbeConfig(max_sequences=4, pilot_steps=4), val_data=features)
+
+
+def test_a_cka_just_under_the_line_does_not_read_as_on_it():
+    verdict, reason = decide(1.0, 2.0, [0.9, 0.79996, 0.9], ProbeThresholds())
+    assert verdict == "train from scratch" and "drops to 0.79996 (< 0.8)" in reason
+    assert "min CKA 0.812 >= 0.8" in decide(1.0, 2.0, [0.9, 0.81234, 0.9], ProbeThresholds())[1]

@@ -24,7 +24,7 @@ Verdict (thresholds in `ProbeThresholds`, justified by the drift sweep in the RE
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ from drafter_lab.drafter.transfer import source_tokens
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
 from drafter_lab.experiments.pilot import closing, lead_text, pilot_config, run_pilot
+from drafter_lab.progress import log
 from drafter_lab.spec.pairing import check_config
 from drafter_lab.targets.drift import linear_cka
 from drafter_lab.targets.hf import Target, check_aux_layer_ids, load_target, load_target_head
@@ -121,11 +122,22 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
     )
 
 
-def _at_home(drafter_dir, source_target_dir, val: list[Sequence], aux_ids: list[int], cfg: ProbeConfig,
-             device) -> tuple[dict, list[float]]:
-    """The drafter on its own (source) target, over the new target's tokens, and the aux CKA
-    between the two targets at `aux_ids` (the features'; a drafter may not record its own). The whole
-    source model is loaded here and released on return."""
+def _in_source_tokens(val: list[Sequence], tokens: torch.Tensor | None) -> tuple[list[Sequence], list[Sequence]]:
+    """The sequences the source target can read as the new one does, (theirs, ours): all of them where
+    the tokenizers agree (`tokens` None), else those whose every token the source's vocabulary has,
+    their ids mapped token by token (transfer.token_map), so both read the same text at the same
+    positions; fed unmapped, the source would read other text."""
+    if tokens is None:
+        return val, val
+    kept = [s for s in val if bool((tokens[s.input_ids] >= 0).all())]
+    return [replace(s, input_ids=tokens[s.input_ids]) for s in kept], kept
+
+
+def _at_home(drafter_dir, source_target_dir, theirs: list[Sequence], ours: list[Sequence], aux_ids: list[int],
+             cfg: ProbeConfig, device) -> tuple[dict, list[float]]:
+    """The drafter on its own (source) target over `theirs`, and the aux CKA between the two targets
+    at `aux_ids` (the features'; a drafter may not record its own) over `theirs` and `ours`
+    (`_in_source_tokens`). The whole source model is loaded here and released on return."""
     source = load_target(source_target_dir, device=device, tokenizer=False)
     try:  # the wrong --source-target would fail deep in a forward pass (another width, too few layers)
         check_config(read_config(drafter_dir)[0], source, None)
@@ -133,9 +145,9 @@ def _at_home(drafter_dir, source_target_dir, val: list[Sequence], aux_ids: list[
     except LabError as e:
         raise LabError(f"{e} (--source-target {source_target_dir})", drafter_dir) from None
     drafter = load_drafter(drafter_dir, target=source, device=device)  # at home it embeds with its own target's
-    src = _source_features(source, val, aux_ids)
+    src = _source_features(source, theirs, aux_ids)
     home = evaluate(drafter, source.lm_head_weight(), src, cfg.ttt_steps, cfg.batch_size)
-    return home, aux_cka(src, val, 3, cfg.cka_tokens)
+    return home, aux_cka(src, ours, 3, cfg.cka_tokens)
 
 
 def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: ProbeConfig | None = None,
@@ -174,9 +186,15 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     vocab = {**compare_vocabs(vocab_of_drafter(drafter), new_vocab, b_to_a=tokens),
              "by": "id" if tokens is None else "token", "source_tokenizer": tokens_from}
 
-    home, ckas = None, None
+    home, ckas, at_home = None, None, None
     if source_target_dir is not None:
-        home, ckas = _at_home(drafter_dir, source_target_dir, val, captured, cfg, device)
+        theirs, ours = _in_source_tokens(val, tokens)
+        at_home = len(theirs)
+        if at_home < len(val):
+            log(f"probe: {at_home} of the {len(val)} held-out sequences are written wholly in tokens the source "
+                "target's vocabulary has: home accept and aux CKA over those" + ("" if at_home else " (none)"))
+        if theirs:
+            home, ckas = _at_home(drafter_dir, source_target_dir, theirs, ours, captured, cfg, device)
 
     pilot = None
     if cfg.pilot_steps > 0:
@@ -192,6 +210,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
         "target": target.describe(),
         "source_target": str(source_target_dir) if source_target_dir else None,
         "held_out_sequences": len(val),
+        "home_sequences": at_home,
         "val_data": None if val_data is None else str(val_data),
         "zero_shot": zero,
         "home": home,

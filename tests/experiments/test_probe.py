@@ -257,3 +257,24 @@ def test_the_vocabs_are_compared_by_token_where_the_targets_tokenizers_differ(so
     assert v["shared_tokens"] != compare_vocabs(vocab_of_drafter(drafter), new_vocab)["shared_tokens"]  # by id
     same = probe(src, random_llama, own_features, random_llama, cfg=cfg)["vocab"]
     assert same["by"] == "id" and same["source_tokenizer"] == "--source-target"
+
+
+def test_at_home_the_source_target_reads_the_same_text_where_the_tokenizers_differ(source, next_version,
+                                                                                   random_llama, monkeypatch):
+    """Fed the new target's ids, the source target would read other text: the home run and CKA take the
+    held-out sequences the source's vocabulary spells wholly, their ids mapped token by token."""
+    from drafter_lab.experiments import probe as probe_mod
+
+    src, _ = source
+    new, feats = next_version
+    fed = []
+    real = probe_mod._source_features
+    monkeypatch.setattr(probe_mod, "_source_features", lambda t, seqs, ids: fed.extend(seqs) or real(t, seqs, ids))
+    result = probe(src, new, feats, random_llama, cfg=ProbeConfig(max_sequences=8, pilot_steps=0, cka_tokens=32))
+    ours = {s.seq_id: s for s in FeatureSet(feats).read(FeatureSet(feats).require("val")[:8])}
+    old_tok, new_tok = load_tokenizer(random_llama), load_tokenizer(new)
+    assert fed
+    for s in fed:
+        assert old_tok.decode(s.input_ids) == new_tok.decode(ours[s.seq_id].input_ids)
+        assert not torch.equal(s.input_ids, ours[s.seq_id].input_ids)
+    assert result["home_sequences"] == len(fed) < len(ours) and result["home"] is not None

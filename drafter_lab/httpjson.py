@@ -31,6 +31,12 @@ def server_url(text: str) -> str:
     return text
 
 
+def _one_line(text: str) -> str:
+    """A server's message, for a one-line error: every run of whitespace (an nginx page's CRLFs too,
+    whose CRs would otherwise overwrite the line on a terminal) one space, and at most 200 characters."""
+    return " ".join(text.split())[:200]
+
+
 def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: bool = False,
           sent: list[float] | None = None):
     """The open response (to be closed by the caller), once the server answered 2xx; `whole`: its body,
@@ -47,7 +53,10 @@ def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: b
             with r:
                 return r.read()
         except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace").strip().replace("\n", " ")[:200]
+            try:
+                detail = _one_line(e.read().decode(errors="replace"))
+            except (http.client.HTTPException, OSError):  # its body cut short or stalled: the status still stands
+                detail = "(its body broke off)"
             if e.code < 500 or attempt == retries:
                 raise LabError(f"server answered HTTP {e.code}: {detail}", url) from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
@@ -96,7 +105,7 @@ def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int 
                                    url) from None
                 if isinstance(event, dict) and (event.get("error") or event.get("object") == "error"):
                     detail = event.get("error") or event.get("message")
-                    raise LabError(f"server reported an error mid-stream: {str(detail)[:200]}", url)
+                    raise LabError(f"server reported an error mid-stream: {_one_line(str(detail))}", url)
                 events += 1
                 yield time.perf_counter(), event
         except (http.client.HTTPException, ConnectionError, TimeoutError) as e:

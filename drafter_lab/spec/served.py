@@ -188,6 +188,7 @@ class SGLang:
         return acceptance([a.meta for a in answers], self.url + "/generate")
 
 
+_NO_VERIFY = "every answer ended at its first token (from prefill), so no verify step ran: raise --max-new-tokens"
 _SAMPLE = re.compile(r'^([A-Za-z_:][\w:]*)(?:\{([^}]*)\})?\s+(\S+)')
 _POSITION = re.compile(r'position="(\d+)"')
 _DRAFTS, _ACCEPTED, _PER_POS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total",
@@ -244,6 +245,8 @@ class VLLM:
     def acceptance(self, answers: list[Answer]) -> tuple[float, int, dict | None]:
         after, before = self._counters(), self.before
         drafts = round(after["drafts"] - before["drafts"])
+        if drafts <= 0 and all(a.tokens <= 1 for a in answers):
+            raise LabError(_NO_VERIFY, self.url + "/metrics")
         if drafts <= 0:
             raise LabError("the server counted no speculative drafts (no vllm:spec_decode_num_drafts_total "
                            "growth); launch it with --speculative-config", self.url + "/metrics")
@@ -337,6 +340,8 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
     """From SGLang meta_infos: (served accept length, verify steps, histogram {served length: verify
     steps} or None)."""
     if not any("spec_verify_ct" in m for m in metas):
+        if all(int(m.get("completion_tokens") or 0) <= 1 for m in metas):  # no fields to tell spec from not
+            raise LabError(_NO_VERIFY, endpoint)
         raise LabError("the server reports no speculative decoding (meta_info has no spec_verify_ct); launch "
                        "it with --speculative-algorithm EAGLE3 and a draft model", endpoint)
     # Recent SGLang writes the speculative fields only for a request that ran a verify step: one that

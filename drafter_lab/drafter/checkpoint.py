@@ -157,10 +157,11 @@ def read_checkpoint(path) -> Checkpoint:
     if ckpt.has_head and len(tensors[formats.HEAD]) != n:
         raise LabError(f"tensor {formats.HEAD!r} has {len(tensors[formats.HEAD])} rows, the config's "
                        f"draft_vocab_size is {n}", where[formats.HEAD])
-    if fmt == formats.SGLANG and ckpt.has_head and "draft_vocab_size" not in json.loads((path / CONFIG).read_text()):
-        # SGLang's LlamaForCausalLMEagle3 then loads its target's head over the file's; vLLM keeps the file's
-        log(f"{path / CONFIG}: no draft_vocab_size, so SGLang would serve this drafter with its target's lm_head, "
-            "not the file's (vLLM and the lab use the file's); `export --format sglang` writes it")
+    if fmt == formats.SGLANG and ckpt.has_head and json.loads((path / CONFIG).read_text()).get("draft_vocab_size") is None:
+        # SGLang's LlamaForCausalLMEagle3 then loads its target's head over the file's (or, reading the field as
+        # an attribute, stops when it is absent); vLLM keeps the file's
+        log(f"{path / CONFIG}: draft_vocab_size is absent or null, so SGLang would serve this drafter with its "
+            "target's lm_head, not the file's (vLLM and the lab use the file's); `export --format sglang` writes it")
     _fill_vocab(ckpt)
     return ckpt
 

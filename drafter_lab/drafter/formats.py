@@ -105,11 +105,11 @@ def sglang_config(cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> 
     """config.json that SGLang's LlamaForCausalLMEagle3 reads (see tests/drafter/test_sglang_compat.py).
 
     `head=False`: the file has no lm_head (the drafter shares its target's). SGLang loads the target's
-    head only when draft_vocab_size is absent; given one, it would keep an uninitialised head.
+    head only when draft_vocab_size is null (given one, it would keep an uninitialised head), and reads
+    the field as an attribute: a config without it stops SGLang with an AttributeError.
     """
     out = {"architectures": [SGLANG_ARCH], **_llama_fields(cfg, dtype)}
-    if head:
-        out["draft_vocab_size"] = cfg.draft_vocab_size
+    out["draft_vocab_size"] = cfg.draft_vocab_size if head else None
     if cfg.norm_before_residual:  # read by vLLM and by the lab; `export --format sglang` refuses it
         out["norm_before_residual"] = True
     if cfg.target_hidden_size != cfg.hidden_size:

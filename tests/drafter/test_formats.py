@@ -395,8 +395,10 @@ def test_a_head_without_draft_vocab_size_is_noted_as_sglang_would_replace_it(tmp
     read_checkpoint(_foreign(tmp_path, drafter, "sized", lambda k: k, config))
     assert lines == []
     bare = _foreign(tmp_path, drafter, "bare", lambda k: k, {k: v for k, v in config.items() if k != "draft_vocab_size"})
-    assert read_checkpoint(bare).has_head
-    assert len(lines) == 1 and "no draft_vocab_size, so SGLang would serve this drafter with its target's lm_head" in lines[0]
+    null = _foreign(tmp_path, drafter, "null", lambda k: k, {**config, "draft_vocab_size": None})
+    assert read_checkpoint(bare).has_head and read_checkpoint(null).has_head
+    want = "draft_vocab_size is absent or null, so SGLang would serve this drafter with its target's lm_head"
+    assert len(lines) == 2 and all(want in line for line in lines)
 
 
 def test_a_drafter_sharing_its_targets_head_and_vocab_loads_as_engines_serve_it(tmp_path):
@@ -420,13 +422,13 @@ def test_a_drafter_sharing_its_targets_head_and_vocab_loads_as_engines_serve_it(
     with pytest.raises(LabError, match="shares its target's lm_head, but the target's is 40 wide"):
         load_drafter(d, target=narrow)
 
-    # exported, it stays head-less: SGLang's config without draft_vocab_size, no lm_head in either layout
+    # exported, it stays head-less: SGLang's config with draft_vocab_size null, no lm_head in either layout
     for fmt in FORMATS:
         assert main(["export", "--drafter", str(d), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
         names = set(load_file(str(tmp_path / fmt / "model.safetensors")))
         assert not any("lm_head" in n for n in names) and {"d2t", "t2d"} <= names
         assert_same_state(load_drafter(tmp_path / fmt, target=target), back)
-    assert "draft_vocab_size" not in json.loads((tmp_path / "sglang/config.json").read_text())
+    assert json.loads((tmp_path / "sglang/config.json").read_text())["draft_vocab_size"] is None
 
 
 def test_a_missing_t2d_is_derived_and_a_missing_d2t_or_head_needs_the_whole_vocab(tmp_path, capsys):

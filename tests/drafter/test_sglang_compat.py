@@ -104,7 +104,7 @@ def check_export(tmp_path, cfg, head=True):
     if head:
         assert c["draft_vocab_size"] == cfg.draft_vocab_size  # not None: our lm_head, not the target's
     else:  # None: sglang loads the target's lm_head (load_lm_head_from_target), the one it has no file for
-        assert "draft_vocab_size" not in c and "lm_head.weight" not in tensors
+        assert c["draft_vocab_size"] is None and "lm_head.weight" not in tensors
         params.pop("lm_head.weight")
     assert not any(c.get(k) or (c.get("eagle_config") or {}).get(k) for k in NEUTRAL_SWITCHES)
     for key in ("rms_norm_eps", "rope_theta", "max_position_embeddings", "head_dim", "num_key_value_heads"):

@@ -55,7 +55,8 @@ def sglang_params(c: dict) -> dict[str, tuple]:
         layer + "mlp.gate_up_proj.weight": (2 * c["intermediate_size"], h),
         layer + "mlp.down_proj.weight": (h, c["intermediate_size"]),
         "model.norm.weight": (h,),
-        "lm_head.weight": (c.get("draft_vocab_size") or c["vocab_size"], h),
+        # read as an attribute (config.draft_vocab_size): a config without the field stops it; null is the target's
+        "lm_head.weight": (c["draft_vocab_size"] or c["vocab_size"], h),
     }
 
 

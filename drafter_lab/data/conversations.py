@@ -2,7 +2,8 @@
 
 Each line holds `conversations` (or `messages`): a list of turns written either as
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
-where `human` means user and `gpt` means assistant). An optional `id` names the conversation;
+where `human` means user and `gpt` means assistant, as do `chatgpt`, `bing` and `bard` in ShareGPT's
+own dump, which SpecForge's prepare_data.py maps so too). An optional `id` names the conversation;
 without one the id is a hash of its turns, so the train/val split stays stable across reruns.
 
 An assistant turn the target regenerated also keeps `token_ids`, the tokens it sampled, and
@@ -63,6 +64,9 @@ ROLES = {
     "human": "user",
     "assistant": "assistant",
     "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
     "model": "assistant",
     "system": "system",
     "developer": "developer",  # OpenAI's system turn for reasoning models; GPT-OSS's template reads it

@@ -80,10 +80,12 @@ def generate_texts(target, prompts: list[str], gen_config) -> list[tuple[str, li
     side = tok.padding_side
     tok.padding_side = "left"  # generated tokens must follow each prompt directly
     try:
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False, return_attention_mask=True)
     finally:
         tok.padding_side = side
-    enc = {k: v.to(target.device) for k, v in enc.items()}
+    # Not token_type_ids, which a tokenizer listing them (transformers 4's default for a plain fast
+    # tokenizer) returns, and which `generate` refuses for a causal LM.
+    enc = {k: enc[k].to(target.device) for k in ("input_ids", "attention_mask")}
     with torch.no_grad():
         out = target.model.generate(**enc, generation_config=gen_config)
     new = out[:, enc["input_ids"].shape[1]:].tolist()
@@ -150,6 +152,15 @@ def _set_rng_state(state: dict, device: torch.device, journal: Path) -> None:
         torch.cuda.set_rng_state(tensor("cuda"), device)
 
 
+def _prompt(tokenizer, conv: Conversation, i: int, template_kwargs: dict | None) -> str:
+    """The prompt of `conv`'s turn i; a chat template's refusal (roles that do not alternate, or an
+    answer with no turn before it) names the conversation, to be found among thousands."""
+    try:
+        return render(tokenizer, conv.messages[:i], True, template_kwargs, conv.tools)
+    except LabError as e:
+        raise LabError(f"conversation {conv.id}, turn {i + 1}: {e}") from None
+
+
 def regenerate(
     target,
     conversations: list[Conversation],
@@ -185,7 +196,7 @@ def regenerate(
         with maybe_progress("regenerate", sum(len(t) for t in turns), show_progress) as advance:
             for k in range(rounds):
                 jobs = [(c, t[k]) for c, t in zip(convs, turns) if len(t) > k]
-                prompts = [render(target.tokenizer, c.messages[:i], True, template_kwargs, c.tools) for c, i in jobs]
+                prompts = [_prompt(target.tokenizer, c, i, template_kwargs) for c, i in jobs]
                 # Similar lengths together: less padding. Stable sort keeps the batches deterministic.
                 order = sorted(range(len(jobs)), key=lambda j: len(prompts[j]))
                 for b in range(0, len(order), batch_size):

@@ -135,7 +135,10 @@ def _wire(messages: list[dict]) -> list[dict]:
 def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
     out = Conversation(id=conv.id, messages=copy.deepcopy(conv.messages), tools=conv.tools)
     for i in regenerated_turns(out):
-        turn, ids = ask(cfg, _wire(out.messages[:i]), out.tools, request_seed(cfg.seed, conv.id, i))
+        try:
+            turn, ids = ask(cfg, _wire(out.messages[:i]), out.tools, request_seed(cfg.seed, conv.id, i))
+        except LabError as e:  # a refusal of one conversation (too long for the context) names it
+            raise LabError(f"conversation {conv.id}, turn {i + 1}: {e}") from None
         sampled = {"token_ids": ids, "temperature": cfg.temperature} if ids is not None else {}
         out.messages[i] = {"role": "assistant", **turn, **sampled}  # nothing of the old answer stays
     return out

@@ -19,7 +19,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import ENCODED_HASH, CaptureConfig, as_recorded, without
-from drafter_lab.drafter.checkpoint import save_drafter
+from drafter_lab.drafter.checkpoint import CONFIG, WEIGHTS, save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.formats import rope_scaling_from_text
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -381,8 +381,10 @@ class _Run:
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def restore(self) -> None:
-        if self.d.main:  # a kill while best/ was written leaves its temp directory, a drafter's size
-            atomic.clear_stale_temps(self.out_dir / BEST_DIR)
+        if self.d.main:  # a killed write leaves its temp (a drafter's or a train state's size), and a run
+            # killed during its final save resumes finished, writing nothing that would clear them
+            for path in (*(self.out_dir / n for n in (BEST_DIR, WEIGHTS, CONFIG, RUN_FILE)), state.state_path(self.out_dir)):
+                atomic.clear_stale_temps(path)
         s = self.saved
         if s is None:
             self.metrics.truncate(0)  # a --resume that found no state: a killed first attempt's lines go

@@ -14,18 +14,22 @@ import fcntl
 from pathlib import Path
 
 from drafter_lab.atomic import make_parent
+from drafter_lab.errors import LabError
 from drafter_lab.progress import log
 
 
 @contextlib.contextmanager
-def building(path: Path, what: str):
-    """Hold the lock of cache entry `path` (what: how the wait is logged) for the `with` block."""
+def building(path: Path, what: str, wait: bool = True):
+    """Hold the lock of cache entry `path` (what: how the wait is logged) for the `with` block;
+    `wait=False`: a LabError if another run holds it."""
     path = Path(path)
     make_parent(path)
     with open(path.with_name(f".{path.name}.lock"), "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                raise LabError(f"another run is using the {what}", path.parent) from None
             log(f"waiting for another run that is building the {what} ({path})")
             fcntl.flock(fh, fcntl.LOCK_EX)
         yield

@@ -24,13 +24,18 @@ def _image_git_state() -> dict:
 
 
 def git_state(root: Path | None = None) -> dict:
-    """Commit sha and whether the work tree differs from it; inside our images, the build's record."""
+    """Commit sha and whether the work tree differs from it; inside our images, the build's record.
+    Only a checkout whose top is `root` counts: an installed (not editable) copy's site-packages may lie
+    inside another repository (a project's .venv), whose commit says nothing of the code that ran."""
     root = root or Path(__file__).resolve().parents[2]
 
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
 
     try:
+        top = git("rev-parse", "--show-toplevel")
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != Path(root).resolve():
+            return _image_git_state()
         sha = git("rev-parse", "HEAD")
         if sha.returncode != 0:
             return _image_git_state()

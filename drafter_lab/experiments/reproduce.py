@@ -9,7 +9,7 @@ from drafter_lab import atomic
 from drafter_lab.config import from_dict
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ExperimentConfig, level_name
-from drafter_lab.experiments.study import run_study
+from drafter_lab.experiments.study import new_run_dir, run_study
 
 
 def _load(run_dir: Path) -> tuple[dict, dict]:
@@ -29,10 +29,14 @@ def _load(run_dir: Path) -> tuple[dict, dict]:
 SERVED_KEYS = ("served_accept_len", "verify_steps", "spec_tokens", "baseline_tokens", "lossless_check")
 
 
+def _real(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _numbers(prefix: str, d: dict | None, out: dict) -> None:
     for k, v in (d or {}).items():
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            out[f"{prefix} / {k}"] = float(v)
+        if _real(v):
+            out[f"{prefix} / {k}"] = v  # an int stays one: counts compare exactly
 
 
 def _served(prefix: str, served: dict | None, out: dict) -> None:
@@ -40,10 +44,9 @@ def _served(prefix: str, served: dict | None, out: dict) -> None:
         return
     for k in SERVED_KEYS:
         if k in served:
-            v = served[k]
-            out[f"{prefix} / {k}"] = float(v) if isinstance(v, int | float) else v
+            out[f"{prefix} / {k}"] = served[k]
     for n, count in (served.get("accept_histogram") or {}).items():
-        out[f"{prefix} / accepted {n}"] = float(count)
+        out[f"{prefix} / accepted {n}"] = count
 
 
 def flat_metrics(results: dict) -> dict[str, object]:
@@ -92,10 +95,13 @@ def _metrics(results: dict, path: Path) -> dict[str, object]:
 
 
 def compare(a: dict, b: dict, rel_tol: float = 0.0) -> list[tuple[str, object, object]]:
+    """Every key whose values differ. `rel_tol` is for rounding, so it applies where a value is a float:
+    counts (ints: steps, verify steps, tokens, accept histogram bins) and strings must be equal."""
     diffs = []
     for key in sorted(set(a) | set(b)):
         x, y = a.get(key), b.get(key)
-        if isinstance(x, float) and isinstance(y, float):
+        if _real(x) and _real(y) and (isinstance(x, float) or isinstance(y, float)):
+            x, y = float(x), float(y)
             if math.isnan(x) and math.isnan(y):  # a metric undefined in both runs (e.g. no position reached)
                 continue
             if not math.isclose(x, y, rel_tol=rel_tol, abs_tol=0.0 if rel_tol == 0 else 1e-12):
@@ -146,12 +152,9 @@ def package_note(original: dict, again: dict) -> str | None:
 
 
 def _fresh_dir(runs_root: Path, name: str) -> Path:
-    """A directory no earlier reproduction used: the study resumes arms it finds, which would make a
-    second reproduction compare a run with its own checkpoints."""
-    n = 1
-    while (runs_root / f"{name}-repro{'' if n == 1 else n}").exists():
-        n += 1
-    return runs_root / f"{name}-repro{'' if n == 1 else n}"
+    """A directory no other reproduction used, created here (two started at once took one): the study
+    resumes arms it finds, which would make a second reproduction compare a run with its own checkpoints."""
+    return new_run_dir(runs_root, f"{name}-repro", sep="")
 
 
 def recorded_config(manifest: dict, run_dir: Path) -> ExperimentConfig:

@@ -15,6 +15,7 @@ where it stopped when re-run with the same `--run-dir`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import time
@@ -249,10 +250,29 @@ def data_record(level: dict) -> dict:
     }
 
 
+def new_run_dir(runs_root: Path, name: str, sep: str = "-") -> Path:
+    """The first of `name`, `name<sep>2`, ... under `runs_root` that this call creates: two studies started
+    in the same second (or two reproductions of one run) would otherwise share one and train each other's arms."""
+    runs_root.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        run_dir = runs_root / (name if n == 1 else f"{name}{sep}{n}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            continue
+
+
 def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path | None = None,
               command: list[str] | None = None) -> Path:
-    run_dir = run_dir or runs_root / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_dir = run_dir or new_run_dir(runs_root, f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
+    # a second study here (a --run-dir resume beside the run it resumes) would train the same arms at once
+    with building(run_dir / "study", "run directory", wait=False):
+        return _run_study(cfg, run_dir, cache, command)
+
+
+def _run_study(cfg: ExperimentConfig, run_dir: Path, cache: Path, command: list[str] | None) -> Path:
     started = time.time()
     levels = []
     with torch_threads(cfg.threads):

@@ -179,7 +179,8 @@ def reproduce(run_dir, runs_root: Path, cache: Path, rel_tol: float = 0.0) -> tu
     manifest, results = _load(run_dir)
     before = _metrics(results, run_dir / "results.json")
     cfg = recorded_config(manifest, run_dir)
-    new_dir = run_study(cfg, runs_root, cache, run_dir=_fresh_dir(runs_root, run_dir.name),
+    # resolved: `reproduce .` inside the run names it by its directory, not by ""
+    new_dir = run_study(cfg, runs_root, cache, run_dir=_fresh_dir(runs_root, run_dir.resolve().name),
                         command=["drafter-lab", "reproduce", str(run_dir)])
     manifest_after, after = _load(new_dir)
     diffs = compare(before, _metrics(after, new_dir / "results.json"), rel_tol)

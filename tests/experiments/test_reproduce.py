@@ -181,3 +181,20 @@ def test_a_cache_that_is_a_file_is_refused_before_the_rerun(tmp_path, monkeypatc
     (tmp_path / "cache").write_text("")
     assert main(["reproduce", str(run_dir), "--runs", str(tmp_path / "runs"), "--cache", str(tmp_path / "cache")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'cache'}: not a directory\n"
+
+
+def test_reproduce_dot_inside_a_run_names_the_rerun_by_its_directory(tmp_path, monkeypatch):
+    """`reproduce .` from inside the run: Path(".").name is "", which made the re-run `runs/-repro`."""
+    from drafter_lab.experiments import reproduce as reproduce_mod
+
+    run_dir = _recorded_run(tmp_path, {"config": {"name": "smoke"}}, RESULTS)
+    taken = []
+
+    def stop(cfg, runs_root, cache, run_dir, command):
+        taken.append(run_dir)
+        raise LabError("stopped before the re-run")
+    monkeypatch.setattr(reproduce_mod, "run_study", stop)
+    monkeypatch.chdir(run_dir)
+    with pytest.raises(LabError, match="stopped before the re-run"):
+        reproduce_mod.reproduce(".", tmp_path / "runs", tmp_path / "cache")
+    assert taken == [tmp_path / "runs" / "orig-repro"]

@@ -247,17 +247,24 @@ def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, templ
         after = start
     else:
         start, answer = _shown(m, text, cursor, len(text))
+        if start < 0 and not m["content"].strip():
+            # No text to look for (a bare tool call), after a prompt the template writes otherwise here
+            # (Qwen3's empty think block, its thinking off): where the template writes the turn's text.
+            placed = _located(tokenizer, messages, i, text, template_kwargs, tools)
+            start = placed[0] if placed is not None and placed[0] >= cursor else -1
         if start < 0:
             raise LabError(
                 f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
             )
         after = start + len(answer)
     upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
+    # The end-of-turn token is looked for past the answer: one written in it (a dataset's literal
+    # `<|im_end|>`, which the tokenizer reads as that token) is the answer's text, not its end.
     if text.startswith(upto) and len(upto) > start:
         after = len(upto) + len(_stop_token_at(tokenizer, text, len(upto), end_ids))
-        return Span(start, after, True, start, True), after
+        return Span(start, after, True, _answer_end(text, m, start, len(upto)), True), after
     if i + 1 == len(messages):  # the last turn written as served (`_as_served`): the rest is the target's
-        return Span(start, len(text), True, start, True), after
+        return Span(start, len(text), True, _answer_end(text, m, start, len(text)), True), after
     # Written otherwise once later turns follow: the end-of-turn token alone closes the span.
     nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools)
     bound = len(text) if nxt is None else nxt[0]

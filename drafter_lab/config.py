@@ -75,14 +75,17 @@ def _coerce(value, tp, where: str, parse: bool):
         if not isinstance(value, (list, tuple)):
             raise LabError(f"{where}: cannot read {value!r} as a list")
         inner = args[0] if args else str
-        out = [_coerce(v, inner, where, parse) for v in value if v != ""]
+        out = [_coerce(v, inner, where, parse) for v in value]
         return tuple(out) if origin is tuple else out
     if tp not in _ACCEPTED:
         return value  # dicts and other types are taken as given
     if parse and isinstance(value, str):
         value = _parse(value, tp)
     if isinstance(value, _ACCEPTED[tp]) and (tp is bool or not isinstance(value, bool)):
-        return tp(value)
+        try:
+            return tp(value)
+        except OverflowError:  # an int of 309 digits or more for a float
+            pass
     raise LabError(f"{where}: cannot read {value!r} as {tp.__name__}")
 
 
@@ -106,6 +109,10 @@ def from_dict(cls, data: dict, source: str = "config", parse: bool = False):
     unknown = sorted(set(data) - names)
     if unknown:
         raise LabError(f"unknown config key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}", source)
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:  # cls() would raise a TypeError
+        raise LabError(f"missing config key(s) {', '.join(missing)}", source)
     kwargs = {k: _coerce(v, _field_type(cls, k), f"{source}: {k}", parse) for k, v in data.items()}
     return cls(**kwargs)
 
@@ -122,7 +129,7 @@ def load_toml(cls, path, section: str | None = None):
         raise LabError("not valid TOML: not UTF-8 text", path) from None
     except OSError as e:
         raise LabError(f"cannot read the config file: {e.strerror}", path) from None
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # a TOMLDecodeError, or an integer past Python's 4300 digits
         raise LabError(f"not valid TOML: {e}", path) from None
     if section is not None and isinstance(data.get(section), dict):
         others = sorted(set(data) - {section})

@@ -120,6 +120,8 @@ def from_dict(cls, data: dict, source: str = "config", parse: bool = False):
 def load_toml(cls, path, section: str | None = None):
     """Build `cls` from a TOML file: its fields at top level or, when the file has a `section` table,
     in that table, with nothing else at top level (a key beside the table would be silently ignored)."""
+    if str(path) == "":  # an unset $CFG in a script: Path("") is the current directory
+        raise LabError("an empty path names no config file")
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -83,3 +83,16 @@ def test_no_command_or_an_unknown_one_exits_2(argv, capsys):
 def test_a_bad_manifest_config_value_names_the_manifest(tmp_path):
     with pytest.raises(LabError, match=f"^{tmp_path / 'manifest.json'}: config: batch_size: cannot read 2.5 as int$"):
         recorded_config({"config": {"name": "x", "batch_size": 2.5}}, tmp_path)
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--target", "t", "--data", "d", "--out", "o", "--config", ""],
+    ["probe", "--drafter", "d", "--target", "t", "--data", "f", "--pilot-config", ""],
+    ["targets", "build", "--out", "o", "--config", ""],
+])
+def test_an_empty_config_path_is_refused_not_read_as_no_file(argv, tmp_path, monkeypatch, capsys):
+    """An unset $CFG in `--config "$CFG"` trained (or built) quietly with the defaults."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == "error: an empty path names no config file\n"
+    assert list(tmp_path.iterdir()) == []

@@ -38,7 +38,7 @@ def _probe(args) -> int:
         raise LabError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     if args.json and Path(args.json).is_dir():  # written last, after the pilot's minutes
         raise LabError("is a directory: --json takes a file to write", args.json)
-    recipe = load_config(args.pilot_config) if args.pilot_config else TrainConfig()
+    recipe = load_config(args.pilot_config) if args.pilot_config is not None else TrainConfig()
     if args.threads > 0:
         import torch
 

@@ -36,9 +36,9 @@ def register(subparsers) -> None:
 def _build(args) -> int:
     from drafter_lab.targets.build import build_pair
 
-    cfg = load_toml(TargetConfig, args.config) if args.config else resolve(args.preset)
+    cfg = load_toml(TargetConfig, args.config) if args.config is not None else resolve(args.preset)
     overridden = apply_cli_args(cfg, args)
-    target = args.preset if overridden is cfg and not args.config else overridden
+    target = args.preset if overridden is cfg and args.config is None else overridden
     pair = build_pair(target, args.out, drift=args.drift, force=args.force, cache_dir=args.cache_dir)
     print_drift(pair)
     return 0

@@ -90,7 +90,7 @@ def run(args) -> int:
     from drafter_lab.train.loop import train
     from drafter_lab.train.watch import stopped_at
 
-    cfg = load_config(args.config) if args.config else TrainConfig()
+    cfg = load_config(args.config) if args.config is not None else TrainConfig()
     if args.draft_config:
         cfg = with_draft_config(cfg, args.draft_config, Path(args.target))
     cfg = labconfig.apply_cli_args(cfg, args)

@@ -17,6 +17,7 @@ import torch
 class PhaseClock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.device = device
         self.start = self._now()
         self.marks: list[tuple[str, object]] = []
 
@@ -24,7 +25,7 @@ class PhaseClock:
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # the decode's device, not the current one
         return event
 
     def mark(self, phase: str) -> None:

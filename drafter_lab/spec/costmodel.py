@@ -24,7 +24,8 @@ sequence's, and a batch scales them. A verify pass carries B x verify_tokens tok
 step B tokens: each token beyond one sequence's adds verify_token_compute_us of compute per layer
 (0: flat, as memory-bound dense layers are; an MoE reads more experts), messages are B times
 larger, and the draft step is read from a measured {batch: us} table (a draft-forward benchmark's)
-at batch x topk rows (a tree drafts topk children per row) when there is one, else it stays flat. Both tok/s count all B sequences:
+at batch x topk rows (a tree drafts topk children per row) when there is one, else it stays flat;
+a cycle's first draft (the extend through fc) runs one row per sequence, topk or not. Both tok/s count all B sequences:
 
     spec tok/s = 1000 x B x A / mean cycle,   baseline = 1000 x B / decode_ms(B)
 
@@ -124,7 +125,7 @@ class CostModelConfig:
     """Measured draft extend (us) by batch (`bench verify --drafter`): after a verify the drafter runs
     once over each row's accepted tokens, and that pass yields the first draft step's tokens, so a
     cycle drafts extend + (steps - 1) steps (as SGLang's EAGLE worker does). Empty: the extend costs
-    one draft step (steps x draft step, as the preset was calibrated)."""
+    one draft step at one row per sequence (steps x draft step with no tables, as the preset was calibrated)."""
     topk: int = 1
     """Children per expanded node (tree drafting): a draft step runs batch x topk drafter rows, so
     draft_step_us_by_batch is read at that many. `--inputs` takes an eval's."""
@@ -228,11 +229,15 @@ class CostModel:
         return interpolate_linear(table, self.cfg.batch * self.cfg.topk) if table else self.cfg.draft_step_us
 
     @property
+    def first_draft_us(self) -> float:
+        """A cycle's first draft, the extend over each sequence's accepted tokens: one row per sequence even
+        in a tree (whose topk-wide rows start at the second step), so a step table is read at the batch."""
+        table = self.cfg.draft_extend_us_by_batch or self.cfg.draft_step_us_by_batch
+        return interpolate_linear(table, self.cfg.batch) if table else self.cfg.draft_step_us
+
+    @property
     def draft_ms(self) -> float:
-        extend = self.cfg.draft_extend_us_by_batch
-        if not extend:
-            return self.cfg.steps * self.draft_step_us / 1000
-        return (interpolate_linear(extend, self.cfg.batch) + (self.cfg.steps - 1) * self.draft_step_us) / 1000
+        return (self.first_draft_us + (self.cfg.steps - 1) * self.draft_step_us) / 1000
 
     @property
     def message_bytes(self) -> int:

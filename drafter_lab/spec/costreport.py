@@ -18,7 +18,7 @@ def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | N
         m = CostModel(drafting(cfg, e, path))
         accept = positive(e["served_accept_len"], "served_accept_len", path)
         c = e["config"]
-        rows.append({"steps": c["steps"], "topk": c.get("topk", 1), "draft_tokens": m.cfg.verify_tokens - 1,
+        rows.append({"steps": c["steps"], "topk": m.cfg.topk, "draft_tokens": m.cfg.verify_tokens - 1,
                      "batch": m.cfg.batch, "accept": accept, **_priced(m, accept, latency)})
     return rows
 
@@ -82,6 +82,7 @@ def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
         "layer_compute_us": m.layer_compute_us,
         "verify_ms": m.verify_ms(),
         "draft_step_us": m.draft_step_us,
+        "first_draft_us": m.first_draft_us,
         "draft_ms": m.draft_ms,
         "cycle_ms": m.cycle_ms(),
         "decode_ms": m.decode_ms(),
@@ -125,8 +126,7 @@ def format_report(r: dict, name: str) -> str:
            + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - r['layer_compute_us']:.3g} us for the "
               f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else ""))
         + f" + {r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
-        f"  draft    = {'extend + ' + str(c['steps'] - 1) if c['draft_extend_us_by_batch'] else c['steps']} steps x "
-        f"{r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
+        f"  draft    = {_first_draft(c, r)} steps x {r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
         f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
         + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
            if c["no_draft_share"] else ""),
@@ -197,6 +197,15 @@ def format_report(r: dict, name: str) -> str:
                   + " ".join(f"{row['spec_tok_s'][a]:>8.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
                   for row in r["batch_table"]]
     return "\n".join(lines)
+
+
+def _first_draft(c: dict, r: dict) -> str:
+    """How the draft line counts a cycle's first draft beside its steps."""
+    if c["draft_extend_us_by_batch"]:
+        return f"extend + {c['steps'] - 1}"
+    if r["first_draft_us"] != r["draft_step_us"]:  # a tree's first step, one row per sequence
+        return f"{r['first_draft_us']:.3g} us + {c['steps'] - 1}"
+    return str(c["steps"])
 
 
 def _us(x: float | None) -> str:

@@ -82,8 +82,8 @@ def lower_is_better(metric: str) -> bool:
 
 
 def val_curve(rows: list[dict], metric: str, where, axis: str = "step") -> list[tuple[int, float, int]]:
-    """(position on `axis`, value, step) of the validation rows, in axis order; one line naming
-    `where` when the metric or the axis is absent."""
+    """(position on `axis`, value, step) of the validation rows that scored something, in axis order;
+    one line naming `where` when the metric or the axis is absent."""
     val = [r for r in rows if r.get("split") == "val"]
     if val and not any(metric in r for r in val):
         have = ", ".join(k for k in val[0] if isinstance(val[0][k], float) and k not in ("lr", "elapsed_s"))
@@ -91,7 +91,9 @@ def val_curve(rows: list[dict], metric: str, where, axis: str = "step") -> list[
     if not all(axis in r for r in val):
         raise LabError(f"its validations do not record {axis!r} (logged before it was kept): use the step axis",
                        where)
-    out = {r[axis]: (float(r[metric]), r["step"]) for r in val if metric in r and math.isfinite(r[metric])}
+    # A validation that scored no position measured nothing: its accuracies read 0, not NaN.
+    out = {r[axis]: (float(r[metric]), r["step"]) for r in val
+           if metric in r and math.isfinite(r[metric]) and r.get("positions") != 0}
     return [(x, v, step) for x, (v, step) in sorted(out.items())]
 
 
@@ -213,9 +215,9 @@ RENDERED_BY = (TEMPLATE_HASH, "chat_template_kwargs", TOKENIZER_HASH)
 rendered with another chat template, other variables or another tokenizer is other text (captured
 features hold it in their manifest)."""
 
-ENCODED_BY = ("turns", "token_exact")
-"""Settings that change which sequences an online run's conversations encode to (absent: every turn
-in one sequence, as text); `encoded_sha256` names the sequences themselves."""
+ENCODED_BY = ("turns", "token_exact", "max_length")
+"""Settings that change which sequences an online run's conversations encode to (turns and token_exact
+absent: every turn in one sequence, as text); `encoded_sha256` names the sequences themselves."""
 
 
 def _differences(a: dict, b: dict, keys) -> str:
@@ -228,7 +230,7 @@ def unequal_validation(run_info: dict, base_info: dict) -> str | None:
     """Metrics compare only on one validation set: a note when one run validates on a set of its own
     (`--val-data`) and the other on its data's val split, both on sets of their own that differ, both
     on the val splits of different data of one kind (two feature directories, two online files, one
-    file split otherwise), or two online runs render or encode their conversations otherwise."""
+    file split otherwise), or two online runs validating on conversations render or encode them otherwise."""
     a, b = (info.get("features", {}) for info in (run_info, base_info))
     if "val" in a or "val" in b:
         if a.get("val") != b.get("val"):
@@ -238,19 +240,23 @@ def unequal_validation(run_info: dict, base_info: dict) -> str | None:
         where = [f.get("dir", f.get("online")) for f in (a, b)]
         what = f"{where[0]} vs {where[1]}" if where[0] != where[1] else f"{where[0]}: {_differences(a, b, SPLIT_OF)}"
         return f"the runs validate on the val splits of different data ({what}): their metrics do not compare"
+    if "manifest_sha256" in a.get("val", {}):  # both on one held-out feature set, whatever text they train on
+        return None
     # Online runs name their template (captured ones, in their manifest); those from before 2026-12-02 do not,
     # nor their tokenizer before 2026-12-03: what one run does not record is not compared.
     keys = [k for k in RENDERED_BY if k not in unrecorded(a, b) + unrecorded(b, a)]
     if all(TEMPLATE_HASH in f for f in (a, b)) and any(a.get(k) != b.get(k) for k in keys):
         return (f"the runs render their conversations otherwise ({_differences(a, b, keys)}): they validate "
                 "on other text, and their metrics do not compare")
-    # Rendered alike, encoded otherwise: other --turns or --token-exact, or another lab or transformers
-    # version. Not for held-out features, which the hash leaves out (their manifest is compared above).
-    if all(ENCODED_HASH in f and "manifest_sha256" not in f.get("val", {}) for f in (a, b)) \
-            and a[ENCODED_HASH] != b[ENCODED_HASH]:
-        why = _differences(a, b, ENCODED_BY) or "the same settings: another lab or transformers version"
-        return (f"the runs' conversations encode to other sequences ({why}): they validate on other sequences, "
-                "and their metrics do not compare")
+    # Rendered alike, encoded otherwise: other --turns, --token-exact or --max-length, or another lab or
+    # transformers version. The hash covers the training sequences too: for runs on other training files
+    # validating on one held-out file, only the settings tell.
+    if all(ENCODED_HASH in f for f in (a, b)) and a[ENCODED_HASH] != b[ENCODED_HASH]:
+        why = _differences(a, b, ENCODED_BY)
+        if why or a.get("sha256") == b.get("sha256"):
+            why = why or "the same settings: another lab or transformers version"
+            return (f"the runs' conversations encode to other sequences ({why}): they validate on other sequences, "
+                    "and their metrics do not compare")
     return None
 
 

@@ -1,0 +1,97 @@
+"""Review of the watch: validations that scored nothing, and the encoding note for online runs
+sharing a held-out conversations file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from drafter_lab.train.watch import WatchConfig, comparison_note, judge
+
+W = WatchConfig()
+
+
+def curve(points: dict[int, float], positions: int = 500, metric: str = "cond_acc_0") -> list[dict]:
+    return [{"event": "val", "split": "val", "step": s, "positions": positions, metric: v} for s, v in points.items()]
+
+
+BASE = curve({100: 0.50, 200: 0.60, 300: 0.66, 400: 0.70})
+
+
+def test_a_validation_that_scored_nothing_is_neither_behind_nor_ahead():
+    """No position scored: accuracies read 0.0 (not NaN), which measured nothing; the watch read them
+    as 66 points behind (or, in the baseline, as the run far ahead)."""
+    empty = curve({100: 0.0, 200: 0.0, 300: 0.0}, positions=0)
+    v = judge(empty, BASE, W, 1000)
+    assert not v.stop and v.rows == [] and "too early: 0 of 3" in v.reason
+    # Scored nothing at one validation: that one is left out, the others still judge.
+    run = curve({100: 0.3, 200: 0.3, 300: 0.3, 400: 0.3})
+    run[1] = {**run[1], "cond_acc_0": 0.0, "positions": 0}
+    assert [r["step"] for r in judge(run, BASE, W, 1000).rows] == [100, 300, 400]
+    # A baseline that scored nothing at a step is interpolated around, not read as 0.
+    base = [*BASE[:2], {**BASE[2], "cond_acc_0": 0.0, "positions": 0}, BASE[3]]
+    v = judge(curve({200: 0.6, 300: 0.65, 400: 0.7}), base, W, 1000)
+    assert [r["baseline"] for r in v.rows] == pytest.approx([0.60, 0.65, 0.70])
+    assert not v.stop and "not behind" in v.reason
+    # Logs from before positions were kept still compare.
+    old = [{k: v for k, v in r.items() if k != "positions"} for r in curve({200: 0.3, 300: 0.3, 400: 0.3})]
+    assert judge(old, BASE, W, 1000).stop
+
+
+def test_online_runs_on_other_files_validating_on_one_held_out_file_are_not_flagged():
+    """The encoding hash covers the training sequences too: runs on other training files read as
+    validating on other sequences ("another lab or transformers version") though their held-out
+    set was one and encoded alike."""
+    def online(data: str, encoded: str, **settings) -> dict:
+        return {"config": {"batch_size": 8}, "features": {
+            "sha256": data, "val_fraction": 0.1, "max_length": 96, "online": f"/{data}.jsonl",
+            "chat_template_sha256": "aa", "encoded_sha256": encoded, "val": {"sha256": "vv"},
+            "val_data": "/v.jsonl", **settings}}
+
+    assert comparison_note(online("a", "e1"), online("b", "e2"), "step") is None
+    assert comparison_note(online("a", "e1"), online("b", "e2", turns="each"), "step") == (
+        "the runs' conversations encode to other sequences (turns none vs each): they validate on other "
+        "sequences, and their metrics do not compare")
+    assert comparison_note(online("a", "e1"), online("b", "e2", max_length=128), "step") == (
+        "the runs' conversations encode to other sequences (max_length 96 vs 128): they validate on other "
+        "sequences, and their metrics do not compare")
+    # One training file: the hash still tells another encoding.
+    assert comparison_note(online("a", "e1"), online("a", "e2"), "step") == (
+        "the runs' conversations encode to other sequences (the same settings: another lab or transformers "
+        "version): they validate on other sequences, and their metrics do not compare")
+
+
+def test_online_runs_rendered_otherwise_on_one_held_out_feature_set_are_not_flagged():
+    """Held-out features hold their text already: the training template cannot change what a run
+    validates on, yet runs trained with their thinking on and off read as validating on other text."""
+    def online(**settings) -> dict:
+        return {"config": {"batch_size": 8}, "features": {
+            "sha256": "a", "val_fraction": 0.1, "max_length": 96, "online": "/a.jsonl", "chat_template_sha256": "aa",
+            "encoded_sha256": "e1", "val": {"manifest_sha256": "mm"}, "val_data": "/held", **settings}}
+
+    off = online(chat_template_kwargs={"enable_thinking": False}, encoded_sha256="e2")
+    assert comparison_note(online(), off, "step") is None
+    assert comparison_note(online(), online(chat_template_sha256="bb", encoded_sha256="e2"), "step") is None
+    other = online(val={"manifest_sha256": "nn"}, val_data="/other")
+    assert comparison_note(online(), other, "step") == ("the runs validate on different sets (/held vs /other): "
+                                                        "their metrics do not compare")
+
+def test_real_online_runs_on_other_files_with_one_held_out_file_are_not_flagged(peaked_llama, features, held_out,
+                                                                               tmp_path):
+    import torch
+
+    from drafter_lab.data.capture import CaptureConfig
+    from drafter_lab.data.shards import Manifest
+    from drafter_lab.train.sources import Online
+
+    convs = Manifest.load(features).source["conversations"]
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("".join(Path(convs).read_text().splitlines(keepends=True)[:36]))
+    capture = CaptureConfig(max_length=96, val_fraction=0.25)
+
+    def info(path):
+        source = Online(peaked_llama, path, capture, torch.device("cpu"), val_data=held_out[0])
+        return {"config": {"batch_size": 8}, "features": {**source.describe(), **source.identity()}}
+
+    assert comparison_note(info(convs), info(fewer), "step") is None

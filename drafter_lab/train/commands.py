@@ -160,9 +160,11 @@ def watch(args) -> int:
     cfg = labconfig.apply_cli_args(WatchConfig(), args)
     shown, waiting = 0, False
     while True:
-        if args.follow and not (Path(args.run) / METRICS).exists():  # the run is still starting up
+        # a run or baseline still starting up (the two are often started together)
+        absent = [Path(d) / METRICS for d in (args.run, args.baseline) if not (Path(d) / METRICS).exists()]
+        if args.follow and absent:
             if not waiting:
-                print(f"waiting for {Path(args.run) / METRICS}", flush=True)
+                print(f"waiting for {' and '.join(map(str, absent))}", flush=True)
                 waiting = True
             time.sleep(args.follow)
             continue

@@ -363,6 +363,27 @@ def test_follow_waits_for_the_run_to_start_then_stops_it(tmp_path, capsys):
     assert out.count("waiting for") == 1 and "stop" in out
 
 
+def test_follow_waits_for_the_baseline_to_start_too(tmp_path, capsys):
+    """Run and baseline started together: the baseline without its metrics.jsonl yet ended the follow
+    at once (exit 2) instead of waiting for it."""
+    import threading
+
+    def write(run_dir, points):
+        run_dir.mkdir(exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
+
+    write(tmp_path / "run", {100: 0.3, 200: 0.3, 300: 0.3})
+    (tmp_path / "base").mkdir()  # started, nothing logged yet
+    later = threading.Timer(0.3, write, (tmp_path / "base", {100: 0.5, 200: 0.6, 300: 0.66}))
+    later.start()
+    try:
+        assert main(["watch", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"), "--follow", "0.05"]) == STOP_EXIT
+    finally:
+        later.cancel()
+    out = capsys.readouterr().out
+    assert out.count("waiting for") == 1 and "stop" in out
+
+
 def test_follow_ends_when_the_runs_own_watch_stopped_it(tmp_path, capsys):
     """A run its own --stop-if-behind stopped logs nothing more: following it waited forever."""
     def write(run_dir, points):

@@ -46,10 +46,13 @@ def _listing_hash(root: Path, files: list[Path]) -> str:
     # CRC-32, so other values of the same shape change it, while a copy of the files still resumes.
     h = hashlib.sha256()
     for f in files:
-        size = f.stat().st_size
-        with open(f, "rb") as fh:
-            fh.seek(max(0, size - TAIL))
-            h.update(f"{f.relative_to(root)}:{size}:".encode() + fh.read() + b"\n")
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                fh.seek(max(0, size - TAIL))
+                h.update(f"{f.relative_to(root)}:{size}:".encode() + fh.read() + b"\n")
+        except OSError as e:  # a dangling link, a file we may not read
+            raise LabError(f"cannot read ({e.strerror or first_line(e)})", f) from None
     return h.hexdigest()
 
 
@@ -122,7 +125,13 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
     src, out = Path(src_dir), Path(out_dir)
     if not src.is_dir():
         raise LabError("SpecForge hidden-states directory not found", src)
-    files = sorted(src.rglob("*.ckpt"))
+    # SpecForge's loader reads files only (a directory named *.ckpt is not a sample) and also its
+    # --compress output, *.ckpt.gz, which would otherwise be left out without a word.
+    found = [p for p in src.rglob("*.ckpt*") if p.name.endswith((".ckpt", ".ckpt.gz")) and not p.is_dir()]
+    if packed := sorted(p for p in found if p.name.endswith(".gz")):
+        raise LabError(f"{len(packed)} gzipped samples (SpecForge's --compress, e.g. {packed[0].relative_to(src)}), "
+                       "which this import does not read: gunzip them to *.ckpt first", src)
+    files = sorted(found)
     if not files:
         raise LabError("no *.ckpt files (SpecForge offline hidden states) below it", src)
     if not 0.0 <= val_fraction < 1.0 or shard_size < 1:

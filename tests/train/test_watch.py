@@ -344,37 +344,22 @@ def test_a_mistyped_watch_metric_is_refused_before_the_baseline_validates(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-def test_follow_waits_for_the_run_to_start_then_stops_it(tmp_path, capsys):
+@pytest.mark.parametrize("late", ["run", "base"])
+def test_follow_waits_for_the_run_and_the_baseline_to_start_then_stops_it(tmp_path, capsys, late):
+    """Either one started, nothing logged yet (the two are often started together): a baseline without
+    its metrics.jsonl ended the follow at once (exit 2) instead of waiting for it."""
     import threading
 
     def write(run_dir, points):
         run_dir.mkdir(exist_ok=True)
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
 
-    write(tmp_path / "base", {100: 0.5, 200: 0.6, 300: 0.66})
-    (tmp_path / "run").mkdir()  # started, nothing logged yet
-    later = threading.Timer(0.3, write, (tmp_path / "run", {100: 0.3, 200: 0.3, 300: 0.3}))
-    later.start()
-    try:
-        assert main(["watch", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"), "--follow", "0.05"]) == STOP_EXIT
-    finally:
-        later.cancel()
-    out = capsys.readouterr().out
-    assert out.count("waiting for") == 1 and "stop" in out
-
-
-def test_follow_waits_for_the_baseline_to_start_too(tmp_path, capsys):
-    """Run and baseline started together: the baseline without its metrics.jsonl yet ended the follow
-    at once (exit 2) instead of waiting for it."""
-    import threading
-
-    def write(run_dir, points):
-        run_dir.mkdir(exist_ok=True)
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
-
-    write(tmp_path / "run", {100: 0.3, 200: 0.3, 300: 0.3})
-    (tmp_path / "base").mkdir()  # started, nothing logged yet
-    later = threading.Timer(0.3, write, (tmp_path / "base", {100: 0.5, 200: 0.6, 300: 0.66}))
+    curves = {"run": {100: 0.3, 200: 0.3, 300: 0.3}, "base": {100: 0.5, 200: 0.6, 300: 0.66}}
+    for name, points in curves.items():
+        (tmp_path / name).mkdir()
+        if name != late:
+            write(tmp_path / name, points)
+    later = threading.Timer(0.3, write, (tmp_path / late, curves[late]))
     later.start()
     try:
         assert main(["watch", str(tmp_path / "run"), "--baseline", str(tmp_path / "base"), "--follow", "0.05"]) == STOP_EXIT

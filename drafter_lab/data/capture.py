@@ -55,7 +55,16 @@ from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
 from drafter_lab.data.encodings import encodings
 from drafter_lab.data.regenerate import SAMPLER, regenerate
-from drafter_lab.data.shards import MANIFEST, SPLITS, Manifest, Sequence, ShardWriter, shard_name, stored_text
+from drafter_lab.data.shards import (
+    MANIFEST,
+    SPLITS,
+    Manifest,
+    Sequence,
+    ShardWriter,
+    is_shard_name,
+    shard_name,
+    stored_text,
+)
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import log, maybe_progress
@@ -173,10 +182,6 @@ def check_resumable(out: Path, existing: Manifest, now: dict) -> None:
             )
 
 
-SHARD_FILE = re.compile(rf"({'|'.join(SPLITS)})-\d{{5,}}\.safetensors")
-"""The name of a shard (shards.shard_name)."""
-
-
 def check_out_dir(out: Path) -> None:
     """An existing --out without a manifest may only hold what an earlier run of ours left: a run
     killed before its first manifest leaves a regeneration, temps, and perhaps its first shard."""
@@ -188,7 +193,7 @@ def check_out_dir(out: Path) -> None:
     foreign = [
         p.name
         for p in out.iterdir()
-        if not (p.name.startswith("regenerated-") or p.name.startswith(".") or SHARD_FILE.fullmatch(p.name))
+        if not (p.name.startswith("regenerated-") or p.name.startswith(".") or is_shard_name(p.name))
     ]
     if foreign:
         raise LabError(f"output directory holds other files ({', '.join(sorted(foreign)[:3])}) and no manifest", out)

@@ -138,6 +138,13 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.safetensors"
 
 
+def is_shard_name(name: str) -> bool:
+    """`name` is one shard_name gives."""
+    split, _, rest = name.partition("-")
+    index = rest.removesuffix(".safetensors")
+    return split in SPLITS and index != rest and len(index) >= 5 and index.isdigit()
+
+
 class ShardWriter:
     """One shard, written a sequence at a time as each is captured, in any order: its layout follows
     from the sequence ids and lengths given up front, so memory holds one sequence, not a shard.

@@ -106,8 +106,10 @@ class Target(_TargetFacts):
 
     @property
     def architecture(self) -> str:
-        # The wrapper's class where there is one: what a serving engine loads as the verifier.
-        return (self.model.config.architectures or [type(self.model).__name__])[0]
+        """The wrapper's class where there is one: what a serving engine loads as the verifier. Some
+        wrappers (Llama 4's) load as their text model alone, whose config names none: config.json's."""
+        archs = self.model.config.architectures or _config_architectures(self.path)
+        return (archs or [type(self.model).__name__])[0]
 
     @property
     def device(self) -> torch.device:
@@ -118,6 +120,14 @@ class Target(_TargetFacts):
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
+
+
+def _config_architectures(path: Path) -> list | None:
+    try:
+        archs = atomic.read_json(path / "config.json", "config.json is missing", path).get("architectures")
+    except (LabError, AttributeError, TypeError):  # a Target built around a model alone, with no directory
+        return None
+    return archs if isinstance(archs, list) else None
 
 
 @dataclass
@@ -232,8 +242,12 @@ def _safetensors(f: Path):
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (the shard index when there is one)."""
-    index = path / "model.safetensors.index.json"
+    """Tensor name -> the safetensors file holding it: model.safetensors where there is one (as transformers
+    loads it, whatever shard index an earlier sharded save left beside it), else the shard index."""
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.exists():
+        with _safetensors(single) as fh:
+            return dict.fromkeys(fh.keys(), single)
     if index.exists():
         data = atomic.read_json(index, "shard index is missing", path)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None

@@ -26,10 +26,15 @@ from drafter_lab.errors import LabError
 
 _UMASK = os.umask(0o22)
 os.umask(_UMASK)
+_WRITING: set[str] = set()  # names of the temps this process is writing
 
 
 def _owner_prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}@{socket.gethostname()}."
+
+
+def _done(tmp: Path) -> None:
+    _WRITING.discard(tmp.name)
 
 
 def _alive(pid: int) -> bool:
@@ -42,13 +47,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _gone(pid: int, name: str) -> bool:
+    """Whether the writer of temp `name` (named for `pid`) has ended. A temp named for this process that
+    it is not writing was left by an earlier process with its pid (a restarted container's: pids start
+    over there), which `_alive` would take for this one."""
+    return name not in _WRITING if pid == os.getpid() else not _alive(pid)
+
+
 def clear_stale_temps(path: Path) -> None:
     """Remove the temps that writers of `path` on this host left when they were killed."""
     own = re.compile(rf"{re.escape(f'.{path.name}.')}(\d+)@{re.escape(socket.gethostname())}\.[^.]+\.tmp")
     with contextlib.suppress(FileNotFoundError):
         for entry in path.parent.iterdir():
             m = own.fullmatch(entry.name)
-            if m and not _alive(int(m.group(1))):
+            if m and _gone(int(m.group(1)), entry.name):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
@@ -78,6 +90,7 @@ def _temp_beside(path: Path) -> Path:
     clear_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
+    _WRITING.add(os.path.basename(tmp))
     return Path(tmp)
 
 
@@ -101,6 +114,7 @@ def atomic_path(path: str | os.PathLike):
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        _done(tmp)
 
 
 def write_text(path, text: str) -> None:
@@ -196,6 +210,7 @@ class SafetensorsWriter:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)
+            _done(self._tmp)
 
 
 def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
@@ -243,8 +258,9 @@ def atomic_dir(path: str | os.PathLike):
     if old.exists() and not path.exists():  # killed between the fallback's two moves
         os.replace(old, path)
     tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
-    tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700
+    _WRITING.add(tmp.name)
     try:
+        tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700
         yield tmp
         if not path.exists():
             os.replace(tmp, path)
@@ -255,6 +271,7 @@ def atomic_dir(path: str | os.PathLike):
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        _done(tmp)
 
 
 def sha256_file(path, chunk: int = 1 << 20) -> str:

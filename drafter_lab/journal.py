@@ -56,7 +56,7 @@ class Journal:
         try:
             with open(path, "rb") as f:
                 settings = json.loads(f.readline()).get("settings")
-        except (OSError, json.JSONDecodeError, AttributeError):
+        except (OSError, ValueError, AttributeError):  # ValueError: not JSON, or not UTF-8
             return None
         return settings if isinstance(settings, dict) else None
 
@@ -70,7 +70,7 @@ class Journal:
             return [], None
         try:
             same = json.loads(lines[0]) == self._header
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or not UTF-8
             same = False
         if not same:
             raise LabError("partial run made with other settings (or from other input); "
@@ -79,7 +79,7 @@ class Journal:
         for n, line in enumerate(lines[1:], start=2):
             try:
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
+            except ValueError:
                 raise LabError(f"line {n} is not JSON; delete the file to start over", self.path) from None
         return records, sum(len(line) + 1 for line in lines)
 

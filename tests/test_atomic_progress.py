@@ -58,7 +58,7 @@ def test_the_next_write_clears_what_a_killed_writer_left(tmp_path):
     host = socket.gethostname()
     dir_tmp, dead = killed_writer(tmp_path / "x", "dir")
     file_tmp, _ = killed_writer(tmp_path / "y.json", "file")
-    kept = [tmp_path / f".x.{os.getpid()}@{host}.abcd1234.tmp",  # a live writer's
+    kept = [tmp_path / f".x.{os.getppid()}@{host}.abcd1234.tmp",  # a live writer's (another process)
             tmp_path / f".x.{dead}@elsewhere.abcd1234.tmp",  # another host's, on a shared cache
             tmp_path / f".x.5.{dead}@{host}.abcd1234.tmp",  # a temp of "x.5", not of "x"
             tmp_path / ".x.abcd1234.tmp"]  # a name of another form

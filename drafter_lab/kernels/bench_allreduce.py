@@ -391,7 +391,7 @@ def gpu_streams(args) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     backends = [b for b in args.backends if b in ("cuda-host", "cuda-ipc")]
-    if not backends:
+    if not (backends and _cuda_backends()):  # asked for by name without a GPU: was a ZeroDivisionError below
         raise LabError("--gpu-streams needs the CUDA backends: a CUDA build of drafter_lab._C and a visible GPU")
     dtype = DTYPES[args.dtype]
     gpus = torch.cuda.device_count()

@@ -32,6 +32,7 @@ from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError, run_module
 from drafter_lab.kernels import draft_step as ds
 from drafter_lab.progress import log
+from drafter_lab.targets.hf import resolve_device
 
 SHAPES = {
     "llama3.1-8b": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -259,7 +260,9 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--json", default=None, help="write the cost model's draft tables and every row (meta) here")
     ap.add_argument("--markdown", default=None, help="write the README's table of this run here")
     args = ap.parse_args(argv)
-    cpu = args.device == "cpu"
+    if args.device == "auto":  # resolve_device takes it: pick the defaults of the device it means
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    cpu = args.device.partition(":")[0] == "cpu"  # "cpu:0" too
     args.shapes = args.shapes or (["tiny", "small"] if cpu else ["llama3.1-8b", "kimi-k2"])
     args.batch = args.batch or ([1, 4] if cpu else [1, 8, 32])
     args.context = 128 if cpu and args.context is None else (1024 if args.context is None else args.context)
@@ -291,9 +294,7 @@ def cost_inputs(rows: list[dict]) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise LabError("--device cuda: no CUDA device is visible")
+    device = resolve_device(args.device)  # a typo or cuda:N past the GPUs was torch's traceback
     if device.type == "cuda":  # the timer's events, synchronize() and the graphs' side stream use the current one
         torch.cuda.set_device(device)
     if not ds.available(device):

@@ -18,6 +18,7 @@ import time
 import torch
 
 from drafter_lab.errors import LabError, run_module
+from drafter_lab.targets.hf import resolve_device
 from drafter_lab.train.ttt import replay_roots, replay_roots_reference
 
 
@@ -42,8 +43,7 @@ def parse(argv) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if min(args.steps, args.reps) < 1:
         raise LabError("--steps and --reps must be >= 1")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.device = resolve_device(args.device)  # no GPU, or a typo: was torch's traceback, not one line
     return args
 
 
@@ -63,7 +63,7 @@ def median_ms(fn, inputs: tuple, reps: int, device: torch.device) -> float:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    device = torch.device(args.device)
+    device = args.device
     gen = torch.Generator().manual_seed(args.seed)
     K = args.steps
     print(f"replay roots, K = {K}, {device}, torch {torch.__version__}, median of {args.reps} (ms)")

@@ -26,6 +26,9 @@ nox.options.sessions = ["lint", "tests"]
 CPU_TORCH = "torch==2.13.0"
 CUDA_TORCH = "torch==2.14.1"  # the CUDA 13.0 build (about 5.5 GB installed)
 RUFF = "ruff==0.17.6"  # pinned: a release that adds checks to the selected rules would fail a clean commit
+# What the extension build needs besides torch, as containers/build.py locks it (torch ships the pybind11
+# headers): anything else would install unpinned.
+BUILD_TOOLS = ("setuptools>=68", "wheel", "ninja")
 
 # Run inside build_cuda: load the freshly built library and check what a GPU machine would rely on.
 CHECK_CUDA_BUILD = """
@@ -85,7 +88,7 @@ def constrained(session: nox.Session, lock: str) -> list[str]:
 
 def install_lab(session: nox.Session, torch_spec: str = CPU_TORCH, extras: str = "test") -> None:
     c = constrained(session, CPU_LOCK)
-    session.install(*c, "--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
+    session.install(*c, "--upgrade", "pip", *BUILD_TOOLS)
     session.install(*c, torch_spec)
     session.install(*c, "--no-build-isolation", "-e", f".[{extras}]" if extras else ".")
 
@@ -158,7 +161,7 @@ def build_cuda(session: nox.Session) -> None:
         session.error(f"no nvcc under CUDA_HOME={cuda_home}")
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0;12.0")
     c = constrained(session, GPU_LOCK)
-    session.install(*c, "--upgrade", "pip", "setuptools>=68", "wheel", "pybind11", "ninja")
+    session.install(*c, "--upgrade", "pip", *BUILD_TOOLS)
     session.install(*c, CUDA_TORCH)
     out = session.create_tmp()
     env = {"CUDA_HOME": cuda_home, "TORCH_CUDA_ARCH_LIST": archs}

@@ -26,7 +26,7 @@ from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import TransferReport, source_tokens
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
-from drafter_lab.progress import console, log, progress
+from drafter_lab.progress import console, log, maybe_progress
 from drafter_lab.targets.fingerprint import recorded_name
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
@@ -549,7 +549,7 @@ class _Run:
         if c.eval_at_start and self.step == 0:
             self.validate()
         prefetch = Prefetcher(self.load_batch)
-        with progress("train", self.total) as advance, contextlib.closing(prefetch):
+        with maybe_progress("train", self.total, d.main) as advance, contextlib.closing(prefetch):
             advance(self.step)
             while self.step < self.total and self.stop_reason is None:
                 batches = plan_epoch(self.lengths, c.batch_size, c.batch_tokens, c.seed, self.epoch)

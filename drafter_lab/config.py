@@ -124,7 +124,7 @@ def load_toml(cls, path, section: str | None = None):
         raise LabError("an empty path names no config file")
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # -sig: a BOM, as some editors save
     except FileNotFoundError:
         raise LabError("config file not found", path) from None
     except UnicodeDecodeError:

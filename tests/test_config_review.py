@@ -96,3 +96,10 @@ def test_an_empty_config_path_is_refused_not_read_as_no_file(argv, tmp_path, mon
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == "error: an empty path names no config file\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_toml_file_saved_with_a_bom_reads_as_without(tmp_path):
+    """Some editors (older Windows Notepad) start UTF-8 with a BOM, which tomllib refused at line 1."""
+    f = tmp_path / "c.toml"
+    f.write_bytes(b"\xef\xbb\xbf" + b"batch_size = 3\n")
+    assert load_toml(TrainConfig, f).batch_size == 3

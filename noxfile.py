@@ -137,6 +137,8 @@ def recorded_versions(args: list[str]) -> list[str]:
 def reproduce(session: nox.Session) -> None:
     """Re-run a run directory's config here, with the library versions it recorded, and compare:
     `nox -s reproduce -- RUN_DIR [--cache DIR]`."""
+    if not session.posargs:  # before minutes of installing and compiling
+        session.error("name a run directory: nox -s reproduce -- RUN_DIR [--cache DIR]")
     install_lab(session, extras="")
     pins = recorded_versions(session.posargs)
     if pins:

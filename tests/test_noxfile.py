@@ -100,3 +100,16 @@ def test_sessions_install_under_their_lock(noxfile, tmp_path, monkeypatch, newes
             assert all("-c" not in call for call in session.installs)
         else:
             assert _installed_under(session, lock, noxfile)
+
+
+def test_reproduce_without_a_run_directory_stops_before_installing(noxfile, tmp_path):
+    """It installed torch and compiled the extension (minutes), then failed on argparse."""
+    class Stop(Exception):
+        pass
+
+    session = FakeSession(tmp_path)
+    session.posargs = []
+    session.error = lambda message: (_ for _ in ()).throw(Stop(message))
+    with pytest.raises(Stop, match="name a run directory"):
+        noxfile.reproduce(session)
+    assert session.installs == [] and session.runs == []

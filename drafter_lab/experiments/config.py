@@ -12,8 +12,9 @@ from drafter_lab.errors import LabError
 def level_name(drift: float) -> str:
     """A drift level's name in run and cache directories, manifests and reports: short (`0.5`) and
     distinct for distinct levels (`:g` alone makes 0.1234561 and 0.1234564 one directory)."""
+    drift = float(drift) + 0.0  # -0.0 is 0: one level, one directory and cache entry
     short = f"{drift:g}"
-    return short if float(short) == drift else repr(float(drift))
+    return short if float(short) == drift else repr(drift)
 
 
 @dataclass
@@ -92,8 +93,8 @@ class ExperimentConfig:
         if not 0 <= self.seed < 2**32:  # TrainConfig's range
             raise LabError(f"seed must be in [0, 2**32), got {self.seed}")
         unknown = sorted(set(self.arms) - {"a", "b", "c"})
-        if unknown or not {"a", "b"} <= set(self.arms):
-            raise LabError(f"arms must include a and b and be among a, b, c (d follows l2sp); got {self.arms}")
+        if unknown or not {"a", "b"} <= set(self.arms) or len(set(self.arms)) < len(self.arms):
+            raise LabError(f"arms must include a and b and be among a, b, c, each once (d follows l2sp); got {self.arms}")
 
 
 @dataclass

@@ -44,6 +44,7 @@ def test_an_empty_drift_level_list_is_refused(tmp_path, capsys):
     ({"ttt_steps": 0}, "ttt_steps must be >= 1, got 0"),
     ({"seed": -1}, r"seed must be in \[0, 2\*\*32\), got -1"),
     ({"arms": ["a"]}, "arms must include a and b"),
+    ({"arms": ["a", "b", "b"]}, "arms must include a and b and be among a, b, c, each once"),  # recorded twice
 ])
 def test_study_settings_that_would_fail_or_run_nothing_are_refused(over, message):
     with pytest.raises(LabError, match=f"^{message}"):
@@ -62,6 +63,7 @@ def test_each_drift_level_has_its_own_name():
     assert [level_name(d) for d in (0.0, 0.5, 1.0, 4.0, 1e-7)] == ["0", "0.5", "1", "4", "1e-07"]  # cached names kept
     assert level_name(0.1234561) != level_name(0.1234564)
     assert float(level_name(0.1234561)) == 0.1234561
+    assert level_name(-0.0) == "0"  # `--drift-levels -0` had a "-0" directory and cache apart from 0's
 
 
 @pytest.fixture

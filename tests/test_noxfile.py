@@ -113,3 +113,9 @@ def test_reproduce_without_a_run_directory_stops_before_installing(noxfile, tmp_
     with pytest.raises(Stop, match="name a run directory"):
         noxfile.reproduce(session)
     assert session.installs == [] and session.runs == []
+
+
+def test_build_cuda_checks_the_machine_code_torch_builds_for_each_arch_entry(noxfile):
+    """"9.0+PTX" was looked for as sm_90+PTX and failed a good build; torch also takes spaces and "9.0a"."""
+    assert noxfile.machine_code("8.0;9.0;12.0") == ["sm_80", "sm_90", "sm_120"]
+    assert noxfile.machine_code(" 8.0 9.0a;12.0+PTX ") == ["sm_80", "sm_90a", "sm_120"]

@@ -135,6 +135,7 @@ def count_train_tokens(feature_dir) -> torch.Tensor:
     features = FeatureSet(feature_dir)
     vocab_size = int(features.manifest.target["vocab_size"])
     counts = torch.zeros(vocab_size, dtype=torch.int64)
+    features.index("train")  # each shard as its manifest row says (headers only), before its rows are counted
     for row in features.shards("train"):
         path = features.dir / row["file"]
         # only the two small tensors: the hidden states are not needed here

@@ -146,3 +146,15 @@ def test_scanning_a_shard_without_its_states_is_one_line(features, tmp_path, cas
     with pytest.raises(LabError, match="truncated or corrupt feature shard") as e:
         ShardReader().scan(shard)
     assert str(e.value).startswith(f"{shard}: ")
+
+
+def test_vocab_build_counts_no_shard_other_than_its_manifest_row_says(features, tmp_path):
+    """`vocab build` read each shard's first `tokens` ids without the row checks: another capture's shard
+    copied in counted other tokens, silently."""
+    from drafter_lab.data.vocab import count_train_tokens
+
+    out = tmp_path / "feat"
+    shutil.copytree(features, out)
+    shutil.copy(out / "train-00000.safetensors", out / "train-00001.safetensors")
+    with pytest.raises(LabError, match="the manifest lists"):
+        count_train_tokens(out)

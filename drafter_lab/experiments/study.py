@@ -124,8 +124,9 @@ def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path
     from drafter_lab.spec.ngram import NgramDrafter
     from drafter_lab.targets.hf import load_target
 
-    target = load_target(target_dir)
-    drafter = NgramDrafter(drafter) if isinstance(drafter, NgramConfig) else load_drafter(drafter, target=target)
+    target = load_target(target_dir, device=cfg.device)  # the study's device, as its arms trained on
+    drafter = (NgramDrafter(drafter) if isinstance(drafter, NgramConfig)
+               else load_drafter(drafter, target=target, device=target.device))
     convs, _ = read_conversations(prompts)
     return served_eval(
         target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,

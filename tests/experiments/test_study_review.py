@@ -128,3 +128,25 @@ def test_an_installed_copy_inside_another_repository_does_not_record_its_commit(
     _git(project, "commit", "-q", "-m", "x")
     assert manifest.git_state(site) == {"sha": None, "dirty": None}
     assert manifest.git_state(project)["sha"] == _git(project, "rev-parse", "HEAD")
+
+
+def test_served_evaluation_runs_on_the_studys_device(tmp_path, monkeypatch):
+    """It loaded the target on the CPU whatever `device` said (a GPU study decoded on the CPU)."""
+    import dataclasses
+
+    import torch
+
+    from drafter_lab.experiments import study
+    from drafter_lab.experiments.config import get_config
+    from drafter_lab.spec import eval as spec_eval
+
+    seen = {}
+    target = type("T", (), {"device": torch.device("meta")})()
+    monkeypatch.setattr("drafter_lab.targets.hf.load_target", lambda path, device="cpu": seen.update(target=device) or target)
+    monkeypatch.setattr("drafter_lab.drafter.checkpoint.load_drafter",
+                        lambda path, target=None, device="cpu": seen.update(drafter=device) or "drafter")
+    monkeypatch.setattr("drafter_lab.data.conversations.read_conversations", lambda path: ([], {}))
+    monkeypatch.setattr(spec_eval, "evaluate", lambda *a, **k: {"served": True})
+    cfg = dataclasses.replace(get_config("smoke"), device="cuda:3", served_eval=True)
+    assert study._served(cfg, tmp_path / "drafter", tmp_path / "target", tmp_path / "prompts.jsonl") == {"served": True}
+    assert seen == {"target": "cuda:3", "drafter": torch.device("meta")}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from drafter_lab.kernels import draft_step as ds
-from tests.kernels.test_draft_step import DTYPES, Shape, check_step, make_drafter, make_inputs
+from test_draft_step import DTYPES, Shape, check_step, make_drafter, make_inputs
 
 
 def odd_shape(seed: int) -> Shape:

@@ -50,7 +50,8 @@ Tool use (conversations.py): the conversation's `tools` go to every render, and 
 `tool_calls` are written by the template inside the turn (Qwen's `<tool_call>` tags), so they are
 masked and train like an answer; tool results are turns of their own, unmasked like user turns.
 Token-exact, a turn's sampled ids stand for all the template wrote for it, calls included; a turn
-of calls without ids (kept as recorded by regeneration) stays text and unmasked.
+of calls without ids (kept as recorded by regeneration) stays text and unmasked. A call's arguments
+reach the template as an object, or as JSON text where it concatenates them (DeepSeek's, `render`).
 
 Every render takes the template's extra variables (`template_kwargs`, the `chat_template_kwargs` of
 an SGLang or vLLM request): a hybrid thinking model served with `{"enable_thinking": false}` gets
@@ -80,19 +81,53 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
            template_kwargs: dict | None = None, tools: list[dict] | None = None) -> str:
     """The chat template's text; `template_kwargs` are its extra variables, as SGLang and vLLM take
     them per request (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`); `tools` the
-    conversation's (the request's `tools`), which templates list in the system turn."""
+    conversation's (the request's `tools`), which templates list in the system turn.
+
+    A tool call's arguments go as an object, as transformers documents and vLLM and SGLang hand them
+    (Qwen's and Llama 3.1's templates write them with `tojson`); to a template that concatenates them
+    as text (DeepSeek-V3's, R1's: a TypeError for str + dict) as their JSON text, the form the model
+    wrote. That choice is kept per tokenizer and template, so every later render (the prefixes the
+    loss mask is found with, a regenerated turn's prompt) writes the calls alike."""
     # Older transformers pass each message as it is; 5.x also fills `thinking` from `reasoning_content`.
     # Sampling records go: transformers walks every value of every message on each render, which with
     # the answers' token ids took an 80-turn conversation 17.8 s to encode where 1.1 s do.
     parts = reads_thinking_parts(tokenizer)
     messages = [_for_template({k: v for k, v in m.items() if k not in SAMPLING_FIELDS}, parts) for m in messages]
+    template = tokenizer.chat_template
+    as_text = _TEXT_ARGUMENTS.get(tokenizer) == template
+
+    def apply(msgs: list[dict]) -> str:
+        return tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **(template_kwargs or {}))
+
     try:
-        return tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
-            **(template_kwargs or {})
-        )
+        try:
+            return apply(_arguments_as_text(messages) if as_text else messages)
+        except TypeError as e:
+            texted = _arguments_as_text(messages)
+            if as_text or texted == messages or not _CONCATENATED_DICT.search(str(e)):
+                raise
+        text = apply(texted)
+        _TEXT_ARGUMENTS[tokenizer] = template
+        return text
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
         raise LabError(f"chat template rejects the conversation: {first_line(e)}") from None
+
+
+# A template that concatenates a tool call's arguments as text (DeepSeek-V3's, R1's, V3.1's): Python's
+# TypeError for str + dict, either way round.
+_CONCATENATED_DICT = re.compile(r"""concatenate str \(not "dict"\)|for \+: 'dict' and 'str'""")
+_TEXT_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _arguments_as_text(messages: list[dict]) -> list[dict]:
+    """The messages with each tool call's arguments as JSON text (conversations.py reads them as an
+    object), as the OpenAI API carries them and `tojson` writes them."""
+    def text(call: dict) -> dict:
+        args = call["function"]["arguments"]
+        return call if isinstance(args, str) else {**call, "function": {**call["function"], "arguments":
+                                                                          json.dumps(args, ensure_ascii=False)}}
+    return [{**m, "tool_calls": [text(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
 
 
 def _for_template(m: dict, parts: bool) -> dict:

@@ -2,9 +2,11 @@
 failures as one line.
 
 Connection errors and 5xx answers are retried 1, 2, 4, ... s apart (a server under load or still
-starting); 4xx answers and non-JSON bodies are not. A streamed answer (server-sent events, as
-SGLang's and vLLM's `"stream": true` send) is retried only until it starts: a stream that breaks
-off would otherwise be decoded twice. What retries do not cure is a LabError that names the URL.
+starting); 4xx answers and non-JSON bodies are not, nor is a POST that was sent and then got no
+answer within the timeout: the server may still be generating it, and a retry would generate it
+again (a silent GET is retried). A streamed answer (server-sent events, as SGLang's and vLLM's
+`"stream": true` send) is retried only until it starts: a stream that breaks off would otherwise be
+decoded twice. What retries do not cure is a LabError that names the URL.
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ import urllib.request
 from collections.abc import Iterator
 
 from drafter_lab.errors import LabError
+
+
+class HTTPStatusError(LabError):
+    """The server answered an error status, kept in `status` (a 404: an endpoint an older server lacks)."""
+
+    def __init__(self, status: int, detail: str, url: str):
+        super().__init__(f"server answered HTTP {status}: {detail}", url)
+        self.status = status
 
 
 def server_url(text: str) -> str:
@@ -58,8 +68,14 @@ def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: b
             except (http.client.HTTPException, OSError):  # its body cut short or stalled: the status still stands
                 detail = "(its body broke off)"
             if e.code < 500 or attempt == retries:
-                raise LabError(f"server answered HTTP {e.code}: {detail}", url) from None
-        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
+                raise HTTPStatusError(e.code, detail, url) from None
+        except TimeoutError:  # sent, then silent (urllib wraps a connect timeout in a URLError)
+            if data is not None:
+                raise LabError(f"no answer within {timeout_s:g} s; not sent again, as the server may still be "
+                               "generating it", url) from None
+            if attempt == retries:
+                raise LabError(f"no answer within {timeout_s:g} s, {retries + 1} tries", url) from None
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError) as e:
             if attempt == retries:
                 reason = getattr(e, "reason", None) or repr(e)
                 raise LabError(f"cannot reach the server ({reason}) after {retries + 1} tries", url) from None

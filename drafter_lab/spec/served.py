@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from drafter_lab.data.chat import rendered_with
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import request_json, request_text, stream_json
+from drafter_lab.httpjson import HTTPStatusError, request_json, request_text, stream_json
 from drafter_lab.progress import log, progress
 from drafter_lab.servers import PLAIN, served_model
 from drafter_lab.spec.eval import WARMUP_TOKENS, add_request, first_difference, latency, render_prompts
@@ -169,9 +169,14 @@ class SGLang:
         self.url, self.cfg = url.rstrip("/"), cfg
 
     def settings(self) -> dict:
+        """The server's speculative_* settings, {} from an older server without /get_server_info (the
+        numbers stand without it). Retried as a request is: a server still starting refuses the
+        connection, and the result would silently lack its steps, topk and draft tokens."""
         try:
-            info = request_json(self.url + "/get_server_info", timeout_s=self.cfg.timeout_s, retries=0)
-        except LabError:  # an older server: the numbers stand without it
+            info = request_json(self.url + "/get_server_info", timeout_s=self.cfg.timeout_s, retries=self.cfg.retries)
+        except HTTPStatusError as e:
+            if e.status != 404:
+                raise
             return {}
         return {k: v for k, v in info.items() if k.startswith("speculative_")} if isinstance(info, dict) else {}
 

@@ -10,9 +10,9 @@ import random
 
 import pytest
 import torch
+from test_draft_step import DTYPES, Shape, check_step, make_drafter, make_inputs
 
 from drafter_lab.kernels import draft_step as ds
-from test_draft_step import DTYPES, Shape, check_step, make_drafter, make_inputs
 
 
 def odd_shape(seed: int) -> Shape:

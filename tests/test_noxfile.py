@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -13,17 +14,25 @@ from pathlib import Path
 import pytest
 
 NOXFILE = Path(__file__).resolve().parents[1] / "noxfile.py"
+ROOT = NOXFILE.parent
+README = (ROOT / "README.md").read_text()
 
 
 @pytest.fixture
 def noxfile(monkeypatch):
+    sessions = []
+
     def session(*args, **kwargs):
-        return args[0] if args and callable(args[0]) else (lambda f: f)
+        def register(f):
+            sessions.append(f.__name__)
+            return f
+        return register(args[0]) if args and callable(args[0]) else register
 
     monkeypatch.setitem(sys.modules, "nox", types.SimpleNamespace(session=session, options=types.SimpleNamespace()))
     spec = importlib.util.spec_from_file_location("noxfile_under_test", NOXFILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.SESSIONS = sessions
     return module
 
 
@@ -119,3 +128,43 @@ def test_build_cuda_checks_the_machine_code_torch_builds_for_each_arch_entry(nox
     """"9.0+PTX" was looked for as sm_90+PTX and failed a good build; torch also takes spaces and "9.0a"."""
     assert noxfile.machine_code("8.0;9.0;12.0") == ["sm_80", "sm_90", "sm_120"]
     assert noxfile.machine_code(" 8.0 9.0a;12.0+PTX ") == ["sm_80", "sm_90a", "sm_120"]
+
+
+def _name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0]).lower()
+
+
+def test_sessions_install_nothing_their_lock_leaves_unpinned(noxfile, tmp_path, monkeypatch):
+    # pybind11 was installed on top of the lock (torch ships its headers), so a release of it reached
+    # every session's extension build. pip is the installer itself, upgraded in the fresh venv.
+    monkeypatch.delenv("DRAFTER_LAB_NEWEST", raising=False)
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    (tmp_path / "cuda" / "bin" / "nvcc").touch()
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    for session_fn, lock in ((noxfile.install_lab, noxfile.CPU_LOCK), (noxfile.build_cuda, noxfile.GPU_LOCK)):
+        locked = {_name(p) for p in noxfile.lock_constraints(Path(lock).read_text())}
+        (tmp_path / Path(lock).stem).mkdir()
+        session = FakeSession(tmp_path / Path(lock).stem)
+        session_fn(session)
+        named = [a for call in session.installs for a in call
+                 if not a.startswith("-") and not a.startswith(".") and not a.endswith("constraints.txt")]
+        unpinned = [r for r in named if _name(r) not in locked | {"torch", "pip"}]
+        assert not unpinned, f"{session_fn.__name__} installs {unpinned}, which {Path(lock).name} does not pin"
+
+
+def test_nox_sessions_named_in_readme_and_ci_exist(noxfile):
+    texts = {"README.md": README, ".ci/run": (ROOT / ".ci" / "run").read_text(),
+             "containers/ci.sh": (ROOT / "containers" / "ci.sh").read_text(), "noxfile.py": noxfile.__doc__}
+    named = {(where, s) for where, text in texts.items()
+             for m in re.finditer(r"nox -s ((?:[a-z_]+ ?)+)", text) for s in m.group(1).split()}
+    assert {s for _, s in named} >= {"experiment", "tests"}
+    assert not [f"{where}: nox -s {s}" for where, s in sorted(named) if s not in noxfile.SESSIONS]
+    # CI runs the README's test command.
+    assert re.search(r"^python3 -m nox -s [a-z_ ]*\btests\b", texts[".ci/run"], re.M)
+
+
+def test_front_door_says_how_to_get_the_cpu_torch(noxfile):
+    # A torch pin without +cpu resolves on PyPI to the CUDA build: the README's first commands must say
+    # how to get the CPU wheel before a newcomer downloads gigabytes the lock does not cover.
+    front = README.split("\n## ", 1)[0]
+    assert "+cpu" in noxfile.CPU_TORCH or ("PIP_EXTRA_INDEX_URL" in front and "whl/cpu" in front)

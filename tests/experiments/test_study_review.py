@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 from datetime import datetime
 
@@ -115,6 +116,7 @@ def _git(cwd, *args):
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git, to make the enclosing repository (the image has none)")
 def test_an_installed_copy_inside_another_repository_does_not_record_its_commit(tmp_path, monkeypatch):
     """`pip install .` into a project's .venv: the copy's site-packages lies inside the project's checkout,
     and the manifest named that project's commit (and dirtiness) as the lab's."""

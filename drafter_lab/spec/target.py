@@ -60,9 +60,14 @@ class TargetRunner:
         return torch.where(allowed, zero, torch.full((), neg, dtype=self.dtype, device=allowed.device))[:, None]
 
     def _forward(self, ids, allowed, positions, keep=None, aux=True):
+        """keep [B, K]: the positions of each row whose logits are returned ([B, K, V]); None: all."""
         kwargs = {self._cache_kw: self.cache}
         if keep is not None and self._keep_logits:
-            kwargs["logits_to_keep"] = keep
+            # The positions go in as one 1-D list, which every transformers version takes: per-row
+            # [B, K] lists came later, and earlier versions broadcast one into [B, B, K, V] logits.
+            kept, keep = keep.flatten().unique(return_inverse=True)
+            keep = keep.view(ids.shape[0], -1)
+            kwargs["logits_to_keep"] = kept
         out = self.model(
             input_ids=ids,
             attention_mask=self._mask(allowed),
@@ -73,7 +78,7 @@ class TargetRunner:
         )
         aux = torch.cat([out.hidden_states[i] for i in self.aux_ids], -1) if aux else None
         logits = out.logits
-        if keep is not None and not self._keep_logits:
+        if keep is not None:
             logits = logits.gather(1, keep[..., None].expand(-1, -1, logits.shape[-1]))
         return logits, aux
 

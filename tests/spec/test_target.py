@@ -75,3 +75,29 @@ def test_a_chain_at_batch_1_commits_without_touching_the_cache(target):
         for old, new in zip(before, _cache(runner)):
             assert new.shape[2] == 9
             torch.testing.assert_close(new[0], old[0, :, :9], rtol=0, atol=0)
+
+
+def _slice_as_transformers_5_17(hidden_states, logits_to_keep):
+    """How transformers up to 5.17 sliced before the head: a tensor indexes the positions of every row."""
+    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return hidden_states[:, keep, :]
+
+
+def test_prefill_gives_each_row_its_last_token_logits_under_older_transformers(target, monkeypatch):
+    """Rows of different lengths: the logits prefill returns are each row's at its last prompt token,
+    also where transformers broadcasts a per-row [B, 1] position list (5.17, seen on an H200 image;
+    the engine then read [B, B, V] logits and emitted lists as tokens)."""
+    import transformers.models.llama.modeling_llama as llama
+
+    gen = torch.Generator().manual_seed(2)
+    lens = [9, 4, 6]
+    ids = torch.randint(target.vocab_size, (len(lens), max(lens)), generator=gen)
+    want = torch.stack([target.model(input_ids=ids[b : b + 1, :n]).logits[0, -1] for b, n in enumerate(lens)])
+    for slicing in ("installed", "5.17"):
+        if slicing == "5.17":
+            monkeypatch.setattr(llama, "slice_logits_to_keep", _slice_as_transformers_5_17)
+        runner = TargetRunner(target.model, [], target.path)
+        with torch.no_grad():
+            got, _ = runner.prefill(ids, torch.tensor(lens), aux=False)
+        assert got.shape == want.shape, slicing
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=slicing)

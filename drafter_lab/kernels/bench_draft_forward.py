@@ -296,6 +296,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     device = resolve_device(args.device)  # a typo or cuda:N past the GPUs was torch's traceback
     if device.type == "cuda":  # the timer's events, synchronize() and the graphs' side stream use the current one
+        if device.index is None:  # a bare "cuda" is the current device; set_device wants an index
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     if not ds.available(device):
         raise LabError(f"the fused draft_step op has no {device.type} kernel: build drafter_lab._C first")

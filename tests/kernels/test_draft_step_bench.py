@@ -76,3 +76,26 @@ def test_bench_refuses_topk_the_op_does_not_take(argv, most, capsys):
         bench.parse(argv)
     assert e.value.code == 2 and f"--topk {argv[-1]}: must be <= {most}" in capsys.readouterr().err
     assert bench.parse(argv[:-1] + [str(most)]).topk == most
+
+
+class _SetDevice(Exception):
+    """Stops main at torch.cuda.set_device, once torch's own index check has passed."""
+
+
+@pytest.mark.parametrize("name,index", [("cuda", 0), ("cuda:0", 0)])
+def test_bench_bare_cuda_is_the_current_device(monkeypatch, name, index):
+    """--device cuda (the default on a GPU) was torch.cuda.set_device's ValueError: no index."""
+    cuda = bench.torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(cuda, "current_device", lambda: 0)
+
+    def set_device(device):
+        got.append(cuda._utils._get_device_index(device))
+        raise _SetDevice
+
+    got = []
+    monkeypatch.setattr(cuda, "set_device", set_device)
+    with pytest.raises(_SetDevice):
+        bench.main(["--device", name])
+    assert got == [index]

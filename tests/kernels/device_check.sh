@@ -2,6 +2,8 @@
 # Everything the kernels need a GPU for, in one call (a machine with no nox: python3 + pytest):
 # build drafter_lab._C for this GPU, the GPU correctness suites, the benchmarks, compute-sanitizer.
 #   OUT=DIR bash tests/kernels/device_check.sh [build] [tests] [allreduce] [bench] [sanitizer]   (default: all)
+# bench is breakdown, table, gemv, verify and replay, which can also be named alone (to order a short
+# call by priority); ALLREDUCE_BLOCKS (default "16 4 1") sets the all-reduce runs' CTA counts.
 # Each step has its own time limit and the script goes on after a failure, so one call shows every
 # problem; the log (device_check.log) and the benchmark JSON land in $OUT, and
 # the last lines printed are the summary. The limits add up to more than one 600 s device call:
@@ -11,8 +13,15 @@ cd "$(dirname "$0")/../.."
 export OUT="${OUT:-runs/device}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
-STEPS=("${@:-build tests allreduce bench sanitizer}")
-read -r -a STEPS <<<"${STEPS[*]}"
+KNOWN="build tests allreduce breakdown table gemv verify replay sanitizer"
+read -r -a NAMED <<<"${*:-build tests allreduce bench sanitizer}"
+STEPS=()
+for s in "${NAMED[@]}"; do
+  [[ $s == bench ]] && STEPS+=(breakdown table gemv verify replay) && continue
+  # every name is checked before anything runs: a typo must not cost the steps before it
+  [[ " $KNOWN " == *" $s "* ]] || { echo "unknown step: $s (build, tests, allreduce, bench = breakdown table gemv verify replay, sanitizer)"; exit 2; }
+  STEPS+=("$s")
+done
 summary=()
 
 step() {  # step NAME LIMIT_S CMD...: run with a limit, log to $OUT/NAME.log, record rc and seconds
@@ -38,32 +47,40 @@ for s in "${STEPS[@]}"; do
       ;;
     tests)
       step tests 240 "$PY" -m pytest tests/kernels tests/spec/test_fused_decoding.py tests/spec/test_ngram.py tests/spec/test_phases.py \
-        tests/train/test_bench_replay.py -m gpu -q -p no:cacheprovider --timeout=90 -rfEs
+        tests/train/test_bench_replay.py -m gpu -q -p no:cacheprovider --timeout=90 -rfEs --durations=12
       ;;
-    bench)
-      # Per-kernel device times with and without programmatic dependent launch, then the table.
+    breakdown)
+      # Per-kernel device times with and without programmatic dependent launch.
       for pdl in 1 0; do
         step "breakdown_pdl${pdl}" 90 env DRAFTER_LAB_PDL=$pdl "$PY" -m drafter_lab.kernels.bench_draft_forward \
           --breakdown --compile-mode none --batch 1 8 --reps 50
       done
+      ;;
+    table)
       step bench_draft_forward 150 "$PY" -m drafter_lab.kernels.bench_draft_forward \
         --json "$OUT/draft_forward.json" --markdown "$OUT/draft_forward.md" --reps "${BENCH_REPS:-100}"
+      ;;
+    gemv)
       # GEMV occupancy A/B against the table's "ours" (gemv.cu, blocks_per_sm): four blocks per SM fill
       # the register file, so a kernel's successor only becomes resident in its tail; two leave it room.
       step gemv_blocks2 90 env DRAFTER_LAB_GEMV_BLOCKS=2 "$PY" -m drafter_lab.kernels.bench_draft_forward \
         --compile-mode none --batch 1 8 --reps "${BENCH_REPS:-100}"
+      ;;
+    verify)
       # The target's verify pass by batch and tokens on this GPU (a random Llama-3.2-1B-shaped body).
       target_dir=$(mktemp -d)
       step random_target 120 "$PY" tests/kernels/random_target.py "$target_dir"
       step bench_verify 120 "$PY" -m drafter_lab.spec.bench_verify --target "$target_dir" --dtype bfloat16 \
         --tokens 1,2,4,8,16,32 --batch 1,8,32 --context 1024 --json "$OUT/verify.json"
       rm -rf "$target_dir"
+      ;;
+    replay)
       # Validation's replay solve: blocks against the position loop (launch-bound on a GPU).
       step bench_replay 60 "$PY" -m drafter_lab.train.bench_replay --device cuda
       ;;
     allreduce)
       # Every algorithm (LL, one-shot, two-shot) of both CUDA backends, ranks as streams of one GPU.
-      for blocks in 16 4 1; do
+      for blocks in ${ALLREDUCE_BLOCKS:-16 4 1}; do
         step "bench_allreduce_${blocks}ctas" 90 "$PY" -m drafter_lab.kernels.bench_allreduce --gpu-streams \
           --blocks "$blocks" --sizes 1024 8192 32768 57344 65536 262144 1048576 --json "$OUT/allreduce.json"
       done
@@ -71,7 +88,6 @@ for s in "${STEPS[@]}"; do
     sanitizer)
       step sanitizer 150 bash tests/kernels/run_sanitizer.sh
       ;;
-    *) echo "unknown step: $s (build, tests, allreduce, bench, sanitizer)"; exit 2 ;;
   esac
 done
 echo "== summary"

@@ -151,6 +151,35 @@ def test_cuda_generations_wrap_around(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", ["one-shot", "two-shot", "LL"])
+@pytest.mark.parametrize("late", [0, 1])
+def test_cuda_a_late_rank_is_waited_for(backend, algo, late):
+    """A rank whose call starts ~50 ms after its peer's (a sleep ahead of it on its stream) is waited
+    for, well inside the timeout, by every algorithm; the sums are exact. (The aliasing test below
+    delays rank 1 the same way; this one tells a late peer apart from a stale packet.)"""
+    from drafter_lab.kernels.allreduce import sum_native
+
+    comms = _group(2, backend)
+    for c in comms:
+        c.one_shot_max_bytes = c.capacity if algo == "one-shot" else 0
+        c.ll_max_bytes = c.ll_capacity if algo == "LL" else 0
+    gen = torch.Generator().manual_seed(secrets.randbits(31))
+    parts = [torch.randn(3001, generator=gen) for _ in comms]
+    ins = [p.to(c.device) for p, c in zip(parts, comms)]
+
+    def call(r):
+        if r == late:
+            torch.cuda._sleep(100_000_000)
+        comms[r].all_reduce(ins[r])
+
+    _on_streams(comms, [partial(call, r) for r in range(2)])
+    for r in range(2):
+        assert torch.equal(ins[r].cpu(), sum_native(parts)), f"{backend} {algo} rank {r}, rank {late} late"
+    for c in comms:
+        c.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_ll_packets_do_not_alias_2_to_the_32_calls_later(backend):
     """An LL packet left by a large call, under a run of smaller calls, would match its generation
     again 2^32 calls later and be summed before the peer's fresh one lands; the refresh every 2^30

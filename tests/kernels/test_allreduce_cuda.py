@@ -153,10 +153,12 @@ def test_cuda_generations_wrap_around(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", ["one-shot", "two-shot", "LL"])
 @pytest.mark.parametrize("late", [0, 1])
-def test_cuda_a_late_rank_is_waited_for(backend, algo, late):
+@pytest.mark.parametrize("full", [False, True])
+def test_cuda_a_late_rank_is_waited_for(backend, algo, late, full):
     """A rank whose call starts ~50 ms after its peer's (a sleep ahead of it on its stream) is waited
-    for, well inside the timeout, by every algorithm; the sums are exact. (The aliasing test below
-    delays rank 1 the same way; this one tells a late peer apart from a stale packet.)"""
+    for, well inside the timeout, by every algorithm, at 3001 floats and at LL's whole capacity (every
+    thread polling); the sums are exact. (The aliasing test below delays rank 1 the same way, at
+    full capacity; this one tells a late peer apart from a stale packet.)"""
     from drafter_lab.kernels.allreduce import sum_native
 
     comms = _group(2, backend)
@@ -164,7 +166,7 @@ def test_cuda_a_late_rank_is_waited_for(backend, algo, late):
         c.one_shot_max_bytes = c.capacity if algo == "one-shot" else 0
         c.ll_max_bytes = c.ll_capacity if algo == "LL" else 0
     gen = torch.Generator().manual_seed(secrets.randbits(31))
-    parts = [torch.randn(3001, generator=gen) for _ in comms]
+    parts = [torch.randn(comms[0].ll_capacity // 4 if full else 3001, generator=gen) for _ in comms]
     ins = [p.to(c.device) for p, c in zip(parts, comms)]
 
     def call(r):

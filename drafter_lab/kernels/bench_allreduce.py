@@ -12,7 +12,10 @@ interleaved size by size, so machine load hits both alike.
 
 `--gpu-streams` measures the CUDA backends on a single GPU: the ranks are streams of one process
 (processes sharing a GPU are time-sliced, which stalls kernels spinning on a peer), each replaying
-a CUDA graph of 20 calls, event-timed, each algorithm forced in turn (LL up to its capacity).
+a CUDA graph of 20 calls, event-timed, each algorithm forced in turn (LL up to its capacity). It
+writes `allreduce_gpu_streams_<blocks>ctas.json` beside `--json`, and beside that, per backend and
+rank count, `<stem>.costmodel-<backend>-<N>ranks.json`: each size at its fastest algorithm, the flat
+form `drafter-lab costmodel --inputs FILE` reads (`fastest_tables` makes them from the JSON too).
 
 The simulator runs a tensor-parallel verify step at Kimi-like shapes: `--layers` (61) layers, each
 with two row-parallel GEMV pairs (hidden 7168 -> `--inner` -> 7168, a stand-in for attention and
@@ -386,6 +389,19 @@ def _best(cols: dict, backend: str, size: int) -> str:
     return f"{timed[algo]:.2f} ({algo})"
 
 
+def fastest_tables(allreduce_us: dict) -> dict[str, dict[str, float]]:
+    """{"<N> ranks, <backend> <algo>": {"<bytes>": us}} (the --gpu-streams JSON) -> {"<backend>-<N>ranks":
+    {"<bytes>": us of the fastest algorithm at that size}}: what the communicator picks, for the cost model."""
+    fastest: dict[str, dict[str, float]] = {}
+    for column, sizes in allreduce_us.items():
+        ranks, _, name = column.partition(" ranks, ")
+        backend = name.rsplit(" ", 1)[0]
+        table = fastest.setdefault(f"{backend}-{ranks}ranks", {})
+        for size, us in sizes.items():
+            table[size] = min(us, table.get(size, us))
+    return {k: dict(sorted(t.items(), key=lambda kv: int(kv[0]))) for k, t in fastest.items()}
+
+
 def gpu_streams(args) -> dict:
     """CUDA backends with the ranks as streams of this process (one GPU is enough)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -428,13 +444,16 @@ def gpu_streams(args) -> dict:
             row = "".join(f"{cols[k][s]:>18.2f}" if s in cols[k] else f"{'-':>18}" for k in cols)
             print(f"{_fmt_size(s):>8} " + row + "".join(f"{_best(cols, b, s):>22}" for b in backends))
     out = Path(args.json).with_name(f"allreduce_gpu_streams_{args.blocks}ctas.json")
+    columns = {f"{w} ranks, {k}": {str(s): v for s, v in col.items()} for w, cols in results.items() for k, col in cols.items()}
     write_json(out, {
-        "allreduce_us": {f"{w} ranks, {k}": {str(s): v for s, v in col.items()} for w, cols in results.items() for k, col in cols.items()},
+        "allreduce_us": columns,
         "meta": {"dtype": args.dtype, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                  "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                  "blocks": args.blocks, "how": "ranks as streams of one process, 20 calls per CUDA graph, median over replays"},
     })
-    log(f"wrote {out}")
+    for name, table in fastest_tables(columns).items():
+        write_json(out.with_name(f"{out.stem}.costmodel-{name}.json"), {"allreduce_us": table})
+    log(f"wrote {out} (+ {out.stem}.costmodel-<backend>-<N>ranks.json)")
     return results
 
 

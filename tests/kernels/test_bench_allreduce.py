@@ -104,3 +104,24 @@ def test_a_sum_beyond_capacity_is_labelled_by_its_chunks():
         assert _algo_name(comm, comm.capacity) == "1-shot"
         comm.one_shot_max_bytes = 0
         assert _algo_name(comm, (2 << 20) + 2) == "3x 2-shot"
+
+
+def test_fastest_tables_take_each_sizes_fastest_algorithm(tmp_path):
+    """--gpu-streams' columns -> one flat table per backend and rank count, which the cost model reads."""
+    from drafter_lab.kernels.bench_allreduce import fastest_tables
+    from drafter_lab.spec.costinputs import apply_inputs
+    from drafter_lab.spec.costmodel import CostModelConfig
+
+    columns = {
+        "2 ranks, cuda-ipc 1-shot": {"1024": 6.9, "57344": 6.1, "1048576": 12.3},
+        "2 ranks, cuda-ipc 2-shot": {"1024": 10.0, "57344": 8.9, "1048576": 12.9},
+        "2 ranks, cuda-ipc LL": {"1024": 5.1, "57344": 5.2},
+        "4 ranks, cuda-ipc LL": {"1024": 8.8},
+        "2 ranks, cuda-host 1-shot": {"1024": 8.8},
+    }
+    tables = fastest_tables(columns)
+    assert tables == {"cuda-ipc-2ranks": {"1024": 5.1, "57344": 5.2, "1048576": 12.3},
+                      "cuda-ipc-4ranks": {"1024": 8.8}, "cuda-host-2ranks": {"1024": 8.8}}
+    path = tmp_path / "ipc.json"
+    path.write_text(json.dumps({"allreduce_us": tables["cuda-ipc-2ranks"]}))
+    assert apply_inputs(CostModelConfig(), path)[1] == {1024: 5.1, 57344: 5.2, 1048576: 12.3}

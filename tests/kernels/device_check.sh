@@ -47,7 +47,8 @@ for s in "${STEPS[@]}"; do
       ;;
     tests)
       step tests 240 "$PY" -m pytest tests/kernels tests/spec/test_fused_decoding.py tests/spec/test_ngram.py tests/spec/test_phases.py \
-        tests/train/test_bench_replay.py -m gpu -q -p no:cacheprovider --timeout=90 -rfEs --durations=12
+        tests/train/test_bench_replay.py tests/train/test_train_cuda.py -m gpu -q -p no:cacheprovider --timeout=90 -rfEs \
+        --durations=12
       ;;
     breakdown)
       # Per-kernel device times with and without programmatic dependent launch.

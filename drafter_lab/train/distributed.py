@@ -44,9 +44,13 @@ class Dist:
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    """The device a run trains on: `resolve_device`'s, with a bare "cuda" taken as this rank's GPU."""
+    """The device a run trains on: `resolve_device`'s, with a bare "cuda" taken as this rank's GPU:
+    cuda:LOCAL_RANK, or the only one a rank sees (launchers that bind one GPU per rank through
+    CUDA_VISIBLE_DEVICES, e.g. SLURM's --gpus-per-task=1, leave LOCAL_RANK as it is)."""
     dev = resolve_device(name)
-    return resolve_device(f"cuda:{local_rank}") if dev.type == "cuda" and dev.index is None else dev
+    if dev.type != "cuda" or dev.index is not None:
+        return dev
+    return resolve_device("cuda:0" if torch.cuda.device_count() == 1 else f"cuda:{local_rank}")
 
 
 def setup(device: str) -> Dist:

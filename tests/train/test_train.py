@@ -356,6 +356,9 @@ def test_cuda_is_taken_only_where_it_is_visible(monkeypatch):
     assert pick_device("cuda", local_rank=1) == torch.device("cuda:1")
     with pytest.raises(LabError, match=r"device 'cuda:2': only 2 CUDA device\(s\) visible"):
         pick_device("cuda:2")
+    # one GPU bound per rank (CUDA_VISIBLE_DEVICES): rank 3 of a node trains on the one it sees
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("cuda", local_rank=3) == torch.device("cuda:0")
 
 
 @pytest.mark.parametrize("over", [{"val_temperature": float("nan")}, {"lr": float("nan")},

@@ -2,6 +2,7 @@
 
     nox -s experiment            the lab's main job (default config tiny-cpu)
     nox -s tests                 the test suite (CPU; GPU tests skip with a reason)
+    nox -s tests_gpu_stack       the suites that load models, with the GPU image's transformers stack
     nox -s lint                  ruff
     nox -s kernels               the kernel correctness suites (GPU parts skip without a GPU)
     nox -s build_cuda            compile the CUDA sources (CUDA torch + nvcc; no GPU needed)
@@ -75,13 +76,13 @@ def lock_constraints(lock_text: str) -> list[str]:
     return pins
 
 
-def constrained(session: nox.Session, lock: str) -> list[str]:
+def constrained(session: nox.Session, lock: str, name: str = "constraints.txt") -> list[str]:
     """pip arguments that hold an install to `lock`'s versions (none with DRAFTER_LAB_NEWEST=1)."""
     if os.environ.get("DRAFTER_LAB_NEWEST") == "1":
         return []
     with open(lock) as f:
         pins = lock_constraints(f.read())
-    path = os.path.join(session.virtualenv.location, "constraints.txt")  # create_tmp() would also move TMPDIR
+    path = os.path.join(session.virtualenv.location, name)  # create_tmp() would also move TMPDIR
     with open(path, "w") as f:
         f.write("\n".join(pins) + "\n")
     return ["-c", path]
@@ -99,6 +100,21 @@ def tests(session: nox.Session) -> None:
     """Fresh venv, CPU torch, the package and its extension; then pytest."""
     install_lab(session)
     session.run("pytest", "-q", "--timeout=900", *session.posargs, env={"OMP_NUM_THREADS": "2"})
+
+
+# The libraries between the lab and a model, as the GPU image pins them: SGLang holds them behind the CPU
+# image's (transformers 5.19 against 5.24), and an API that moved between the two passed CPU CI and broke on
+# a GPU (a per-row logits_to_keep, which 5.19 broadcasts into [B, B, V] logits).
+GPU_MODEL_STACK = ("transformers", "huggingface-hub", "tokenizers")
+MODEL_SUITES = ("tests/spec", "tests/targets", "tests/data", "tests/drafter")
+
+
+@nox.session
+def tests_gpu_stack(session: nox.Session) -> None:
+    """The suites that load models, on CPU torch with the GPU image's transformers stack (no GPU needed)."""
+    install_lab(session)
+    session.install(*constrained(session, GPU_LOCK, "constraints-gpu.txt"), *GPU_MODEL_STACK)
+    session.run("pytest", "-q", "--timeout=900", *(session.posargs or MODEL_SUITES), env={"OMP_NUM_THREADS": "2"})
 
 
 @nox.session

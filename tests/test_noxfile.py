@@ -111,6 +111,24 @@ def test_sessions_install_under_their_lock(noxfile, tmp_path, monkeypatch, newes
             assert _installed_under(session, lock, noxfile)
 
 
+def test_gpu_stack_session_tests_the_model_suites_under_the_gpu_images_transformers(noxfile, tmp_path, monkeypatch):
+    monkeypatch.delenv("DRAFTER_LAB_NEWEST", raising=False)
+    session = FakeSession(tmp_path)
+    session.posargs = []
+    noxfile.tests_gpu_stack(session)
+    *lab, stack = session.installs
+    assert [a for call in lab for a in call if a.startswith("torch")] == [noxfile.CPU_TORCH]
+    gpu_constraints = tmp_path / "constraints-gpu.txt"
+    assert stack[:2] == ("-c", str(gpu_constraints)) and "transformers" in stack[2:]
+    pins = gpu_constraints.read_text().split()
+    assert pins == noxfile.lock_constraints(Path(noxfile.GPU_LOCK).read_text())
+    assert any(p.startswith("transformers==") for p in pins)  # what SGLang's image runs, not the CPU lock's
+    assert (tmp_path / "constraints.txt").read_text().split() == noxfile.lock_constraints(
+        Path(noxfile.CPU_LOCK).read_text())
+    assert session.runs == [("pytest", "-q", "--timeout=900", *noxfile.MODEL_SUITES)]
+    assert all((ROOT / suite).is_dir() for suite in noxfile.MODEL_SUITES)
+
+
 def test_reproduce_without_a_run_directory_stops_before_installing(noxfile, tmp_path):
     """It installed torch and compiled the extension (minutes), then failed on argparse."""
     class Stop(Exception):

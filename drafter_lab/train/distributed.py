@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import resolve_device
 
 
@@ -59,6 +60,10 @@ def setup(device: str) -> Dist:
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local)
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1 and dev.type == "cuda" and torch.cuda.device_count() > 1 \
+            and resolve_device(device).index is not None:  # NCCL's "Duplicate GPU detected" traceback otherwise
+        raise LabError(f"--device {device} puts every rank of this node on one GPU; pass --device cuda, and "
+                       "each rank takes cuda:LOCAL_RANK")
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         if dev.type == "cuda":

@@ -361,6 +361,26 @@ def test_cuda_is_taken_only_where_it_is_visible(monkeypatch):
     assert pick_device("cuda", local_rank=3) == torch.device("cuda:0")
 
 
+def test_torchrun_ranks_on_one_node_are_not_all_put_on_one_gpu(monkeypatch):
+    """--device cuda:0 under torchrun with 2 ranks a node was NCCL's duplicate-GPU traceback at init."""
+    from drafter_lab.train import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    joined = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: joined.append(dev))
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: joined.append(backend))
+    for key, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(LabError, match="^--device cuda:0 puts every rank of this node on one GPU"):
+        distributed.setup("cuda:0")
+    assert joined == []
+    assert distributed.setup("cuda").device == torch.device("cuda:1") and joined == [torch.device("cuda:1"), "nccl"]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one rank a node: GPU 0 of each node is fine
+    assert distributed.setup("cuda:0").device == torch.device("cuda:0")
+
+
 @pytest.mark.parametrize("over", [{"val_temperature": float("nan")}, {"lr": float("nan")},
                                   {"grad_clip": float("inf")}, {"seed": 2**64}, {"seed": -1}])
 def test_train_settings_refuse_nan_and_inf(over):

@@ -11,9 +11,13 @@ import pytest
 SCRIPT = Path(__file__).with_name("device_check.sh")
 
 
+def _run(tmp_path, *names, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *names], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": "echo", **env})
+
+
 def _steps(tmp_path, *names, **env) -> list[str]:
-    run = subprocess.run(["bash", str(SCRIPT), *names], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "OUT": str(tmp_path), "PYTHON": "echo", **env})
+    run = _run(tmp_path, *names, **env)
     assert run.returncode == 0, run.stdout + run.stderr
     summary = run.stdout.split("== summary\n", 1)[1].splitlines()
     return [line.split()[0] for line in summary]
@@ -31,8 +35,7 @@ def test_parts_run_in_the_order_named(tmp_path):
 
 def test_an_unknown_step_is_refused_before_any_runs(tmp_path):
     """Also one that contains a step's name ("benchmark" is not "bench")."""
-    run = subprocess.run(["bash", str(SCRIPT), "table", "benchmark"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "OUT": str(tmp_path), "PYTHON": "echo"})
+    run = _run(tmp_path, "table", "benchmark")
     assert run.returncode == 2 and "unknown step: benchmark" in run.stdout
     assert "== bench_draft_forward" not in run.stdout
 

@@ -196,15 +196,34 @@ def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor 
     return out
 
 
+def check_source_target(source_path, source_target) -> None:
+    """Refuse a `--source-target` whose weights are not those the source drafter's run.json records: its
+    tokenizer would remap by another vocabulary, and the probe's home signals measure another model,
+    silently. A directory without weights (a tokenizer alone) or a drafter without a run record
+    cannot be checked and is taken as given."""
+    from drafter_lab.spec.pairing import recorded_fingerprint
+    from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint, weight_files
+
+    recorded, given = recorded_fingerprint(source_path), Path(source_target)
+    if recorded is None or not (given / "config.json").is_file() or not weight_files(given):
+        return
+    if recorded not in (fingerprint(given), legacy_fingerprint(given)):
+        raise LabError(f"--source-target {given} is not the target this drafter was trained on: its run.json "
+                       f"records {recorded}, that directory is {fingerprint(given)} (pass the drafter's own "
+                       "target, or leave --source-target out)", source_path)
+
+
 def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | None, str | None]:
     """The token map from `target` to the source drafter's target, and how it was found (None, None
-    where no tokenizer of the source's target is at hand). `source_target`: its directory; else the
-    one the source's run.json names, if it still holds the weights it names (the fingerprint)."""
+    where no tokenizer of the source's target is at hand). `source_target`: its directory (checked
+    against the run record, `check_source_target`); else the one the source's run.json names, if it
+    still holds the weights it names (the fingerprint)."""
     from drafter_lab.spec.pairing import recorded_fingerprint
     from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint
     from drafter_lab.targets.hf import load_tokenizer
 
     if source_target is not None:
+        check_source_target(source_path, source_target)
         return token_map(load_tokenizer(source_target), load_tokenizer(target.path), target.vocab_size), \
             "--source-target"
     recorded = recorded_fingerprint(source_path)

@@ -177,12 +177,13 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
         raise LabError(f"the drafter reads aux layers {aux} (hidden_states indices), the features hold {captured}: "
                        f"capture them at the drafter's (data prepare --aux-layer-ids {','.join(map(str, aux))})",
                        drafter_dir)
+    # where the two targets' tokenizers differ, an id names another token in each: compare tokens
+    # (first: it refuses a --source-target that is not the drafter's, before the signals' minutes)
+    tokens, tokens_from = source_tokens(drafter_dir, source_target_dir, target)
     lm_head = target.lm_head_weight()
 
     zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size)
     new_vocab = build_vocab(data_dir, drafter.config.draft_vocab_size)
-    # where the two targets' tokenizers differ, an id names another token in each: compare tokens
-    tokens, tokens_from = source_tokens(drafter_dir, source_target_dir, target)
     vocab = {**compare_vocabs(vocab_of_drafter(drafter), new_vocab, b_to_a=tokens),
              "by": "id" if tokens is None else "token", "source_tokenizer": tokens_from}
 

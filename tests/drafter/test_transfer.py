@@ -322,6 +322,30 @@ def test_the_source_targets_tokenizer_is_found_where_its_run_names_it(random_lla
     assert source_tokens(path, None, target) == (None, None)  # that directory now holds other weights
 
 
+def test_a_source_target_with_other_weights_than_the_run_records_is_refused(random_llama, wide_llama, tmp_path):
+    """--source-target is checked against the fingerprint the source's run.json records: another model's
+    tokenizer would remap by the wrong vocabulary. A tokenizer alone (no weights) cannot be checked."""
+    import json
+
+    from drafter_lab.drafter.transfer import source_tokens
+    from drafter_lab.targets.fingerprint import fingerprint
+    from drafter_lab.targets.hf import load_target_head, load_tokenizer
+
+    _, path = source(tmp_path, formats.SGLANG)
+    (path / "run.json").write_text(json.dumps({"target": {"path": str(random_llama),
+                                                          "fingerprint": fingerprint(random_llama)}}))
+    target = load_target_head(random_llama)
+    with pytest.raises(LabError) as e:
+        source_tokens(path, wide_llama, target)
+    assert str(e.value) == (f"{path}: --source-target {wide_llama} is not the target this drafter was trained on: "
+                            f"its run.json records {fingerprint(random_llama)}, that directory is "
+                            f"{fingerprint(wide_llama)} (pass the drafter's own target, or leave --source-target out)")
+    tokenizer_only = tmp_path / "tokenizer-only"
+    load_tokenizer(random_llama).save_pretrained(tokenizer_only)
+    assert source_tokens(path, tokenizer_only, target) == (None, "--source-target")
+    assert source_tokens(path, random_llama, target) == (None, "--source-target")
+
+
 def test_a_token_map_across_tokenizer_families_pairs_tokens_of_the_same_bytes():
     """A sentencepiece-style vocabulary ('▁' for a space, <0xNN> byte fallback) against a byte-level BPE
     ('Ġ' for a space, one character per byte): tokens pair by the bytes they stand for, so the new 'é'

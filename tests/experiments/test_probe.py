@@ -193,6 +193,7 @@ def test_at_home_the_drafter_embeds_with_its_own_targets_embedding(source, rando
     from transformers import AutoModelForCausalLM
 
     from drafter_lab.experiments import probe as probe_mod
+    from drafter_lab.targets.fingerprint import fingerprint
 
     src, feats = source
     model = AutoModelForCausalLM.from_pretrained(str(random_llama))
@@ -202,10 +203,15 @@ def test_at_home_the_drafter_embeds_with_its_own_targets_embedding(source, rando
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         if (random_llama / name).exists():
             (old / name).write_bytes((random_llama / name).read_bytes())
+    mine = tmp_path / "drafter"  # trained on the old version, as its run record says
+    shutil.copytree(src, mine)
+    run = json.loads((src / "run.json").read_text())
+    run["target"]["fingerprint"] = fingerprint(old)
+    (mine / "run.json").write_text(json.dumps(run))
     seen = []
     real = probe_mod.evaluate
     monkeypatch.setattr(probe_mod, "evaluate", lambda drafter, *a, **k: seen.append(drafter) or real(drafter, *a, **k))
-    probe(src, random_llama, feats, old, cfg=ProbeConfig(max_sequences=4, pilot_steps=0, cka_tokens=64))
+    probe(mine, random_llama, feats, old, cfg=ProbeConfig(max_sequences=4, pilot_steps=0, cka_tokens=64))
     zero_shot, home = seen
     assert torch.equal(home.embed_tokens.weight, model.get_input_embeddings().weight.detach())
     assert not torch.equal(zero_shot.embed_tokens.weight, home.embed_tokens.weight)
@@ -278,3 +284,14 @@ def test_at_home_the_source_target_reads_the_same_text_where_the_tokenizers_diff
         assert old_tok.decode(s.input_ids) == new_tok.decode(ours[s.seq_id].input_ids)
         assert not torch.equal(s.input_ids, ours[s.seq_id].input_ids)
     assert result["home_sequences"] == len(fed) < len(ours) and result["home"] is not None
+
+
+def test_a_source_target_other_than_the_drafters_is_refused_before_the_signals(source, random_llama, wide_llama,
+                                                                               monkeypatch):
+    from drafter_lab.errors import LabError
+    from drafter_lab.experiments import probe as probe_mod
+
+    src, feats = source
+    monkeypatch.setattr(probe_mod, "evaluate", lambda *a, **k: pytest.fail("a signal was measured before the check"))
+    with pytest.raises(LabError, match=f"--source-target {wide_llama} is not the target this drafter was trained on"):
+        probe(src, random_llama, feats, wide_llama, cfg=ProbeConfig(max_sequences=8, pilot_steps=0, cka_tokens=32))

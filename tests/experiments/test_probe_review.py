@@ -58,16 +58,25 @@ def test_a_drafter_of_another_targets_width_is_one_line(wide_source, random_llam
     assert str(wide_source) in str(e.value)
 
 
-def test_a_source_target_of_another_width_is_one_line(source, features, random_llama, wide_llama):
+def _unrecorded(source, out):
+    """The drafter without its run record (an imported release): no fingerprint tells its target, so
+    the --source-target given is taken as it is, and checked by shape."""
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("run.json"))
+    return out
+
+
+def test_a_source_target_of_another_width_is_one_line(source, features, random_llama, wide_llama, tmp_path):
     """The home run would fail in a forward pass (fc), as it would with too few layers (below)."""
     with pytest.raises(LabError, match=r"hidden size does not fit.*\(--source-target .*\)$"):
+        probe(_unrecorded(source, tmp_path / "imported"), random_llama, features, wide_llama, cfg=QUICK)
+    with pytest.raises(LabError, match="is not the target this drafter was trained on"):  # its run.json tells
         probe(source, random_llama, features, wide_llama, cfg=QUICK)
 
 
 def test_a_source_target_too_shallow_for_the_aux_layers_is_one_line(source, features, random_llama, tmp_path):
     shallow = _shallow(random_llama, tmp_path / "shallow")
     with pytest.raises(LabError, match=r"aux layer id\(s\) \[4, 5\] out of range.*\(--source-target .*\)$"):
-        probe(source, random_llama, features, shallow, cfg=QUICK)
+        probe(_unrecorded(source, tmp_path / "imported"), random_llama, features, shallow, cfg=QUICK)
 
 
 def test_a_drafter_without_recorded_aux_layers_is_measured_at_home(source, features, random_llama, tmp_path):

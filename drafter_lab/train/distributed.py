@@ -65,10 +65,11 @@ def setup(device: str) -> Dist:
         raise LabError(f"--device {device} puts every rank of this node on one GPU; pass --device cuda, and "
                        "each rank takes cuda:LOCAL_RANK")
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if dev.type == "cuda" else "gloo"
-        if dev.type == "cuda":
+        cuda = dev.type == "cuda"
+        if cuda:
             torch.cuda.set_device(dev)
-        dist.init_process_group(backend=backend)
+        # device_id binds NCCL to this rank's GPU: its barriers then use it, not a guess of GPU 0
+        dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=dev if cuda else None)
     return Dist(rank=rank, world=world, local_rank=local, device=dev)
 
 

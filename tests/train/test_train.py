@@ -370,13 +370,15 @@ def test_torchrun_ranks_on_one_node_are_not_all_put_on_one_gpu(monkeypatch):
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
     joined = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda dev: joined.append(dev))
-    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: joined.append(backend))
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda backend, device_id: joined.append((backend, device_id)))
     for key, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(LabError, match="^--device cuda:0 puts every rank of this node on one GPU"):
         distributed.setup("cuda:0")
     assert joined == []
-    assert distributed.setup("cuda").device == torch.device("cuda:1") and joined == [torch.device("cuda:1"), "nccl"]
+    assert distributed.setup("cuda").device == torch.device("cuda:1")
+    assert joined == [torch.device("cuda:1"), ("nccl", torch.device("cuda:1"))]  # NCCL bound to the rank's GPU
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one rank a node: GPU 0 of each node is fine
     assert distributed.setup("cuda:0").device == torch.device("cuda:0")
 

@@ -316,6 +316,15 @@ def test_face_dispatch(monkeypatch):
                    inp.cache_lens, 3)
 
 
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of `t` one element past a 16-byte boundary (a view into a larger buffer)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = buf[1:].view(t.shape)
+    out.copy_(t)
+    assert out.is_contiguous() and out.data_ptr() % 16 != 0
+    return out
+
+
 def test_cuda_supports():
     """The default path falls back to the reference for what the CUDA kernels do not take (the op
     would raise on it)."""
@@ -330,6 +339,11 @@ def test_cuda_supports():
     assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden[:, :100], k, v, 3)
     assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v.bfloat16(), 3)
     assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k.transpose(2, 3).contiguous().transpose(2, 3), v, 3)
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, _misaligned(v), 3)  # the op: "16-byte aligned"
+    o_proj = drafter.midlayer.self_attn.o_proj.weight
+    o_proj.data = _misaligned(o_proj.data)
+    assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v, 3)
+    drafter = make_drafter(shape, 4, "cpu")
     with torch.no_grad():
         drafter.midlayer.mlp.up_proj.weight.data = drafter.midlayer.mlp.up_proj.weight.data.half()  # mixed weights
     assert not ds.cuda_supports(drafter, inp.embeds, inp.hidden, k, v, 3)

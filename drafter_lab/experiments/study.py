@@ -37,6 +37,7 @@ from drafter_lab.progress import log
 from drafter_lab.spec.costmodel import PRESETS, CostModel
 from drafter_lab.spec.ngram_config import NgramConfig
 from drafter_lab.targets.build import build_pair
+from drafter_lab.targets.hf import resolve_device
 from drafter_lab.threads import torch_threads
 from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
 from drafter_lab.train.loop import train
@@ -96,17 +97,21 @@ def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
 
 
 def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfig) -> Path:
-    """Let the target regenerate its own conversations, then capture them (cached by settings)."""
+    """Let the target regenerate its own conversations on the study's device, then capture them (cached
+    by settings). Another device type samples from other RNG streams and rounds otherwise, so a non-CPU
+    one is in the key; the CPU's key is the one features had before the study ran them on its device."""
     from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint
 
+    device = resolve_device(cfg.device)
     settings = dict(max_length=cfg.max_length, regenerate=True, temperature=cfg.regen_temperature,
                     max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
     prompts_sha = atomic.sha256_file(prompts)
-    dirs = [cache / "features" / atomic.sha256_json([name(target_dir), prompts_sha, settings, SAMPLER])[:16]
+    on = [] if device.type == "cpu" else [device.type]
+    dirs = [cache / "features" / atomic.sha256_json([name(target_dir), prompts_sha, settings, SAMPLER, *on])[:16]
             for name in (fingerprint, legacy_fingerprint)]
     out = next((d for d in dirs if d.exists()), dirs[0])  # one a lab naming targets the older way began
     with building(out, f"{target_dir.name} features"):
-        prepare_features(target_dir, prompts, out, **settings)
+        prepare_features(target_dir, prompts, out, **settings, device=str(device))
     return out
 
 

@@ -81,7 +81,21 @@ def package_versions() -> dict:
     return out
 
 
-def build_manifest(*, command: list[str], config: dict, seeds: dict, data: dict) -> dict:
+def device_state(device: str) -> dict:
+    """The device a run's `device` setting resolved to, with the GPU's name: CUDA kernels round
+    otherwise than the CPU's (and one GPU model's than another's), and regeneration samples from the
+    device's own random streams, so a run made on another device differs for that alone."""
+    import torch
+
+    from drafter_lab.targets.hf import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return {"type": dev.type}
+    return {"type": "cuda", "name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda}
+
+
+def build_manifest(*, command: list[str], config: dict, seeds: dict, data: dict, device: dict) -> dict:
     return {
         "command": command,
         "git": git_state(),
@@ -89,6 +103,7 @@ def build_manifest(*, command: list[str], config: dict, seeds: dict, data: dict)
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu": cpu_state(),
+        "device": device,
         "packages": package_versions(),
         "config": config,
         "seeds": seeds,

@@ -128,8 +128,16 @@ def flat_data(manifest: dict) -> dict[str, object]:
 
 
 def machine_note(original: dict, again: dict) -> str | None:
-    """One line when two manifests name different CPUs or torch CPU instruction sets (digits may then
-    differ for that reason alone); None when they agree or the original predates the record."""
+    """One line when two manifests name different devices (CPU against GPU, two GPU models), else
+    different CPUs or torch CPU instruction sets (digits may then differ for that reason alone); None
+    when they agree or the original predates the record."""
+    da, db = original.get("device"), again.get("device")
+    if da and db and da != db:
+        def device(d):
+            return " ".join(filter(None, (d.get("type"), d.get("name") and f"({d['name']})")))
+        return (f"the original ran on {device(da)}, this run on {device(db)}: kernels round differently on "
+                "another device and regeneration samples from its own random streams, so data and metrics "
+                "may differ for that reason alone")
     a, b = original.get("cpu"), again.get("cpu")
     if not a or not b or a == b:
         return None

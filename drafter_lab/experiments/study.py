@@ -30,7 +30,7 @@ from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.data.shards import Manifest
 from drafter_lab.experiments import plots, report
 from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig, level_name
-from drafter_lab.experiments.manifest import build_manifest, write_manifest
+from drafter_lab.experiments.manifest import build_manifest, device_state, write_manifest
 from drafter_lab.experiments.probe import VERDICTS, probe
 from drafter_lab.locks import building
 from drafter_lab.progress import log
@@ -305,6 +305,7 @@ def _run_study(cfg: ExperimentConfig, run_dir: Path, cache: Path, command: list[
             config=to_dict(cfg),
             seeds={"seed": cfg.seed},
             data={f"drift-{level_name(lv['drift_knob'])}": data_record(lv) for lv in levels},
+            device=device_state(cfg.device),
         ),
     )
     atomic.write_json(run_dir / "results.json", report.results_json(levels, sweep, elapsed))

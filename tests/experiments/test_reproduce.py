@@ -11,6 +11,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ExperimentConfig
 from drafter_lab.experiments.reproduce import compare, flat_metrics, machine_note, package_note, reproduce
 from drafter_lab.experiments.study import run_study
+from drafter_lab.targets.hf import resolve_device
 
 # The micro target pair and a few steps of everything: the whole pipeline, in seconds.
 TINY = ExperimentConfig(
@@ -39,6 +40,7 @@ def test_reproduce_from_an_empty_cache_is_identical_and_names_what_differs(tmp_p
     assert new_dir == runs / "orig-repro" and (new_dir / "manifest.json").exists()
     manifests = [json.loads((d / "manifest.json").read_text()) for d in (run_dir, new_dir)]
     assert manifests[0]["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert manifests[0]["device"]["type"] == resolve_device(TINY.device).type
     assert machine_note(*manifests) is None and package_note(*manifests) is None  # same machine, same packages
     # Everything was built again in the empty cache, under the same content keys.
     assert sorted(p.name for p in (tmp_path / "fresh-cache" / "features").iterdir()) == \
@@ -95,6 +97,25 @@ def test_machine_note_names_both_cpus():
     there = {"cpu": {"model": "Intel Xeon", "torch_capability": "AVX2"}}
     assert machine_note(there, here).startswith("the original ran on AVX2 (Intel Xeon), this run on AVX512 (AMD EPYC)")
     assert machine_note(here, dict(here)) is None and machine_note({}, here) is None  # older manifests: no record
+
+
+def test_machine_note_names_both_devices_first():
+    cpu = {"cpu": {"model": "AMD EPYC", "torch_capability": "AVX512"}, "device": {"type": "cpu"}}
+    gpu = {**cpu, "device": {"type": "cuda", "name": "NVIDIA H200", "cuda": "13.0"}}
+    assert machine_note(gpu, cpu).startswith("the original ran on cuda (NVIDIA H200), this run on cpu: ")
+    assert machine_note(cpu, dict(cpu)) is None
+    assert machine_note({"cpu": cpu["cpu"]}, gpu) is None  # a manifest from before the device record
+
+
+def test_device_state_records_what_auto_resolved_to(monkeypatch):
+    from drafter_lab.experiments.manifest import device_state
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_state("auto") == {"type": "cpu"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: f"GPU {dev}")
+    assert device_state("auto") == {"type": "cuda", "name": "GPU cuda", "cuda": torch.version.cuda}
 
 
 def test_package_note_names_each_version_that_moved():

@@ -5,6 +5,8 @@ Each line holds `conversations` (or `messages`): a list of turns written either 
 where `human` means user and `gpt` means assistant, as do `chatgpt`, `bing` and `bard` in ShareGPT's
 own dump, which SpecForge's prepare_data.py maps so too). An optional `id` names the conversation;
 without one the id is a hash of its turns, so the train/val split stays stable across reruns.
+A top-level `system` string (LLaMA-Factory's ShareGPT column, some OpenAI exports too) is the
+conversation's system prompt: it becomes a leading system turn, so the target sees what it is served.
 
 An assistant turn the target regenerated also keeps `token_ids`, the tokens it sampled, and
 `temperature`, the temperature it sampled them at (regenerate.py; through a server when the server
@@ -226,6 +228,21 @@ def _parse_turn(turn, where: str, path) -> dict:
     return out
 
 
+def _add_system(messages: list[dict], system, where: str, path) -> None:
+    """A record's top-level `system` prompt as its leading system turn; records without one (or with
+    an empty one) keep their turns, and so their ids, as they were."""
+    if system is not None and not isinstance(system, str):
+        raise LabError(f"{where}: top-level system is {type(system).__name__}, not text", path)
+    if not system:
+        return
+    if messages and messages[0]["role"] in ("system", "developer"):  # developer: OpenAI's system turn
+        if messages[0]["content"] != system:
+            raise LabError(f"{where}: a top-level system prompt and a different leading {messages[0]['role']} "
+                           "turn: keep one", path)
+        return
+    messages.insert(0, {"role": "system", "content": system})
+
+
 def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], dict]:
     """Read a jsonl file; returns (conversations, skipped counts by reason)."""
     path = Path(path)
@@ -256,6 +273,7 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
             raise LabError(f"{where}: no `conversations` (or `messages`) list", path)
         messages = [_parse_turn(t, where, path) for t in turns]
         tools = _parse_tools(obj["tools"], where, path) if obj.get("tools") is not None else None
+        _add_system(messages, obj.get("system"), where, path)
         if not any(m["role"] == "assistant" for m in messages):
             if strict:
                 raise LabError(f"{where}: conversation has no assistant turn (--strict)", path)

@@ -7,6 +7,11 @@ SpecForge's `prepare_hidden_states` writes one `torch.save` dict per sequence (`
     hidden_state      [1, T, H]          the target's last hidden state, after the final norm
     aux_hidden_state  [1, T, 3H]         three layers' outputs, concatenated
 
+Its batched writer saves each row as its collator padded it: right-padded to the batch's longest
+with zeros (input_ids 0, loss_mask 0), the states run over the padding too, and no attention_mask.
+That trailing run is dropped here, rows and states alike (an attention_mask, where a file has one,
+decides instead), so the shards hold the real tokens only.
+
 Its aux layer ids count "output of layer k" (default [1, L//2-1, L-4]); ours are HF
 `output_hidden_states` indices, one more (DESIGN section 3), so the conversion happens here and the
 manifest records ours. Only the target's config, embedding and lm_head are read (for the
@@ -81,9 +86,28 @@ def _load(path: Path) -> dict:
     return d
 
 
+def _real_length(d: dict, path: Path) -> int:
+    """The token count before the padding (see the module docstring)."""
+    ids, mask = _flat(d["input_ids"], path, "input_ids"), _flat(d["loss_mask"], path, "loss_mask")
+    if "attention_mask" in d:
+        att = d["attention_mask"]
+        if not isinstance(att, torch.Tensor):
+            raise LabError("SpecForge sample's attention_mask is not a tensor", path)
+        att = _flat(att, path, "attention_mask") != 0
+        n = int(att.sum())
+        if len(att) != len(ids) or not torch.equal(att, torch.arange(len(att)) < n):
+            raise LabError(f"attention_mask {tuple(att.shape)} is not ones then zeros over input_ids "
+                           f"{tuple(ids.shape)}", path)
+        return n
+    if len(mask) != len(ids):
+        return len(ids)  # read_sample names the mismatch
+    real = ((ids != 0) | (mask != 0)).nonzero()
+    return int(real[-1]) + 1 if len(real) else 0
+
+
 def sample_length(path: Path) -> int:
-    """A sample's token count, from its header and ids alone."""
-    return len(_flat(_load(path)["input_ids"], path, "input_ids"))
+    """A sample's token count, padding left out, from its header, ids and masks alone."""
+    return _real_length(_load(path), path)
 
 
 def read_sample(path: Path, seq_id: str, hidden: int, vocab: int, dtype: torch.dtype | None = None) -> Sequence:
@@ -99,6 +123,8 @@ def read_sample(path: Path, seq_id: str, hidden: int, vocab: int, dtype: torch.d
             f"{tuple(mask.shape)}, hidden_state {tuple(final.shape)}, aux_hidden_state {tuple(aux.shape)}",
             path,
         )
+    n = _real_length(d, path)
+    ids, mask, final, aux = ids[:n], mask[:n], final[:n], aux[:n]
     if ids.dtype not in INT_DTYPES:
         raise LabError(f"input_ids are {ids.dtype}, not integers", path)
     if n and not (0 <= int(ids.min()) and int(ids.max()) < vocab):  # before .long() and the shard's int32

@@ -38,8 +38,22 @@ struct Status {
   int32_t peer;
   uint32_t gen;
   int32_t block;
+  int32_t on;        // Waited: what the CTA read when it failed
+  uint32_t index;    // kOnPacket: which packet
+  uint32_t seen[2];  // what it last read there: a flag's generation and signature, or a packet's two stamps
 };
 enum Fail : int32_t { kFine = 0, kTimedOut = 1, kMismatched = 2, kOutOfStep = 3 };
+enum Waited : int32_t { kOnFlag0 = 0, kOnFlag1 = 1, kOnPacket = 2 };
+
+// What a failing wait reports beside its peer and call: where it read, and the last value there
+// (a timeout on a stale packet and one on a peer that never came read differently).
+struct Seen {
+  int32_t on;
+  uint32_t index, lo, hi;
+};
+__device__ __forceinline__ Seen flag_seen(int phase, uint64_t word) {
+  return {phase, 0u, (uint32_t)word, (uint32_t)(word >> 32)};
+}
 
 struct Params {
   char* slots;             // where peers' contributions and flags are read: the segment (host) or our buffer (IPC)
@@ -169,13 +183,17 @@ __device__ __forceinline__ void store_pack(T* base, uint64_t i, const Pack<T>& u
   }
 }
 
-__device__ void report(const Params& p, Fail code, int peer, uint32_t gen, int* s_fail) {
+__device__ void report(const Params& p, Fail code, int peer, uint32_t gen, Seen seen, int* s_fail) {
   *s_fail = 1;
   if (atomicCAS(p.claim, 0, 1) == 0) {
     volatile Status* s = p.status;
     s->peer = peer;
     s->gen = gen;
     s->block = (int32_t)blockIdx.x;
+    s->on = seen.on;
+    s->index = seen.index;
+    s->seen[0] = seen.lo;
+    s->seen[1] = seen.hi;
     __threadfence_system();
     s->code = code;
     __threadfence_system();
@@ -192,11 +210,11 @@ __device__ bool wait_peers(const Params& p, uint32_t gen, int phase, int* s_fail
       const uint64_t w = ld_acquire_sys(f);
       const int32_t ahead = (int32_t)((uint32_t)w - gen);  // modulo 2^32
       if (ahead == 0) {
-        if ((uint32_t)(w >> 32) != p.sig) report(p, kMismatched, t, gen, s_fail);
+        if ((uint32_t)(w >> 32) != p.sig) report(p, kMismatched, t, gen, flag_seen(phase, w), s_fail);
         break;
       }
       if (ahead > 0) {
-        report(p, kOutOfStep, t, gen, s_fail);
+        report(p, kOutOfStep, t, gen, flag_seen(phase, w), s_fail);
         break;
       }
       if (spins % 256 == 0) {
@@ -204,7 +222,7 @@ __device__ bool wait_peers(const Params& p, uint32_t gen, int phase, int* s_fail
         const uint64_t now = globaltimer();
         if (started == 0) started = now;
         if (now - started > p.timeout_ns) {
-          report(p, kTimedOut, t, gen, s_fail);
+          report(p, kTimedOut, t, gen, flag_seen(phase, w), s_fail);
           break;
         }
       }
@@ -549,13 +567,13 @@ __device__ __forceinline__ void ll_store(T* out, uint64_t i, uint64_t n, bool ve
     if (i * E + j < n) out[i * E + j] = v[j];
 }
 
-// Polls `peer`'s packet until both halves carry `gen`. Every 256 polls it looks at what else may
+// Polls `peer`'s packet i (of this CTA's, from `src`) until both halves carry `gen`. Every 256 polls it looks at what else may
 // have happened: a failure elsewhere in this rank's kernel, the peer's flag line showing another
 // call (mismatch) or a later one (out of step), or the timeout; false once the call failed.
-__device__ bool ll_wait(const Params& p, const uint4* src, int peer, uint32_t gen, uint2* d, int* s_fail) {
+__device__ bool ll_wait(const Params& p, const uint4* src, uint64_t i, int peer, uint32_t gen, uint2* d, int* s_fail) {
   uint64_t started = 0;
   for (uint32_t spins = 1;; ++spins) {
-    const uint4 v = ld_volatile16(src);
+    const uint4 v = ld_volatile16(src + i);
     if (v.y == gen && v.w == gen) {
       *d = make_uint2(v.x, v.z);
       return true;
@@ -566,17 +584,17 @@ __device__ bool ll_wait(const Params& p, const uint4* src, int peer, uint32_t ge
     const uint64_t w = ld_acquire_sys(&p.layout.flag(p.slots, peer, gen, 0, blockIdx.x)->word);
     const int32_t ahead = (int32_t)((uint32_t)w - gen);  // modulo 2^32
     if (ahead == 0 && (uint32_t)(w >> 32) != p.sig) {
-      report(p, kMismatched, peer, gen, s_fail);
+      report(p, kMismatched, peer, gen, flag_seen(0, w), s_fail);
       return false;
     }
     if (ahead > 0) {
-      report(p, kOutOfStep, peer, gen, s_fail);
+      report(p, kOutOfStep, peer, gen, flag_seen(0, w), s_fail);
       return false;
     }
     const uint64_t now = globaltimer();
     if (started == 0) started = now;
     if (now - started > p.timeout_ns) {
-      report(p, kTimedOut, peer, gen, s_fail);
+      report(p, kTimedOut, peer, gen, {kOnPacket, (uint32_t)i, v.y, v.w}, s_fail);
       return false;
     }
   }
@@ -610,7 +628,7 @@ __device__ __forceinline__ bool ll_sum(const Params& p, uint32_t gen, uint64_t i
   const uint64_t off = blockIdx.x * p.layout.block_stride();
   for (int r = 0; r < p.world; ++r) {
     uint2 d = own;
-    if (r != p.rank && !ll_wait(p, reinterpret_cast<const uint4*>(p.layout.ll(p.slots, r, gen) + off) + i, r, gen,
+    if (r != p.rank && !ll_wait(p, reinterpret_cast<const uint4*>(p.layout.ll(p.slots, r, gen) + off), i, r, gen,
                                 &d, s_fail))
       return false;
     T v[E];
@@ -921,11 +939,20 @@ std::string CudaBackend::error() const {
   char buf[256];
   const int rank = impl_->base.rank;
   switch (code) {
-    case kTimedOut:
+    case kTimedOut: {
+      // What it last read tells a peer that never came (its older call's stamps) from a write that
+      // never became visible or a stale value read as current.
+      char where[96];
+      if (s->on == kOnPacket)
+        std::snprintf(where, sizeof(where), "its LL packet %u, last read stamped #%u/#%u", s->index, s->seen[0],
+                      s->seen[1]);
+      else
+        std::snprintf(where, sizeof(where), "its phase-%d flag line, last read at call #%u", s->on, s->seen[0]);
       std::snprintf(buf, sizeof(buf),
-                    "CUDA all-reduce timed out after %.3g s: rank %d waited for rank %d in call #%u (block %d)",
-                    impl_->timeout_s, rank, s->peer, s->gen, s->block);
+                    "CUDA all-reduce timed out after %.3g s: rank %d waited for rank %d in call #%u (block %d) on %s",
+                    impl_->timeout_s, rank, s->peer, s->gen, s->block, where);
       break;
+    }
     case kMismatched:
       std::snprintf(buf, sizeof(buf),
                     "CUDA all-reduce call mismatch in call #%u: rank %d sent a different size, dtype or kind than "

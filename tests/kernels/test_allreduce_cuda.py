@@ -44,15 +44,24 @@ def _group(world: int, backend: str, **kw):
 
 
 def _on_streams(comms, calls):
-    """Runs calls[r] (no arguments) for every rank on its own stream of its device; waits for all."""
+    """Runs calls[r] (no arguments) for every rank on its own stream of its device; waits for all, then
+    raises what every rank's kernels recorded, if any did."""
     streams = [torch.cuda.Stream(device=c.device) for c in comms]
     for c, s, call in zip(comms, streams, calls):
         with torch.cuda.device(c.device), torch.cuda.stream(s):
             call()
     for s in streams:
         s.synchronize()
-    for c in comms:
-        c.check()
+    from drafter_lab.kernels.allreduce import AllReduceError
+
+    errors = []  # every rank's: a peer that failed first explains another's timeout
+    for r, c in enumerate(comms):
+        try:
+            c.check()
+        except AllReduceError as e:
+            errors.append(f"rank {r}: {e}")
+    if errors:
+        raise AllReduceError("; ".join(errors))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -299,7 +308,9 @@ def test_cuda_missing_rank_and_mismatch_are_reported(backend, ll):
     x = torch.randn(1000, device=comms[0].device)
     comms[0].all_reduce(x)  # rank 1 never calls: the kernel gives up after the timeout
     torch.cuda.synchronize(comms[0].device)
-    with pytest.raises(AllReduceError, match="timed out.*rank 1"):
+    # what it waited on, and what it last read there (a never-written slot: the call before the first)
+    with pytest.raises(AllReduceError, match=r"timed out.*rank 1 in call #\d+ \(block \d+\) on its (phase-0 flag "
+                                             r"line, last read at call #\d+|LL packet \d+, last read stamped #\d+/#\d+)$"):
         comms[0].check()
     with pytest.raises(AllReduceError):
         comms[0].all_reduce(x)

@@ -76,6 +76,7 @@ from drafter_lab.targets.hf import (
     first_line,
     load_target,
     load_tokenizer,
+    model_class,
     quiet_transformers,
     stop_token_ids,
 )
@@ -105,7 +106,7 @@ def _dist_rank() -> int:
 
 def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     """Load with transformers' tensor-parallel plan; torch.distributed starts from torchrun's env."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         from transformers import DistributedConfig
@@ -114,7 +115,8 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     except ImportError:  # transformers 4.x takes the plan directly
         tp = {"tp_plan": "auto"}
     fp = fingerprint(path)  # one-line error for a directory without config.json
-    config, world = AutoConfig.from_pretrained(str(path)).get_text_config(), int(os.environ["WORLD_SIZE"])
+    whole, world = AutoConfig.from_pretrained(str(path)), int(os.environ["WORLD_SIZE"])
+    config = whole.get_text_config()
     heads = int(config.num_attention_heads)
     kv = int(getattr(config, "num_key_value_heads", None) or heads)
     if heads % world or kv % world:  # else every rank fails deep in the attention with a raw traceback
@@ -122,7 +124,7 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
                        "run tensor-parallel capture on a divisor of both", path)
     try:
         with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)
+            model = model_class(whole).from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)
     except Exception as e:
         raise LabError(f"cannot load model tensor-parallel: {first_line(e)}", path) from None
     model.eval().requires_grad_(False)

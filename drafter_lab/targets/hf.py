@@ -189,18 +189,30 @@ def resolve_device(name) -> torch.device:
     return device
 
 
+def model_class(config):
+    """The auto class that builds `config`'s model whole: its causal LM's, else, for a multimodal model
+    transformers gives no causal-LM class (Qwen2/2.5/3-VL, Mistral 3, LLaVA), its image-text-to-text
+    wrapper, which runs text alone as a causal LM does (input ids in, hidden states and logits out)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if type(config) not in AutoModelForCausalLM._model_mapping and \
+            type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM  # whose error names a config it has no class for
+
+
 def load_target(
     path, device="cpu", dtype: torch.dtype | None = torch.float32, tokenizer: bool = True
 ) -> Target:
-    """Load a local HF causal LM directory (no hub access) for inference."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """Load a local HF causal LM (or text-and-image model) directory, no hub access, for inference."""
+    from transformers import AutoConfig
 
     path, device = Path(path), resolve_device(device)
     _check_model_dir(path)
     try:
-        AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path))
         with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+            model = model_class(config).from_pretrained(str(path), dtype=dtype, local_files_only=True)
     except Exception as e:
         raise LabError(f"cannot load model: {first_line(e)}", path) from None
     model.to(device).eval()
@@ -272,12 +284,10 @@ def _vocab_names(whole, config, files: dict[str, Path]) -> tuple[str | None, str
     embedding, and the two parameters' names for an error. Asked of the model class the config names,
     built on the meta device: GPT-2 has `transformer.wte`, Pythia `gpt_neox.embed_in` and an lm_head
     it stores as `embed_out` (transformers renames it on load). Llama's names where it cannot be built."""
-    from transformers import AutoModelForCausalLM
-
     try:
         with torch.device("meta"), quiet_transformers(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModelForCausalLM.from_config(whole)
+            model = model_class(whole).from_config(whole)
         embed, head = model.get_input_embeddings(), model.get_output_embeddings()
         modules = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         params, tied = (f"{modules[embed]}.weight", f"{modules[head]}.weight"), head.weight is embed.weight

@@ -5,6 +5,7 @@ Without torchrun's environment everything degrades to a single process and no-op
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -55,7 +56,9 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def setup(device: str) -> Dist:
-    """Join torchrun's process group if launched by torchrun."""
+    """Join torchrun's process group if launched by torchrun. The group lives as long as the process:
+    several runs in one (the probe's pilot arms, the study's) share it, as a second rendezvous on
+    torchrun's store after a teardown can hang."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -70,9 +73,10 @@ def setup(device: str) -> Dist:
             torch.cuda.set_device(dev)
         # device_id binds NCCL to this rank's GPU: its barriers then use it, not a guess of GPU 0
         dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=dev if cuda else None)
+        atexit.register(_leave)
     return Dist(rank=rank, world=world, local_rank=local, device=dev)
 
 
-def teardown(d: Dist) -> None:
-    if d.active and dist.is_initialized():
+def _leave() -> None:
+    if dist.is_initialized():
         dist.destroy_process_group()

@@ -220,21 +220,18 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     _check_out(Path(out_dir), {"--target": target_dir, "--data": data_dir, "--val-data": val_data,
                                "--init-from": init_from, "--source-target": source_target})
     d = distributed.setup(cfg.device)
-    try:
-        with torch_threads(cfg.threads):
-            def open_source() -> Captured | Online:
-                if online is None:
-                    return Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target, val)
-                return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
-                              d.device, cfg.online_val_cache_mb, val, cfg.scan_features, d.rank, d.world)
+    with torch_threads(cfg.threads):
+        def open_source() -> Captured | Online:
+            if online is None:
+                return Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target, val)
+            return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
+                          d.device, cfg.online_val_cache_mb, val, cfg.scan_features, d.rank, d.world)
 
-            run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale,
-                       source_target, vocab, stop_if_behind, watch or WatchConfig())
-            result = run.fit()
-        d.barrier()  # no rank tears the group down while another still has a collective in flight
-        return result
-    finally:
-        distributed.teardown(d)
+        run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale,
+                   source_target, vocab, stop_if_behind, watch or WatchConfig())
+        result = run.fit()
+    d.barrier()  # every rank is done with the run's collectives before any starts what comes next
+    return result
 
 
 def _check_out(out_dir: Path, inputs: dict) -> None:

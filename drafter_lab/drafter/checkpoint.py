@@ -9,6 +9,7 @@ every file atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,16 +187,42 @@ def check_shape(name: str, tensor: torch.Tensor, want: tuple, where) -> None:
         raise LabError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the drafter needs {tuple(want)}", where)
 
 
+def served_with_vocab(ckpt: Checkpoint, vocab_size: int) -> Checkpoint:
+    """`ckpt` as an engine serves it beside a target of `vocab_size` tokens where it was trained for
+    another size (a version that added tokens): engines map draft ids through d2t alone and embed with
+    the target's matrix, so only the recorded size and t2d (rebuilt from d2t) change. Refused, in one
+    line, where that cannot run: a draft id past the target's tokens, an embedding of its own (rows of
+    the old size), or no lm_head of its own (a whole-vocabulary drafter's head is its target's)."""
+    old = ckpt.config.target_vocab_size
+    if vocab_size == old:
+        return ckpt
+    where = f"the drafter was trained for a {old}-token target, this one has {vocab_size}"
+    if ckpt.config.own_embedding:
+        raise LabError(f"{where}: it embeds with its own {old}-row matrix, which the new ids run past", ckpt.path)
+    if not ckpt.has_head:
+        raise LabError(f"{where}: it drafts over its target's whole vocabulary with its target's lm_head", ckpt.path)
+    ids = ckpt.tensors["d2t"].to(torch.int64) + torch.arange(ckpt.config.draft_vocab_size)
+    if int(ids.max()) >= vocab_size:
+        raise LabError(f"{where}: its draft tokens name target ids up to {int(ids.max())}", ckpt.path)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, target_vocab_size=vocab_size),
+                               tensors={**ckpt.tensors, "t2d": t2d})
+
+
 def load_drafter(path, device="cpu", dtype: torch.dtype = torch.float32, target=None,
-                 embed_weight: torch.Tensor | None = None) -> Eagle3Drafter:
+                 embed_weight: torch.Tensor | None = None, vocab_size: int | None = None) -> Eagle3Drafter:
     """Build an Eagle3Drafter from a checkpoint directory of any supported layout.
 
     The token embedding is the serving target's, as in SGLang (which swaps in the target's embedding
     when the widths agree): `embed_weight`, else `target`'s when its hidden size is the drafter's,
     else the checkpoint's own `embed_tokens.weight` (EAGLE/SpecForge releases often omit it). A
-    checkpoint without an lm_head takes `target`'s, as SGLang and vLLM serve it.
+    checkpoint without an lm_head takes `target`'s, as SGLang and vLLM serve it. `vocab_size`: serve
+    it beside a target of that many tokens (`served_with_vocab`).
     """
     ckpt = read_checkpoint(path)
+    if vocab_size is not None:
+        ckpt = served_with_vocab(ckpt, vocab_size)
     if embed_weight is None and target is not None and target.hidden_size == ckpt.config.hidden_size:
         embed_weight = target.embed_weight().detach()
     head_weight = None

@@ -63,6 +63,9 @@ def _probe(args) -> int:
     table.add_row("draft positions that agree", f"{v['same_positions']} / {v['size_a']}")
     table.add_row("tokens shared", f"{v['shared_tokens']}")
     table.add_row("vocabularies compared by", "token string" if v["by"] == "token" else "token id")
+    if v["drafter_target_vocab_size"] != result["target"]["vocab_size"]:  # served as engines serve it there
+        table.add_row("target vocab size (the drafter's / this one)",
+                      f"{v['drafter_target_vocab_size']} / {result['target']['vocab_size']}")
     for i, c in enumerate(result["aux_cka"] or []):
         table.add_row(f"aux layer {i} CKA (source vs new)", f"{c:.4f}")
     for row in (result["pilot"] or {}).get("curve", []):

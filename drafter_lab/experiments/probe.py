@@ -170,8 +170,10 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
         val = held.features.read(held.items[: cfg.max_sequences])
     else:
         val = features.read(features.require("val")[: cfg.max_sequences])
-    check_config(read_config(drafter_dir)[0], target, drafter_dir)  # else a traceback from fc's matmul
-    drafter = load_drafter(drafter_dir, target=target, device=device)
+    trained_for = read_config(drafter_dir)[0]
+    # else a traceback from fc's matmul; another vocab size is served as engines serve it (served_with_vocab)
+    check_config(replace(trained_for, target_vocab_size=target.vocab_size), target, drafter_dir)
+    drafter = load_drafter(drafter_dir, target=target, device=device, vocab_size=target.vocab_size)
     aux, captured = list(drafter.config.aux_layer_ids), list(features.manifest.aux_layer_ids)
     if aux and aux != captured:  # its fc would read other layers than it was trained on, and CKA pair them
         raise LabError(f"the drafter reads aux layers {aux} (hidden_states indices), the features hold {captured}: "
@@ -185,6 +187,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size)
     new_vocab = build_vocab(data_dir, drafter.config.draft_vocab_size)
     vocab = {**compare_vocabs(vocab_of_drafter(drafter), new_vocab, b_to_a=tokens),
+             "drafter_target_vocab_size": trained_for.target_vocab_size,
              "by": "id" if tokens is None else "token", "source_tokenizer": tokens_from}
 
     home, ckas, at_home = None, None, None

@@ -6,6 +6,7 @@ refused up front with one line naming the drafter and the mismatch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -79,8 +80,9 @@ def load_for_target(drafter_dir, target, allow_other_target: bool = False):
     """Load a drafter checkpoint for `target` after checking that it fits.
 
     The drafter embeds tokens with the target's embedding when the widths agree (as SGLang does).
-    A drafter trained on another target (recorded fingerprint differs) is refused unless
-    `allow_other_target` (zero-shot transfer runs, like the seeds' Phase-0 probe, want exactly that).
+    A drafter trained on another target (recorded fingerprint differs, or another vocabulary size) is
+    refused unless `allow_other_target` (zero-shot transfer runs, like the seeds' Phase-0 probe, want
+    exactly that; one for a target of another vocabulary size is served as engines serve it there).
     """
     from drafter_lab.drafter.checkpoint import load_drafter, read_config
 
@@ -88,6 +90,12 @@ def load_for_target(drafter_dir, target, allow_other_target: bool = False):
     if not drafter_dir.is_dir():
         raise LabError("drafter checkpoint directory not found", drafter_dir)
     cfg, _ = read_config(drafter_dir)
+    if cfg.target_vocab_size != target.vocab_size:
+        if not allow_other_target:
+            raise LabError(f"drafter vocab does not fit the target: it was trained for a {cfg.target_vocab_size}-token "
+                           f"vocab, the target has {target.vocab_size} tokens; pass --allow-other-target to decode with "
+                           "it as engines serve it there (its draft ids through d2t)", drafter_dir)
+        cfg = dataclasses.replace(cfg, target_vocab_size=target.vocab_size)  # served_with_vocab, below
     check_config(cfg, target, drafter_dir)
     recorded = recorded_fingerprint(drafter_dir)
     if recorded is not None and not target.known_as(recorded) and not allow_other_target:
@@ -96,6 +104,6 @@ def load_for_target(drafter_dir, target, allow_other_target: bool = False):
             "pass --allow-other-target to decode with it anyway",
             drafter_dir,
         )
-    drafter = load_drafter(drafter_dir, device=target.device, target=target)
+    drafter = load_drafter(drafter_dir, device=target.device, target=target, vocab_size=target.vocab_size)
     check_pair(target, drafter, drafter_dir)
     return drafter.eval()

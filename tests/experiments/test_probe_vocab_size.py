@@ -93,3 +93,21 @@ def test_the_cli_says_the_two_vocab_sizes(source, grown, capsys, monkeypatch):
                  "--ttt-steps", "2", "--max-sequences", "8", "--threads", "1"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if "target vocab size" in line)
     assert "the drafter's / this one" in row and f"{old} / {old + ADDED}" in row
+
+
+def test_eval_serves_it_there_when_asked_and_decodes_losslessly(source, grown):
+    from drafter_lab.spec.engine import SpecConfig, SpecEngine
+    from drafter_lab.spec.pairing import load_for_target
+    from drafter_lab.targets.hf import load_target
+
+    path, _, old = grown
+    target = load_target(path)
+    with pytest.raises(LabError, match=f"trained for a {old}-token vocab, the target has {old + ADDED} tokens; pass "
+                                       "--allow-other-target"):
+        load_for_target(source, target)
+    drafter = load_for_target(source, target, allow_other_target=True)
+    assert drafter.t2d.numel() == old + ADDED
+    prompt = target.tokenizer.apply_chat_template([{"role": "user", "content": "tell me"}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False)
+    engine = SpecEngine(target, drafter, SpecConfig(max_new_tokens=10, stop_at_eos=False, steps=3, topk=1))
+    assert engine.generate([prompt]).tokens == engine.generate([prompt], speculative=False).tokens

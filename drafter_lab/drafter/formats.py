@@ -211,7 +211,10 @@ def _flag(data: dict, key: str, path, default: bool = False) -> bool:
 def _refuse_other_families(data: dict, layer: dict, path) -> None:
     """Drafters of another family (SpecForge's GPT-OSS, Qwen-MoE or DFlash drafters, speculators' EAGLE-1,
     a Qwen3 layer with its q/k norms) share the config fields but not the math: refused, not read as
-    a Llama EAGLE-3 midlayer."""
+    a Llama EAGLE-3 midlayer. A layer's model_type picks its class in speculators' config (vLLM builds
+    it); beside an SGLang architecture it is only what the trainer copied from the target's config
+    (SpecForge's Kimi-K2 drafter says "kimi_k2"): SGLang and vLLM build the architecture's Llama layer,
+    and read_checkpoint refuses a tensor that layer lacks."""
     kind = data.get("speculators_model_type")
     if kind is not None and kind != "eagle3":
         raise LabError(f"speculators model type {kind!r} is not supported (eagle3 only)", path)
@@ -223,7 +226,7 @@ def _refuse_other_families(data: dict, layer: dict, path) -> None:
         raise LabError(f"drafter architecture {archs[0]!r} is not supported (Llama EAGLE-3 only: "
                        f"{', '.join(LLAMA_EAGLE3_ARCHS)} or {SPECULATORS_ARCH})", path)
     model_type = layer.get("model_type", "llama")
-    if model_type != "llama":
+    if layer is not data and model_type != "llama":
         raise LabError(f"drafter layer model_type {model_type!r} is not supported (Llama EAGLE-3 only)", path)
 
 

@@ -189,7 +189,6 @@ def _with_layer(cfg, **over):
 @pytest.mark.parametrize("layout, change, refusal", [
     ("sglang", lambda c: {**c, "architectures": ["GptOssForCausalLMEagle3"]}, "architecture 'GptOssForCausalLMEagle3'"),
     ("sglang", lambda c: {**c, "architectures": ["DFlashDraftModel"]}, "architecture 'DFlashDraftModel'"),
-    ("sglang", lambda c: {**c, "model_type": "qwen3"}, "model_type 'qwen3'"),
     ("speculators", lambda c: {**c, "speculators_model_type": "eagle"}, "speculators model type 'eagle'"),
     ("speculators", lambda c: _with_layer(c, model_type="qwen3"), "model_type 'qwen3'"),
     ("sglang", lambda c: {**c, "attention_bias": True}, "attention_bias=true"),
@@ -285,6 +284,20 @@ def test_every_name_of_llama_eagle3_reads_the_same(drafter, arch):
     assert formats.parse_config({**cfg, "architectures": [arch]}, "cfg.json") == (drafter.config, "sglang")
     bare = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
     assert formats.parse_config(bare, "cfg.json") == (drafter.config, "sglang")
+
+
+@pytest.mark.parametrize("model_type", ["kimi_k2", "qwen3"])
+def test_an_sglang_drafter_is_read_by_its_architecture_whatever_model_type_it_copied(tmp_path, drafter, model_type):
+    """SpecForge's Kimi-K2 draft config keeps the target's model_type "kimi_k2" beside LlamaForCausalLMEagle3,
+    which SGLang and vLLM build as the Llama layer it is (that drafter was refused). A tensor that layer
+    lacks is refused still (the other test below), and the export says "llama"."""
+    save_drafter(drafter, tmp_path / "d")
+    cfg_file = tmp_path / "d" / "config.json"
+    cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), "model_type": model_type}))
+    assert formats.parse_config(json.loads(cfg_file.read_text()), cfg_file) == (drafter.config, "sglang")
+    assert_same_state(load_drafter(tmp_path / "d"), drafter)
+    export(tmp_path / "d", "sglang", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
 
 
 @pytest.mark.parametrize("layout", FORMATS)

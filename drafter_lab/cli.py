@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="drafter-lab", description="Train, transfer, probe and measure EAGLE-3 drafters."
     )
     parser.add_argument("--version", action="version", version=f"drafter-lab {__version__}")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="let model directories run their own code (config.json's auto_map: Kimi K2's model and "
+                             "tokenizer), as SGLang's and vLLM's flag of that name")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in AREAS:
         importlib.import_module(name).register(sub)
@@ -40,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.trust_remote_code:
+        from drafter_lab.targets.hf import REMOTE_CODE_ENV
+
+        os.environ[REMOTE_CODE_ENV] = "1"  # where every loader, and the processes the lab starts, read it
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at exit: a closed pipe is answered below

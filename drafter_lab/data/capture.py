@@ -78,7 +78,9 @@ from drafter_lab.targets.hf import (
     load_tokenizer,
     model_class,
     quiet_transformers,
+    remote_code_refusal,
     stop_token_ids,
+    trusts_remote_code,
 )
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -115,7 +117,12 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     except ImportError:  # transformers 4.x takes the plan directly
         tp = {"tp_plan": "auto"}
     fp = fingerprint(path)  # one-line error for a directory without config.json
-    whole, world = AutoConfig.from_pretrained(str(path)), int(os.environ["WORLD_SIZE"])
+    try:
+        whole = AutoConfig.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
+    except Exception as e:
+        raise remote_code_refusal(e, path, "config") or LabError(f"cannot read the model config: {first_line(e)}",
+                                                                 path) from None
+    world = int(os.environ["WORLD_SIZE"])
     config = whole.get_text_config()
     heads = int(config.num_attention_heads)
     kv = int(getattr(config, "num_key_value_heads", None) or heads)
@@ -124,9 +131,11 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
                        "run tensor-parallel capture on a divisor of both", path)
     try:
         with quiet_transformers():
-            model = model_class(whole).from_pretrained(str(path), dtype=dtype, local_files_only=True, **tp)
+            model = model_class(whole).from_pretrained(str(path), dtype=dtype, local_files_only=True,
+                                                       trust_remote_code=trusts_remote_code(), **tp)
     except Exception as e:
-        raise LabError(f"cannot load model tensor-parallel: {first_line(e)}", path) from None
+        raise remote_code_refusal(e, path, "model") or LabError(f"cannot load model tensor-parallel: {first_line(e)}",
+                                                                path) from None
     model.eval().requires_grad_(False)
     return Target(path=path, model=model, tokenizer=load_tokenizer(path), fingerprint=fp)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,26 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+REMOTE_CODE_ENV = "DRAFTER_LAB_TRUST_REMOTE_CODE"
+
+
+def trusts_remote_code() -> bool:
+    """Whether a model directory's own Python code (config.json's `auto_map`: Kimi K2's model and
+    tokenizer) may run, as with SGLang's and vLLM's --trust-remote-code: `drafter-lab --trust-remote-code`
+    sets REMOTE_CODE_ENV, which processes the lab starts (tokenizer workers, torchrun ranks) inherit."""
+    return os.environ.get(REMOTE_CODE_ENV, "").lower() in ("1", "true", "yes")
+
+
+def remote_code_refusal(e: BaseException, path: Path, what: str) -> LabError | None:
+    """The one-line refusal for a model whose `what` needs its own code, where that was not allowed
+    (transformers' own error asks for an argument the lab's user does not pass; without an explicit
+    False it would even stop and prompt on a terminal)."""
+    if "trust_remote_code" not in str(e) or trusts_remote_code():
+        return None
+    return LabError(f"its {what} needs the model's own code (config.json's auto_map): pass --trust-remote-code "
+                    f"(drafter-lab --trust-remote-code COMMAND ..., or {REMOTE_CODE_ENV}=1) to run it", path)
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -159,9 +180,10 @@ def load_tokenizer(path):
     if not path.is_dir():  # else transformers takes it for a hub name and says it cannot reach the hub
         raise LabError("model directory not found", path)
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
     except Exception as e:  # transformers raises many types for a broken dir
-        raise LabError(f"cannot load tokenizer: {first_line(e)}", path) from None
+        raise remote_code_refusal(e, path, "tokenizer") or LabError(f"cannot load tokenizer: {first_line(e)}",
+                                                                    path) from None
     if not getattr(tok, "chat_template", None):
         warnings.warn(f"{path}: no chat template; using the default ChatML template", stacklevel=2)
         tok.chat_template = DEFAULT_CHAT_TEMPLATE
@@ -209,12 +231,15 @@ def load_target(
 
     path, device = Path(path), resolve_device(device)
     _check_model_dir(path)
+    code = trusts_remote_code()
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=code)
         with quiet_transformers():
-            model = model_class(config).from_pretrained(str(path), dtype=dtype, local_files_only=True)
+            model = model_class(config).from_pretrained(str(path), dtype=dtype, local_files_only=True,
+                                                        trust_remote_code=code)
     except Exception as e:
-        raise LabError(f"cannot load model: {first_line(e)}", path) from None
+        raise remote_code_refusal(e, path, "model") or LabError(f"cannot load model: {first_line(e)}",
+                                                                path) from None
     model.to(device).eval()
     model.requires_grad_(False)
     tok = load_tokenizer(path) if tokenizer else None
@@ -338,10 +363,13 @@ def load_target_head(path, device="cpu") -> TargetHead:
     path = Path(path)
     _check_model_dir(path)
     try:
-        whole = AutoConfig.from_pretrained(str(path))
+        whole = AutoConfig.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
+        config = whole.get_text_config()
     except Exception as e:
-        raise LabError(f"cannot read the model config: {first_line(e)}", path) from None
-    config, architecture = whole.get_text_config(), (getattr(whole, "architectures", None) or ["unknown"])[0]
+        if "trust_remote_code" not in str(e):
+            raise LabError(f"cannot read the model config: {first_line(e)}", path) from None
+        whole, config = _config_as_written(path)  # no layer runs: the fields themselves will do
+    architecture = (getattr(whole, "architectures", None) or ["unknown"])[0]
     files = _tensor_files(path)
     if not files:
         full = load_target(path, device=device, tokenizer=False)
@@ -359,6 +387,18 @@ def load_target_head(path, device="cpu") -> TargetHead:
         raise LabError(f"embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not match "
                        f"hidden_size {config.hidden_size}", path)
     return TargetHead(path, config, embed.to(device), head.to(device), fingerprint(path), architecture)
+
+
+def _config_as_written(path: Path):
+    """config.json's fields as a plain transformers config (whole, and its text model's), for a model
+    whose config class is its own code (Kimi K2's): the head needs only sizes and names, no code run."""
+    from transformers import PretrainedConfig
+
+    data = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
+    whole = PretrainedConfig(**{k: v for k, v in data.items() if k != "auto_map"})
+    text = next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
+                None)
+    return whole, (whole if text is None else PretrainedConfig(**text))
 
 
 @contextlib.contextmanager

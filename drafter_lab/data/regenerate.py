@@ -86,8 +86,15 @@ def generate_texts(target, prompts: list[str], gen_config) -> list[tuple[str, li
     # Not token_type_ids, which a tokenizer listing them (transformers 4's default for a plain fast
     # tokenizer) returns, and which `generate` refuses for a causal LM.
     enc = {k: enc[k].to(target.device) for k in ("input_ids", "attention_mask")}
-    with torch.no_grad():
-        out = target.model.generate(**enc, generation_config=gen_config)
+    model = target.model
+    # `generate` fills what `gen_config` leaves at a default from the model's own generation_config.json,
+    # which may ask for beams, banned words or suppressed tokens: for the call, that is `gen_config` too
+    own, model.generation_config = model.generation_config, gen_config
+    try:
+        with torch.no_grad():
+            out = model.generate(**enc, generation_config=gen_config)
+    finally:
+        model.generation_config = own
     new = out[:, enc["input_ids"].shape[1]:].tolist()
     stops = set(gen_config.eos_token_id)
     answers = []

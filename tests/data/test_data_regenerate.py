@@ -56,13 +56,15 @@ def test_greedy_regeneration_is_the_targets_own_and_deterministic(random_llama, 
 
 
 def test_the_models_own_generation_config_reshapes_nothing(random_llama, tmp_path):
-    """A generation_config.json that would truncate and penalise (as Qwen2.5's does, only harder):
-    greedy answers stay the plain argmax, and sampling at T = 1 still draws tokens outside its top-1."""
+    """A generation_config.json that would truncate and penalise (as Qwen2.5's does, only harder), search
+    with beams, or ban and suppress tokens: greedy answers stay the plain argmax, and sampling at T = 1
+    still draws tokens outside its top-1."""
     model = tmp_path / "opinionated"
     shutil.copytree(random_llama, model)
     (model / "generation_config.json").write_text(json.dumps({
         "do_sample": True, "temperature": 0.05, "top_k": 1, "top_p": 0.05, "min_p": 0.9, "typical_p": 0.05,
-        "repetition_penalty": 50.0, "no_repeat_ngram_size": 1, "eos_token_id": 2}))
+        "repetition_penalty": 50.0, "no_repeat_ngram_size": 1, "eos_token_id": 2, "num_beams": 3,
+        "bad_words_ids": [[i] for i in range(300, 320)], "suppress_tokens": list(range(3, 300))}))
     target = load_target(model)
     assert target.model.generation_config.top_k == 1  # the file is read
     convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", make_conversations(3)))

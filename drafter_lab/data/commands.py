@@ -73,7 +73,7 @@ def register(subparsers) -> None:
                    help="variables for the chat template (here, or the server's: its requests carry them), e.g. "
                         "'{\"enable_thinking\": false}' for a hybrid thinking model served with its thinking off")
     r.set_defaults(func=_regenerate)
-    i = data_sub.add_parser("import-specforge", help="SpecForge offline hidden states (*.ckpt) -> feature shards")
+    i = data_sub.add_parser("import-specforge", help="SpecForge offline hidden states (*.ckpt, *.ckpt.gz) -> feature shards")
     i.add_argument("--hidden-states", required=True, help="directory SpecForge's prepare_hidden_states wrote")
     i.add_argument("--target", required=True, help="the target they were captured from (only config, "
                                                    "embedding and lm_head are read)")

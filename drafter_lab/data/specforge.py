@@ -1,6 +1,7 @@
 """Import SpecForge's offline hidden states as a feature directory, without running the target.
 
-SpecForge's `prepare_hidden_states` writes one `torch.save` dict per sequence (`*.ckpt`):
+SpecForge's `prepare_hidden_states` writes one `torch.save` dict per sequence (`*.ckpt`, or gzipped
+as `*.ckpt.gz` with its --compress, read here too, from memory rather than mapped):
 
     input_ids         [T] (or [1, T])    token ids
     loss_mask         [T] (or [1, T])    1 on assistant tokens
@@ -21,7 +22,10 @@ split, the shard plan and resume are capture's: a killed import picks up where i
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
+import zlib
 from pathlib import Path
 
 import torch
@@ -72,7 +76,14 @@ def _flat(t: torch.Tensor, where: Path, name: str) -> torch.Tensor:
 def _load(path: Path) -> dict:
     # Memory-mapped: the states stay file pages that the shard writer copies out, not process memory.
     try:
-        d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if path.name.endswith(".gz"):
+            d = torch.load(io.BytesIO(gzip.decompress(path.read_bytes())), map_location="cpu", weights_only=True)
+        else:
+            d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except OSError as e:  # a dangling link, a file we may not read
+        raise LabError(f"cannot read ({e.strerror or first_line(e)})", path) from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # BadGzipFile is an OSError only from 3.12 on
+        raise LabError(f"cannot read as a gzipped SpecForge sample ({first_line(e)})", path) from None
     except Exception as e:
         raise LabError(f"cannot read as a SpecForge sample ({first_line(e)})", path) from None
     if not isinstance(d, dict):
@@ -103,6 +114,11 @@ def _real_length(d: dict, path: Path) -> int:
         return len(ids)  # read_sample names the mismatch
     real = ((ids != 0) | (mask != 0)).nonzero()
     return int(real[-1]) + 1 if len(real) else 0
+
+
+def _seq_id(relative: Path) -> str:
+    """A sample's name without .ckpt or .ckpt.gz: gzipping it keeps its id, and so its split."""
+    return str(relative).removesuffix(".gz").removesuffix(".ckpt")
 
 
 def sample_length(path: Path) -> int:
@@ -144,20 +160,16 @@ def read_sample(path: Path, seq_id: str, hidden: int, vocab: int, dtype: torch.d
 
 def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] | None = None,
                      val_fraction: float = 0.1, shard_size: int = 256) -> Manifest:
-    """Convert every `*.ckpt` under `src_dir` (made from `target_dir`) into shards under `out_dir`.
+    """Convert every `*.ckpt` (or `*.ckpt.gz`) under `src_dir` (made from `target_dir`) into shards under `out_dir`.
 
     `aux_layer_ids` are SpecForge's ("output of layer k", as in its draft config's
     `eagle_aux_hidden_state_layer_ids`); None means its default for the target's depth."""
     src, out = Path(src_dir), Path(out_dir)
     if not src.is_dir():
         raise LabError("SpecForge hidden-states directory not found", src)
-    # SpecForge's loader reads files only (a directory named *.ckpt is not a sample) and also its
-    # --compress output, *.ckpt.gz, which would otherwise be left out without a word.
-    found = [p for p in src.rglob("*.ckpt*") if p.name.endswith((".ckpt", ".ckpt.gz")) and not p.is_dir()]
-    if packed := sorted(p for p in found if p.name.endswith(".gz")):
-        raise LabError(f"{len(packed)} gzipped samples (SpecForge's --compress, e.g. {packed[0].relative_to(src)}), "
-                       "which this import does not read: gunzip them to *.ckpt first", src)
-    files = sorted(found)
+    # As SpecForge's loader: files only (a directory named *.ckpt is not a sample), and its --compress
+    # output, *.ckpt.gz, beside them (a run resumed with --compress leaves some of each).
+    files = sorted(p for p in src.rglob("*.ckpt*") if p.name.endswith((".ckpt", ".ckpt.gz")) and not p.is_dir())
     if not files:
         raise LabError("no *.ckpt files (SpecForge offline hidden states) below it", src)
     if not 0.0 <= val_fraction < 1.0 or shard_size < 1:
@@ -181,7 +193,12 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
     if existing is not None:
         check_resumable(out, existing, resume_settings(describe, ours, dtype, source))
-    items = [(str(f.relative_to(src).with_suffix("")), f) for f in files]
+    items = [(_seq_id(f.relative_to(src)), f) for f in files]
+    seen: dict[str, Path] = {}
+    for seq_id, f in items:
+        if (other := seen.setdefault(seq_id, f)) is not f:
+            raise LabError(f"{other.relative_to(src)} and {f.relative_to(src)} are one sample, gzipped and not: "
+                           "keep one", src)
 
     def convert(chunk, advance, put):
         for j, (seq_id, path) in enumerate(chunk):

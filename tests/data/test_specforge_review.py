@@ -70,18 +70,38 @@ def test_specforge_conventions_match_the_targets_own_states(random_llama, tmp_pa
         assert torch.equal((s.final_hidden.float() @ model.lm_head.weight.T).argmax(-1), logits.argmax(-1))
 
 
-def test_gzipped_samples_are_refused_not_left_out(random_llama, tmp_path):
-    """SpecForge's --compress writes data_<i>.ckpt.gz, which its loader reads beside *.ckpt; a
-    directory holding some of each (a run resumed with --compress) lost those without a word."""
-    (tmp_path / "sf" / "rows_0-2000").mkdir(parents=True)
-    torch.save(_sample(8), tmp_path / "sf" / "rows_0-2000" / "data_0.ckpt")
-    buf = io.BytesIO()
-    torch.save(_sample(8, seed=1), buf)
-    (tmp_path / "sf" / "rows_0-2000" / "data_1.ckpt.gz").write_bytes(gzip.compress(buf.getvalue()))
+def test_gzipped_samples_import_as_their_plain_copies(random_llama, tmp_path):
+    """SpecForge's --compress writes data_<i>.ckpt.gz, which its loader reads beside *.ckpt (a run resumed
+    with --compress leaves some of each): they import under the same ids, to the same shards' content."""
+    for root, packed in (("plain", ()), ("mixed", (1, 2))):
+        (tmp_path / root / "rows_0-2000").mkdir(parents=True)
+        for i in range(4):
+            buf = io.BytesIO()
+            torch.save(_sample(8 + i, seed=i), buf)
+            name = tmp_path / root / "rows_0-2000" / f"data_{i}.ckpt"
+            if i in packed:
+                name.with_name(name.name + ".gz").write_bytes(gzip.compress(buf.getvalue()))
+            else:
+                name.write_bytes(buf.getvalue())
+        import_specforge(tmp_path / root, random_llama, tmp_path / f"{root}-out", val_fraction=0.25)
+    plain, mixed = (FeatureSet(tmp_path / f"{r}-out") for r in ("plain", "mixed"))
+    for split in ("train", "val"):
+        a, b = plain.sequences(split), mixed.sequences(split)
+        assert [s.seq_id for s in a] == [s.seq_id for s in b] and len(a) > 0
+        for x, y in zip(a, b):
+            assert all(torch.equal(getattr(x, k), getattr(y, k))
+                       for k in ("input_ids", "loss_mask", "aux_hidden", "final_hidden"))
+
+    twice = tmp_path / "mixed" / "rows_0-2000" / "data_0.ckpt.gz"
+    twice.write_bytes(gzip.compress((tmp_path / "mixed" / "rows_0-2000" / "data_0.ckpt").read_bytes()))
+    with pytest.raises(LabError, match="data_0.ckpt and rows_0-2000/data_0.ckpt.gz are one sample, gzipped and not"):
+        import_specforge(tmp_path / "mixed", random_llama, tmp_path / "again", val_fraction=0.25)
+    twice.unlink()
+    broken = tmp_path / "mixed" / "rows_0-2000" / "data_1.ckpt.gz"
+    broken.write_bytes(broken.read_bytes()[:100])
     with pytest.raises(LabError) as e:
-        import_specforge(tmp_path / "sf", random_llama, tmp_path / "out", val_fraction=0.0)
-    assert "1 gzipped samples" in str(e.value) and "rows_0-2000/data_1.ckpt.gz" in str(e.value)
-    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+        import_specforge(tmp_path / "mixed", random_llama, tmp_path / "again", val_fraction=0.25)
+    assert str(e.value).startswith(f"{broken}: cannot read as a gzipped SpecForge sample") and "\n" not in str(e.value)
 
 
 def test_a_dangling_link_is_one_line_naming_it(random_llama, tmp_path):

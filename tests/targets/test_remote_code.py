@@ -77,3 +77,28 @@ def test_with_the_flag_the_model_is_its_own_class_and_computes_the_same(custom, 
     ids = torch.tensor([[1, 5, 9, 33]])
     with torch.no_grad():
         assert torch.equal(target.model(ids).logits, plain.model(ids).logits)
+
+
+def test_a_wrapper_of_its_own_code_is_read_by_its_text_config(tmp_path, monkeypatch):
+    """Kimi K2.5's layout: a multimodal wrapper of its own code, its text model's fields under
+    text_config and its matrices under language_model.: the head needs none of its code."""
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv(REMOTE_CODE_ENV, "")
+    out = tmp_path / "k25"
+    out.mkdir()
+    text = {"model_type": "kimi_k2", "hidden_size": 32, "num_hidden_layers": 5, "vocab_size": 100,
+            "tie_word_embeddings": False}
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text,
+        "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
+                     "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"}}))
+    g = torch.Generator().manual_seed(0)
+    embed, head = torch.randn(100, 32, generator=g), torch.randn(100, 32, generator=g)
+    save_file({"language_model.model.embed_tokens.weight": embed, "language_model.lm_head.weight": head,
+               "language_model.model.norm.weight": torch.ones(32),
+               "vision_tower.patch_embed.weight": torch.randn(32, 3, generator=g)}, str(out / "model.safetensors"))
+    head_ = load_target_head(out)
+    assert (head_.architecture, head_.num_layers, head_.hidden_size, head_.vocab_size) == \
+        ("KimiK25ForConditionalGeneration", 5, 32, 100)
+    assert torch.equal(head_.embed_weight(), embed) and torch.equal(head_.lm_head_weight(), head)

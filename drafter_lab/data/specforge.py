@@ -80,9 +80,7 @@ def _load(path: Path) -> dict:
             d = torch.load(io.BytesIO(gzip.decompress(path.read_bytes())), map_location="cpu", weights_only=True)
         else:
             d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except OSError as e:  # a dangling link, a file we may not read
-        raise LabError(f"cannot read ({e.strerror or first_line(e)})", path) from None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # BadGzipFile is an OSError only from 3.12 on
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # truncated or not gzip at all
         raise LabError(f"cannot read as a gzipped SpecForge sample ({first_line(e)})", path) from None
     except Exception as e:
         raise LabError(f"cannot read as a SpecForge sample ({first_line(e)})", path) from None

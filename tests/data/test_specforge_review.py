@@ -102,6 +102,9 @@ def test_gzipped_samples_import_as_their_plain_copies(random_llama, tmp_path):
     with pytest.raises(LabError) as e:
         import_specforge(tmp_path / "mixed", random_llama, tmp_path / "again", val_fraction=0.25)
     assert str(e.value).startswith(f"{broken}: cannot read as a gzipped SpecForge sample") and "\n" not in str(e.value)
+    broken.write_bytes(b"not gzip at all")
+    with pytest.raises(LabError, match="cannot read as a gzipped SpecForge sample"):
+        import_specforge(tmp_path / "mixed", random_llama, tmp_path / "again", val_fraction=0.25)
 
 
 def test_a_dangling_link_is_one_line_naming_it(random_llama, tmp_path):

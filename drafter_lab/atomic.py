@@ -101,6 +101,46 @@ def _commit(tmp: Path, path: Path) -> None:
         os.fchmod(f.fileno(), 0o666 & ~_UMASK)
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path) -> None:
+    """Make a rename into directory `path` durable: fsyncing a file keeps its bytes through a power
+    loss, not its new name. A file system that cannot fsync a directory (some network and overlay
+    mounts: EINVAL, EBADF) and a directory this user may write but not read are left as they are."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except PermissionError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory below `root` (its writers, save_pretrained or copytree, do not)."""
+    for parent, _, files in os.walk(root):
+        for name in files:
+            file = os.path.join(parent, name)
+            if not os.path.islink(file):
+                fd = os.open(file, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(parent)
+
+
+def _discard(old: Path, path: Path) -> None:
+    """Delete `old`, moved first to a temp of `path`'s writers: a delete killed midway then leaves a temp
+    that the next write clears, never part of `old` under its own name, which would be restored."""
+    trash = tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
+    os.replace(old, trash)  # over the empty temp directory
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -254,21 +294,28 @@ def atomic_dir(path: str | os.PathLike):
     path = Path(path)
     make_parent(path)
     clear_stale_temps(path)
-    old = path.with_name(f".{path.name}.old")
-    if old.exists() and not path.exists():  # killed between the fallback's two moves
-        os.replace(old, path)
+    old = path.with_name(f".{path.name}.old")  # always whole: it is deleted only under another name
+    if old.exists():
+        if path.exists():  # killed after the fallback's two moves: the new version landed
+            _discard(old, path)
+        else:  # killed between them
+            os.replace(old, path)
     tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
     _WRITING.add(tmp.name)
     try:
         tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700
         yield tmp
+        _fsync_tree(tmp)
         if not path.exists():
             os.replace(tmp, path)
-        elif not exchange(tmp, path):  # the old version, now at tmp, goes with it below
-            shutil.rmtree(old, ignore_errors=True)
+            _fsync_dir(path.parent)
+        elif exchange(tmp, path):  # the old version, now at tmp, goes with it below
+            _fsync_dir(path.parent)
+        else:
             os.replace(path, old)
             os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            _fsync_dir(path.parent)
+            os.replace(old, tmp)  # to go with tmp below
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         _done(tmp)

@@ -442,19 +442,30 @@ class _Run:
 
     def check_watch(self) -> None:
         """Rank 0 judges (it holds metrics.jsonl, and the baseline may still be growing); every rank
-        learns the answer, so all stop at the same step."""
+        learns the answer, so all stop at the same step. A baseline that cannot be read (cut, removed
+        mid-run) fails every rank, not rank 0 alone: the others would wait in the sum for ever."""
         baseline, wcfg = self.watch
-        stop = torch.zeros((), device=self.d.device)
+        stop, failed = torch.zeros((), device=self.d.device), None
         if self.d.main:
-            total = self.total if wcfg.watch_axis == "step" else self.total_tokens
-            verdict = judge(read_metrics(self.out_dir), read_run(baseline)[0], wcfg, total, self.out_dir, baseline)
-            if verdict.stop:
-                self.stop_reason = verdict.reason
-                atomic.write_json(self.out_dir / WATCH_FILE, {
-                    "step": self.step, "total_steps": self.total, "baseline": str(baseline),
-                    "config": dataclasses.asdict(wcfg), **verdict.to_json()})
-                stop += 1
-        if self.d.sum(stop).item() > 0 and self.stop_reason is None:
+            try:
+                total = self.total if wcfg.watch_axis == "step" else self.total_tokens
+                verdict = judge(read_metrics(self.out_dir), read_run(baseline)[0], wcfg, total, self.out_dir, baseline)
+                if verdict.stop:
+                    self.stop_reason = verdict.reason
+                    atomic.write_json(self.out_dir / WATCH_FILE, {
+                        "step": self.step, "total_steps": self.total, "baseline": str(baseline),
+                        "config": dataclasses.asdict(wcfg), **verdict.to_json()})
+                    stop += 1
+            except LabError as e:
+                failed = e
+                stop.fill_(-1)
+        said = self.d.sum(stop).item()  # rank 0's alone: 1 stop, -1 failed
+        if failed is not None:
+            raise failed
+        if said < 0:
+            raise LabError(f"the watch failed on rank 0 at step {self.step} (its error is in rank 0's output)",
+                           self.out_dir)
+        if said > 0 and self.stop_reason is None:
             self.stop_reason = "stopped by the watch on rank 0"
 
     def checkpoint(self) -> None:

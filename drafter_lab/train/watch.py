@@ -176,9 +176,12 @@ def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: 
 
 
 def replay(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: float | None) -> Verdict | None:
-    """The first verdict "stop" the watch would have given along a finished run, or None."""
+    """The first verdict "stop" the watch would have given along a finished run, or None. Like train's,
+    it judges no validation at the run's last step (`total` on the watch's axis): the run is over there."""
     val = [r for r in run_rows if r.get("split") == "val"]
     for i in range(1, len(val) + 1):
+        if total is not None and val[i - 1].get(cfg.watch_axis, 0) >= total:
+            continue
         v = judge(val[:i], base_rows, cfg, total)
         if v.stop:
             return v

@@ -1,13 +1,20 @@
-"""Review of the watch: validations that scored nothing, and the encoding note for online runs
-sharing a held-out conversations file."""
+"""Review of the watch: validations that scored nothing, the encoding note for online runs sharing a
+held-out conversations file, a baseline rank 0 cannot read under 2 ranks, and the replay's last step."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from drafter_lab.train.watch import WatchConfig, comparison_note, judge
+from drafter_lab.experiments import report
+from drafter_lab.experiments.study import Arm
+from drafter_lab.train.watch import WatchConfig, comparison_note, judge, replay
+
+from .test_resume_ddp import env
 
 W = WatchConfig()
 
@@ -95,3 +102,72 @@ def test_real_online_runs_on_other_files_with_one_held_out_file_are_not_flagged(
         return {"config": {"batch_size": 8}, "features": {**source.describe(), **source.identity()}}
 
     assert comparison_note(info(convs), info(fewer), "step") is None
+
+
+RANK = """
+import sys
+import types
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from drafter_lab.errors import LabError
+from drafter_lab.train.distributed import Dist
+from drafter_lab.train.loop import _Run
+from drafter_lab.train.watch import WatchConfig
+
+rank, store, base, out = int(sys.argv[1]), *sys.argv[2:]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+run = types.SimpleNamespace(d=Dist(rank, 2, 0, torch.device("cpu")), watch=(Path(base), WatchConfig()),
+                            total=40, total_tokens=4000, out_dir=Path(out), step=10, stop_reason=None)
+try:
+    _Run.check_watch(run)
+except LabError as e:
+    print(f"error: {e}")
+    sys.exit(2)
+"""
+
+
+def test_a_baseline_rank_0_cannot_read_fails_every_rank(tmp_path):
+    """Rank 0 alone reads the baseline (still growing, maybe cut or removed): its LabError left rank 1 in
+    the all-reduce, a gloo traceback once rank 0 exited (NCCL: a hang) under launchers that do not kill
+    the other ranks as torchrun does. Two real gloo processes, as srun or mpirun start them."""
+    base, out = tmp_path / "base", tmp_path / "out"
+    base.mkdir()
+    out.mkdir()
+    (base / "metrics.jsonl").write_text('{"split": "val", "step": 0, "cond_acc_0": 0.1}\n{"split": "val", cut\n')
+    (out / "metrics.jsonl").write_text('{"split": "val", "step": 10, "cond_acc_0": 0.1}\n')
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(base), str(out)],
+                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        done = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [2, 2], done[1][1][-2000:]
+    assert done[0][0].startswith(f"error: {base / 'metrics.jsonl'}: line 2 is not valid JSON")
+    assert done[1][0] == f"error: {out}: the watch failed on rank 0 at step 10 (its error is in rank 0's output)\n"
+
+
+def test_the_replay_judges_no_validation_at_the_runs_last_step():
+    """train never judges its last validation (the run is over): a study's report said the watch "would
+    have stopped (b) at step 40 of 40" from a verdict train would never have given."""
+    run = curve({100: 0.55, 200: 0.5, 300: 0.5, 400: 0.5})  # behind at 200 / 300 / 400 only
+    assert judge(run, BASE, W, 400).stop
+    assert replay(run, BASE, W, 400) is None
+    assert replay(run, BASE, W, 500).rows[-1]["step"] == 400
+    tokens = dataclasses.replace(W, watch_axis="train_tokens")
+    run = [{**r, "train_tokens": 10 * r["step"]} for r in run]
+    base = [{**r, "train_tokens": 10 * r["step"]} for r in BASE]
+    assert replay(run, base, tokens, 4000) is None and replay(run, base, tokens, 5000).stop
+
+    def arm(key, points):
+        return Arm(key, f"({key})", history=[{"split": "val", "step": s, "cond_acc_0": v} for s, v in points.items()])
+
+    a = arm("a", {10: 0.3, 20: 0.5, 30: 0.6, 40: 0.7, 50: 0.75})
+    assert report.watch_stop(a, arm("b", {10: 0.3, 20: 0.38, 30: 0.38, 40: 0.383}))[:2] == (None, 40)
+    at, steps, _ = report.watch_stop(a, arm("b", {10: 0.3, 20: 0.38, 30: 0.38, 40: 0.383, 50: 0.39}))
+    assert (at, steps) == (40, 50)

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from drafter_lab.errors import LabError
 
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
-NOT_WEIGHTS = ("training_args.bin",)
-"""Files the patterns match that hold no weights (the HF Trainer's arguments)."""
+BIN_WEIGHTS = "pytorch_model*.bin"
+"""The pickled weights transformers loads (pytorch_model.bin, its shards, a variant's); every other `.bin`
+beside a model is none of its weights: the Trainer's training_args.bin, accelerate's optimizer.bin,
+scheduler.bin and sampler.bin. A shard index's own names count too."""
 MIB = 1 << 20
 WINDOW = 1 << 10
 """Bytes hashed per window."""
@@ -38,9 +39,23 @@ than the spacing is sampled, up to a 4 GiB file)."""
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The weight files of a model directory; a dangling link stays, to be reported when it is read."""
-    files = sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat))
-    return [f for f in files if not (f.name.startswith(".") or f.name in NOT_WEIGHTS or f.is_dir())]
+    """The weight files of a model directory: every `*.safetensors` and the `.bin` files that hold the model
+    (BIN_WEIGHTS); a dangling link stays, to be reported when it is read."""
+    bins = {f.name for f in path.glob(BIN_WEIGHTS)} | _indexed_bins(path)
+    files = sorted([*path.glob("*.safetensors"), *(f for f in path.glob("*.bin") if f.name in bins)])
+    return [f for f in files if not (f.name.startswith(".") or f.is_dir())]
+
+
+def _indexed_bins(path: Path) -> set[str]:
+    """The files a `*.bin.index.json` shard index names (an unreadable one names none: loading says why)."""
+    names = set()
+    for index in path.glob("*.bin.index.json"):
+        try:
+            weight_map = json.loads(index.read_bytes()).get("weight_map")
+            names.update(f for f in weight_map.values() if isinstance(f, str))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return names
 
 
 def _config(path: Path) -> bytes:

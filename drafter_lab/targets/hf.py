@@ -263,7 +263,7 @@ def _check_model_dir(path: Path) -> None:
     if drafter is not None:
         raise LabError(f"a drafter ({drafter}), not a target model: give the target's own directory", path)
     if not weight_files(path):
-        raise LabError("no weight files (*.safetensors or *.bin)", path)
+        raise LabError("no weight files (*.safetensors or pytorch_model*.bin)", path)
 
 
 @contextlib.contextmanager
@@ -369,7 +369,7 @@ def load_target_head(path, device="cpu") -> TargetHead:
         if "trust_remote_code" not in str(e):
             raise LabError(f"cannot read the model config: {first_line(e)}", path) from None
         whole, config = _config_as_written(path)  # no layer runs: the fields themselves will do
-    architecture = (getattr(whole, "architectures", None) or ["unknown"])[0]
+    architecture = (getattr(whole, "architectures", None) or [_class_name(whole)])[0]
     files = _tensor_files(path)
     if not files:
         full = load_target(path, device=device, tokenizer=False)
@@ -387,6 +387,15 @@ def load_target_head(path, device="cpu") -> TargetHead:
         raise LabError(f"embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not match "
                        f"hidden_size {config.hidden_size}", path)
     return TargetHead(path, config, embed.to(device), head.to(device), fingerprint(path), architecture)
+
+
+def _class_name(config) -> str:
+    """The class `model_class` builds for a config.json that names none (a hand-written or older tool's):
+    what `Target.architecture` says of the same directory, and what a speculators export names as the verifier."""
+    from transformers.models.auto import modeling_auto
+
+    names = {**modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, **modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
+    return names.get(getattr(config, "model_type", None), "unknown")
 
 
 def _config_as_written(path: Path):

@@ -3,8 +3,10 @@
 Each line holds `conversations` (or `messages`): a list of turns written either as
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
 where `human` means user and `gpt` means assistant, as do `chatgpt`, `bing` and `bard` in ShareGPT's
-own dump, which SpecForge's prepare_data.py maps so too). An optional `id` names the conversation;
-without one the id is a hash of its turns, so the train/val split stays stable across reruns.
+own dump, which SpecForge's prepare_data.py maps so too). An optional `id` names the conversation (as
+text); without one the id is a hash of its turns, so the train/val split stays stable across reruns.
+A repeated id is a repeated conversation, skipped; a number and a string alike as text (`1`, `"1"`)
+are an error: two conversations (of two datasets merged, say) the lab could not tell apart.
 A top-level `system` string (LLaMA-Factory's ShareGPT column, some OpenAI exports too) is the
 conversation's system prompt: it becomes a leading system turn, so the target sees what it is served.
 
@@ -27,9 +29,10 @@ thinking content part, for Mistral's). Mistral's own form, thinking parts (`{"ty
 Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation may list the
 `tools` it offers (objects, or a JSON string of them as some datasets store it), an assistant turn may
 make `tool_calls` (its content then may be null), and a turn with role `tool` (`ipython`, Llama 3's
-name; `observation`, ShareGPT's) holds a result, with its `tool_call_id` and `name` where given.
-ShareGPT writes a call as a turn of its own, `function_call`, its value the call (or a list of
-calls) as JSON: it is read as an assistant turn making those calls. Each
+name; `observation`, ShareGPT's; `function`, the OpenAI API's before it had tools) holds a result, with
+its `tool_call_id` and `name` where given. ShareGPT writes a call as a turn of its own, `function_call`,
+its value the call (or a list of calls) as JSON: it is read as an assistant turn making those calls;
+the OpenAI API's `function_call` on an assistant turn, its one call before tools, as that call. Each
 call is kept as a server hands it to the chat template: `{"type": "function", "function": {"name",
 "arguments"}}`, the arguments an object (a JSON string of them is parsed), so the template writes
 the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens train like the
@@ -75,6 +78,7 @@ ROLES = {
     "tool": "tool",
     "ipython": "tool",
     "observation": "tool",
+    "function": "tool",  # the OpenAI API's result turn before tools: {"role": "function", "name", "content"}
 }
 
 
@@ -183,7 +187,8 @@ def _parse_turn(turn, where: str, path) -> dict:
         if reasoning is not None:
             raise LabError(f"{where}: thinking both as content parts and as reasoning_content (or reasoning, thinking)", path)
         reasoning = thought
-    calls = turn.get("tool_calls") or None
+    legacy = turn.get("function_call")  # the OpenAI API's one call before tools
+    calls = turn.get("tool_calls") or ([legacy] if legacy is not None else None)
     if content is None and (reasoning is not None or calls is not None):
         content = ""  # a call alone, or a server's answer cut off while it was still thinking
     if role is None or content is None:
@@ -253,7 +258,7 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
     except IsADirectoryError:
         raise LabError("conversations path is a directory, not a jsonl file", path) from None
     convs: list[Conversation] = []
-    seen: set[str] = set()
+    seen: dict[str, tuple[str, object]] = {}  # id -> where it was first, and as the file wrote it
     skipped: Counter = Counter()
     for lineno, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -279,11 +284,16 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
                 raise LabError(f"{where}: conversation has no assistant turn (--strict)", path)
             skipped["no_assistant_turn"] += 1
             continue
-        cid = str(obj["id"]) if obj.get("id") is not None else content_id(messages, tools)
+        given = obj.get("id")
+        cid = str(given) if given is not None else content_id(messages, tools)
         if cid in seen:
+            first, before = seen[cid]
+            if None not in (given, before) and json.dumps(given) != json.dumps(before):
+                raise LabError(f"{where}: id {json.dumps(given)} and {first}'s id {json.dumps(before)} are the same as text; "
+                               "give the two conversations distinct ids", path)
             skipped["duplicate_id"] += 1
             continue
-        seen.add(cid)
+        seen[cid] = (where, given)
         convs.append(Conversation(id=cid, messages=messages, tools=tools))
     return convs, dict(skipped)
 

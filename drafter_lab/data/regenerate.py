@@ -230,7 +230,10 @@ def regenerate(
 def regeneration_settings(target, source: Path, temperature: float, max_new_tokens: int, batch_size: int,
                           seed: int, template_kwargs: dict | None = None) -> dict:
     """Everything that decides a local regeneration's output: a journal made with other settings is refused.
-    The target counts by what it is, not by where: its path spelled otherwise, or moved, resumes."""
+    The target counts by what it is, not by where: its path spelled otherwise, or moved, resumes. Its
+    device type counts (a GPU rounds otherwise, so even greedy answers can differ), where not the CPU:
+    journals begun on the CPU before it counted still resume."""
+    on = {} if target.device.type == "cpu" else {"device": target.device.type}
     return {"target": without(target.describe(), ["path"]), "conversations_sha256": atomic.sha256_file(source),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
-            **SAMPLER, **rendered_with(target.tokenizer, template_kwargs), STOP_IDS: stop_token_ids(target)}
+            **SAMPLER, **rendered_with(target.tokenizer, template_kwargs), STOP_IDS: stop_token_ids(target), **on}

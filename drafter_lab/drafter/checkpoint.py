@@ -23,6 +23,7 @@ from drafter_lab.drafter.config import FORMATS, DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
+from drafter_lab.targets.fingerprint import weight_files
 from drafter_lab.targets.hf import first_line
 
 WEIGHTS = "model.safetensors"
@@ -54,10 +55,12 @@ class Checkpoint:
 
 
 def _weight_files(path: Path) -> list[Path]:
-    files = sorted(f for f in path.glob("*.safetensors") if not f.name.startswith("."))
-    if not files:
-        files = sorted(f for f in path.glob("*.bin") if not f.name.startswith(".") and "training_args" not in f.name)
-    return files
+    """The safetensors files, else the `.bin` files transformers loads (the target's rule: `pytorch_model*.bin`
+    and a shard index's names). An accelerate checkpoint's optimizer.bin, scheduler.bin or sampler.bin beside
+    them holds no weight: reading it cost its whole size, and one that weights_only refuses (a pickled
+    sampler) or that a killed save cut short refused a whole drafter."""
+    files = weight_files(path)
+    return [f for f in files if f.suffix == ".safetensors"] or files
 
 
 def _read_file(f: Path, only: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:

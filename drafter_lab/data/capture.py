@@ -210,12 +210,14 @@ def check_out_dir(out: Path) -> None:
         raise LabError(f"output directory holds other files ({', '.join(sorted(foreign)[:3])}) and no manifest", out)
 
 
-REGENERATION_KEYS = ("target fingerprint", "dtype", "sha256", "regenerate", TEMPLATE_HASH, "chat_template_kwargs",
-                     TOKENIZER_HASH, STOP_IDS)
-"""What of a capture's settings (resume_settings) decides its regenerated answers: the target and the dtype it
-runs in, the conversations, the sampling (`regenerate`; its batch size too, as padding can flip near-ties), how
-prompts are rendered and tokenized, and the tokens that end an answer. The rest (max_length, turns, token_exact,
-the split, shard and capture batch sizes, aux ids) acts on the answers once written: changing it reuses them."""
+REGENERATION_KEYS = ("target fingerprint", "dtype", "device", "sha256", "regenerate", TEMPLATE_HASH,
+                     "chat_template_kwargs", TOKENIZER_HASH, STOP_IDS)
+"""What of a capture's settings (resume_settings) decides its regenerated answers: the target, the dtype and
+device type it runs in (a GPU rounds otherwise, so even greedy answers can differ; the CPU is recorded as no
+device, so caches made before it counted are still found), the conversations, the sampling (`regenerate`; its
+batch size too, as padding can flip near-ties), how prompts are rendered and tokenized, and the tokens that end
+an answer. The rest (max_length, turns, token_exact, the split, shard and capture batch sizes, aux ids) acts on
+the answers once written: changing it reuses them."""
 
 
 def _partial(cache: Path) -> Path:
@@ -417,6 +419,8 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         **rendered_with(target.tokenizer, cfg.chat_template_kwargs),
         **({STOP_IDS: stop_token_ids(target)} if cfg.regenerate else {}),
         **({"sampled_at": given} if given is not None else {}),
+        # A GPU rounds otherwise: other states, other greedy answers. Absent on the CPU: older manifests resume.
+        **({"device": target.device.type} if target.device.type != "cpu" else {}),
     }
 
 

@@ -4,7 +4,8 @@ Each line holds `conversations` (or `messages`): a list of turns written either 
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
 where `human` means user and `gpt` means assistant, as do `chatgpt`, `bing` and `bard` in ShareGPT's
 own dump, which SpecForge's prepare_data.py maps so too). An optional `id` names the conversation (as
-text); without one the id is a hash of its turns, so the train/val split stays stable across reruns.
+text); without one (or with an empty one, which names nothing) the id is a hash of its turns, so the
+train/val split stays stable across reruns.
 A repeated id is a repeated conversation, skipped; a number and a string alike as text (`1`, `"1"`)
 are an error: two conversations (of two datasets merged, say) the lab could not tell apart.
 A top-level `system` string (LLaMA-Factory's ShareGPT column, some OpenAI exports too) is the
@@ -27,7 +28,8 @@ thinking content part, for Mistral's). Mistral's own form, thinking parts (`{"ty
 "thinking": ...}`) ahead of the text parts of an answer, is read as `reasoning_content` too.
 
 Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation may list the
-`tools` it offers (objects, or a JSON string of them as some datasets store it), an assistant turn may
+`tools` it offers (objects, or a JSON string of them as some datasets store it; the OpenAI API's
+`functions` before it had tools, bare function schemas, read as those tools), an assistant turn may
 make `tool_calls` (its content then may be null), and a turn with role `tool` (`ipython`, Llama 3's
 name; `observation`, ShareGPT's; `function`, the OpenAI API's before it had tools) holds a result, with
 its `tool_call_id` and `name` where given. ShareGPT writes a call as a turn of its own, `function_call`,
@@ -124,11 +126,22 @@ def _json_or_same(value):
         return None  # not JSON: the caller's shape check names it
 
 
-def _parse_tools(tools, where: str, path) -> list[dict]:
+def _parse_tools(tools, where: str, path, name: str = "tools") -> list[dict]:
     tools = _json_or_same(tools)
     if not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise LabError(f"{where}: tools must be a list of objects (or a JSON string of one)", path)
+        raise LabError(f"{where}: {name} must be a list of objects (or a JSON string of one)", path)
     return tools
+
+
+def _row_tools(obj: dict, where: str, path) -> list[dict] | None:
+    """A row's `tools`, or the OpenAI API's `functions` from before tools (bare function schemas) in
+    the form `tools` takes, so the template offers the functions its calls use."""
+    tools, functions = obj.get("tools"), obj.get("functions")
+    if tools is not None and functions is not None:
+        raise LabError(f"{where}: both tools and functions (the older form of tools): keep one", path)
+    if functions is not None:
+        return [{"type": "function", "function": f} for f in _parse_tools(functions, where, path, "functions")]
+    return _parse_tools(tools, where, path) if tools is not None else None
 
 
 def parse_call(call, where: str, path) -> dict:
@@ -277,7 +290,7 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
         if not isinstance(turns, list):
             raise LabError(f"{where}: no `conversations` (or `messages`) list", path)
         messages = [_parse_turn(t, where, path) for t in turns]
-        tools = _parse_tools(obj["tools"], where, path) if obj.get("tools") is not None else None
+        tools = _row_tools(obj, where, path)
         _add_system(messages, obj.get("system"), where, path)
         if not any(m["role"] == "assistant" for m in messages):
             if strict:
@@ -285,6 +298,8 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
             skipped["no_assistant_turn"] += 1
             continue
         given = obj.get("id")
+        if isinstance(given, str) and not given.strip():
+            given = None  # an empty id names nothing (SpecForge data carries some): the content hash names it
         cid = str(given) if given is not None else content_id(messages, tools)
         if cid in seen:
             first, before = seen[cid]

@@ -11,13 +11,17 @@ import sys
 
 import pytest
 import torch
-from data_helpers import PREPARE_ARGS, run_cli
+from data_helpers import PREPARE_ARGS, run_cli, write_jsonl
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from drafter_lab import atomic
+from drafter_lab.data import capture
+from drafter_lab.data.capture_config import STOP_IDS, TEMPLATE_HASH, TOKENIZER_HASH, CaptureConfig
+from drafter_lab.data.conversations import read_conversations
 from drafter_lab.data.shards import FeatureSet, Manifest, ShardReader, ShardWriter, stored_text
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import Target, load_target
 
 # A `data prepare` SIGKILLed on the n-th call of one of its steps, as a user's kill -9 or an OOM kill.
 KILLED = """
@@ -158,3 +162,77 @@ def test_vocab_build_counts_no_shard_other_than_its_manifest_row_says(features, 
     shutil.copy(out / "train-00000.safetensors", out / "train-00001.safetensors")
     with pytest.raises(LabError, match="the manifest lists"):
         count_train_tokens(out)
+
+
+# The device a capture ran on, empty ids, and the OpenAI API's `functions`.
+
+
+def test_a_capture_begun_on_the_cpu_is_not_resumed_on_a_gpu(features, random_llama, conversations_file, tmp_path,
+                                                             monkeypatch, capsys):
+    """A GPU rounds otherwise: its states (and greedy answers) differ from the CPU's. The manifest's shards
+    were resumed across devices, the two kinds mixed in one feature set."""
+    out = tmp_path / "feat"
+    shutil.copytree(features, out)
+    args = ("data", "prepare", "--target", random_llama, "--conversations", conversations_file, "--out", out,
+            *PREPARE_ARGS)
+    with monkeypatch.context() as m:
+        m.setattr(Target, "device", property(lambda self: torch.device("cuda", 1)))
+        capsys.readouterr()
+        assert run_cli(*args) == 2
+    assert "manifest was made with other settings (device: None there, 'cuda' now)" in capsys.readouterr().err
+    assert snapshot(out) == snapshot(features)
+    assert run_cli(*args) == 0  # on the CPU, as it was made
+
+
+def test_the_regeneration_cache_is_named_by_a_gpu_and_as_before_on_the_cpu(random_llama, conversations_file,
+                                                                           tmp_path, monkeypatch):
+    """`--device cuda`, then `--device cpu`, on one --out reused the GPU's greedy answers. `cuda:1` is `cuda`."""
+    target, convs = load_target(random_llama), read_conversations(conversations_file)[0]
+
+    def cache_on(device: torch.device | None) -> tuple[str, dict]:
+        with monkeypatch.context() as m:
+            if device is not None:
+                m.setattr(Target, "device", property(lambda self: device))
+            source = capture._source(CaptureConfig(regenerate=True), conversations_file, convs, target)
+        settings = capture.resume_settings(target.describe(), [2, 4, 5], "float32", source)
+        return capture._regeneration(tmp_path, settings)[0].name, settings
+
+    cpu, settings = cache_on(None)
+    before = ("target fingerprint", "dtype", "sha256", "regenerate", TEMPLATE_HASH, "chat_template_kwargs",
+              TOKENIZER_HASH, STOP_IDS)  # the keys that named it before the device counted
+    assert "device" not in settings
+    assert cpu == f"regenerated-{atomic.sha256_json({k: v for k, v in settings.items() if k in before})[:12]}.jsonl"
+    gpu, settings = cache_on(torch.device("cuda", 1))
+    assert settings["device"] == "cuda" and gpu != cpu and cache_on(torch.device("cuda"))[0] == gpu
+
+
+def chat(cid, question: str, **row) -> dict:
+    return {**({"id": cid} if cid is not None else {}),
+            "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "ok"}], **row}
+
+
+def test_an_empty_id_is_no_id(tmp_path):
+    """`"id": ""` on every row kept the first conversation and dropped the rest as duplicates of it."""
+    write = lambda name, ids: write_jsonl(tmp_path / name, [chat(i, q) for i, q in zip(ids, "abc")])  # noqa: E731
+    convs, skipped = read_conversations(write("empty.jsonl", ["", "", " \t"]))
+    unnamed, _ = read_conversations(write("none.jsonl", [None] * 3))
+    assert skipped == {} and [c.id for c in convs] == [c.id for c in unnamed] and len({c.id for c in convs}) == 3
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def test_openai_functions_read_as_tools(tmp_path):
+    """The OpenAI API's request field before tools: ignored, so the template offered no tools."""
+    path = write_jsonl(tmp_path / "c.jsonl", [chat(None, "a", functions=[WEATHER]),
+                                              chat(None, "a", tools=[{"type": "function", "function": WEATHER}]),
+                                              chat(None, "b", functions=json.dumps([WEATHER]))])
+    (legacy, again), skipped = read_conversations(path)
+    assert again.tools == legacy.tools == [{"type": "function", "function": WEATHER}]
+    assert skipped == {"duplicate_id": 1}  # the same conversation as with tools, to its id
+    for row, message in ((chat("x", "a", functions=[WEATHER], tools=[]), "both tools and functions"),
+                         (chat("x", "a", functions={"name": "f"}), "functions must be a list of objects")):
+        with pytest.raises(LabError) as e:
+            read_conversations(write_jsonl(tmp_path / "bad.jsonl", [row]))
+        assert str(e.value).startswith(f"{tmp_path / 'bad.jsonl'}: line 1: {message}")

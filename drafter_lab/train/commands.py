@@ -171,13 +171,16 @@ def watch(args) -> int:
         rows, info = read_run(args.run)
         base_rows, base_info = read_run(args.baseline)
         total = info.get(AXES.get(cfg.watch_axis, "total_steps"))
-        verdict = judge(rows, base_rows, cfg, total, args.run, args.baseline)
-        finished = any(r.get("split") == "val" and r["step"] >= info.get("total_steps", math.inf) for r in rows)
-        stopped = stopped_at(Path(args.run))  # by its own watch: it logs nothing more (following it never ended)
-        if stopped is not None and rows and rows[-1]["step"] <= stopped:
-            print(f"the run's own watch stopped it at step {stopped}", flush=True)
-            finished = True
-        if not args.follow or verdict.stop or finished:
+        # As train and the replay, no verdict on the validation at the run's last step (the run is over there):
+        # a finished run gets the verdict at its validation before, not a "stop" train would never have said.
+        at_end = [r.get("split") == "val" and r["step"] >= info.get("total_steps", math.inf) for r in rows]
+        ended = any(at_end)
+        verdict = judge([r for r, end in zip(rows, at_end) if not end], base_rows, cfg, total, args.run, args.baseline)
+        at = stopped_at(Path(args.run))  # by its own watch: it logs nothing more (following it never ended)
+        stopped = at is not None and bool(rows) and rows[-1]["step"] <= at
+        if stopped:
+            print(f"the run's own watch stopped it at step {at}", flush=True)
+        if not args.follow or verdict.stop or ended or stopped:
             break
         if len(verdict.rows) > shown:
             shown = len(verdict.rows)
@@ -186,9 +189,12 @@ def watch(args) -> int:
     note = comparison_note(info, base_info, cfg.watch_axis)
     if args.json:
         print(json.dumps({"run": args.run, "baseline": args.baseline, "axis": cfg.watch_axis, "total": total,
-                          "note": note,
+                          "note": note, "finished": ended,
                           **verdict.to_json()}))
     else:
+        if ended:
+            print(f"the run has finished ({info['total_steps']} steps): its last validation is not judged, as "
+                  "train judges none at its last step", flush=True)
         _print_verdict(verdict, cfg, note)
     return STOP_EXIT if verdict.stop else 0
 

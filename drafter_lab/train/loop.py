@@ -41,7 +41,7 @@ from drafter_lab.train.data import (
     shard_batch,
 )
 from drafter_lab.train.metrics import eval_counts, metric_names, summarize, weighted_loss
-from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, RUN_FILE, MetricsLog, read_metrics
+from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, RUN_FILE, MetricsLog
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
@@ -443,18 +443,24 @@ class _Run:
     def check_watch(self) -> None:
         """Rank 0 judges (it holds metrics.jsonl, and the baseline may still be growing); every rank
         learns the answer, so all stop at the same step. A baseline that cannot be read (cut, removed
-        mid-run) fails every rank, not rank 0 alone: the others would wait in the sum for ever."""
+        mid-run) or a verdict that cannot be written (disk full) fails every rank, not rank 0 alone:
+        the others would wait in the sum for ever."""
         baseline, wcfg = self.watch
         stop, failed = torch.zeros((), device=self.d.device), None
         if self.d.main:
             try:
                 total = self.total if wcfg.watch_axis == "step" else self.total_tokens
-                verdict = judge(read_metrics(self.out_dir), read_run(baseline)[0], wcfg, total, self.out_dir, baseline)
+                # read_run, not read_metrics: an OSError is a LabError there, which fails every rank
+                verdict = judge(read_run(self.out_dir)[0], read_run(baseline)[0], wcfg, total, self.out_dir, baseline)
                 if verdict.stop:
                     self.stop_reason = verdict.reason
-                    atomic.write_json(self.out_dir / WATCH_FILE, {
-                        "step": self.step, "total_steps": self.total, "baseline": str(baseline),
-                        "config": dataclasses.asdict(wcfg), **verdict.to_json()})
+                    path = self.out_dir / WATCH_FILE
+                    try:
+                        atomic.write_json(path, {
+                            "step": self.step, "total_steps": self.total, "baseline": str(baseline),
+                            "config": dataclasses.asdict(wcfg), **verdict.to_json()})
+                    except OSError as e:  # disk full, permissions
+                        raise LabError(f"the watch's verdict cannot be written ({e.strerror or e})", path) from None
                     stop += 1
             except LabError as e:
                 failed = e

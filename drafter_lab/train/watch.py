@@ -196,10 +196,18 @@ def read_run(run_dir) -> tuple[list[dict], dict]:
     if not path.exists():
         raise LabError(f"no {METRICS}: not a training run directory", run_dir)
     info = run_dir / RUN_FILE
-    record = atomic.read_json(info, "") if info.exists() else {}
+    # Unreadable (permissions, I/O) or removed since the checks: one line, not an OSError's traceback
+    # (under train's watch, rank 0's alone, which left the other ranks waiting in its sum).
+    try:
+        record = atomic.read_json(info, "removed as it was read") if info.exists() else {}
+    except OSError as e:
+        raise LabError(f"cannot be read ({e.strerror or e})", info) from None
     if not isinstance(record, dict):
         raise LabError("not a run record (a JSON object)", info)
-    return read_metrics(path), record
+    try:
+        return read_metrics(path), record
+    except OSError as e:
+        raise LabError(f"cannot be read ({e.strerror or e})", path) from None
 
 
 def unequal_batches(run_info: dict, base_info: dict) -> str | None:

@@ -171,3 +171,125 @@ def test_the_replay_judges_no_validation_at_the_runs_last_step():
     assert report.watch_stop(a, arm("b", {10: 0.3, 20: 0.38, 30: 0.38, 40: 0.383}))[:2] == (None, 40)
     at, steps, _ = report.watch_stop(a, arm("b", {10: 0.3, 20: 0.38, 30: 0.38, 40: 0.383, 50: 0.39}))
     assert (at, steps) == (40, 50)
+
+
+def test_watch_on_a_finished_run_judges_no_validation_at_its_last_step(tmp_path, capsys):
+    """train never judges the validation at its last step, nor does the replay; `drafter-lab watch` did,
+    so a finished run whose final validation trailed got "stop" (exit 3) that train would never have
+    said, and a script polling `watch --follow` killed a run that was over."""
+    import json
+
+    from drafter_lab.cli import main
+    from drafter_lab.train.watch import STOP_EXIT
+
+    def write(name, points, total):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
+        (tmp_path / name / "run.json").write_text(json.dumps({"total_steps": total}))
+
+    write("base", {100: 0.5, 200: 0.6, 300: 0.66, 400: 0.7, 500: 0.72}, 500)
+    write("run", {100: 0.5, 200: 0.55, 300: 0.6, 400: 0.6}, 400)  # behind at 200 / 300 / 400 only
+    watch = ["watch", str(tmp_path / "run"), "--baseline", str(tmp_path / "base")]
+    assert main(watch) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("the run has finished (400 steps): its last validation is not judged")
+    assert "keep training" in out and "stop" not in out
+    assert main([*watch, "--follow", "0.01", "--json"]) == 0  # finished: no wait
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["finished"] and not verdict["stop"] and verdict["rows"][-1]["step"] == 300
+    write("run", {100: 0.5, 200: 0.55, 300: 0.6, 400: 0.6}, 500)  # step 400 is not its last: judged
+    assert main(watch) == STOP_EXIT
+    assert "the run has finished" not in capsys.readouterr().out
+
+
+def test_a_baseline_that_cannot_be_read_is_one_line(tmp_path, capsys, monkeypatch):
+    """An unreadable metrics.jsonl (permissions), or one removed after read_run's check, was an
+    OSError's traceback, not a one-line error."""
+    import errno
+
+    from drafter_lab.cli import main
+    from drafter_lab.train import watch
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "metrics.jsonl").write_text("")
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(watch, "read_metrics", denied)
+    assert main(["watch", str(base), "--baseline", str(base)]) == 2
+    assert capsys.readouterr().err == f"error: {base / 'metrics.jsonl'}: cannot be read (Permission denied)\n"
+
+
+RACE = """
+import sys
+import types
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from drafter_lab.errors import LabError
+from drafter_lab.train import watch
+from drafter_lab.train.distributed import Dist
+from drafter_lab.train.loop import _Run
+from drafter_lab.train.watch import WatchConfig
+
+rank, store, base, out, mode = int(sys.argv[1]), *sys.argv[2:]
+if mode == "full":
+    import errno
+    import os
+
+    from drafter_lab import atomic
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write() raises it: no file named
+
+    atomic.write_text = full
+if mode == "removed":
+    real = watch.read_metrics
+
+    def racing(path):
+        if Path(path).parent == Path(base):
+            Path(path).unlink()  # the baseline removed after read_run's check, before its read
+        return real(path)
+
+    watch.read_metrics = racing
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+run = types.SimpleNamespace(d=Dist(rank, 2, 0, torch.device("cpu")), watch=(Path(base), WatchConfig()),
+                            total=40, total_tokens=4000, out_dir=Path(out), step=30, stop_reason=None)
+try:
+    _Run.check_watch(run)
+except LabError as e:
+    print(f"error: {e}")
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("mode", ["full", "removed"])
+def test_an_os_error_in_rank_0s_watch_fails_every_rank(tmp_path, mode):
+    """Rank 0 caught only LabError: watch.json that cannot be written (disk full) or a baseline removed
+    between read_run's check and its read raised an OSError on rank 0 alone, and rank 1 waited in the
+    sum (a gloo traceback once rank 0 exited; NCCL: a hang)."""
+    import json
+
+    base, out = tmp_path / "base", tmp_path / "out"  # the verdict is "stop": behind at 10 / 20 / 30
+    for d, points in ((base, {0: 0.1, 10: 0.5, 20: 0.6, 30: 0.7}), (out, {10: 0.1, 20: 0.1, 30: 0.1})):
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
+    script = tmp_path / "rank.py"
+    script.write_text(RACE)
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(base), str(out), mode],
+                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        done = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [2, 2], (done[0][1][-2000:], done[1][1][-2000:])
+    assert done[0][0] == {"full": f"error: {out / 'watch.json'}: the watch's verdict cannot be written "
+                                  "(No space left on device)\n",
+                          "removed": f"error: {base / 'metrics.jsonl'}: cannot be read (No such file or directory)\n"
+                          }[mode]
+    assert done[1][0] == f"error: {out}: the watch failed on rank 0 at step 30 (its error is in rank 0's output)\n"

@@ -63,7 +63,11 @@ def read_metrics(path) -> list[dict]:
     path = Path(path)
     if path.is_dir():
         path = path / METRICS
-    lines = path.read_text().split("\n")[:-1]  # the piece after the last newline is unfinished
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:  # a disk error's garbage, or not a metrics file at all
+        raise LabError(f"not UTF-8 text (byte {e.start})", path) from None
+    lines = text.split("\n")[:-1]  # the piece after the last newline is unfinished
     rows = []
     for i, line in enumerate(lines, 1):
         if not line.strip():

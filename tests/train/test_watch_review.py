@@ -293,3 +293,15 @@ def test_an_os_error_in_rank_0s_watch_fails_every_rank(tmp_path, mode):
                           "removed": f"error: {base / 'metrics.jsonl'}: cannot be read (No such file or directory)\n"
                           }[mode]
     assert done[1][0] == f"error: {out}: the watch failed on rank 0 at step 30 (its error is in rank 0's output)\n"
+
+
+def test_a_metrics_file_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    """Bytes that are not UTF-8 (a disk error's garbage, another file copied over it) were a
+    UnicodeDecodeError's traceback, and under train's watch rank 0's alone."""
+    from drafter_lab.cli import main
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "metrics.jsonl").write_bytes(b'{"step": 0}\n\xff\xfe\n')
+    assert main(["watch", str(base), "--baseline", str(base)]) == 2
+    assert capsys.readouterr().err == f"error: {base / 'metrics.jsonl'}: not UTF-8 text (byte 12)\n"

@@ -208,7 +208,9 @@ class Online:
             raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
                            path)
         temps = {c.id: temperature_of([c]) for c in convs} if self.capture.token_exact else {}
-        return [Prompt(*it, sampled_at=temps.get(conversation_of(it[0]))) for it in items]
+        # Only per-turn ids carry a `#turn<k>` of the lab's: a conversation's own id may end so too.
+        per_turn = self.capture.turns == "each"
+        return [Prompt(*it, sampled_at=temps.get(conversation_of(it[0]) if per_turn else it[0])) for it in items]
 
     def read(self, prompts: list[Prompt]) -> list[Sequence]:
         """The prompts' states, from one target forward over all of them (capture's batching)."""

@@ -81,6 +81,24 @@ def make_parent(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise LabError("lies below a file, not a directory", path) from None
+    except OSError as e:  # no permission, a read-only or virtual file system (/proc)
+        raise LabError(f"cannot create its directory: {e.strerror}", path) from None
+
+
+def refuse_unwritable(path, flag: str) -> None:
+    """Refuse, before the work, an output file that could not be written after it: a directory, a
+    path below a file, or one whose nearest existing directory takes no new file. That is tried with
+    a temp file there, as the write will do: access(2) passes root on read-only /proc and /sys."""
+    path = Path(path)
+    if path.is_dir():
+        raise LabError(f"is a directory: {flag} takes a file to write", path)
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise LabError(f"{flag} lies below a file, not a directory", path)
+    try:
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as e:
+        raise LabError(f"{flag}: cannot write a file in {parent}: {e.strerror}", path) from None
 
 
 def _temp_beside(path: Path) -> Path:
@@ -88,7 +106,10 @@ def _temp_beside(path: Path) -> Path:
         raise LabError("is a directory: give the path of a file to write", path)
     make_parent(path)
     clear_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
+    except OSError as e:  # no permission, a read-only or virtual file system (/proc), a full disk
+        raise LabError(f"cannot write a file here: {e.strerror}", path) from None
     os.close(fd)
     _WRITING.add(os.path.basename(tmp))
     return Path(tmp)
@@ -300,7 +321,10 @@ def atomic_dir(path: str | os.PathLike):
             _discard(old, path)
         else:  # killed between them
             os.replace(old, path)
-    tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
+    except OSError as e:  # as _temp_beside's
+        raise LabError(f"cannot write a directory here: {e.strerror}", path) from None
     _WRITING.add(tmp.name)
     try:
         tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import os
+
+from drafter_lab.errors import LabError
+
+
+def check_threads(n: int, name: str = "--threads") -> None:
+    """Refuse a thread count past 4 per CPU. torch takes any count and OpenMP starts that many
+    threads at the first op: past the process limit that op fails, in whatever ran it (a model load
+    blamed), and the process then segfaults."""
+    most = 4 * (os.cpu_count() or 1)
+    if n > most:
+        raise LabError(f"{name} must be at most {most} (4 per CPU), got {n}")
 
 
 @contextlib.contextmanager
@@ -13,6 +25,7 @@ def torch_threads(n: int):
     threads spin-wait whenever another process holds a core."""
     import torch
 
+    check_threads(n, "threads")
     before = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)

@@ -30,12 +30,14 @@ def _probe(args) -> int:
     from drafter_lab import atomic
     from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
     from drafter_lab.experiments.probe import probe
+    from drafter_lab.threads import check_threads
     from drafter_lab.train.commands import load_config
     from drafter_lab.train.config import TrainConfig
 
     th, cfg = apply_cli_args(ProbeThresholds(), args), apply_cli_args(ProbeConfig(), args)
     if args.threads < 0:  # was taken as 0, torch's default
         raise LabError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+    check_threads(args.threads)
     if args.json and Path(args.json).is_dir():  # written last, after the pilot's minutes
         raise LabError("is a directory: --json takes a file to write", args.json)
     recipe = load_config(args.pilot_config) if args.pilot_config is not None else TrainConfig()

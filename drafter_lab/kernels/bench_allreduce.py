@@ -35,6 +35,7 @@ the flat form `drafter-lab costmodel --inputs FILE` reads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -48,7 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from drafter_lab.atomic import write_json
+from drafter_lab.atomic import refuse_unwritable, write_json
 from drafter_lab.errors import LabError, run_module
 from drafter_lab.kernels import _ext
 from drafter_lab.kernels.allreduce import BACKENDS as OURS
@@ -286,6 +287,38 @@ def _run(worker, world: int, args, total: int, what: str):
     return result
 
 
+def host_available_bytes() -> int:
+    """Memory a new allocation could have now: MemAvailable (free plus reclaimable cache), else the free pages."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_sizes(args) -> None:
+    """Refuse, before the ranks start, a message that cannot fit: each rank draws it in float32 on its
+    device, and past the memory every rank printed its allocator's traceback."""
+    nbytes = max(args.sizes)
+    per_rank = nbytes + 4 * (nbytes // DTYPES[args.dtype].itemsize)
+    world = max(args.ranks)
+    host = not args.gpu_streams and {"cpu", "gloo"} & set(args.backends)  # the streams' ranks are on GPUs only
+    if host and world * per_rank > (have := host_available_bytes()):
+        raise LabError(f"--sizes {nbytes}: {world} ranks drawing the message in float32 need {_gb(world * per_rank)}, "
+                       f"more than the {_gb(have)} of memory available")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and set(args.backends) - {"cpu", "gloo"}:
+        need = (-(-world // gpus) if args.gpu_streams else 1) * per_rank  # streams beyond the GPUs share them
+        if need > (have := min(torch.cuda.get_device_properties(d).total_memory for d in range(gpus))):
+            raise LabError(f"--sizes {nbytes}: the ranks on a GPU drawing the message in float32 need {_gb(need)}, "
+                           f"more than its {_gb(have)}")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
 def _fmt_size(n: int) -> str:
     if n >= 1 << 20 and n % (1 << 20) == 0:
         return f"{n >> 20} MB"
@@ -495,11 +528,15 @@ def main(argv: list[str] | None = None) -> int:
     args.sizes = list(dict.fromkeys(max(1, s // itemsize) * itemsize for s in args.sizes))
     if not _ext.available():
         raise LabError(_ext.unavailable_reason())
-    if args.tp_sim:
+    if args.tp_sim:  # both write beside --json after their minutes of timing
+        refuse_unwritable(args.json, "--json")
         tp_sim(args)
     elif args.gpu_streams:
+        refuse_unwritable(Path(args.json).with_name(f"allreduce_gpu_streams_{args.blocks}ctas.json"), "--json")
+        check_sizes(args)
         gpu_streams(args)
     else:
+        check_sizes(args)
         latency_table(args)
     return 0
 

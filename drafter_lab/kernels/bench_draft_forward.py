@@ -31,6 +31,7 @@ from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError, run_module
 from drafter_lab.kernels import draft_step as ds
+from drafter_lab.kernels.bench_allreduce import host_available_bytes
 from drafter_lab.progress import log
 from drafter_lab.targets.hf import resolve_device
 
@@ -260,6 +261,9 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--json", default=None, help="write the cost model's draft tables and every row (meta) here")
     ap.add_argument("--markdown", default=None, help="write the README's table of this run here")
     args = ap.parse_args(argv)
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+        if path:  # written after every shape is timed
+            atomic.refuse_unwritable(path, flag)
     if args.device == "auto":  # resolve_device takes it: pick the defaults of the device it means
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu = args.device.partition(":")[0] == "cpu"  # "cpu:0" too
@@ -292,6 +296,23 @@ def cost_inputs(rows: list[dict]) -> tuple[str, dict]:
     }
 
 
+def check_memory(args, device: torch.device) -> None:
+    """Refuse, before the timing, a run whose drafters and KV caches cannot fit (else the allocator's
+    traceback, or on CPU the OOM killer): each shape holds `--copies` drafters and, at its largest
+    batch, two sets of step inputs per copy (with fc and without), whose caches grow with --context."""
+    batch, need = max(args.batch), {}
+    for name in args.shapes:
+        drafter = make_drafter(name, DTYPES[args.dtype], "meta", 0)  # shapes only, no memory
+        weights = sum(p.numel() * p.element_size() for p in drafter.parameters())
+        need[name] = args.copies * (weights + 2 * step_bytes(drafter, batch, args.context)[1])
+    name = max(need, key=need.get)
+    have = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_available_bytes()
+    if need[name] > have:
+        raise LabError(f"--context {args.context}: {args.copies} copies of {name} at batch {batch} need "
+                       f"{need[name] / 1e9:.1f} GB for weights and KV caches, more than the {have / 1e9:.1f} GB "
+                       f"free on {device}")
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     device = resolve_device(args.device)  # a typo or cuda:N past the GPUs was torch's traceback
@@ -301,6 +322,7 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
     if not ds.available(device):
         raise LabError(f"the fused draft_step op has no {device.type} kernel: build drafter_lab._C first")
+    check_memory(args, device)
     timer = Timer(device, args.reps, args.warmup)
     copy_gbs = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (1 << 26))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

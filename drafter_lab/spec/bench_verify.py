@@ -38,6 +38,7 @@ from drafter_lab.spec.commands import int_list
 from drafter_lab.spec.drafting import DrafterRunner, resolve_step
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import chain
+from drafter_lab.threads import check_threads
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,6 +62,9 @@ def parse(argv) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if min(args.context, args.reps, args.extend_tokens) < 1 or min(args.warmup, args.threads) < 0:
         raise LabError("--context, --reps and --extend-tokens must be >= 1, --warmup and --threads >= 0")
+    check_threads(args.threads)
+    if args.json:  # written after every pass is timed
+        atomic.refuse_unwritable(args.json, "--json")
     if 1 not in args.tokens:
         args.tokens = [1, *args.tokens]
     if args.device == "auto":

@@ -212,6 +212,7 @@ def run_eval(args) -> int:
     from drafter_lab.spec.pairing import load_for_target
     from drafter_lab.spec.sweep import grid
     from drafter_lab.targets.hf import load_target
+    from drafter_lab.threads import check_threads
 
     sets = _prompt_sets(args)
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -225,6 +226,7 @@ def run_eval(args) -> int:
                        "eval (--server)")
     if args.threads < 0:
         raise LabError(f"--threads must be >= 0, got {args.threads}")
+    check_threads(args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)

@@ -449,13 +449,14 @@ def run_costmodel(args) -> int:
     cfg = labconfig.apply_cli_args(cfg, args)  # a flag given says what the files must not change
     if args.cfg__verify_layer_compute_us is not None and args.cfg__measured_verify_ms is None:
         cfg = dataclasses.replace(cfg, measured_verify_ms=0.0)  # the flag's compute, not a file's verify
+    priced = args.cfg__verify_allreduce_us is None  # the flag's all-reduce, and a file's only as a what-if row
     try:
-        r = report(cfg, measured)
+        r = report(cfg, measured, priced)
     except LabError as e:  # the deployment the inputs made is inconsistent: say which inputs made it
         if e.path is not None or not args.inputs:
             raise
         raise LabError(f"{e} (the deployment {' + '.join([args.preset, *args.inputs])} made)") from None
-    r["settings"] = [row for path, sweep in sweeps for row in settings_table(cfg, sweep, measured, path)]
+    r["settings"] = [row for path, sweep in sweeps for row in settings_table(cfg, sweep, measured if priced else None, path)]
     r["preset"] = args.preset
     print(format_report(r, " + ".join([args.preset, *args.inputs])))
     if args.json:
@@ -463,5 +464,5 @@ def run_costmodel(args) -> int:
     if args.plot:
         from drafter_lab.spec.costplot import plot
 
-        plot(cfg, args.plot, measured)
+        plot(cfg, args.plot, measured, priced=priced)
     return 0

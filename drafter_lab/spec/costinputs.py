@@ -5,8 +5,10 @@ any of these keys (others are ignored, so a benchmark can write its full results
 
     "allreduce_us":  number, or {"<message bytes>": us, ...} (a verify message is
                      batch x verify_tokens x hidden_size x dtype_bytes; the latency is interpolated
-                     in log-size, and beyond the largest size grows with it); added to the what-if
-                     tables as a "measured" row
+                     in log-size, and beyond the largest size grows with it): the deployment's
+                     all-reduce (the decode's too where faster) in every figure, unless
+                     --verify-allreduce-us is given, and a "measured" what-if row; a `bench allreduce`
+                     JSON keyed by backend is refused for the per-backend files written beside it
     "draft_step_us": number, replaces draft_step_us (and, without the next key, any table)
     "draft_step_us_by_batch": {"<batch>": us, ...}, the draft step at each measured batch
     "draft_extend_us_by_batch": {"<batch>": us, ...}, the drafter's pass over the accepted tokens
@@ -19,8 +21,8 @@ any of these keys (others are ignored, so a benchmark can write its full results
                      (`bench verify`: its target on one device, no host work)
     "decode_ms":     number, replaces decode_ms
     "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
-    "accept_length": number or list of numbers (served), added to the table's columns
-    "accept_by_steps": list of numbers, the served accept length with 1, 2, ... draft steps (chain)
+    "accept_length": number or list of numbers (served, so >= 1), added to the table's columns
+    "accept_by_steps": list of numbers (>= 1), the served accept length with 1, 2, ... draft steps (chain)
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
 its draft steps, draft tokens, batch (a served eval's requests in flight, `batch_of`) and topk set
@@ -56,9 +58,22 @@ def positive(value, key: str, path) -> float:
     return float(value)
 
 
-def accept_by_steps(histogram, path) -> list[float]:
+def served_accept(value, key: str, path) -> float:
+    """`positive`, and at least 1: a served accept length counts the bonus token."""
+    a = positive(value, key, path)
+    if a < 1:
+        raise LabError(f"{key} must be at least 1 (a served accept length counts the bonus token), got {value!r}", path)
+    return a
+
+
+MAX_DRAFT_STEPS = 64
+"""Above any engine's draft depth: bounds an accept histogram whose eval did not give its steps."""
+
+
+def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
     """Served accept length at depths 1..S from a chain eval's accept histogram at S steps
-    ({served length n: verify steps}, n = 1..S+1; see the module docstring)."""
+    ({served length n: verify steps}, n = 1..S+1; see the module docstring). A longer length than
+    `steps` (else MAX_DRAFT_STEPS) allows is refused: it drove the table that deep (a huge one hung)."""
     try:
         counts = {int(n): c for n, c in histogram.items()}
     except (AttributeError, TypeError, ValueError):
@@ -70,6 +85,11 @@ def accept_by_steps(histogram, path) -> list[float]:
     total = sum(counts.values())
     if total <= 0 or min(counts) < 1 or min(counts.values()) < 0:
         raise LabError("accept_histogram holds no verify steps", path)
+    bound = (steps if steps is not None else MAX_DRAFT_STEPS) + 1
+    if max(counts) > bound:
+        limit = (f"config.steps + 1 = {bound} (the drafts and the bonus token)" if steps is not None
+                 else f"{bound}: no engine drafts more than {MAX_DRAFT_STEPS} steps (+ the bonus token)")
+        raise LabError(f"accept_histogram holds a served accept length of {max(counts)}, above {limit}", path)
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
 
 
@@ -146,6 +166,11 @@ def read_inputs(path, sampled: bool = False) -> dict:
         for r in rows:
             batch_of(r, path)
         return data
+    if isinstance(data, dict) and (isinstance(data.get("verify_ms"), dict) or (
+            isinstance(data.get("allreduce_us"), dict) and any(isinstance(v, dict) for v in data["allreduce_us"].values()))):
+        beside = sorted(str(p) for p in path.parent.glob(f"{path.stem}.costmodel-*.json"))
+        raise LabError("a `bench allreduce` result, its timings by backend: pass one backend's file written beside it "
+                       "instead: " + (" or ".join(beside) or f"{path.stem}.costmodel-<backend>.json (none there)"), path)
     if not isinstance(data, dict) or not any(k in data for k in KNOWN_INPUTS):
         raise LabError(f"no cost model inputs: expected a JSON object with any of {', '.join(KNOWN_INPUTS)}", path)
     return data
@@ -222,20 +247,21 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
     extra = []
     if "accept_length" in data:
         extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]
-        extra = [positive(a, "accept_length", path) for a in extra]
+        extra = [served_accept(a, "accept_length", path) for a in extra]
     if "served_accept_len" in data:
-        extra.append(round(positive(data["served_accept_len"], "served_accept_len", path), 2))
+        extra.append(round(served_accept(data["served_accept_len"], "served_accept_len", path), 2))
     if extra:
         over["accept_lengths"] = sorted(set(cfg.accept_lengths) | set(extra))
     if "accept_by_steps" in data:
         given = data["accept_by_steps"]
         if not isinstance(given, list) or not given:
             raise LabError(f"accept_by_steps must be a list of served accept lengths, got {given!r}", path)
-        over["accept_by_steps"] = [positive(a, f"accept_by_steps[{i}]", path) for i, a in enumerate(given)]
+        over["accept_by_steps"] = [served_accept(a, f"accept_by_steps[{i}]", path) for i, a in enumerate(given)]
     if data.get("accept_histogram") is not None and "accept_by_steps" not in data:  # a list given is what was meant
-        topk = (data.get("config") or {}).get("topk", 1)
+        conf = data.get("config") or {}  # an object: `drafting` checked it
+        topk = conf.get("topk", 1)
         if topk == 1:
-            over["accept_by_steps"] = accept_by_steps(data["accept_histogram"], path)
+            over["accept_by_steps"] = accept_by_steps(data["accept_histogram"], path, conf.get("steps"))
         else:  # a tree's depths share nodes: its histogram says nothing about shallower trees
             what = "drafting of unknown topk" if topk is None else f"tree drafting (topk {topk})"
             log(f"{path}: its accept histogram comes from {what}; the draft-steps table needs a chain (topk 1)")

@@ -161,6 +161,10 @@ def check_fields(cfg: CostModelConfig) -> None:
     for name in POSITIVE_LISTS:
         if not all(number(v) and v > 0 for v in getattr(cfg, name)):
             raise LabError(f"{name} must hold finite numbers > 0, got {getattr(cfg, name)!r}")
+    for name in ("accept_lengths", "accept_by_steps"):
+        if any(a < 1 for a in getattr(cfg, name)):
+            raise LabError(f"{name} must be at least 1 (a served accept length counts the bonus token), "
+                           f"got {getattr(cfg, name)!r}")
     if not cfg.accept_lengths:  # the main table would have no row
         raise LabError("accept_lengths is empty: give at least one served accept length")
 
@@ -253,12 +257,14 @@ class CostModel:
         ar = self.cfg.verify_allreduce_us if allreduce is None else latency_at(allreduce, self.message_bytes)
         return self.verify_compute_ms + self.n_allreduce * ar / 1000
 
-    def decode_ms(self, allreduce: Latency | None = None) -> float:
-        """A plain decode step; `allreduce` replaces the decode's own all-reduce where it is faster."""
+    def decode_allreduce_us(self, allreduce: Latency | None = None) -> float:
+        """A plain decode step's all-reduce: `allreduce` replaces the decode's own where it is faster."""
         ar = self.cfg.decode_allreduce_us
-        if allreduce is not None:
-            ar = min(ar, latency_at(allreduce, self.decode_message_bytes))
-        return self.decode_compute_ms + self.n_allreduce * ar / 1000 + self.cfg.decode_overhead_ms
+        return ar if allreduce is None else min(ar, latency_at(allreduce, self.decode_message_bytes))
+
+    def decode_ms(self, allreduce: Latency | None = None) -> float:
+        """A plain decode step (`decode_allreduce_us`)."""
+        return self.decode_compute_ms + self.n_allreduce * self.decode_allreduce_us(allreduce) / 1000 + self.cfg.decode_overhead_ms
 
     def cycle_ms(self, allreduce: Latency | None = None) -> float:
         return self.draft_ms + self.verify_ms(allreduce) + self.cfg.cycle_overhead_ms

@@ -13,14 +13,18 @@ ACCEPT_POINTS = 41
 """Points along each accept-length line (1.0 to the largest accept length asked about, + 1)."""
 
 
-def series(cfg: CostModelConfig, measured: Latency | None = None) -> list[dict]:
+def series(cfg: CostModelConfig, measured: Latency | None = None, priced: bool = True) -> list[dict]:
     """One entry per all-reduce latency (the config's own first, then the what-ifs): the tok/s line
-    over accept length, plain decoding, break-even and the draft-steps rows at that latency."""
+    over accept length, plain decoding, break-even and the draft-steps rows at that latency. As in the
+    text report, a `measured` all-reduce is the deployment's unless a flag set the config's (`priced`)."""
     m = CostModel(cfg)
     top = max([*cfg.accept_lengths, *cfg.accept_by_steps, 2.0]) + 1.0
     xs = [1.0 + (top - 1.0) * i / (ACCEPT_POINTS - 1) for i in range(ACCEPT_POINTS)]
     rows = [(f"{cfg.verify_allreduce_us:g} us (this deployment)", cfg.verify_allreduce_us),
             *whatif_latencies(cfg, measured)]
+    if measured is not None and priced:  # the deployment's line first (drawn bold), the preset's beside it
+        rows = [(f"{rows[-1][0]} (this deployment)", measured), (f"{cfg.verify_allreduce_us:g} us (the preset)",
+                                                                 cfg.verify_allreduce_us), *rows[1:-1]]
     out = []
     for label, latency in rows:
         out.append({
@@ -32,8 +36,8 @@ def series(cfg: CostModelConfig, measured: Latency | None = None) -> list[dict]:
     return out
 
 
-def plot(cfg: CostModelConfig, path, measured: Latency | None = None, title: str = "") -> None:
-    lines = series(cfg, measured)
+def plot(cfg: CostModelConfig, path, measured: Latency | None = None, title: str = "", priced: bool = True) -> None:
+    lines = series(cfg, measured, priced)
     depth = bool(cfg.accept_by_steps)
     fig, axes = plt.subplots(1, 2 if depth else 1, figsize=(12 if depth else 6.5, 4.5), squeeze=False)
     ax = axes[0][0]

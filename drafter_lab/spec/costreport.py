@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from drafter_lab.spec.costinputs import drafting, positive
+from drafter_lab.spec.costinputs import drafting, served_accept
 from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at
 
 
@@ -16,7 +16,7 @@ def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | N
     rows = []
     for e in sweep:
         m = CostModel(drafting(cfg, e, path))
-        accept = positive(e["served_accept_len"], "served_accept_len", path)
+        accept = served_accept(e["served_accept_len"], "served_accept_len", path)
         c = e["config"]
         rows.append({"steps": c["steps"], "topk": m.cfg.topk, "draft_tokens": m.cfg.verify_tokens - 1,
                      "batch": m.cfg.batch, "accept": accept, **_priced(m, accept, latency)})
@@ -70,32 +70,39 @@ def whatif_latencies(cfg: CostModelConfig, measured: Latency | None = None) -> l
     return rows
 
 
-def report(cfg: CostModelConfig, measured: Latency | None = None) -> dict:
+def report(cfg: CostModelConfig, measured: Latency | None = None, priced: bool = True) -> dict:
+    """Every figure (headline, break-even, draft steps, batches) at one all-reduce, so that batch 1
+    repeats the headline: the `measured` one an input gave, else the config's; `measured` also gets a
+    what-if row. `priced` False: a flag set the config's all-reduce, and `measured` is that row alone."""
     m = CostModel(cfg)
     measured_us = None if measured is None else latency_at(measured, m.message_bytes)
     rows = whatif_latencies(cfg, measured)
-    steps = steps_table(cfg)
+    at = measured if priced else None
+    steps = steps_table(cfg, at)
     return {
         "config": dataclasses.asdict(cfg),
         "n_allreduce": m.n_allreduce,
+        "allreduce_measured": at is not None,
+        "verify_allreduce_us": cfg.verify_allreduce_us if at is None else measured_us,
+        "decode_allreduce_us": m.decode_allreduce_us(at),
         "verify_compute_ms": m.verify_compute_ms,
         "layer_compute_us": m.layer_compute_us,
-        "verify_ms": m.verify_ms(),
+        "verify_ms": m.verify_ms(at),
         "draft_step_us": m.draft_step_us,
         "first_draft_us": m.first_draft_us,
         "draft_ms": m.draft_ms,
-        "cycle_ms": m.cycle_ms(),
-        "decode_ms": m.decode_ms(),
+        "cycle_ms": m.cycle_ms(at),
+        "decode_ms": m.decode_ms(at),
         "decode_compute_ms": m.decode_compute_ms,
-        "baseline_tok_s": m.baseline_tok_s(),
-        "break_even_accept_len": m.break_even(),
-        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a) for a in cfg.accept_lengths},
+        "baseline_tok_s": m.baseline_tok_s(at),
+        "break_even_accept_len": m.break_even(at),
+        "spec_tok_s": {f"{a:g}": m.spec_tok_s(a, at) for a in cfg.accept_lengths},
         "measured_allreduce_us": measured_us,
         "message_bytes": m.message_bytes,
         "steps_table": steps,
         "best_steps": best_row(steps),
         "whatif": [_whatif(cfg, m, label, x) for label, x in rows],
-        "batch_table": batch_table(cfg, measured),
+        "batch_table": batch_table(cfg, at),
     }
 
 
@@ -125,14 +132,16 @@ def format_report(r: dict, name: str) -> str:
            f"{c['num_layers']} layers x {r['layer_compute_us']:.3g} us compute"
            + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - r['layer_compute_us']:.3g} us for the "
               f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else ""))
-        + f" + {r['n_allreduce']} all-reduces x {c['verify_allreduce_us']:.3g} us = {r['verify_ms']:.2f} ms",
+        + (f" + {r['n_allreduce']} all-reduces x {r['verify_allreduce_us']:.3g} us"
+           + (" (measured)" if r["allreduce_measured"] else "") if r["n_allreduce"] else "")
+        + f" = {r['verify_ms']:.2f} ms",
         f"  draft    = {_first_draft(c, r)} steps x {r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
         f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
         + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
            if c["no_draft_share"] else ""),
-        f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s "
-        f"(its all-reduces: {c['decode_allreduce_us']:.3g} us each"
-        + (f"; overhead {c['decode_overhead_ms']:.2f} ms" if c["decode_overhead_ms"] else "") + ")",
+        f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s"
+        + _parenthesised([f"its all-reduces: {r['decode_allreduce_us']:.3g} us each" if r["n_allreduce"] else "",
+                          f"overhead {c['decode_overhead_ms']:.2f} ms" if c["decode_overhead_ms"] else ""]),
         "  spec tok/s by served accept length (bonus included): "
         + ", ".join(f"{a} -> {v:.1f}" for a, v in r["spec_tok_s"].items()),
         f"  break-even served accept length: {r['break_even_accept_len']:.2f}",
@@ -157,8 +166,9 @@ def format_report(r: dict, name: str) -> str:
         best = r["best_steps"]
         lines += [
             "",
-            f"draft steps (chain; served accept at each depth, accept_by_steps; verify = steps + 1 tokens, "
-            f"{c['verify_allreduce_us']:.3g} us per all-reduce):",
+            "draft steps (chain; served accept at each depth, accept_by_steps; verify = steps + 1 tokens"
+            + (("; the measured all-reduce at each depth's message" if r["allreduce_measured"]
+                else f", {c['verify_allreduce_us']:.3g} us per all-reduce") if r["n_allreduce"] else "") + "):",
             f"{'steps':>5} {'accept':>6} {'verify ms':>9} {'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
         ]
         lines += [f"{row['steps']:>5} {row['accept']:>6.2f} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
@@ -197,6 +207,12 @@ def format_report(r: dict, name: str) -> str:
                   + " ".join(f"{row['spec_tok_s'][a]:>8.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
                   for row in r["batch_table"]]
     return "\n".join(lines)
+
+
+def _parenthesised(parts: list[str]) -> str:
+    """' (a; b)' of the non-empty parts, '' without any."""
+    parts = [p for p in parts if p]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _first_draft(c: dict, r: dict) -> str:

@@ -212,7 +212,7 @@ def test_draft_steps_from_an_eval_histogram(tmp_path):
     assert [r["allreduce_us"] for r in sized] == [latency_at(table, t * 7168 * 2) for t in (2, 3)]
     assert sized[0]["allreduce_us"] < sized[1]["allreduce_us"]
     r = report(cfg, table)
-    assert r["best_steps"] == max(rows, key=lambda row: row["spec_tok_s"])
+    assert r["best_steps"] == max(sized, key=lambda row: row["spec_tok_s"])  # priced at the measured all-reduce
     assert r["whatif"][-1]["best_steps"] == max(sized, key=lambda row: row["spec_tok_s"])
 
 
@@ -281,9 +281,13 @@ def test_plot_draws_the_models_numbers(tmp_path):
 
     cfg = dataclasses.replace(PRESETS[SEEDS], accept_by_steps=[1.8, 2.4, 2.9])
     table = {8192: 10.0, 65536: 14.0}
-    lines = series(cfg, measured=table)
-    assert [s["label"] for s in lines] == ["205 us (this deployment)", "200 us", "40 us", "25 us", "15 us", "8 us",
-                                           "measured 13.7 us"]  # 57,344-byte messages, log-interpolated
+    # A flag's all-reduce prices the deployment: the measured table is one what-if among the rest.
+    assert [s["label"] for s in series(cfg, measured=table, priced=False)] == [
+        "205 us (this deployment)", "200 us", "40 us", "25 us", "15 us", "8 us", "measured 13.7 us"]
+    lines = series(cfg, measured=table)  # as the text report: the measured table is the deployment's
+    assert [s["label"] for s in lines] == ["measured 13.7 us (this deployment)", "205 us (the preset)", "200 us", "40 us",
+                                           "25 us", "15 us", "8 us"]  # 57,344-byte messages, log-interpolated
+    lines = lines[1:] + lines[:1]
     m = CostModel(cfg)
     for s, latency in zip(lines, [205.0, 200.0, 40.0, 25.0, 15.0, 8.0, table]):
         assert s["accept"][0] == 1.0 and s["accept"][-1] == pytest.approx(4.0 + 1.0)  # up to the largest asked + 1

@@ -358,6 +358,9 @@ class _Run:
         self.autocast = _autocast(dev, cfg.bf16)
         self.step = self.epoch = self.cursor = self.tokens = 0
         self.log_counts = torch.zeros(cfg.ttt_steps, N_COLS, dtype=torch.float64, device=dev)
+        # This rank's first step whose loss or gradient norm was not finite (0: none yet), with the two values.
+        self.nonfinite = torch.zeros(3, dtype=torch.float64, device=dev)
+        self.kept_step: int | None = None  # the step of the train state on disk
         self.last_val: dict | None = None
         self.best: dict | None = None  # keep_best's validation so far: metric, value, step, epoch
         self.info = {
@@ -390,6 +393,7 @@ class _Run:
         self.optim.load_state_dict(s["optimizer"])
         self.sched.load_state_dict(s["scheduler"])
         self.step, self.epoch, self.cursor = s["step"], s["epoch"], s["cursor"]
+        self.kept_step = self.step
         self.tokens = _tokens_before(self.cfg, self.lengths, self.epoch, self.cursor)
         if self.d.main:  # the counts of every rank since the last train line; the others add theirs from zero
             saved = s["log_counts"]  # a state saved before the sampled columns existed has fewer
@@ -412,6 +416,7 @@ class _Run:
                     self.tb.add_scalar(f"{row['split']}/{k}", v, self.step)
 
     def validate(self) -> dict:
+        self.check_finite()  # before best/ or the watch sees a diverged drafter
         self.drafter.eval()
         m = summarize(eval_counts(self.obj, self.val_ex, self.cfg.eval_batch_size, self.d, self.autocast),
                       self.cfg.val_temperature > 0, self.replay)
@@ -474,8 +479,28 @@ class _Run:
         if said > 0 and self.stop_reason is None:
             self.stop_reason = "stopped by the watch on rank 0"
 
+    def check_finite(self) -> None:
+        """Stop a diverged run before it writes its weights: called where the loop reads the device
+        anyway (a train line, a validation, a checkpoint), so the steps in between cost no host sync.
+        Every rank joins the sum and learns the first non-finite step of any rank, so all stop together
+        and the train state on disk stays the last finite one, for --resume."""
+        seen = torch.zeros(self.d.world, 3, dtype=torch.float64, device=self.d.device)
+        seen[self.d.rank] = self.nonfinite
+        seen = self.d.sum(seen).cpu()
+        seen = seen[seen[:, 0] > 0]
+        if not len(seen):
+            return
+        step, loss, norm = seen[seen[:, 0].argmin()].tolist()
+        what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {norm}"
+        kept = ("no checkpoint was written" if self.kept_step is None
+                else f"the last checkpoint, step {self.kept_step}, is kept")
+        cure = "lower --lr" + ("" if self.cfg.grad_clip > 0 else ", or set --grad-clip")
+        raise LabError(f"{what} at step {int(step)}: the run diverged ({cure}); {kept}", self.out_dir)
+
     def checkpoint(self) -> None:
+        self.check_finite()
         log_counts = self.d.sum(self.log_counts)  # every rank's share of the next train line
+        self.kept_step = self.step
         if not self.d.main:
             return
         save_drafter(self.drafter, self.out_dir)
@@ -514,6 +539,7 @@ class _Run:
         den = sum(loss_denominators(*step_masks(b, self.t2d, c.ttt_steps)) for b in parts)
         den = d.sum(den.to(d.device) * weight)
         self.optim.zero_grad(set_to_none=True)
+        total = torch.zeros((), dtype=torch.float64, device=d.device)  # this rank's share of the step's loss
         for j, batch in enumerate(parts):
             last = j == len(parts) - 1
             # DDP all-reduces the summed gradients in the last backward only.
@@ -524,9 +550,13 @@ class _Run:
                     loss = loss + self.l2sp * sum(((p - self.anchors[n]) ** 2).sum()
                                                   for n, p in self.drafter.named_parameters() if n in self.anchors)
                 loss.backward()
+            total += loss.detach()
             self.log_counts += counts * weight
-        if c.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), c.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), c.grad_clip) if c.grad_clip > 0 else total
+        # Noted on the device, read by check_finite before anything is written.
+        seen = torch.stack([total, norm.to(total)])
+        first = (self.nonfinite[0] == 0) & ~seen.isfinite().all()
+        self.nonfinite = torch.where(first, torch.cat([seen.new_full((1,), self.step + 1), seen]), self.nonfinite)
         self.optim.step()
         self.sched.step()
         self.step += 1
@@ -574,6 +604,7 @@ class _Run:
                     nxt = ((self.epoch, i + 1), batches[i + 1]) if ahead else None  # loaded during this step
                     self.train_step(batches[i], prefetch.get((self.epoch, i), batches[i], nxt))
                     if self.step % c.log_every == 0 or self.step == self.total:
+                        self.check_finite()  # no train line of a diverged run
                         m = summarize(d.sum(self.log_counts))
                         m["weighted_loss"] = weighted_loss(m, c.ttt_steps, c.loss_decay)
                         self.record("train", m)

@@ -38,8 +38,8 @@ def _probe(args) -> int:
     if args.threads < 0:  # was taken as 0, torch's default
         raise LabError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     check_threads(args.threads)
-    if args.json and Path(args.json).is_dir():  # written last, after the pilot's minutes
-        raise LabError("is a directory: --json takes a file to write", args.json)
+    if args.json:  # written last, after the pilot's minutes
+        atomic.refuse_unwritable(args.json, "--json")
     recipe = load_config(args.pilot_config) if args.pilot_config is not None else TrainConfig()
     if args.threads > 0:
         import torch

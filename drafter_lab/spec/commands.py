@@ -216,8 +216,8 @@ def run_eval(args) -> int:
 
     sets = _prompt_sets(args)
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and Path(path).is_dir():  # written last, after the decoding's minutes
-            raise LabError(f"is a directory: {flag} takes a file to write", path)
+        if path:  # written last, after the decoding's minutes
+            atomic.refuse_unwritable(path, flag)
     if args.server is not None:
         return _run_served_eval(args, sets)
     if (args.baseline_server is not None or args.concurrency != [1] or args.request_rate != [None]

@@ -16,6 +16,22 @@ def test_eval_output_that_is_a_directory(random_llama, prompts_file, tmp_path, c
     assert capsys.readouterr().err.strip() == f"error: {tmp_path}: is a directory: {flag} takes a file to write"
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_eval_output_below_a_file(random_llama, prompts_file, tmp_path, capsys, monkeypatch, flag):
+    """A path below a file was found by the write, after the whole decode and its report."""
+    from drafter_lab.spec import eval as spec_eval
+
+    def decoded(*a, **k):
+        raise AssertionError("decoded before the output was checked")
+
+    monkeypatch.setattr(spec_eval, "evaluate", decoded)
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "x.json"
+    assert cli.main(["eval", "--ngram", "--target", str(random_llama), "--prompts", str(prompts_file),
+                     flag, str(out)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {out}: {flag} lies below a file, not a directory"
+
+
 @pytest.mark.parametrize("flag", ["--server", "--baseline-server"])
 @pytest.mark.parametrize("url", ["", "notaurl", "localhost:30000"])
 def test_eval_server_that_is_no_url(random_llama, prompts_file, capsys, flag, url):

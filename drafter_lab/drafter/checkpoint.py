@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +155,9 @@ def read_checkpoint(path) -> Checkpoint:
                            "weight", where[name])
         if name in (formats.EMBED, formats.HEAD) and name in tensors and tensors[name].dim() != 2:
             raise LabError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, not [rows, hidden]", where[name])
+    for name, t in tensors.items():  # one NaN weight makes every draft NaN, and training from it stays NaN
+        if t.is_floating_point() and name not in formats.VERIFIER_TENSORS and not torch.isfinite(t).all():
+            raise LabError(f"tensor {formats.export_name(name, fmt)!r} holds NaN or Inf values", where[name])
     n, v = cfg.draft_vocab_size, cfg.target_vocab_size
     if not ckpt.has_head and n != v:
         raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "
@@ -190,6 +194,18 @@ def check_shape(name: str, tensor: torch.Tensor, want: tuple, where) -> None:
         raise LabError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the drafter needs {tuple(want)}", where)
 
 
+def _vocab_change(old: int, new: int) -> str:
+    return f"the drafter was trained for a {old}-token target, this one has {new}"
+
+
+def check_vocab_change(cfg: DrafterConfig, vocab_size: int, where) -> None:
+    """What `served_with_vocab` refuses from the config alone (before any tensor is read): a drafter
+    that embeds with its own matrix."""
+    if vocab_size != cfg.target_vocab_size and cfg.own_embedding:
+        raise LabError(f"{_vocab_change(cfg.target_vocab_size, vocab_size)}: it embeds with its own "
+                       f"{cfg.target_vocab_size}-row matrix, which the new ids run past", where)
+
+
 def served_with_vocab(ckpt: Checkpoint, vocab_size: int) -> Checkpoint:
     """`ckpt` as an engine serves it beside a target of `vocab_size` tokens where it was trained for
     another size (a version that added tokens): engines map draft ids through d2t alone and embed with
@@ -199,9 +215,8 @@ def served_with_vocab(ckpt: Checkpoint, vocab_size: int) -> Checkpoint:
     old = ckpt.config.target_vocab_size
     if vocab_size == old:
         return ckpt
-    where = f"the drafter was trained for a {old}-token target, this one has {vocab_size}"
-    if ckpt.config.own_embedding:
-        raise LabError(f"{where}: it embeds with its own {old}-row matrix, which the new ids run past", ckpt.path)
+    check_vocab_change(ckpt.config, vocab_size, ckpt.path)
+    where = _vocab_change(old, vocab_size)
     if not ckpt.has_head:
         raise LabError(f"{where}: it drafts over its target's whole vocabulary with its target's lm_head", ckpt.path)
     ids = ckpt.tensors["d2t"].to(torch.int64) + torch.arange(ckpt.config.draft_vocab_size)
@@ -308,8 +323,9 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
            verifier: str | None = None) -> Path:
     """Re-write a drafter in another layout; the output directory appears whole or not at all.
 
-    A speculators export tells vLLM `speculative_tokens` (default: the TTT depth the drafter was trained
-    at, from the run.json beside it, else speculators' 5) and the `verifier` to serve it with (the
+    A speculators export tells vLLM `speculative_tokens` (default: a speculators source's own, else the TTT
+    depth the drafter was trained at, from the run.json beside it, else speculators' 5) and the `verifier`
+    to serve it with (default: a speculators source's own; a local directory as its absolute path; the
     architecture from run.json)."""
     if fmt not in FORMATS:
         raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -339,11 +355,19 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
             raise LabError(f"speculative_tokens must be at least 1, got {speculative_tokens}")
         if verifier is not None and not verifier.strip():  # vLLM would be told to serve a model named ""
             raise LabError("--verifier is empty: give the target's name or path, or leave it out")
-        serving = {"speculative_tokens": speculative_tokens or run.get("config", {}).get("ttt_steps")
-                   or formats.SPECULATIVE_TOKENS, "verifier": verifier}
+        # a speculators source's own settings carry over where no flag sets them (re-exporting lost them)
+        unset = tuple(k for k, v in (("speculative_tokens", speculative_tokens), ("verifier", verifier)) if v is None)
+        own = formats.speculators_serving(atomic.read_json(Path(src) / CONFIG, "config.json is missing", src),
+                                          Path(src) / CONFIG, unset) if ckpt.format == formats.SPECULATORS else {}
         architecture = run.get("target", {}).get("architecture")
-        if verifier is not None and architecture:
-            serving["verifier_architectures"] = (architecture,)
+        serving = {"speculative_tokens": speculative_tokens or own.get("speculative_tokens")
+                   or run.get("config", {}).get("ttt_steps") or formats.SPECULATIVE_TOKENS,
+                   "verifier": verifier or own.get("verifier"),
+                   "verifier_architectures": ((architecture,) if architecture else ()) if verifier
+                   else own.get("verifier_architectures", ())}
+        if serving["verifier"] is not None and Path(serving["verifier"]).is_dir():
+            # `vllm serve DRAFTER` from another directory finds a local verifier only by its absolute path
+            serving["verifier"] = os.path.abspath(serving["verifier"])
     with atomic.atomic_dir(out) as tmp:
         save_drafter(drafter, tmp, fmt, dtype, embed=has_embed, head=ckpt.has_head, **serving)
     return out

@@ -156,6 +156,32 @@ def speculators_config(cfg: DrafterConfig, dtype: torch.dtype, speculative_token
     }
 
 
+def speculators_serving(data: dict, path, keys: tuple[str, ...] = ("speculative_tokens", "verifier")) -> dict:
+    """What a speculators config.json tells vLLM besides the drafter, as speculators_config's keywords (only
+    those the file sets): vLLM's draft length (the first proposal's, as vLLM reads it) and the verifier with
+    its architectures. `keys`: which to read (and check); a flag that sets the other leaves it unread."""
+    sc = _object(data, "speculators_config", path)
+    out = {}
+    if "speculative_tokens" in keys:
+        methods = sc.get("proposal_methods") or []
+        if not isinstance(methods, list) or not all(isinstance(m, dict) for m in methods):
+            raise LabError(f"config's 'proposal_methods' is {methods!r}, not a list of JSON objects", path)
+        if methods and methods[0].get("speculative_tokens") is not None:
+            out["speculative_tokens"] = _positive(methods[0], "speculative_tokens", path)
+    if "verifier" in keys:
+        verifier = _object(sc, "verifier", path)
+        name, archs = verifier.get("name_or_path"), verifier.get("architectures") or []
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise LabError(f"config's verifier 'name_or_path' is {name!r}, not a model name or path", path)
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise LabError(f"config's verifier 'architectures' is {archs!r}, not a list of class names", path)
+        if name is not None:
+            out["verifier"] = name
+        if archs:
+            out["verifier_architectures"] = tuple(archs)
+    return out
+
+
 def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = True, **serving) -> dict:
     """`serving`: speculators_config's keywords, for that layout."""
     if fmt == SGLANG:
@@ -230,6 +256,26 @@ def _refuse_other_families(data: dict, layer: dict, path) -> None:
         raise LabError(f"drafter layer model_type {model_type!r} is not supported (Llama EAGLE-3 only)", path)
 
 
+_DRAFTER_NAME_PARTS = ("eagle", "draft", "speculator", "mtp")
+"""What a drafter's architecture name says (EAGLE-3, DFlash, speculators, MTP): one without is a model's."""
+
+
+def _refuse_target(data: dict, path) -> None:
+    """A target model's directory given as the drafter (the mirror of targets.hf's check): its layers
+    would read as a drafter "of 8 layers". A model's architecture name (`LlamaForCausalLM`, which EAGLE's
+    one-layer releases use too) with more than one layer, its own or its text model's."""
+    archs = data.get("architectures")
+    if data.get("speculators_model_type") is not None or not isinstance(archs, list) or not archs or \
+            any(not isinstance(a, str) or any(p in a.lower() for p in _DRAFTER_NAME_PARTS) for a in archs):
+        return
+    text = next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
+                {})
+    layers = data.get("num_hidden_layers", text.get("num_hidden_layers"))
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers > 1:
+        raise LabError(f"a target model ({archs[0]}, {layers} layers), not a drafter: give the drafter's directory",
+                       path)
+
+
 def _refuse_variants(data: dict, path) -> None:
     """Drafter variants whose math the reference model does not implement are refused, not misread."""
     eagle = _object(data, "eagle_config", path)
@@ -243,9 +289,14 @@ def _refuse_variants(data: dict, path) -> None:
     if not _flag(eagle, "use_aux_hidden_state", path, True):  # vLLM: no fc, the target's last state goes in as is
         raise LabError("drafter with use_aux_hidden_state=false is not supported (EAGLE-3's fc over aux states only)",
                        path)
-    if data.get("logit_scale", 1.0) != 1.0:  # vLLM scales the draft logits by it
-        raise LabError(f"drafter logit_scale {data['logit_scale']} is not supported (1.0 only)", path)
+    scale = data.get("logit_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, int | float):  # "1.0" would read as an unsupported 1.0
+        raise LabError(f"config's 'logit_scale' is {scale!r}, not a number", path)
+    if scale != 1.0:  # vLLM scales the draft logits by it
+        raise LabError(f"drafter logit_scale {scale} is not supported (1.0 only)", path)
     layers = data.get("num_hidden_layers", 1)
+    if isinstance(layers, bool) or not isinstance(layers, int):  # "1" would read as a drafter of "1 layers"
+        raise LabError(f"config's 'num_hidden_layers' is {layers!r}, not an integer", path)
     if layers != 1:
         raise LabError(f"drafter has {layers} layers; EAGLE-3 here has exactly one midlayer", path)
 
@@ -314,6 +365,7 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
         raise LabError(f"config is {type(data).__name__}, not a JSON object", path)
     fmt = detect_format(data)
     layer = _object(data, "transformer_layer_config", path) if fmt == SPECULATORS else data
+    _refuse_target(data, path)
     _refuse_other_families(data, layer, path)
     _refuse_variants(data, path)
     if fmt == SPECULATORS:

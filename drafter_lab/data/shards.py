@@ -236,6 +236,15 @@ def stored_text(path: Path) -> tuple[list[str], torch.Tensor, torch.Tensor, torc
         raise _corrupt(e, path) from None
 
 
+def check_token_ids(ids: torch.Tensor, vocab_size: int, path: Path, of: str = "") -> None:
+    """`ids` all of a `vocab_size`-token vocab (one pass for their min and max): one that is not is a
+    LabError naming `path`, not an IndexError (or a device assert) in an embedding."""
+    if ids.numel():
+        lo, hi = (int(v) for v in torch.aminmax(ids))
+        if lo < 0 or hi >= vocab_size:
+            raise LabError(f"token id {lo if lo < 0 else hi}{of} outside the target vocab ({vocab_size})", path)
+
+
 class ShardReader:
     """Token ranges of shards read through safetensors' memory map: a sequence costs its own bytes,
     not its shard's. The last `max_open` shards stay open."""
@@ -298,10 +307,17 @@ class ShardReader:
         return [SequenceRef(path, a, b, seq_ids[i] if i < len(seq_ids) else str(i))
                 for i, (a, b) in enumerate(zip(offsets, offsets[1:]))]
 
-    def scan(self, path: Path, chunk_bytes: int = 1 << 28) -> None:
-        """Every hidden state of one shard checked finite, `chunk_bytes` at a time, through a
-        handle of its own: the shard is unmapped when the scan is done."""
+    def scan(self, path: Path, vocab_size: int | None = None, chunk_bytes: int = 1 << 28) -> None:
+        """Every hidden state of one shard checked finite, `chunk_bytes` at a time, and with
+        `vocab_size` every token id checked to lie in it, through a handle of its own: the shard is
+        unmapped when the scan is done."""
         f = _open(path)
+        if vocab_size is not None:
+            try:
+                tokens = f.get_slice("input_ids").get_shape()[0]
+            except Exception as e:
+                raise _corrupt(e, path) from None
+            check_token_ids(self.rows(path, "input_ids", 0, tokens, f), vocab_size, path)
         for key in HIDDEN_KEYS:
             try:
                 tokens, width = f.get_slice(key).get_shape()
@@ -318,6 +334,8 @@ class FeatureSet:
 
     def __init__(self, directory):
         self.dir = Path(directory)
+        if self.dir.is_file():
+            raise LabError("is a file, not a feature directory", self.dir)
         if not self.dir.is_dir():
             raise LabError("feature directory not found", self.dir)
         self.manifest = Manifest.load(self.dir)

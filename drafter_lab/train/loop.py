@@ -19,6 +19,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import ENCODED_HASH, CaptureConfig, as_recorded, without
+from drafter_lab.data.shards import Sequence, SequenceRef, check_token_ids
 from drafter_lab.drafter.checkpoint import CONFIG, WEIGHTS, save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.formats import rope_scaling_from_text
@@ -234,6 +235,19 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     return result
 
 
+def _ids_checked(read, vocab_size: int):
+    """`read` (an Examples' reading), each sequence it returns checked to hold ids of the target vocab,
+    on the CPU before its batch is on the device: a bad id that --scan-features false let through is a
+    LabError naming its shard, not an IndexError (or a device assert) in the drafter's embedding."""
+    def checked(items: list) -> list[Sequence]:
+        seqs = read(items)
+        for it, s in zip(items, seqs):
+            check_token_ids(s.input_ids, vocab_size, it.shard if isinstance(it, SequenceRef) else None,
+                            f" of sequence {s.seq_id}")
+        return seqs
+    return checked
+
+
 def _check_out(out_dir: Path, inputs: dict) -> None:
     """Refuse an --out the run would spoil: one of its inputs (a drafter's config.json and
     model.safetensors are written there), a file, or a directory with other things in it."""
@@ -334,6 +348,9 @@ class _Run:
                                       for s, t in (("train", 0.0), ("val", cfg.val_temperature)))
         if not self.train_ex or not self.val_ex:
             raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", source.where)
+        if not cfg.scan_features:  # else the scan has checked every id
+            for ex in (self.train_ex, self.val_ex):
+                ex.read = _ids_checked(ex.read, target.vocab_size)
 
         # ---- model, optimizer, schedule -------------------------------------------------------
         dev = d.device

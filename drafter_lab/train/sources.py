@@ -49,12 +49,13 @@ def _open_features(data_dir: Path, target, target_dir: Path) -> FeatureSet:
     return fs
 
 
-def _scan(sets: list[FeatureSet], rank: int, world: int) -> None:
-    """Every shard read once before anything is written; ranks split the shards."""
+def _scan(sets: list[FeatureSet], vocab_size: int, rank: int, world: int) -> None:
+    """Every shard read once before anything is written, its token ids checked to lie in the
+    target's `vocab_size`; ranks split the shards."""
     shards = [(fs, fs.dir / r["file"]) for fs in sets for split in SPLITS for r in fs.manifest.shards.get(split, [])]
     with maybe_progress("check features", len(shards[rank::world]), rank == 0) as advance:
         for fs, path in shards[rank::world]:
-            fs.reader.scan(path)
+            fs.reader.scan(path, vocab_size)
             advance(1)
 
 
@@ -118,7 +119,7 @@ class Captured:
         self.val_sampled_at = self.held_out.sampled_at if self.held_out else sampled_at(fs.manifest.source)
         """The temperature the val sequences' assistant tokens were sampled at by the target, else None."""
         if scan:
-            _scan([fs, *([self.held_out.features] if self.held_out else [])], rank, world)
+            _scan([fs, *([self.held_out.features] if self.held_out else [])], self.target.vocab_size, rank, world)
 
     def token_counts(self) -> torch.Tensor:
         return count_train_tokens(self.where)
@@ -179,7 +180,7 @@ class Online:
         if val_data is not None and val_data.is_dir():
             self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
             if scan:
-                _scan([self.held_out.features], rank, world)
+                _scan([self.held_out.features], self.target.vocab_size, rank, world)
         elif val_data is not None:
             val_skipped: dict = {}
             self.held_out = HeldOutConversations(val_data, self._prompts(val_data, val_skipped), val_skipped)

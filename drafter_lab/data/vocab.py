@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.data.shards import FeatureSet
+from drafter_lab.data.shards import FeatureSet, check_token_ids
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import first_line
 
@@ -141,8 +141,7 @@ def count_train_tokens(feature_dir) -> torch.Tensor:
         # only the two small tensors: the hidden states are not needed here
         ids, mask = (features.reader.rows(path, key, 0, row["tokens"]) for key in ("input_ids", "loss_mask"))
         ids = ids[mask.bool()].long()
-        if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
-            raise LabError(f"token id {int(ids.max())} outside the target vocab ({vocab_size})", path)
+        check_token_ids(ids, vocab_size, path)
         counts += torch.bincount(ids, minlength=vocab_size)
     if not counts.any():
         raise LabError("no loss-masked tokens in the train split: nothing to build a vocabulary from", feature_dir)

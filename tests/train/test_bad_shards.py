@@ -61,3 +61,17 @@ def test_a_file_given_as_a_feature_directory(peaked_llama, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: {file}: is a file, not a feature directory"
     assert main(["vocab", "build", "--data", str(file), "--size", "8", "--out", str(tmp_path / "v.safetensors")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {file}: is a file, not a feature directory"
+
+
+def test_vocab_build_names_a_negative_id_itself(features, tmp_path, capsys):
+    """A negative id at a loss position was reported as the shard's largest id, a valid one."""
+    out = tmp_path / "feat"
+    shutil.copytree(features, out)
+    shard = out / Manifest.load(out).shards["train"][0]["file"]
+    with safe_open(str(shard), framework="pt") as f:
+        meta, t = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    t["input_ids"][t["loss_mask"].bool().nonzero()[0]] = -5
+    save_file(t, str(shard), metadata=meta)
+    assert main(["vocab", "build", "--data", str(out), "--size", "16", "--out", str(tmp_path / "v.safetensors")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{shard}: token id -5 outside the target vocab "
+                                                    f"({Manifest.load(out).target['vocab_size']})")

@@ -116,8 +116,11 @@ RECORDED_SINCE = {TEMPLATE_HASH: ("chat templates", "template"), TOKENIZER_HASH:
 
 
 def unrecorded(before: dict, now: dict) -> list[str]:
-    """The keys of RECORDED_SINCE that `now` holds and `before` lacks: made before the lab recorded them."""
-    return [k for k in RECORDED_SINCE if k in now and k not in before]
+    """The keys of RECORDED_SINCE that `now` holds and `before` lacks: made before the lab recorded them.
+    A capture that did not regenerate (`regenerate` None) records no stop tokens in any version: it
+    lacks them as it would now, and the settings that differ say so."""
+    plain = "regenerate" in before and before["regenerate"] is None
+    return [k for k in RECORDED_SINCE if k in now and k not in before and not (plain and k == STOP_IDS)]
 
 
 def without(settings: dict, keys) -> dict:

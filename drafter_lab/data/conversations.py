@@ -1,4 +1,6 @@
-"""Conversations in SpecForge / ShareGPT jsonl: one JSON object per line.
+"""Conversations in SpecForge / ShareGPT jsonl: one JSON object per line. A file that begins with `[`
+is one JSON array of those objects (ShareGPT's own dump; SpecForge reads both through `datasets`),
+and a gzip-compressed file is read as the file it holds, as `datasets` reads one.
 
 Each line holds `conversations` (or `messages`): a list of turns written either as
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
@@ -43,16 +45,20 @@ rest of the turn. The tool results never train: they are the tools' text, not th
 A turn's content may also be the OpenAI API's list of content parts, all of type "text": they are
 joined with newlines, as vLLM joins them for a template that takes text.
 
-A line that is not JSON, or not shaped like a conversation, is an error naming the file and line.
+A line that is not JSON, or not shaped like a conversation, is an error naming the file and line
+(the item, from 1, of an array).
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
 (an error under `strict`).
 """
 
 from __future__ import annotations
 
+import codecs
+import gzip
 import hashlib
 import json
 import math
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,28 +267,47 @@ def _add_system(messages: list[dict], system, where: str, path) -> None:
     messages.insert(0, {"role": "system", "content": system})
 
 
+def _rows(blob: bytes, path):
+    """(where, row) of each row of a file's bytes: a jsonl line's object, or an array's item."""
+    if blob.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"[":
+        try:
+            rows = json.loads(blob)
+        except (ValueError, RecursionError) as e:
+            raise LabError(f"begins with [ but is not one valid JSON array of conversations ({e})", path) from None
+        yield from ((f"item {k}", row) for k, row in enumerate(rows, 1))
+        return
+    for lineno, raw in enumerate(blob.split(b"\n"), 1):
+        if raw.strip():
+            try:
+                yield f"line {lineno}", json.loads(raw)
+            except (ValueError, RecursionError) as e:  # also nesting too deep, or an integer of over 4300 digits
+                raise LabError(f"line {lineno} is not valid JSON ({e})", path) from None
+
+
 def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], dict]:
-    """Read a jsonl file; returns (conversations, skipped counts by reason)."""
+    """Read a jsonl file (or a JSON array, gzip-compressed or not); returns (conversations, skipped
+    counts by reason)."""
     path = Path(path)
     try:
-        lines = path.read_bytes().split(b"\n")
+        blob = path.read_bytes()
     except FileNotFoundError:
         raise LabError("conversations file not found", path) from None
     except IsADirectoryError:
         raise LabError("conversations path is a directory, not a jsonl file", path) from None
+    if blob[:2] == b"\x1f\x8b":
+        try:
+            blob = gzip.decompress(blob)
+        except (OSError, EOFError, zlib.error) as e:
+            raise LabError(f"gzip-compressed, but cannot be decompressed ({e})", path) from None
     convs: list[Conversation] = []
     seen: dict[str, tuple[str, object]] = {}  # id -> where it was first, and as the file wrote it
     skipped: Counter = Counter()
-    for lineno, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        where = f"line {lineno}"
+    for where, obj in _rows(blob, path):
         try:
-            obj = json.loads(raw)
             json.dumps(obj, ensure_ascii=False).encode()  # json takes a lone UTF-16 surrogate; no tokenizer does
         except UnicodeEncodeError as e:
             raise LabError(f"{where}: text holds an unpaired surrogate (\\u{ord(e.object[e.start]):04x})", path) from None
-        except (ValueError, RecursionError) as e:  # also nesting too deep, or an integer of over 4300 digits
+        except (ValueError, RecursionError) as e:
             raise LabError(f"{where} is not valid JSON ({e})", path) from None
         if not isinstance(obj, dict):
             raise LabError(f"{where}: expected a JSON object, got {type(obj).__name__}", path)

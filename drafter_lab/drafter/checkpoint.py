@@ -130,6 +130,8 @@ def _fill_vocab(ckpt: Checkpoint) -> None:
 def read_checkpoint(path) -> Checkpoint:
     """Read config and tensors of any supported layout; names come back in our layout."""
     path = Path(path)
+    if path.is_file():
+        raise LabError("is a file, not a drafter directory: give the directory that holds it", path)
     if not path.is_dir():
         raise LabError("drafter checkpoint directory not found", path)
     ckpt = _open(path)

@@ -177,8 +177,7 @@ def load_tokenizer(path):
     from transformers import AutoTokenizer
 
     path = Path(path)
-    if not path.is_dir():  # else transformers takes it for a hub name and says it cannot reach the hub
-        raise LabError("model directory not found", path)
+    _check_dir(path)  # else transformers takes it for a hub name and says it cannot reach the hub
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
     except Exception as e:  # transformers raises many types for a broken dir
@@ -252,9 +251,15 @@ def load_target(
     return Target(path=path, model=model, tokenizer=tok, fingerprint=fingerprint(path))
 
 
-def _check_model_dir(path: Path) -> None:
+def _check_dir(path: Path) -> None:
+    if path.is_file():  # a weights or config file given for its model, say
+        raise LabError("is a file, not a model directory: give the directory that holds the model", path)
     if not path.is_dir():
         raise LabError("model directory not found", path)
+
+
+def _check_model_dir(path: Path) -> None:
+    _check_dir(path)
     config = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
     archs = config.get("architectures") if isinstance(config, dict) else None
     # Else transformers loads its one layer as a whole Llama: a page of missing weights, then a size mismatch.

@@ -101,8 +101,16 @@ def _read_tensors(files: list[Path], only: tuple[str, ...] = ()) -> tuple[dict[s
     return tensors, where
 
 
+def _check_dir(path: Path) -> None:
+    if path.is_file():
+        raise LabError("is a file, not a drafter directory: give the directory that holds it", path)
+    if not path.is_dir():
+        raise LabError("drafter checkpoint directory not found", path)
+
+
 def read_config(path) -> tuple[DrafterConfig, str]:
     path = Path(path)
+    _check_dir(path)
     cfg_file = path / CONFIG
     data = atomic.read_json(cfg_file, "not a drafter checkpoint: config.json is missing", path)
     return formats.parse_config(data, cfg_file)
@@ -130,10 +138,7 @@ def _fill_vocab(ckpt: Checkpoint) -> None:
 def read_checkpoint(path) -> Checkpoint:
     """Read config and tensors of any supported layout; names come back in our layout."""
     path = Path(path)
-    if path.is_file():
-        raise LabError("is a file, not a drafter directory: give the directory that holds it", path)
-    if not path.is_dir():
-        raise LabError("drafter checkpoint directory not found", path)
+    _check_dir(path)
     ckpt = _open(path)
     cfg, fmt, tensors, where = ckpt.config, ckpt.format, ckpt.tensors, ckpt.where
     for name in formats.REQUIRED_TENSORS:

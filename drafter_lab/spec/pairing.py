@@ -87,8 +87,6 @@ def load_for_target(drafter_dir, target, allow_other_target: bool = False):
     from drafter_lab.drafter.checkpoint import check_vocab_change, load_drafter, read_config
 
     drafter_dir = Path(drafter_dir)
-    if not drafter_dir.is_dir():
-        raise LabError("drafter checkpoint directory not found", drafter_dir)
     cfg, _ = read_config(drafter_dir)
     # what no flag fixes (hidden size, aux layers) first, so that --allow-other-target is hinted only where it helps
     check_config(dataclasses.replace(cfg, target_vocab_size=target.vocab_size), target, drafter_dir)

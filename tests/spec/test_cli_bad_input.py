@@ -105,3 +105,14 @@ def test_a_target_whose_architecture_merely_says_eagle_is_not_taken_for_a_drafte
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Eagle2ChatModel"]}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     _check_model_dir(tmp_path)
+
+
+def test_eval_drafter_that_is_a_file_or_missing(random_llama, prompts_file, tmp_path, capsys):
+    """A file said "not found"; a missing directory said "config.json is missing"."""
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"")
+    for drafter, why in ((file, "is a file, not a drafter directory: give the directory that holds it"),
+                         (tmp_path / "none", "drafter checkpoint directory not found")):
+        assert cli.main(["eval", "--drafter", str(drafter), "--target", str(random_llama),
+                         "--prompts", str(prompts_file)]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {drafter}: {why}"

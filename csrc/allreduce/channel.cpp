@@ -109,14 +109,7 @@ void Channel::leave() {
 }
 
 void Channel::connect() {
-  barrier("init");
-  // A rank arriving last passes the barrier without waiting, so it would not see that a peer
-  // already gave up on this init (and may have left): it would join a group that is gone.
-  Header* h = seg_.header();
-  if (const int32_t aborted = __atomic_load_n(&h->abort_rank, __ATOMIC_ACQUIRE); aborted > 0) {
-    broken_ = "rank " + std::to_string(aborted - 1) + " gave up: " + h->abort_msg;
-    throw CommError(broken_ + " (rank " + std::to_string(rank_) + " arrived after it)");
-  }
+  barrier("init");  // raises when a peer already gave up on it (it may have left: the group is gone)
   connected_ = true;
   if (rank_ == 0) seg_.unlink();  // every rank has it mapped: a killed run now leaks nothing
 }
@@ -126,16 +119,29 @@ void Channel::check_usable() const {
   if (!seg_.header()) throw CommError("this communicator is closed");
 }
 
-void Channel::fail(const std::string& message) {
-  broken_ = message;
-  Header* h = seg_.header();
+void record_abort(Header* h, int rank, const std::string& message) {
   int32_t expected = 0;
   if (__atomic_compare_exchange_n(&h->abort_rank, &expected, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     std::strncpy(h->abort_msg, message.c_str(), sizeof(h->abort_msg) - 1);
     h->abort_msg[sizeof(h->abort_msg) - 1] = 0;
-    __atomic_store_n(&h->abort_rank, rank_ + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->abort_rank, rank + 1, __ATOMIC_RELEASE);
   }
+}
+
+void Channel::fail(const std::string& message) {
+  broken_ = message;
+  record_abort(seg_.header(), rank_, message);
   throw CommError(message);
+}
+
+void Channel::peer_gave_up(const std::string& what) {
+  Header* h = seg_.header();
+  // -1: the peer is between claiming the abort and naming itself (a few stores), unless it died there.
+  const double deadline = now_s() + timeout_s_;
+  int32_t aborted;
+  while ((aborted = __atomic_load_n(&h->abort_rank, __ATOMIC_ACQUIRE)) < 0 && now_s() < deadline) sched_yield();
+  broken_ = aborted > 0 ? "rank " + std::to_string(aborted - 1) + " gave up: " + h->abort_msg : "a rank gave up";
+  throw CommError(broken_ + " (rank " + std::to_string(rank_) + " arrived after it, at " + what + ")");
 }
 
 void Channel::refresh_lines(uint32_t gen) {
@@ -262,6 +268,10 @@ void Channel::barrier(const char* what) {
     wait_until([&] { return (int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - b) >= 0; }, word, p,
                [&] { return std::string("barrier '") + what + "' #" + std::to_string(b); });
   }
+  // The last rank to arrive passes without waiting, so without this it would not see a peer that
+  // already gave up on this barrier.
+  if (__atomic_load_n(&h->abort_rank, __ATOMIC_ACQUIRE) != 0)
+    peer_gave_up(std::string("barrier '") + what + "' #" + std::to_string(b));
 }
 
 }  // namespace allreduce

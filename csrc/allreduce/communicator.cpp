@@ -78,13 +78,19 @@ class Communicator {
       seg = Segment::create(name, world_size, (uint64_t)max_bytes, (uint32_t)blocks, backend_);
     } else {
       seg = Segment::attach(name, world_size, rank, timeout_s);
-      const Header* h = seg.header();
+      Header* h = seg.header();
       if (h->backend != backend_ || h->max_bytes != Layout::make((uint64_t)max_bytes, blocks, backend_ != kCpu).max_bytes ||
-          h->blocks != (uint32_t)blocks)
-        throw CommError("rank 0 created " + name + " with backend " + backend_name(h->backend) + ", max_bytes " +
-                        std::to_string(h->max_bytes) + ", blocks " + std::to_string(h->blocks) + "; rank " +
-                        std::to_string(rank) + " asked for " + backend + ", " + std::to_string(max_bytes) + ", " +
-                        std::to_string(blocks));
+          h->blocks != (uint32_t)blocks) {
+        const std::string message = "rank 0 created " + name + " with backend " + backend_name(h->backend) +
+                                    ", max_bytes " + std::to_string(h->max_bytes) + ", blocks " +
+                                    std::to_string(h->blocks) + "; rank " + std::to_string(rank) + " asked for " +
+                                    backend + ", " + std::to_string(max_bytes) + ", " + std::to_string(blocks);
+        // Rank 0 waits for us in its init barrier: tell it why, or it times out blaming a rank
+        // "not attached". Not when a live process holds our seat (the segment is not ours to fail).
+        const int32_t seat = __atomic_load_n(&h->pids[rank], __ATOMIC_ACQUIRE);
+        if (seat == 0 || !pid_alive(seat)) record_abort(h, rank, message);
+        throw CommError(message);
+      }
     }
     ch_ = std::make_unique<Channel>(std::move(seg), rank, timeout_s);
 #ifdef DRAFTER_LAB_WITH_CUDA

@@ -29,6 +29,7 @@ After a failure a communicator is unusable; create a new one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -62,7 +63,8 @@ class Communicator:
 
     Rendezvous: `store=` (a torch.distributed Store: rank 0 publishes a fresh segment name under
     `drafter_lab/allreduce/<name>/<n>` for the ranks' n-th communicators of that name on the store,
-    counted in the store), `path=` (a FileStore at that path), or `name=` alone (a fixed segment
+    counted in the store; a failed rendezvous is not counted, so a retry, or the next run on a `path=`
+    file, meets its peers), `path=` (a FileStore at that path), or `name=` alone (a fixed segment
     name every rank knows). All ranks must construct their communicators, and then call them, in
     the same order.
 
@@ -142,23 +144,34 @@ class Communicator:
     def _rendezvous(self, native, rank, world_size, name, max_bytes, blocks, timeout_s, backend):
         # Each rank counts its communicators in the store itself, so a rank's n-th meets its peers'
         # n-th whichever Store object (or thread, or process) made it; one key per rank and name.
-        count = self._store.add(f"drafter_lab/allreduce-count/{rank}/{name}", 1) - 1
+        # Only a rendezvous that succeeded counts: one that failed or was killed (its peers never
+        # came, or a mismatch) must not leave this rank a number ahead of its peers' next attempt,
+        # which would wait for a key never published (a `path=` file reused by the next run).
+        count_key = f"drafter_lab/allreduce-count/{rank}/{name}"
+        count = self._store.add(count_key, 0)
         key = f"drafter_lab/allreduce/{name}/{count}"
-        if rank == 0:
-            self._impl = self._open(native, native.unique_segment_name(), 0, world_size, max_bytes, blocks, timeout_s, backend)
-            self._store.set(key, self._impl.name)
-        else:
-            try:
-                self._store.wait([key], timedelta(seconds=timeout_s))
-            except RuntimeError:
-                raise AllReduceError(
-                    f"rank {rank}: rank 0 did not publish the shared segment (store key {key!r}) within {timeout_s:g} s"
-                ) from None
-            seg = self._store.get(key).decode()
-            self._impl = self._open(native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend)
-        self._impl.connect()
+        try:
+            if rank == 0:
+                self._impl = self._open(native, native.unique_segment_name(), 0, world_size, max_bytes, blocks, timeout_s, backend)
+                self._store.set(key, self._impl.name)
+            else:
+                try:
+                    self._store.wait([key], timedelta(seconds=timeout_s))
+                except RuntimeError:
+                    raise AllReduceError(
+                        f"rank {rank}: rank 0 did not publish the shared segment (store key {key!r}) within {timeout_s:g} s"
+                    ) from None
+                seg = self._store.get(key).decode()
+                self._impl = self._open(native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend)
+            self._impl.connect()
+        except BaseException:
+            if rank == 0:  # the next attempt's rank 1 would join this failed segment
+                with contextlib.suppress(RuntimeError):  # the store's own trouble: raise the first error
+                    self._store.delete_key(key)
+            raise
         if rank == 0:
             self._store.delete_key(key)
+        self._store.add(count_key, 1)
 
     def _autotune(self, ll: bool) -> tuple[int, int]:
         """(one_shot_max_bytes, ll_max_bytes): the largest sizes up to which one-shot beat two-shot

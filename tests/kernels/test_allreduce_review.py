@@ -4,10 +4,12 @@ leaves behind, a fixed name reused at once, and sums at sizes and world sizes th
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,125 @@ def test_sums_of_odd_and_empty_sizes_over_three_ranks(tmp_path):
     logs = [p.communicate(timeout=120)[0] for p in procs]
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} (seed {seed}):\n{logs[r]}"
+
+
+def _pair(make, ranks=(0, 1)):
+    """Runs make(rank) for each rank on its own thread; returns ({rank: result}, {rank: error})."""
+    results, errors = {}, {}
+
+    def run(r):
+        try:
+            results[r] = make(r)
+        except Exception as e:
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+LATE_CALLS = {
+    "one-shot sum": lambda comm: comm.all_reduce(torch.ones(16)),
+    "one-shot fused": lambda comm: comm.allreduce_residual_rmsnorm(torch.ones(2, 8), torch.ones(2, 8), torch.ones(8)),
+    "barrier": lambda comm: comm.barrier(),
+}
+
+
+@pytest.mark.parametrize("call", LATE_CALLS)
+def test_a_call_its_peer_gave_up_on_fails_on_the_late_rank_too(call):
+    """A rank arriving after its peer timed out found the peer's flags already posted, so none of
+    its waits looked at the abort word: it returned the sum (or passed the barrier) that rank 0
+    had raised for, and learned of the failure only at its next call."""
+    from drafter_lab.kernels.allreduce import AllReduceError, Communicator
+
+    tag = _tag("late-call")
+    comms, errors = _pair(lambda r: Communicator(r, 2, name=tag, timeout_s=2, one_shot_max_bytes=1 << 20))
+    assert not errors, errors
+    try:
+        with pytest.raises(AllReduceError, match="timed out after 2 s: rank 0 waited for rank 1"):
+            LATE_CALLS[call](comms[0])
+        with pytest.raises(AllReduceError, match=r"^rank 0 gave up: all-reduce timed out.*rank 1 arrived after it"):
+            LATE_CALLS[call](comms[1])
+    finally:
+        for comm in comms.values():
+            comm.close()
+
+
+@pytest.mark.parametrize("solo", [0, 1])
+def test_a_rendezvous_file_left_by_a_failed_run_does_not_hold_up_the_next(tmp_path, solo):
+    """A rank counted its communicators on the store as it began each one, so a run whose rank
+    timed out alone left its count one ahead: every later run on that path waited for a key
+    the other rank never published."""
+    from drafter_lab.kernels.allreduce import AllReduceError, Communicator
+
+    path = tmp_path / "store"
+    with pytest.raises(AllReduceError, match="timed out|did not publish"):
+        Communicator(solo, 2, path=path, timeout_s=0.3, one_shot_max_bytes=0)
+
+    def rank(r):
+        with Communicator(r, 2, path=path, timeout_s=5, one_shot_max_bytes=0) as comm:
+            return comm.all_reduce(torch.full((3,), r + 1.0))
+
+    for _ in range(2):  # and the run after that one
+        results, errors = _pair(rank)
+        assert not errors, errors
+        assert all(torch.equal(results[r], torch.full((3,), 3.0)) for r in (0, 1))
+
+
+KILLED_RANK_1 = """
+import sys
+from drafter_lab.kernels.allreduce import Communicator
+Communicator(1, 2, path=sys.argv[1], timeout_s=60, one_shot_max_bytes=0)
+"""
+
+
+def test_a_rendezvous_file_of_a_killed_run_does_not_hold_up_the_next(tmp_path):
+    """A rank 1 killed while it waited for rank 0 had already counted its communicator there."""
+    from drafter_lab.kernels.allreduce import Communicator
+
+    path = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RANK_1, str(path)], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 60
+        while not (path.exists() and path.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # it counts, then waits for rank 0's key
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def rank(r):
+        with Communicator(r, 2, path=path, timeout_s=5, one_shot_max_bytes=0) as comm:
+            return comm.all_reduce(torch.full((3,), r + 1.0))
+
+    results, errors = _pair(rank)
+    assert not errors, errors
+    assert all(torch.equal(results[r], torch.full((3,), 3.0)) for r in (0, 1))
+
+
+@pytest.mark.parametrize("ask", [{"max_bytes": 8192}, {"blocks": 8}])
+def test_a_rank_that_refuses_rank_0s_segment_makes_rank_0_fail_at_once(ask):
+    """Rank 1 raised the mismatch at once but rank 0 waited out the whole timeout for it, then
+    blamed rank 1 as 'not attached'."""
+    from drafter_lab.kernels.allreduce import AllReduceError, Communicator
+
+    tag = _tag("refused")
+    started = time.monotonic()
+    elapsed = {}
+
+    def rank(r):
+        try:
+            sizes = {"max_bytes": 4096, "blocks": 16, **(ask if r else {})}
+            Communicator(r, 2, name=tag, timeout_s=8, one_shot_max_bytes=0, **sizes)
+        finally:
+            elapsed[r] = time.monotonic() - started
+
+    _, errors = _pair(rank)
+    assert isinstance(errors.get(1), AllReduceError) and "rank 0 created" in str(errors[1]), errors
+    assert isinstance(errors.get(0), AllReduceError), errors
+    assert re.match(r"^rank 0: rank 1 gave up: rank 0 created .*; rank 1 asked for ", str(errors[0])), errors[0]
+    assert elapsed[0] < 4, elapsed
+    assert not (SHM / f"drafter_lab_ar.{tag}").exists()

@@ -4,10 +4,6 @@ every step, exited 0 and saved a NaN drafter over the last good one."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,6 +15,8 @@ from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 from drafter_lab.train.metrics_log import read_metrics
 from drafter_lab.train.ttt import TTTObjective
+
+from .two_ranks import run_two_ranks
 
 ARGS = ["--draft-vocab-size", "128", "--batch-size", "4", "--ttt-steps", "2", "--threads", "1"]
 
@@ -87,48 +85,21 @@ def test_an_inf_gradient_norm_stops_it_too(peaked_llama, features, tmp_path, mon
     assert not state.state_path(tmp_path / "run").exists()
 
 
-RANK = """
+DIVERGED = """
 import math
-import sys
-import types
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from drafter_lab.errors import LabError
-from drafter_lab.train.distributed import Dist
-from drafter_lab.train.loop import _Run
-
-rank, store, out = int(sys.argv[1]), *sys.argv[2:]
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 seen = [[5, math.inf, 0.5], [4, math.nan, math.nan]][rank]  # rank 1 diverged first
-run = types.SimpleNamespace(d=Dist(rank, 2, 0, torch.device("cpu")), out_dir=Path(out), kept_step=3,
-                            cfg=types.SimpleNamespace(grad_clip=0.0),
-                            nonfinite=torch.tensor(seen, dtype=torch.float64))
-try:
-    _Run.check_finite(run)
-except LabError as e:
-    print(f"error: {e}")
-    sys.exit(2)
+fields = dict(out_dir=Path(args[0]), kept_step=3, cfg=types.SimpleNamespace(grad_clip=0.0),
+              nonfinite=torch.tensor(seen, dtype=torch.float64))
 """
 
 
 def test_every_rank_stops_at_the_first_diverged_step_of_any(tmp_path):
     """Two real gloo ranks, each with its own first non-finite step: both stop, naming the same one,
     and neither waits in a collective the other left."""
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(tmp_path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    try:
-        done = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [2, 2], (done[0][1][-2000:], done[1][1][-2000:])
+    done = run_two_ranks(tmp_path, DIVERGED, "check_finite", tmp_path)
+    assert [code for code, _, _ in done] == [2, 2], [err[-2000:] for _, _, err in done]
     line = (f"error: {tmp_path}: loss is nan at step 4: the run diverged (lower --lr, or set --grad-clip); "
             "the last checkpoint, step 3, is kept\n")
-    assert [out for out, _ in done] == [line, line]
+    assert [out for _, out, _ in done] == [line, line]
 

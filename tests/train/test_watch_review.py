@@ -4,8 +4,6 @@ held-out conversations file, a baseline rank 0 cannot read under 2 ranks, and th
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ from drafter_lab.experiments import report
 from drafter_lab.experiments.study import Arm
 from drafter_lab.train.watch import WatchConfig, comparison_note, judge, replay
 
-from .test_resume_ddp import env
+from .two_ranks import run_two_ranks
 
 W = WatchConfig()
 
@@ -104,28 +102,12 @@ def test_real_online_runs_on_other_files_with_one_held_out_file_are_not_flagged(
     assert comparison_note(info(convs), info(fewer), "step") is None
 
 
-RANK = """
-import sys
-import types
-from pathlib import Path
-
-import torch
-import torch.distributed as dist
-
-from drafter_lab.errors import LabError
-from drafter_lab.train.distributed import Dist
-from drafter_lab.train.loop import _Run
+WATCH = """
 from drafter_lab.train.watch import WatchConfig
 
-rank, store, base, out = int(sys.argv[1]), *sys.argv[2:]
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-run = types.SimpleNamespace(d=Dist(rank, 2, 0, torch.device("cpu")), watch=(Path(base), WatchConfig()),
-                            total=40, total_tokens=4000, out_dir=Path(out), step=10, stop_reason=None)
-try:
-    _Run.check_watch(run)
-except LabError as e:
-    print(f"error: {e}")
-    sys.exit(2)
+base, out = map(Path, args[:2])
+fields = dict(watch=(base, WatchConfig()), total=40, total_tokens=4000, out_dir=out, step=int(args[2]),
+              stop_reason=None)
 """
 
 
@@ -138,18 +120,10 @@ def test_a_baseline_rank_0_cannot_read_fails_every_rank(tmp_path):
     out.mkdir()
     (base / "metrics.jsonl").write_text('{"split": "val", "step": 0, "cond_acc_0": 0.1}\n{"split": "val", cut\n')
     (out / "metrics.jsonl").write_text('{"split": "val", "step": 10, "cond_acc_0": 0.1}\n')
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(base), str(out)],
-                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    try:
-        done = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [2, 2], done[1][1][-2000:]
-    assert done[0][0].startswith(f"error: {base / 'metrics.jsonl'}: line 2 is not valid JSON")
-    assert done[1][0] == f"error: {out}: the watch failed on rank 0 at step 10 (its error is in rank 0's output)\n"
+    (code0, out0, err0), (code1, out1, err1) = run_two_ranks(tmp_path, WATCH, "check_watch", base, out, 10)
+    assert (code0, code1) == (2, 2), err1[-2000:]
+    assert out0.startswith(f"error: {base / 'metrics.jsonl'}: line 2 is not valid JSON")
+    assert out1 == f"error: {out}: the watch failed on rank 0 at step 10 (its error is in rank 0's output)\n"
 
 
 def test_the_replay_judges_no_validation_at_the_runs_last_step():
@@ -222,22 +196,10 @@ def test_a_baseline_that_cannot_be_read_is_one_line(tmp_path, capsys, monkeypatc
     assert capsys.readouterr().err == f"error: {base / 'metrics.jsonl'}: cannot be read (Permission denied)\n"
 
 
-RACE = """
-import sys
-import types
-from pathlib import Path
-
-import torch
-import torch.distributed as dist
-
-from drafter_lab.errors import LabError
+RACE = WATCH + """
 from drafter_lab.train import watch
-from drafter_lab.train.distributed import Dist
-from drafter_lab.train.loop import _Run
-from drafter_lab.train.watch import WatchConfig
 
-rank, store, base, out, mode = int(sys.argv[1]), *sys.argv[2:]
-if mode == "full":
+if args[3] == "full":
     import errno
     import os
 
@@ -247,23 +209,15 @@ if mode == "full":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write() raises it: no file named
 
     atomic.write_text = full
-if mode == "removed":
+if args[3] == "removed":
     real = watch.read_metrics
 
     def racing(path):
-        if Path(path).parent == Path(base):
+        if Path(path).parent == base:
             Path(path).unlink()  # the baseline removed after read_run's check, before its read
         return real(path)
 
     watch.read_metrics = racing
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-run = types.SimpleNamespace(d=Dist(rank, 2, 0, torch.device("cpu")), watch=(Path(base), WatchConfig()),
-                            total=40, total_tokens=4000, out_dir=Path(out), step=30, stop_reason=None)
-try:
-    _Run.check_watch(run)
-except LabError as e:
-    print(f"error: {e}")
-    sys.exit(2)
 """
 
 
@@ -278,21 +232,13 @@ def test_an_os_error_in_rank_0s_watch_fails_every_rank(tmp_path, mode):
     for d, points in ((base, {0: 0.1, 10: 0.5, 20: 0.6, 30: 0.7}), (out, {10: 0.1, 20: 0.1, 30: 0.1})):
         d.mkdir()
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve(points)))
-    script = tmp_path / "rank.py"
-    script.write_text(RACE)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(base), str(out), mode],
-                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    try:
-        done = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [2, 2], (done[0][1][-2000:], done[1][1][-2000:])
-    assert done[0][0] == {"full": f"error: {out / 'watch.json'}: the watch's verdict cannot be written "
+    (code0, out0, err0), (code1, out1, err1) = run_two_ranks(tmp_path, RACE, "check_watch", base, out, 30, mode)
+    assert (code0, code1) == (2, 2), (err0[-2000:], err1[-2000:])
+    assert out0 == {"full": f"error: {out / 'watch.json'}: the watch's verdict cannot be written "
                                   "(No space left on device)\n",
                           "removed": f"error: {base / 'metrics.jsonl'}: cannot be read (No such file or directory)\n"
                           }[mode]
-    assert done[1][0] == f"error: {out}: the watch failed on rank 0 at step 30 (its error is in rank 0's output)\n"
+    assert out1 == f"error: {out}: the watch failed on rank 0 at step 30 (its error is in rank 0's output)\n"
 
 
 def test_a_metrics_file_that_is_not_utf8_is_one_line(tmp_path, capsys):

@@ -58,6 +58,19 @@ def test_cli_build_saves_a_loadable_vocab(features, tmp_path, capsys):
     v = DraftVocab.load(out)
     assert_invariant(v, distinct + 20, FeatureSet(features).manifest.target["vocab_size"])
     assert torch.equal(v.d2t, build_vocab(features, distinct + 20).d2t)
+    assert run_cli("vocab", "build", "--data", features, "--size", distinct, "--out", out) == 0  # rebuilt in place
+    assert DraftVocab.load(out).size == distinct
+
+
+def test_cli_build_does_not_overwrite_other_files(features, tmp_path, capsys):
+    """--out pointed at a feature set's manifest.json overwrote it, wrecking the feature set."""
+    data = tmp_path / "features"
+    shutil.copytree(features, data)
+    manifest = (data / "manifest.json").read_bytes()
+    assert run_cli("vocab", "build", "--data", data, "--size", 8, "--out", data / "manifest.json") == 2
+    assert capsys.readouterr().err.strip() == (f"error: {data / 'manifest.json'}: exists and is not a draft "
+                                                "vocabulary: give another --out (it is not overwritten)")
+    assert (data / "manifest.json").read_bytes() == manifest
 
 
 def constructed_pair(tmp_path):

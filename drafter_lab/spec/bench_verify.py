@@ -228,8 +228,10 @@ def format_table(table, draft_us, extend_us, fit: tuple[float, float, float] | N
         lines.append("fit: every pass carried the same tokens (B x T); time two token counts to fit a line")
     else:
         a, slope, worst = fit
-        lines.append(f"fit: ms = {a:.3f} + {slope:.4f} x (B x T), worst error {100 * worst:.0f} %; per layer "
-                     f"{1000 * slope / layers:.2f} us per further token (costmodel --verify-token-compute-us)")
+        per_token = (f"per layer {1000 * slope / layers:.2f} us per further token (costmodel --verify-token-compute-us)"
+                     if slope >= 0 else "no per-token cost to give the cost model (passes got faster with tokens: "
+                     "noise; time more passes)")
+        lines.append(f"fit: ms = {a:.3f} + {slope:.4f} x (B x T), worst error {100 * worst:.0f} %; {per_token}")
     return "\n".join(lines)
 
 

@@ -119,3 +119,14 @@ def test_bench_verify_bad_arguments(random_llama, tmp_path, capsys):
     assert main(["bench", "verify", "--target", str(random_llama), "--context", "1020", "--tokens", "5"]) == 2
     assert capsys.readouterr().err == (f"error: {random_llama}: --context 1020 plus 5 tokens is 1025 positions, past "
                                        "the target's max_position_embeddings 1024\n")
+
+
+def test_a_falling_fit_gives_no_per_token_cost():
+    """Noise can tilt the fit down; its negative per-token cost was printed as the value to give
+    `costmodel --verify-token-compute-us`, which refuses it."""
+    from drafter_lab.spec.bench_verify import format_table
+
+    table = {1: {1: 3.0, 5: 2.9}}
+    assert "per further token" in format_table(table, {}, {}, (3.0, 0.01, 0.0), 8)
+    text = format_table(table, {}, {}, (3.0, -0.02, 0.01), 8)
+    assert "--verify-token-compute-us" not in text and "no per-token cost" in text

@@ -119,15 +119,6 @@ void Channel::check_usable() const {
   if (!seg_.header()) throw CommError("this communicator is closed");
 }
 
-void record_abort(Header* h, int rank, const std::string& message) {
-  int32_t expected = 0;
-  if (__atomic_compare_exchange_n(&h->abort_rank, &expected, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-    std::strncpy(h->abort_msg, message.c_str(), sizeof(h->abort_msg) - 1);
-    h->abort_msg[sizeof(h->abort_msg) - 1] = 0;
-    __atomic_store_n(&h->abort_rank, rank + 1, __ATOMIC_RELEASE);
-  }
-}
-
 void Channel::fail(const std::string& message) {
   broken_ = message;
   record_abort(seg_.header(), rank_, message);

@@ -31,10 +31,6 @@ struct Call {
 const char* dtype_name(uint32_t dtype);
 const char* kind_name(uint32_t kind);
 
-// Records on the segment that `rank` gave up (the first to give up wins), so peers waiting on it
-// raise `message` at once instead of timing out.
-void record_abort(Header* h, int rank, const std::string& message);
-
 class Channel {
  public:
   Channel(Segment segment, int rank, double timeout_s);
@@ -74,20 +70,16 @@ class Channel {
     if ((uint32_t)w != gen) w = wait_slow(f, gen, peer, c);
     if ((uint32_t)(w >> 32) != c.sig()) mismatch(peer, gen, c);
   }
-  // After the waits of call `gen` passed: a wait whose flag was already posted never looks at the
-  // abort word, so a rank arriving after its peer gave up on this very call would return a result
-  // the peer raised for. One load when all is well.
-  void check_not_aborted(uint32_t gen, const Call& c) {
-    if (__atomic_load_n(&header()->abort_rank, __ATOMIC_ACQUIRE) != 0)
-      peer_gave_up("call #" + std::to_string(gen) + " (" + c.describe() + ")");
-  }
 
   void leave();  // the communicator is closing: drop our pid, unmap
 
  private:
   uint64_t wait_slow(const FlagLine* f, uint32_t gen, int peer, const Call& c);
   [[noreturn]] void mismatch(int peer, uint32_t gen, const Call& c);
-  // Raises that a peer gave up, for a wait of `what` that passed without looking (see check_not_aborted).
+  // Raises that a peer gave up, for a barrier `what` whose waits passed without looking at the abort
+  // word. (Calls do not check it after their waits: the word does not say which call a peer gave up
+  // on, and a peer already failing the next call would fail this one, which completed. A rank late
+  // for a call its peer gave up on learns of it at its next call.)
   [[noreturn]] void peer_gave_up(const std::string& what);
   // Spins, then yields, then sleeps on the futex `word` (a 32-bit word of `peer` that changes
   // when `ready()` may have become true) until ready() holds; raises when a peer aborted, died

@@ -60,7 +60,6 @@ class Run {
       case kFusedOneShot: fused_one_shot(); break;
       case kFusedTwoShot: fused_two_shot(); break;
     }
-    ch_.check_not_aborted(gen_, c_);
   }
 
  private:

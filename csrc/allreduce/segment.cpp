@@ -64,6 +64,15 @@ bool is_stale(const std::string& shm_name, double min_age_s) {
 
 }  // namespace
 
+void record_abort(Header* h, int rank, const std::string& message) {
+  int32_t expected = 0;
+  if (__atomic_compare_exchange_n(&h->abort_rank, &expected, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    std::strncpy(h->abort_msg, message.c_str(), sizeof(h->abort_msg) - 1);
+    h->abort_msg[sizeof(h->abort_msg) - 1] = 0;
+    __atomic_store_n(&h->abort_rank, rank + 1, __ATOMIC_RELEASE);
+  }
+}
+
 bool pid_alive(int pid) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno != EPERM) return false;
@@ -205,9 +214,21 @@ Segment Segment::attach(const std::string& name, int world_size, int rank, doubl
                             ": all ranks must run one drafter_lab");
           }
           if ((int)ws != world_size) {
+            const std::string message = "shared-memory segment " + name + " was created for world size " +
+                                        std::to_string(ws) + ", rank " + std::to_string(rank) + " expects " +
+                                        std::to_string(world_size);
+            // Rank 0 waits for us in its init barrier: tell it why, or it times out blaming a rank
+            // "not attached". Only from a seat of its group that no live process holds.
+            if (rank < (int)ws && rank < kMaxRanks) {
+              if (char* wp = map_fd(fd, kHeaderBytes, true, false)) {
+                auto* wh = reinterpret_cast<Header*>(wp);
+                const int32_t seat = __atomic_load_n(&wh->pids[rank], __ATOMIC_ACQUIRE);
+                if (seat == 0 || !pid_alive(seat)) record_abort(wh, rank, message);
+                munmap(wp, kHeaderBytes);
+              }
+            }
             close(fd);
-            throw CommError("shared-memory segment " + name + " was created for world size " + std::to_string(ws) +
-                            ", this rank expects " + std::to_string(world_size));
+            throw CommError(message);
           }
           char* p = (size_t)st.st_size >= total ? map_fd(fd, total, true, true) : nullptr;
           close(fd);

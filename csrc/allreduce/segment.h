@@ -29,6 +29,10 @@ std::string unique_segment_name();
 
 bool pid_alive(int pid);
 
+// Records on the segment that `rank` gave up (the first to give up wins), so peers waiting on it
+// raise `message` at once instead of timing out.
+void record_abort(Header* h, int rank, const std::string& message);
+
 // Removes segments with our prefix whose creator and ranks are all dead (or that were never
 // initialised and are older than `min_age_s`). Returns the names removed.
 std::vector<std::string> cleanup_stale(double min_age_s = 30.0);

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +17,7 @@ from drafter_lab.drafter.config import FORMATS
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import init_from, token_map
 from drafter_lab.errors import LabError
+from drafter_lab.targets.corpus import source_files
 
 from .test_model import LLAMA3, random_drafter, small_config
 
@@ -248,14 +248,14 @@ def test_a_source_with_another_rope_theta_or_context_length_is_reported(tmp_path
 
 
 def test_a_token_map_translates_ids_through_both_vocabularies(random_llama):
-    """Byte-level BPEs trained on different text (the standard library's, the lab's own code): a token
+    """Byte-level BPEs trained on different text (the standard library's, eight files of the pinned corpus): a token
     string both have maps to its id in the source's; one the source lacks, and the padding rows past the
     tokenizer, to -1. Equal vocabularies: None."""
     from drafter_lab.targets.hf import load_tokenizer
     from drafter_lab.targets.tokenizer import train_bpe
 
     src = load_tokenizer(random_llama)
-    new = train_bpe([p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))], 400)
+    new = train_bpe([f.data.decode() for f in source_files(max_files=8)], 400)
     tokens = token_map(src, new, 410)
     theirs, mine = src.get_vocab(), new.get_vocab()
     assert len(tokens) == 410 and (tokens[len(mine):] == -1).all()
@@ -309,7 +309,7 @@ def test_the_source_targets_tokenizer_is_found_where_its_run_names_it(random_lla
     _, path = source(tmp_path, formats.SGLANG)
     new = tmp_path / "next-version"  # the same weights, a tokenizer trained on other text
     shutil.copytree(random_llama, new)
-    train_bpe([p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))], 400).save_pretrained(new)
+    train_bpe([f.data.decode() for f in source_files(max_files=8)], 400).save_pretrained(new)
     target = load_target_head(new)
     assert source_tokens(path, None, target) == (None, None)  # no run.json
     run = {"target": {"path": str(random_llama), "fingerprint": fingerprint(random_llama)}}
@@ -358,7 +358,7 @@ def test_a_token_map_across_tokenizer_families_pairs_tokens_of_the_same_bytes():
 
     texts = ["Le café est très réputé à côté de l'hôtel. Élève, déjà, été, où, naïve, façade. " * 3,
              "日本語のテキストです。中文文本。Ñandú, über, Größe, straße. " * 3] * 50
-    texts += [p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))]
+    texts += [f.data.decode() for f in source_files(max_files=8)]
     src = train_bpe(texts, 600)
     sp = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     sp.normalizer = normalizers.Replace(" ", "▁")

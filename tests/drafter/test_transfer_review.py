@@ -4,22 +4,21 @@ another vocab size."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from drafter_lab.data.vocab import DraftVocab, compare_vocabs
-from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import save_drafter
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.drafter.transfer import init_from, token_map
+from drafter_lab.targets.corpus import source_files
 
 from .test_model import random_drafter, small_config
 
 TEXTS = ["Le café est très réputé à côté de l'hôtel. A, B; C. (x) [y] {z} " * 3] * 50
-TEXTS += [p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))]
+TEXTS += [f.data.decode() for f in source_files(max_files=8)]
 SINGLE = ["A", ",", ";", ".", "(", ")", "e", "x"]  # one byte each: the sentencepiece vocab also has <0xNN>
 
 

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,10 +17,10 @@ from drafter_lab.cli import main
 from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
-from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.experiments.pilot import closing, lead_text
 from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, decide, probe
+from drafter_lab.targets.corpus import source_files
 from drafter_lab.targets.hf import load_target_head, load_tokenizer
 from drafter_lab.targets.tokenizer import train_bpe
 from drafter_lab.train import sources
@@ -240,7 +239,7 @@ def next_version(random_llama, features, tmp_path_factory):
     and its features of the same conversations: an id names another token in each target."""
     root = tmp_path_factory.mktemp("next-version")
     shutil.copytree(random_llama, root / "model")
-    texts = [p.read_text() for p in sorted(Path(formats.__file__).parent.glob("*.py"))]
+    texts = [f.data.decode() for f in source_files(max_files=8)]
     train_bpe(texts, 400).save_pretrained(root / "model")
     prepare_features(root / "model", features.parent / "convs.jsonl", root / "features", max_length=64,
                      val_fraction=0.25, batch_size=12)

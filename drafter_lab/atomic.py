@@ -68,11 +68,13 @@ def clear_stale_temps(path: Path) -> None:
                         entry.unlink()
 
 
-def refuse_below_file(out: Path) -> None:
+def refuse_below_file(out: Path, flag: str = "--out") -> Path:
     """Refuse an output path whose nearest existing parent is a file now, before the work (`make_parent`
-    refuses it only when the result is written)."""
-    if not next(p for p in out.absolute().parents if p.exists()).is_dir():
-        raise LabError("--out lies below a file, not a directory", out)
+    refuses it only when the result is written); that parent otherwise."""
+    parent = next(p for p in Path(out).absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise LabError(f"{flag} lies below a file, not a directory", out)
+    return parent
 
 
 def make_parent(path: Path) -> None:
@@ -92,9 +94,7 @@ def refuse_unwritable(path, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise LabError(f"is a directory: {flag} takes a file to write", path)
-    parent = next(p for p in path.absolute().parents if p.exists())
-    if not parent.is_dir():
-        raise LabError(f"{flag} lies below a file, not a directory", path)
+    parent = refuse_below_file(path, flag)
     try:
         tempfile.TemporaryFile(dir=parent).close()
     except OSError as e:

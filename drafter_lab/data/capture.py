@@ -48,6 +48,7 @@ from drafter_lab.data.capture_config import (
     TURNS,
     CaptureConfig,
     as_recorded,
+    device_setting,
     unrecorded,
     without,
 )
@@ -419,8 +420,7 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         **rendered_with(target.tokenizer, cfg.chat_template_kwargs),
         **({STOP_IDS: stop_token_ids(target)} if cfg.regenerate else {}),
         **({"sampled_at": given} if given is not None else {}),
-        # A GPU rounds otherwise: other states, other greedy answers. Absent on the CPU: older manifests resume.
-        **({"device": target.device.type} if target.device.type != "cpu" else {}),
+        **device_setting(target.device),
     }
 
 

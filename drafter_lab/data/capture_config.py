@@ -115,6 +115,12 @@ RECORDED_SINCE = {TEMPLATE_HASH: ("chat templates", "template"), TOKENIZER_HASH:
 2026-12-04), oldest first, with what they name."""
 
 
+def device_setting(device) -> dict:
+    """A run's device type where it decides its output (a GPU rounds otherwise, so even greedy answers
+    and captured states differ); nothing for the CPU, so settings recorded before it counted still match."""
+    return {} if device.type == "cpu" else {"device": device.type}
+
+
 def unrecorded(before: dict, now: dict) -> list[str]:
     """The keys of RECORDED_SINCE that `now` holds and `before` lacks: made before the lab recorded them.
     A capture that did not regenerate (`regenerate` None) records no stop tokens in any version: it

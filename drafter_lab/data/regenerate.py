@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.data.capture_config import STOP_IDS, without
+from drafter_lab.data.capture_config import STOP_IDS, device_setting, without
 from drafter_lab.data.chat import THINK_TAGS, render, rendered_with, special_token_ids
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.errors import LabError
@@ -233,7 +233,7 @@ def regeneration_settings(target, source: Path, temperature: float, max_new_toke
     The target counts by what it is, not by where: its path spelled otherwise, or moved, resumes. Its
     device type counts (a GPU rounds otherwise, so even greedy answers can differ), where not the CPU:
     journals begun on the CPU before it counted still resume."""
-    on = {} if target.device.type == "cpu" else {"device": target.device.type}
     return {"target": without(target.describe(), ["path"]), "conversations_sha256": atomic.sha256_file(source),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
-            **SAMPLER, **rendered_with(target.tokenizer, template_kwargs), STOP_IDS: stop_token_ids(target), **on}
+            **SAMPLER, **rendered_with(target.tokenizer, template_kwargs), STOP_IDS: stop_token_ids(target),
+            **device_setting(target.device)}

@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _run(argv)
+    joined = sys.modules.get("drafter_lab.train.distributed")  # imported by the commands that can join a group
+    if joined is not None:
+        joined.end_process(code)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.trust_remote_code:

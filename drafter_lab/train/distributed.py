@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -74,9 +75,30 @@ def setup(device: str) -> Dist:
         # device_id binds NCCL to this rank's GPU: its barriers then use it, not a guess of GPU 0
         dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=dev if cuda else None)
         atexit.register(_leave)
+        global _joined
+        _joined = True
     return Dist(rank=rank, world=world, local_rank=local, device=dev)
+
+
+_joined = False  # setup() joined torchrun's group in this process
 
 
 def _leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def end_process(code: int) -> None:
+    """Exit now with `code` if this process joined torchrun's group (else return): the exit handlers
+    run, the group is left, and the interpreter is not finalized.
+
+    DDP keeps gloo's group, and with it gloo's worker threads, alive past destroy_process_group. A worker
+    that lets go of a finished collective's tensor once the interpreter is finalizing cannot take the GIL
+    to free it, and the process aborts ("terminate called without an active exception"): its results
+    are all written, yet torchrun reports the run FAILED."""
+    if not _joined:
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -17,6 +17,7 @@ import sys
 
 import torch.distributed as dist
 
+from drafter_lab.train import distributed
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
 
@@ -29,6 +30,7 @@ for arm in range(4):
     assert dist.is_initialized(), f"arm {arm} left no process group"
     groups.append(dist.group.WORLD)
 assert all(g is groups[0] for g in groups), "a run made a group of its own"
+distributed.end_process(0)  # as the CLI ends a rank (gloo's threads outlive the group under DDP)
 """
 
 

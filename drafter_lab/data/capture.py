@@ -53,7 +53,12 @@ from drafter_lab.data.capture_config import (
     without,
 )
 from drafter_lab.data.chat import rendered_with
-from drafter_lab.data.conversations import Conversation, read_conversations, write_conversations
+from drafter_lab.data.conversations import (
+    Conversation,
+    conversations_sha256,
+    read_conversations,
+    write_conversations,
+)
 from drafter_lab.data.encodings import encodings
 from drafter_lab.data.regenerate import SAMPLER, regenerate
 from drafter_lab.data.shards import (
@@ -409,7 +414,7 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
     given = temperature_of(convs) if cfg.token_exact and not cfg.regenerate else None
     return {
         "conversations": str(conversations_path),
-        "sha256": atomic.sha256_file(conversations_path),
+        "sha256": conversations_sha256(conversations_path),
         "max_length": cfg.max_length,
         "val_fraction": cfg.val_fraction,
         "shard_size": cfg.shard_size,

@@ -1,6 +1,7 @@
 """Conversations in SpecForge / ShareGPT jsonl: one JSON object per line. A file that begins with `[`
 is one JSON array of those objects (ShareGPT's own dump; SpecForge reads both through `datasets`),
-and a gzip-compressed file is read as the file it holds, as `datasets` reads one.
+and a gzip-compressed file is read as the file it holds, as `datasets` reads one. UTF-16 or UTF-32
+text (Windows tools write UTF-16 with a byte order mark) is read as its UTF-8, as is UTF-8 with a BOM.
 
 Each line holds `conversations` (or `messages`): a list of turns written either as
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
@@ -267,9 +268,24 @@ def _add_system(messages: list[dict], system, where: str, path) -> None:
     messages.insert(0, {"role": "system", "content": system})
 
 
+def _utf8(blob: bytes, path) -> bytes:
+    """A file's text as UTF-8 without a byte order mark: UTF-16 or UTF-32 (Windows tools write
+    UTF-16 with a BOM) decoded, told apart as JSON itself is (RFC 8259: a BOM, or the zero bytes
+    of its first characters)."""
+    encoding = json.detect_encoding(blob[:4])
+    if encoding == "utf-8":
+        return blob  # as it was: each line is decoded as it is read
+    if encoding == "utf-8-sig":
+        return blob[len(codecs.BOM_UTF8):]
+    try:
+        return blob.decode(encoding).encode()
+    except UnicodeError as e:
+        raise LabError(f"looks like {encoding.upper()} text, but cannot be decoded as such ({e})", path) from None
+
+
 def _rows(blob: bytes, path):
     """(where, row) of each row of a file's bytes: a jsonl line's object, or an array's item."""
-    if blob.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"[":
+    if blob.lstrip()[:1] == b"[":
         try:
             rows = json.loads(blob)
         except (ValueError, RecursionError) as e:
@@ -299,6 +315,7 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
             blob = gzip.decompress(blob)
         except (OSError, EOFError, zlib.error) as e:
             raise LabError(f"gzip-compressed, but cannot be decompressed ({e})", path) from None
+    blob = _utf8(blob, path)
     convs: list[Conversation] = []
     seen: dict[str, tuple[str, object]] = {}  # id -> where it was first, and as the file wrote it
     skipped: Counter = Counter()
@@ -336,6 +353,24 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
         seen[cid] = (where, given)
         convs.append(Conversation(id=cid, messages=messages, tools=tools))
     return convs, dict(skipped)
+
+
+def conversations_sha256(path) -> str:
+    """The hash that keys work made from a conversations file (a capture's manifest, a regeneration's
+    cache and journal): of the bytes a gzip-compressed file holds, so that compressing the same
+    conversations otherwise (another level or tool, or not at all) resumes that work; of the file's
+    own bytes otherwise, as it always was."""
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return atomic.sha256_file(path)
+    h = hashlib.sha256()
+    try:
+        with gzip.open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except (OSError, EOFError, zlib.error) as e:
+        raise LabError(f"gzip-compressed, but cannot be decompressed ({e})", path) from None
+    return h.hexdigest()
 
 
 def write_conversations(path, convs: list[Conversation]) -> None:

@@ -29,10 +29,9 @@ from pathlib import Path
 
 import torch
 
-from drafter_lab import atomic
 from drafter_lab.data.capture_config import STOP_IDS, device_setting, without
 from drafter_lab.data.chat import THINK_TAGS, render, rendered_with, special_token_ids
-from drafter_lab.data.conversations import Conversation
+from drafter_lab.data.conversations import Conversation, conversations_sha256
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
@@ -233,7 +232,7 @@ def regeneration_settings(target, source: Path, temperature: float, max_new_toke
     The target counts by what it is, not by where: its path spelled otherwise, or moved, resumes. Its
     device type counts (a GPU rounds otherwise, so even greedy answers can differ), where not the CPU:
     journals begun on the CPU before it counted still resume."""
-    return {"target": without(target.describe(), ["path"]), "conversations_sha256": atomic.sha256_file(source),
+    return {"target": without(target.describe(), ["path"]), "conversations_sha256": conversations_sha256(source),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
             **SAMPLER, **rendered_with(target.tokenizer, template_kwargs), STOP_IDS: stop_token_ids(target),
             **device_setting(target.device)}

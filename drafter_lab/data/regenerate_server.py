@@ -32,7 +32,13 @@ from pathlib import Path
 
 from drafter_lab import atomic
 from drafter_lab.data.capture_config import template_setting
-from drafter_lab.data.conversations import REASONING_FIELDS, Conversation, parse_call, write_conversations
+from drafter_lab.data.conversations import (
+    REASONING_FIELDS,
+    Conversation,
+    conversations_sha256,
+    parse_call,
+    write_conversations,
+)
 from drafter_lab.data.regenerate import SAMPLER, regenerated_turns
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import request_json
@@ -148,7 +154,7 @@ def _settings(cfg: ServerConfig, source: Path) -> dict:
     skip = ("url", "concurrency", "timeout_s", "retries", "chat_template_kwargs")
     keep = {k: v for k, v in asdict(cfg).items() if k not in skip}
     return {**keep, **template_setting(cfg.chat_template_kwargs), **SAMPLER, "request_seeds": "per turn",
-            "conversations_sha256": atomic.sha256_file(source)}
+            "conversations_sha256": conversations_sha256(source)}
 
 
 def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,

@@ -32,7 +32,7 @@ from drafter_lab.data.capture import (
 )
 from drafter_lab.data.capture_config import ENCODED_HASH
 from drafter_lab.data.chat import rendered_with
-from drafter_lab.data.conversations import read_conversations
+from drafter_lab.data.conversations import conversations_sha256, read_conversations
 from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence, SequenceRef
 from drafter_lab.data.vocab import count_train_tokens
 from drafter_lab.errors import LabError
@@ -91,7 +91,7 @@ class HeldOutConversations:
     skipped: dict
 
     def identity(self) -> dict:
-        return {"sha256": atomic.sha256_file(self.path)}
+        return {"sha256": conversations_sha256(self.path)}
 
     def describe(self) -> dict:
         return {"val_data": str(self.path), "val_skipped": self.skipped}
@@ -243,7 +243,7 @@ class Online:
     def identity(self) -> dict:
         """What the run's data is, without where it lies: a resume must see the same."""
         c = self.capture
-        out = {"sha256": atomic.sha256_file(self.where), "max_length": c.max_length, "dtype": c.dtype,
+        out = {"sha256": conversations_sha256(self.where), "max_length": c.max_length, "dtype": c.dtype,
                "aux_layer_ids": self.aux_layer_ids, "val_fraction": c.val_fraction,
                **({"token_exact": True} if c.token_exact else {}),  # absent otherwise: older runs still resume
                **({"turns": c.turns} if c.turns != "all" else {}),  # likewise

@@ -4,11 +4,13 @@ vocab and states are the captured ones, and a run trains like one on `data prepa
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 
 import pytest
 import torch
 
+from drafter_lab.atomic import sha256_file
 from drafter_lab.cli import main
 from drafter_lab.data.capture import CaptureConfig, conversation_of, split_of
 from drafter_lab.data.chat import template_sha256, tokenizer_sha256
@@ -55,6 +57,18 @@ def test_online_identity_names_the_chat_template_variables(peaked_llama, feature
     assert "chat_template_kwargs" not in Online(peaked_llama, convs, CAPTURE, cpu).identity()
     off = dataclasses.replace(CAPTURE, chat_template_kwargs={"enable_thinking": False})
     assert Online(peaked_llama, convs, off, cpu).identity()["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_online_identity_follows_a_gzip_files_conversations_not_its_compression(peaked_llama, features, tmp_path):
+    """A run on a gzip'd conversations file resumes on the same conversations compressed otherwise
+    (another level or tool, or not at all); a plain file keeps the key it always had."""
+    cpu, plain = torch.device("cpu"), conversations_of(features)
+    keys = set()
+    for level in (1, 9):
+        packed = tmp_path / f"c{level}.jsonl.gz"
+        packed.write_bytes(gzip.compress(open(plain, "rb").read(), compresslevel=level))
+        keys.add(Online(peaked_llama, packed, CAPTURE, cpu).identity()["sha256"])
+    assert keys == {Online(peaked_llama, plain, CAPTURE, cpu).identity()["sha256"]} == {sha256_file(plain)}
 
 
 def test_online_each_turn_is_a_sequence_in_its_conversations_split(peaked_llama, features):

@@ -139,7 +139,12 @@ def load_toml(cls, path, section: str | None = None):
             raise LabError(f"key(s) {', '.join(others)} outside the [{section}] table would be ignored; "
                            f"put every field in [{section}] or all at top level", path)
         data = data[section]
-    return from_dict(cls, data, str(path))
+    try:
+        return from_dict(cls, data, str(path))
+    except LabError as e:  # a value refused by the config's own checks, which name the key but not the file
+        if e.path is not None or str(e).startswith(f"{path}: "):
+            raise
+        raise LabError(str(e), path) from None
 
 
 def check_counts(cfg, at_least_one: tuple[str, ...], at_least_zero: tuple[str, ...]) -> None:

@@ -16,11 +16,17 @@ def _cache_root(args) -> Path:
     return Path(args.cache or os.environ.get("DRAFTER_LAB_CACHE") or Path.home() / ".cache" / "drafter_lab")
 
 
-def _directories(*paths) -> None:
-    """Refuse, before a study's minutes of work, a directory option that names a file."""
-    for path in paths:
-        if path is not None and Path(path).exists() and not Path(path).is_dir():
+def _directories(*flags: tuple[str, str | Path | None]) -> None:
+    """Refuse, before a study's minutes of work, a directory option (flag, path) that names a file or lies
+    below one (mkdir's traceback for --runs and --run-dir; for --cache, an error minutes in)."""
+    from drafter_lab.atomic import refuse_below_file
+
+    for flag, path in flags:
+        if path is None:
+            continue
+        if Path(path).exists() and not Path(path).is_dir():
             raise LabError("not a directory", path)
+        refuse_below_file(Path(path), flag)
 
 
 def _probe(args) -> int:
@@ -31,7 +37,7 @@ def _probe(args) -> int:
     from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
     from drafter_lab.experiments.probe import probe
     from drafter_lab.threads import check_threads
-    from drafter_lab.train.commands import load_config
+    from drafter_lab.train.commands import checked, load_config
     from drafter_lab.train.config import TrainConfig
 
     th, cfg = apply_cli_args(ProbeThresholds(), args), apply_cli_args(ProbeConfig(), args)
@@ -40,7 +46,7 @@ def _probe(args) -> int:
     check_threads(args.threads)
     if args.json:  # written last, after the pilot's minutes
         atomic.refuse_unwritable(args.json, "--json")
-    recipe = load_config(args.pilot_config) if args.pilot_config is not None else TrainConfig()
+    recipe = TrainConfig() if args.pilot_config is None else checked(load_config(args.pilot_config), args.pilot_config)
     if args.threads > 0:
         import torch
 
@@ -84,7 +90,7 @@ def _experiment(args) -> int:
 
     cfg = apply_cli_args(get_config(args.config), args)
     cache = _cache_root(args)
-    _directories(args.runs, args.run_dir, cache)
+    _directories(("--runs", args.runs), ("--run-dir", args.run_dir), ("--cache", cache))
     run_dir = run_study(cfg, Path(args.runs), cache, Path(args.run_dir) if args.run_dir else None,
                         command=["drafter-lab", *sys.argv[1:]])
     print(json.dumps({"run_dir": str(run_dir), "report": str(run_dir / "report.md")}))
@@ -132,7 +138,7 @@ def _reproduce(args) -> int:
     from drafter_lab.experiments.reproduce import machine_note, package_note, reproduce
 
     cache = _cache_root(args)
-    _directories(args.runs, cache)
+    _directories(("--runs", args.runs), ("--cache", cache))
     reused = cache.is_dir() and any(cache.iterdir())
     new_dir, diffs = reproduce(args.run_dir, Path(args.runs), cache, args.rel_tol)
     con = Console()

@@ -9,7 +9,7 @@ from drafter_lab import atomic
 from drafter_lab.config import from_dict
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ExperimentConfig, level_name
-from drafter_lab.experiments.study import new_run_dir, run_study
+from drafter_lab.experiments.study import check_study, new_run_dir, run_study
 
 
 def _load(run_dir: Path) -> tuple[dict, dict]:
@@ -187,6 +187,10 @@ def reproduce(run_dir, runs_root: Path, cache: Path, rel_tol: float = 0.0) -> tu
     manifest, results = _load(run_dir)
     before = _metrics(results, run_dir / "results.json")
     cfg = recorded_config(manifest, run_dir)
+    try:
+        check_study(cfg)  # before the re-run's directory is made
+    except LabError as e:  # a device or a thread count the recording machine had and this one lacks
+        raise LabError(str(e), run_dir / "manifest.json") from None
     # resolved: `reproduce .` inside the run names it by its directory, not by ""
     new_dir = run_study(cfg, runs_root, cache, run_dir=_fresh_dir(runs_root, run_dir.resolve().name),
                         command=["drafter-lab", "reproduce", str(run_dir)])

@@ -28,6 +28,7 @@ from drafter_lab.config import to_dict
 from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.data.shards import Manifest
+from drafter_lab.errors import LabError
 from drafter_lab.experiments import plots, report
 from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig, level_name
 from drafter_lab.experiments.manifest import build_manifest, device_state, write_manifest
@@ -38,7 +39,8 @@ from drafter_lab.spec.costmodel import PRESETS, CostModel
 from drafter_lab.spec.ngram_config import NgramConfig
 from drafter_lab.targets.build import build_pair
 from drafter_lab.targets.hf import resolve_device
-from drafter_lab.threads import torch_threads
+from drafter_lab.targets.presets import resolve as resolve_target
+from drafter_lab.threads import check_threads, torch_threads
 from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
 from drafter_lab.train.loop import train
 
@@ -269,8 +271,20 @@ def new_run_dir(runs_root: Path, name: str, sep: str = "-") -> Path:
             continue
 
 
+def check_study(cfg: ExperimentConfig) -> None:
+    """What the config cannot judge alone (this machine's CPUs and devices, the target preset), refused before
+    a run directory or cache entry is made: each would otherwise stop the study at its first use, minutes in."""
+    check_threads(cfg.threads, "threads")
+    resolve_device(cfg.device)
+    vocab = resolve_target(cfg.target_preset).vocab_size
+    if cfg.draft_vocab_size > vocab:
+        raise LabError(f"draft_vocab_size must be at most {vocab} (target preset {cfg.target_preset}'s vocab size), "
+                       f"got {cfg.draft_vocab_size}")
+
+
 def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path | None = None,
               command: list[str] | None = None) -> Path:
+    check_study(cfg)
     run_dir = run_dir or new_run_dir(runs_root, f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     # a second study here (a --run-dir resume beside the run it resumes) would train the same arms at once

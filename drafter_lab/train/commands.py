@@ -12,7 +12,7 @@ from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import DTYPE_NAMES, TURNS, CaptureConfig, template_kwargs_arg
 from drafter_lab.data.commands import aux_ids_arg
 from drafter_lab.errors import LabError
-from drafter_lab.train.config import TrainConfig
+from drafter_lab.train.config import TrainConfig, check_config
 from drafter_lab.train.watch import STOP_EXIT, WatchConfig
 
 
@@ -86,6 +86,23 @@ def load_config(path) -> TrainConfig:
     return labconfig.load_toml(TrainConfig, path, section="train")
 
 
+def checked(cfg: TrainConfig, path) -> TrainConfig:
+    """`cfg`, made from the --config file `path` (None: no file) and the flags, through check_config. A
+    complaint that the file's own values draw as well names the file: the value came from there."""
+    try:
+        check_config(cfg)
+    except LabError as e:
+        if path is None:
+            raise
+        try:
+            check_config(load_config(path))
+        except LabError as own:
+            if str(own) == str(e):
+                raise LabError(str(e), path) from None
+        raise
+    return cfg
+
+
 def run(args) -> int:
     from drafter_lab.train.loop import train
     from drafter_lab.train.watch import stopped_at
@@ -93,7 +110,7 @@ def run(args) -> int:
     cfg = load_config(args.config) if args.config is not None else TrainConfig()
     if args.draft_config:
         cfg = with_draft_config(cfg, args.draft_config, Path(args.target))
-    cfg = labconfig.apply_cli_args(cfg, args)
+    cfg = checked(labconfig.apply_cli_args(cfg, args), args.config)
     online = None
     if args.conversations is not None:
         online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids, val_fraction=args.val_fraction,

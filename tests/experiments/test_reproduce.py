@@ -180,6 +180,21 @@ def test_a_run_that_cannot_be_reproduced_is_refused_naming_its_file_before_the_r
     assert str(e.value).startswith(f"{run_dir / file}: {message}")
 
 
+@pytest.mark.parametrize("config, message", [
+    ({"device": "cuda"}, "device 'cuda': no CUDA device is visible"),
+    ({"threads": 100000}, "threads must be at most"),
+])
+def test_a_recording_this_machine_cannot_run_is_refused_before_the_rerun_dir(tmp_path, monkeypatch, config, message):
+    from drafter_lab.experiments import reproduce as reproduce_mod
+
+    monkeypatch.setattr(reproduce_mod, "run_study", lambda *a, **k: pytest.fail("the study re-ran"))
+    run_dir = _recorded_run(tmp_path, {"config": {"name": "smoke", **config}}, RESULTS)
+    with pytest.raises(LabError) as e:
+        reproduce(run_dir, tmp_path / "runs", tmp_path / "cache")
+    assert str(e.value).startswith(f"{run_dir / 'manifest.json'}: {message}")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("rel_tol", [-0.1, float("nan"), float("inf")])
 def test_a_bad_relative_tolerance_is_refused_before_the_rerun(tmp_path, monkeypatch, capsys, rel_tol):
     from drafter_lab.cli import main

@@ -315,6 +315,31 @@ def check_sizes(args) -> None:
                            f"more than its {_gb(have)}")
 
 
+def check_tp_sim(args, world: int) -> None:
+    """check_sizes for the simulator, before its ranks start: each holds, per backend on its device, the
+    [max tokens, hidden] input and the float32 GEMV weights, plus a step's copies (x, residual, partial)
+    and RMSNorm's float32 temporaries (the "none" backend's, or the baseline's, on the host). Past the
+    memory every rank printed its allocator's traceback, or the OOM killer ended them."""
+    dtype = DTYPES[args.dtype]
+    tokens = max(args.tokens)
+    message, weights = tokens * HIDDEN * dtype.itemsize, 2 * HIDDEN * args.inner * 4
+    step = 5 * message + 3 * tokens * HIDDEN * 4 + weights // 2  # + the weights' float32 draw
+
+    def need(backends: int) -> int:
+        return backends * (message + weights) + step
+
+    what = f"--tokens {tokens} and --inner {args.inner}"
+    on_host = 1 + len({"cpu", "gloo"} & set(args.backends))  # with "none"
+    if world * need(on_host) > (have := host_available_bytes()):
+        raise LabError(f"{what}: {world} ranks simulating the verify step need {_gb(world * need(on_host))}, "
+                       f"more than the {_gb(have)} of memory available")
+    if on_gpu := len(set(args.backends) - {"cpu", "gloo"}):  # one GPU per rank (_for_world)
+        have = min(torch.cuda.get_device_properties(d).total_memory for d in range(torch.cuda.device_count()))
+        if need(on_gpu) > have:
+            raise LabError(f"{what}: each rank simulating the verify step on its GPU needs {_gb(need(on_gpu))}, "
+                           f"more than its {_gb(have)}")
+
+
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
@@ -348,6 +373,7 @@ def latency_table(args) -> dict:
 def tp_sim(args) -> dict:
     world = args.ranks[0]
     args = _for_world(args, world)
+    check_tp_sim(args, world)
     ar, vm = _run(_tp_sim_worker, world, args, len(args.tokens), f"verify-step simulator, {world} ranks")
     dtype = DTYPES[args.dtype]
     print(f"\nsimulated verify step: {world} ranks, {args.layers} layers x 2 all-reduces, hidden {HIDDEN}, {args.dtype}")

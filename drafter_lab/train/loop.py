@@ -465,8 +465,8 @@ class _Run:
     def check_watch(self) -> None:
         """Rank 0 judges (it holds metrics.jsonl, and the baseline may still be growing); every rank
         learns the answer, so all stop at the same step. A baseline that cannot be read (cut, removed
-        mid-run) or a verdict that cannot be written (disk full) fails every rank, not rank 0 alone:
-        the others would wait in the sum for ever."""
+        mid-run), a verdict that cannot be written (disk full) or any other exception on rank 0 fails
+        every rank, not rank 0 alone: the others would wait in the sum for ever."""
         baseline, wcfg = self.watch
         stop, failed = torch.zeros((), device=self.d.device), None
         if self.d.main:
@@ -484,7 +484,7 @@ class _Run:
                     except OSError as e:  # disk full, permissions
                         raise LabError(f"the watch's verdict cannot be written ({e.strerror or e})", path) from None
                     stop += 1
-            except LabError as e:
+            except Exception as e:  # raised below, after the sum, with its traceback if not a LabError
                 failed = e
                 stop.fill_(-1)
         said = self.d.sum(stop).item()  # rank 0's alone: 1 stop, -1 failed

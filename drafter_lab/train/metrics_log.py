@@ -78,5 +78,8 @@ def read_metrics(path) -> list[dict]:
             raise LabError(f"line {i} is not valid JSON ({e})", path) from None
         if not isinstance(row, dict):
             raise LabError(f"line {i} is not a metrics record (a JSON object)", path)
+        if type(row.get("step")) is not int:  # a hand-edited row: every reader orders and matches by it
+            what = f'"step" {json.dumps(row["step"])} is not an integer' if "step" in row else 'no "step"'
+            raise LabError(f"line {i} is not a metrics record: {what}", path)
         rows.append(row)
     return rows

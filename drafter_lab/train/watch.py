@@ -91,6 +91,11 @@ def val_curve(rows: list[dict], metric: str, where, axis: str = "step") -> list[
     if not all(axis in r for r in val):
         raise LabError(f"its validations do not record {axis!r} (logged before it was kept): use the step axis",
                        where)
+    for r in val:  # a hand-edited value: a TypeError in the sort or the interpolation below
+        for key in (axis, metric):
+            if key in r and (type(r[key]) is bool or not isinstance(r[key], int | float)):
+                raise LabError(f"its validation at step {r.get('step')} has {key} {json.dumps(r[key])}, "
+                               "not a number", where)
     # A validation that scored no position measured nothing: its accuracies read 0, not NaN.
     out = {r[axis]: (float(r[metric]), r["step"]) for r in val
            if metric in r and math.isfinite(r[metric]) and r.get("positions") != 0}
@@ -204,6 +209,13 @@ def read_run(run_dir) -> tuple[list[dict], dict]:
         raise LabError(f"cannot be read ({e.strerror or e})", info) from None
     if not isinstance(record, dict):
         raise LabError("not a run record (a JSON object)", info)
+    # Hand-edited: the watch's TypeError comparing steps with a total, or AttributeError comparing settings.
+    for key in AXES.values():
+        if key in record and (type(record[key]) is bool or not isinstance(record[key], int | float)):
+            raise LabError(f"not a run record: its {key} {json.dumps(record[key])} is not a number", info)
+    for key in ("config", "features"):
+        if not isinstance(record.get(key, {}), dict):
+            raise LabError(f"not a run record: its {key} is not a JSON object", info)
     try:
         return read_metrics(path), record
     except OSError as e:

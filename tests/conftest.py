@@ -60,6 +60,12 @@ def make_random_llama(out: Path, vocab_texts=None, *, hidden=64, layers=8, heads
 
 
 @pytest.fixture(scope="session")
+def llama_maker():
+    """make_random_llama, for a test that needs a target of another shape (a fixture: see above)."""
+    return make_random_llama
+
+
+@pytest.fixture(scope="session")
 def random_llama(tmp_path_factory) -> Path:
     """A random 8-layer GQA Llama written with save_pretrained: "any HF target" in tests."""
     return make_random_llama(tmp_path_factory.mktemp("random_llama") / "model")

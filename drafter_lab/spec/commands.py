@@ -100,7 +100,8 @@ def register(sub) -> None:
     e.add_argument("--topk", type=int_list, default=LOCAL_ONLY["topk"],
                    help="children per expanded node: 1 = chain, > 1 = tree; a list sweeps")
     e.add_argument("--draft-tokens", type=int_list, default=LOCAL_ONLY["draft_tokens"],
-                   help="tree: draft tokens verified per cycle (default steps * topk); a list sweeps")
+                   help="tree: draft tokens verified per cycle (default steps * topk), the root not counted (SGLang's "
+                        "--speculative-num-draft-tokens minus 1); a chain verifies its steps; a list sweeps")
     e.add_argument("--batch", type=int_list, default=LOCAL_ONLY["batch"],
                    help="prompts decoded together (a server's concurrency); a list (1,4,16) sweeps")
     e.add_argument("--schedule", default=LOCAL_ONLY["schedule"], choices=("static", "continuous"),
@@ -230,6 +231,7 @@ def run_eval(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    settings = grid(args.steps, args.topk, args.draft_tokens, args.batch)  # refused before the target loads
     if args.ngram:
         drafter = _ngram_drafter(args)  # its flags are checked before the target loads
     elif (args.ngram_min, args.ngram_max, args.ngram_across_prompts) != (None, None, False):
@@ -250,7 +252,6 @@ def run_eval(args) -> int:
             results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
         return results
 
-    settings = grid(args.steps, args.topk, args.draft_tokens, args.batch)
     return _run_settings(settings, decode, format_eval, args, lambda: _sweep_journal(args, target, drafter, sets))
 
 

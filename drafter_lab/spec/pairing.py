@@ -84,14 +84,14 @@ def load_for_target(drafter_dir, target, allow_other_target: bool = False):
     refused unless `allow_other_target` (zero-shot transfer runs, like the seeds' Phase-0 probe, want
     exactly that; one for a target of another vocabulary size is served as engines serve it there).
     """
-    from drafter_lab.drafter.checkpoint import check_vocab_change, load_drafter, read_config
+    from drafter_lab.drafter.checkpoint import load_drafter, read_checkpoint, read_config, served_with_vocab
 
     drafter_dir = Path(drafter_dir)
     cfg, _ = read_config(drafter_dir)
     # what no flag fixes (hidden size, aux layers) first, so that --allow-other-target is hinted only where it helps
     check_config(dataclasses.replace(cfg, target_vocab_size=target.vocab_size), target, drafter_dir)
     if cfg.target_vocab_size != target.vocab_size and not allow_other_target:
-        check_vocab_change(cfg, target.vocab_size, drafter_dir)  # refused even with the flag
+        served_with_vocab(read_checkpoint(drafter_dir), target.vocab_size)  # what the flag would not fix, first
         raise LabError(f"drafter vocab does not fit the target: it was trained for a {cfg.target_vocab_size}-token "
                        f"vocab, the target has {target.vocab_size} tokens; pass --allow-other-target to decode with "
                        "it as engines serve it there (its draft ids through d2t)", drafter_dir)

@@ -4,8 +4,9 @@
 (each with its own target-only run at the same batch, so every ratio compares like with like) and
 prints one row per setting. Speculation's gain shrinks as the batch grows: a verify pass carries
 batch x (draft tokens + 1) tokens, and a larger batch decodes plainly at a better price per token.
-A chain (topk 1) verifies its S drafts, so the draft-token list applies to trees only; a tree
-setting that cannot select that many tokens is left out with a line that says so.
+A chain (topk 1) verifies its S drafts, so the draft-token list applies to trees only (a list
+given with chains alone is refused); a tree setting that cannot select that many tokens is left
+out with a line that says so.
 `costmodel --inputs SWEEP.json` prices every row on a deployment and names the best one.
 
 Each setting's result is journaled as it finishes (`SWEEP.json.partial`): a killed sweep run
@@ -30,6 +31,13 @@ def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None, bat
     """The (steps, topk, draft_tokens, batch) settings to decode, in the order given, duplicates dropped."""
     if any(b < 1 for b in batches):
         raise LabError(f"batch must be >= 1, got {','.join(map(str, batches))}")
+    if draft_tokens and max(topks) == 1 and len({*steps, *draft_tokens}) > 1:
+        # a chain's rows would drop the list and decode as if it was not given (SGLang: a warning, then S + 1)
+        s = " or ".join(map(str, dict.fromkeys(steps)))
+        sglang = f"{steps[0] + 1}" if len(set(steps)) == 1 else "steps + 1"
+        raise LabError(f"a chain verifies the {s} tokens it drafts, its --steps (SGLang's --speculative-num-draft-"
+                       f"tokens {sglang}, the root included): --draft-tokens {','.join(map(str, draft_tokens))} "
+                       "applies to a tree (--topk > 1)")
     sweep = len(steps) * len(topks) * len(draft_tokens or [None]) > 1
     out: list[dict] = []
     for s in steps:

@@ -63,6 +63,12 @@ def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
     ids = [int(i) for i in ids]
     if len(ids) != 3:
         raise LabError(f"need exactly 3 aux layer ids, got {ids}", where)
+    # fc would fuse one layer's features twice; the default (SGLang's too) repeats only on a target of a few
+    # layers. Positions are named, as callers shift the ids they were given.
+    if len(set(ids)) < 3 and ids != default_aux_layer_ids(num_layers):
+        a, b = next((a, b) for a in range(3) for b in range(a + 1, 3) if ids[a] == ids[b])
+        raise LabError(f"aux layer ids #{a + 1} and #{b + 1} name the same layer: EAGLE-3 fuses the hidden states "
+                       "of three distinct layers", where)
     # hidden_states[L] is the final norm's output, which no engine captures (SGLang and vLLM take the
     # residual stream before a layer runs): an EAGLE-3 drafter reads 0..L-1
     bad = [i for i in ids if not 0 <= i < num_layers]

@@ -3,6 +3,8 @@ value given as a flag is not blamed on the file."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from drafter_lab import cli
@@ -39,6 +41,7 @@ def test_a_bad_flag_over_a_good_file_is_not_blamed_on_the_file(tmp_path, capsys)
     ("lr = nan", "lr must be >= 0 and finite, got nan"),
     ("batch_size = 0", "batch_size must be >= 1 (or batch_tokens set), got 0"),
     ("seed = -1", "seed must be in [0, 2**32), got -1"),
+    ("threads = 100000", f"threads must be at most {4 * (os.cpu_count() or 1)} (4 per CPU), got 100000"),
 ])
 def test_train_names_the_config_file_that_holds_a_bad_value(tmp_path, capsys, line, message):
     f = tmp_path / "train.toml"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from drafter_lab.config import check_counts
 from drafter_lab.errors import LabError
+from drafter_lab.threads import check_threads
 
 RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_mb", "keep_best")
 """TrainConfig fields that change how fast a run goes, when bad input is caught or what else it
@@ -132,6 +133,7 @@ def check_config(cfg: TrainConfig) -> None:
     """Settings that would fail mid-run (a division by zero at the first train line, an empty validation
     batch after a whole epoch) or mean nothing, refused in one line before anything is written."""
     check_counts(cfg, AT_LEAST_ONE, AT_LEAST_ZERO)
+    check_threads(cfg.threads, "threads")
     if cfg.batch_tokens == 0 and cfg.batch_size < 1:
         raise LabError(f"batch_size must be >= 1 (or batch_tokens set), got {cfg.batch_size}")
     if not 0 <= cfg.seed < 2**32:  # torch takes seeds below 2**64, and data.plan_epoch's is seed * 100_003 + epoch

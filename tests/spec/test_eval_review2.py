@@ -1,4 +1,4 @@
-"""Review 2 of `eval`: --draft-tokens where only chains are drafted, and a drafter whose aux layers repeat."""
+"""`eval`: --draft-tokens where only chains are drafted, and a drafter whose aux layers repeat."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review 2: three aux layer ids that name a layer twice are refused, wherever they come from."""
+"""Three aux layer ids that name a layer twice are refused, wherever they come from."""
 
 from __future__ import annotations
 

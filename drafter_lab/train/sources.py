@@ -36,7 +36,7 @@ from drafter_lab.data.conversations import conversations_sha256, read_conversati
 from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence, SequenceRef
 from drafter_lab.data.vocab import count_train_tokens
 from drafter_lab.errors import LabError
-from drafter_lab.progress import maybe_progress
+from drafter_lab.progress import log, maybe_progress
 from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, load_target, load_target_head
 
 
@@ -113,6 +113,10 @@ class Captured:
                 raise LabError("a run on captured features validates on a feature directory, not a file: "
                                "capture it with `data prepare`", val_data)
             self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
+            same = atomic.sha256_file(val_data / "manifest.json") == atomic.sha256_file(data_dir / "manifest.json")
+            if same:  # a copy of --data, say
+                raise LabError("--val-data holds the same features as --data: validation would score what the "
+                               "drafter trains on", val_data)
         self.items = {"train": fs.require("train"),  # located, not read
                       "val": self.held_out.items if self.held_out else fs.require("val")}
         self.reads = {"train": None, "val": None}  # Examples reads the shards itself
@@ -169,21 +173,35 @@ class Online:
             raise LabError("online training does not regenerate: run `data regenerate` first, then train on its output")
         self.where, self.capture, self.main = conversations, capture, rank == 0
         self.dtype = DTYPES[capture.dtype]
+        # Both files read before the whole target loads: a file with nothing to train on fails at once.
+        self.skipped: dict = {}
+        convs = self._read(conversations, self.skipped)
+        val_file = val_data is not None and not val_data.is_dir()
+        if val_file:
+            val_skipped: dict = {}
+            val_convs = self._read(val_data, val_skipped)
+            # A copy under another path (the same path is train()'s to refuse).
+            if Path(val_data).resolve() != Path(conversations).resolve() and \
+                    conversations_sha256(val_data) == conversations_sha256(conversations):
+                raise LabError("--val-data holds the same conversations as --conversations: validation would score "
+                               "what the drafter trains on", val_data)
         self.target = load_target(target_dir, device=device, dtype=self.dtype)
         n = self.target.num_layers
         self.aux_layer_ids = check_aux_layer_ids(
             capture.aux_layer_ids if capture.aux_layer_ids is not None else default_aux_layer_ids(n), n, target_dir)
-        self.skipped: dict = {}
-        items = self._prompts(conversations, self.skipped)
+        items = self._prompts(conversations, convs, self.skipped)
         self.items = {s: [p for p in items if split_of(p.seq_id, capture.val_fraction) == s] for s in SPLITS}
+        if not self.items["train"]:
+            raise LabError(f"no conversation falls in the train split (--val-fraction {capture.val_fraction}), nothing "
+                           "to train on: lower it, or add conversations", conversations)
         self.held_out: HeldOutFeatures | HeldOutConversations | None = None
         if val_data is not None and val_data.is_dir():
             self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
             if scan:
                 _scan([self.held_out.features], self.target.vocab_size, rank, world)
-        elif val_data is not None:
-            val_skipped: dict = {}
-            self.held_out = HeldOutConversations(val_data, self._prompts(val_data, val_skipped), val_skipped)
+        elif val_file:
+            self.held_out = HeldOutConversations(val_data, self._prompts(val_data, val_convs, val_skipped), val_skipped)
+            self._note_overlap()
         elif not self.items["val"]:
             raise LabError(f"no conversation falls in the val split (--val-fraction {capture.val_fraction}), nothing "
                            "to validate on: raise it, or pass --val-data", conversations)
@@ -201,9 +219,14 @@ class Online:
         keep = self.reads["val"] is not None and 0 < val_bytes <= val_cache_mb * 2**20
         self.kept: dict[str, Sequence] | None = {} if keep else None
 
-    def _prompts(self, path: Path, skipped: dict) -> list[Prompt]:
+    def _read(self, path: Path, skipped: dict) -> list:
         convs, counts = read_conversations(path, strict=self.capture.strict)
         skipped.update(counts)
+        if not convs:
+            raise LabError(f"no conversation with an assistant turn (skipped: {counts})", path)
+        return convs
+
+    def _prompts(self, path: Path, convs: list, skipped: dict) -> list[Prompt]:
         items = tokenize_conversations(self.target, convs, self.capture, path, skipped, self.main)
         if not items:
             raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
@@ -212,6 +235,18 @@ class Online:
         # Only per-turn ids carry a `#turn<k>` of the lab's: a conversation's own id may end so too.
         per_turn = self.capture.turns == "each"
         return [Prompt(*it, sampled_at=temps.get(conversation_of(it[0]) if per_turn else it[0])) for it in items]
+
+    def _note_overlap(self) -> None:
+        """A held-out file sharing sequences with the train split scores some of what the drafter
+        trains on: said, with how many (a shared conversation is common in scraped chat data)."""
+        def key(p: Prompt) -> tuple[bytes, bytes]:
+            return p.input_ids.to(torch.int32).numpy().tobytes(), p.loss_mask.numpy().tobytes()
+
+        trained = {key(p) for p in self.items["train"]}
+        shared = sum(key(p) in trained for p in self.held_out.items)
+        if shared and self.main:
+            log(f"{self.held_out.path}: {shared} of {len(self.held_out.items)} validation sequences are also train "
+                f"sequences of {self.where}: validation scores them on what the drafter trains on")
 
     def read(self, prompts: list[Prompt]) -> list[Sequence]:
         """The prompts' states, from one target forward over all of them (capture's batching)."""

@@ -89,14 +89,14 @@ def _leave() -> None:
 
 
 def end_process(code: int) -> None:
-    """Exit now with `code` if this process joined torchrun's group (else return): the exit handlers
-    run, the group is left, and the interpreter is not finalized.
+    """Exit now with `code` if this process joined torchrun's group and is still in it (else return):
+    the exit handlers run, the group is left, and the interpreter is not finalized.
 
     DDP keeps gloo's group, and with it gloo's worker threads, alive past destroy_process_group. A worker
     that lets go of a finished collective's tensor once the interpreter is finalizing cannot take the GIL
     to free it, and the process aborts ("terminate called without an active exception"): its results
     are all written, yet torchrun reports the run FAILED."""
-    if not _joined:
+    if not (_joined and dist.is_initialized()):
         return
     atexit._run_exitfuncs()
     sys.stdout.flush()

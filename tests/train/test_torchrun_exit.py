@@ -51,3 +51,20 @@ def test_a_rank_exits_0_when_gloo_lets_go_of_a_tensor_during_its_teardown(tmp_pa
     assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("cost model: seeds-kimi-k2.5-8x-pcie") == 2, "each rank's command ran to its end"
+
+
+def test_a_process_not_in_a_group_returns_from_the_cli():
+    """Only a process still in the group it joined ends there: after a join that did not hold (a test's
+    stub), main returns as ever. A subprocess: an exit here would end pytest itself, with status 0."""
+    code = """
+import torch.distributed as dist
+from drafter_lab.cli import main
+from drafter_lab.train import distributed
+
+distributed._joined = True  # what setup() leaves, without a group (is_initialized() is False)
+assert not dist.is_initialized()
+print("returned", main(["costmodel", "--preset", "seeds-kimi-k2.5-8x-pcie"]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.rstrip().endswith("returned 0")

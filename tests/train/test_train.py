@@ -368,6 +368,8 @@ def test_torchrun_ranks_on_one_node_are_not_all_put_on_one_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed, "_joined", False)  # set by the joins below
+    monkeypatch.setattr(distributed.atexit, "register", lambda f: None)
     joined = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda dev: joined.append(dev))
     monkeypatch.setattr(distributed.dist, "init_process_group",

@@ -439,9 +439,9 @@ class _Run:
                       self.cfg.val_temperature > 0, self.replay)
         self.drafter.train()
         m["weighted_loss"] = weighted_loss(m, self.cfg.ttt_steps, self.cfg.loss_decay)
-        self.record("val", m)
         self.last_val = {"step": self.step, "epoch": self.epoch, **m}
-        self.keep_if_best(m)
+        self.rank0_writes("the validation", (self.out_dir / METRICS, lambda: self.record("val", m)),
+                          (self.out_dir / BEST_DIR, lambda: self.keep_if_best(m)))
         if self.watch and self.step < self.total:
             self.check_watch()
         return self.last_val
@@ -496,6 +496,25 @@ class _Run:
         if said > 0 and self.stop_reason is None:
             self.stop_reason = "stopped by the watch on rank 0"
 
+    def rank0_writes(self, what: str, *writes) -> None:
+        """Rank 0 alone calls each `(path, write)` in turn; every rank learns whether one failed, and all
+        fail together: a rank left behind would wait in the next collective for ever (NCCL: until its
+        timeout). An OSError (disk full, permissions) is a LabError naming `path`, on rank 0."""
+        failed = None
+        if self.d.main:
+            for path, write in writes:
+                try:
+                    write()
+                except Exception as e:  # raised below, after the sum, with its traceback if not a LabError or OSError
+                    failed = LabError(f"cannot be written ({e.strerror or e})", path) if isinstance(e, OSError) else e
+                    break
+        said = self.d.sum(torch.full((), -float(failed is not None), device=self.d.device)).item()  # rank 0's: -1 failed
+        if failed is not None:
+            raise failed
+        if said < 0:
+            raise LabError(f"{what} failed on rank 0 at step {self.step} (its error is in rank 0's output)",
+                           self.out_dir)
+
     def check_finite(self) -> None:
         """Stop a diverged run before it writes its weights: called where the loop reads the device
         anyway (a train line, a validation, a checkpoint), so the steps in between cost no host sync.
@@ -517,10 +536,11 @@ class _Run:
     def checkpoint(self) -> None:
         self.check_finite()
         log_counts = self.d.sum(self.log_counts)  # every rank's share of the next train line
+        self.rank0_writes("the checkpoint", (self.out_dir, lambda: save_drafter(self.drafter, self.out_dir)),
+                          (state.state_path(self.out_dir), lambda: self.save_state(log_counts)))
         self.kept_step = self.step
-        if not self.d.main:
-            return
-        save_drafter(self.drafter, self.out_dir)
+
+    def save_state(self, log_counts: torch.Tensor) -> None:
         state.save(self.out_dir, {
             "config": labconfig.to_dict(self.cfg),
             "data": self.data,
@@ -536,6 +556,14 @@ class _Run:
             "elapsed_s": time.time() - self.t0,
             "rng": state.rng_state(),
         })
+
+    def start_files(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / METRICS).touch()  # first: it marks the directory a run's (_check_out)
+        if self.report is not None:
+            console.print(self.report.table())
+            atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
+        atomic.write_json(self.out_dir / RUN_FILE, self.info)
 
     # ---- training -------------------------------------------------------------------------------
     def load_batch(self, rows: list[int]) -> list[Batch]:
@@ -593,13 +621,7 @@ class _Run:
                 log(f"stopped by the watch at step {self.step} ({self.out_dir / WATCH_FILE}); resume without "
                     "--stop-if-behind to train on")
             return self.last_val
-        if d.main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / METRICS).touch()  # first: it marks the directory a run's (_check_out)
-            if self.report is not None:
-                console.print(self.report.table())
-                atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
-            atomic.write_json(self.out_dir / RUN_FILE, self.info)
+        self.rank0_writes("starting the run", (self.out_dir, self.start_files))
         # Resumed, the steps after the checkpoint are logged again: purge the killed attempt's events of them
         # (metrics.jsonl is cut back the same way), or TensorBoard draws both.
         purge = {"purge_step": self.step + 1} if self.saved is not None else {}

@@ -21,7 +21,7 @@ from drafter_lab import atomic
 from drafter_lab.data.vocab import DraftVocab
 from drafter_lab.drafter import formats
 from drafter_lab.drafter.config import FORMATS, DrafterConfig
-from drafter_lab.drafter.model import Eagle3Drafter
+from drafter_lab.drafter.model import Eagle3Drafter, state_shapes
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
 from drafter_lab.targets.fingerprint import weight_files
@@ -126,6 +126,22 @@ def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
     return Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
 
 
+def _check_sizes(ckpt: Checkpoint) -> None:
+    """Each tensor the file holds against the shape its config gives, before anything of the config's
+    sizes is built: a hand-edited size is a line naming config.json, not an allocation of that size."""
+    cfg_file = ckpt.path / CONFIG
+    flat = {"d2t": "draft_vocab_size", "t2d": "vocab_size"}  # read flat, whatever their shape
+    for name, want in state_shapes(ckpt.config).items():
+        t = ckpt.tensors.get(name)
+        if t is None:
+            continue
+        if name in flat and t.numel() != want[0]:
+            raise LabError(f"{name} has {t.numel()} entries, the config's {flat[name]} is {want[0]}", cfg_file)
+        if name not in flat and tuple(t.shape) != want:
+            raise LabError(f"tensor {formats.export_name(name, ckpt.format)!r} has shape {tuple(t.shape)} in "
+                           f"{ckpt.where[name].name}, the config's sizes give {want}", cfg_file)
+
+
 def _fill_vocab(ckpt: Checkpoint) -> None:
     """d2t and t2d checked against each other and the config, and filled in where the file left them out."""
     t = ckpt.tensors
@@ -177,6 +193,7 @@ def read_checkpoint(path) -> Checkpoint:
         # an attribute, stops when it is absent); vLLM keeps the file's
         log(f"{path / CONFIG}: draft_vocab_size is absent or null, so SGLang would serve this drafter with its "
             "target's lm_head, not the file's (vLLM and the lab use the file's); `export --format sglang` writes it")
+    _check_sizes(ckpt)
     _fill_vocab(ckpt)
     return ckpt
 
@@ -188,12 +205,13 @@ def read_vocab(path) -> DraftVocab:
     if not path.is_dir():
         return DraftVocab.load(path)
     ckpt = _open(path, ("d2t", "t2d"))
+    _check_sizes(ckpt)
     _fill_vocab(ckpt)
     return DraftVocab(d2t=ckpt.tensors["d2t"], t2d=ckpt.tensors["t2d"])
 
 
 def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple]:
-    return {k: tuple(v.shape) for k, v in Eagle3Drafter(cfg).to("meta").state_dict().items()}
+    return state_shapes(cfg)
 
 
 def check_shape(name: str, tensor: torch.Tensor, want: tuple, where) -> None:
@@ -348,8 +366,9 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
     has_embed = formats.EMBED in ckpt.tensors
     c = ckpt.config
     # A drafter that shares the target's embedding or head has none of its own: zeros fill the module
-    # so it builds, and the export leaves that tensor out as the source did.
-    zeros = torch.zeros(c.target_vocab_size, c.hidden_size)
+    # so it builds (one zero, expanded: nothing of that size is allocated), and the export leaves that
+    # tensor out as the source did.
+    zeros = torch.zeros(()).expand(c.target_vocab_size, c.hidden_size)
     drafter = build_drafter(ckpt, embed_weight=None if has_embed else zeros, head_weight=zeros)
     if dtype is None:  # each tensor as the file holds it: fp32 norms beside bf16 linears stay fp32
         for name, p in drafter.named_parameters():

@@ -75,7 +75,8 @@ def export_name(name: str, fmt: str) -> str:
 
 
 def detect_format(data: dict) -> str:
-    if data.get("speculators_model_type") is not None or SPECULATORS_ARCH in (data.get("architectures") or []):
+    archs = data.get("architectures")  # checked by _refuse_other_families; a number is not searched
+    if data.get("speculators_model_type") is not None or isinstance(archs, list) and SPECULATORS_ARCH in archs:
         return SPECULATORS
     return SGLANG
 
@@ -124,6 +125,9 @@ def sglang_config(cfg: DrafterConfig, dtype: torch.dtype, head: bool = True) -> 
         out["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
     return out
 
+
+MAX_VOCAB = 2**31 - 1
+"""Largest vocabulary a config.json may name (token ids are int32 in vLLM and 32-bit in HF tokenizers)."""
 
 SPECULATIVE_TOKENS = 5
 """speculators' default draft length per step (its greedy proposal's), and the lab's TTT depth."""
@@ -199,10 +203,22 @@ def _positive(data: dict, key: str, path, default=None, kind: type = int):
         if default is None:
             raise LabError(f"config lacks {key!r}", path)
         return default
-    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float) or \
-            not 0 < value < math.inf:  # NaN and Infinity too
+    number = value if kind is int and isinstance(value, int) and not isinstance(value, bool) else _number(value)
+    if number is None or not number > 0 or kind is int and not isinstance(value, int):
         raise LabError(f"config's {key!r} is {value!r}, not a positive {'integer' if kind is int else 'number'}", path)
-    return kind(value)
+    return number
+
+
+def _number(value) -> float | None:
+    """A JSON number as a finite float; None for anything else (true, a string, NaN, Infinity, or an integer
+    past float's range, which JSON allows and float() refuses with an OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _ids(data: dict, key: str, path) -> list[int]:
@@ -323,12 +339,12 @@ def rope_scaling_of(layer: dict, where) -> dict | None:
     missing = [k for k in ROPE_SCALING_KEYS[kind] if k not in params]
     if missing:
         raise LabError(f"{kind} RoPE scaling lacks {', '.join(missing)}", where)
-    odd = [k for k in ROPE_SCALING_KEYS[kind] if isinstance(params[k], bool) or not isinstance(params[k], int | float)
-           or not math.isfinite(params[k])]  # true read as 1.0; an infinite factor turns RoPE off
+    # true read as 1.0; an infinite factor turns RoPE off
+    odd = [k for k in ROPE_SCALING_KEYS[kind] if _number(params[k]) is None]
     if odd:
         raise LabError(f"{kind} RoPE scaling's {', '.join(f'{k} {params[k]!r}' for k in odd)} is not a finite number",
                        where)
-    out = {"rope_type": kind, **{k: float(params[k]) for k in ROPE_SCALING_KEYS[kind]}}
+    out = {"rope_type": kind, **{k: _number(params[k]) for k in ROPE_SCALING_KEYS[kind]}}
     if not out["factor"] > 0:  # the slow frequencies are divided by it: 0 gives NaN logits
         raise LabError(f"{kind} RoPE scaling needs factor > 0, got {params['factor']!r}", where)
     if kind == "llama3":
@@ -392,13 +408,19 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
     scaling = rope_scaling_of(layer, path)
     rope = _positive(_object(layer, "rope_parameters", path), "rope_theta", path, 10000.0, float)
     target_vocab = _positive(layer, "vocab_size", path)
+    draft_vocab = _positive(data, "draft_vocab_size", path, target_vocab)
+    for key, size in (("vocab_size", target_vocab), ("draft_vocab_size", draft_vocab)):
+        # a file may hold nothing of the vocabulary's size (a whole-vocabulary drafter that shares its target's
+        # embedding and head): reading it would allocate its d2t and t2d
+        if size > MAX_VOCAB:
+            raise LabError(f"config's {key!r} is {size}, past the 32-bit token ids of tokenizers and engines", path)
     cfg = DrafterConfig(
         hidden_size=hidden,
         intermediate_size=_positive(layer, "intermediate_size", path),
         num_attention_heads=heads,
         num_key_value_heads=_positive(layer, "num_key_value_heads", path, heads),
         head_dim=_positive(layer, "head_dim", path, hidden // heads),
-        draft_vocab_size=_positive(data, "draft_vocab_size", path, target_vocab),
+        draft_vocab_size=draft_vocab,
         target_vocab_size=target_vocab,
         target_hidden_size=_positive(data, "target_hidden_size", path, hidden),
         aux_layer_ids=aux,

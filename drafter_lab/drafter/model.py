@@ -141,6 +141,22 @@ class MidLayer(nn.Module):
         return h1 + self.mlp(self.post_attention_layernorm(h1))
 
 
+def state_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Eagle3Drafter's state_dict shapes, by arithmetic on the config: a checkpoint's tensors are checked
+    against them before anything of the config's sizes is built (an absurd size allocated first, and on
+    "meta" too large a size overflows). Kept in step with the modules by tests/drafter/test_config_sizes_review3.py."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    mid = {"input_layernorm.weight": (h,), "hidden_norm.weight": (h,), "self_attn.q_proj.weight": (q, 2 * h),
+           "self_attn.k_proj.weight": (kv, 2 * h), "self_attn.v_proj.weight": (kv, 2 * h),
+           "self_attn.o_proj.weight": (h, q), "post_attention_layernorm.weight": (h,),
+           "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h), "mlp.down_proj.weight": (h, inter)}
+    return {"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.target_vocab_size,),
+            "embed_tokens.weight": (cfg.target_vocab_size, h), "fc.weight": (h, 3 * cfg.target_hidden_size),
+            **{f"midlayer.{k}": v for k, v in mid.items()}, "norm.weight": (h,),
+            "lm_head.weight": (cfg.draft_vocab_size, h)}
+
+
 class Eagle3Drafter(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()

@@ -398,13 +398,9 @@ class _Run:
 
     # ---- bookkeeping ----------------------------------------------------------------------------
     def restore(self) -> None:
-        if self.d.main:  # a killed write leaves its temp (a drafter's or a train state's size), and a run
-            # killed during its final save resumes finished, writing nothing that would clear them
-            for path in (*(self.out_dir / n for n in (BEST_DIR, WEIGHTS, CONFIG, RUN_FILE)), state.state_path(self.out_dir)):
-                atomic.clear_stale_temps(path)
         s = self.saved
+        self.rank0_writes("resuming the run", (self.out_dir, lambda: self.tidy(s)))
         if s is None:
-            self.metrics.truncate(0)  # a --resume that found no state: a killed first attempt's lines go
             return
         _load_model(self.drafter, s["model"])
         self.optim.load_state_dict(s["optimizer"])
@@ -417,9 +413,26 @@ class _Run:
             self.log_counts[:, :saved.shape[1]] = saved.to(self.d.device)
         self.last_val = s.get("last_val")
         self.best = _kept_best(self.out_dir, self.cfg.keep_best)
-        self.metrics.truncate(s["metrics_bytes"])
         self.t0 = time.time() - s.get("elapsed_s", 0.0)  # the clock goes on from the checkpoint's (older states lack it)
         state.set_rng_state(s["rng"])
+
+    def tidy(self, saved: dict | None) -> None:
+        """Rank 0's, before a run goes on: a killed write leaves its temp (a drafter's or a train state's
+        size), and a run killed during its final save resumes finished, writing nothing that would clear
+        them; metrics.jsonl is cut back to the train state's (without one, a killed first attempt's lines go)."""
+        for path in (*(self.out_dir / n for n in (BEST_DIR, WEIGHTS, CONFIG, RUN_FILE)), state.state_path(self.out_dir)):
+            atomic.clear_stale_temps(path)
+        self.metrics.truncate(0 if saved is None else saved["metrics_bytes"])
+
+    def log_train(self) -> dict:
+        """A train line: every rank's counts since the last one, summed, written by rank 0."""
+        c = self.cfg
+        self.check_finite()  # no train line of a diverged run
+        m = summarize(self.d.sum(self.log_counts))
+        m["weighted_loss"] = weighted_loss(m, c.ttt_steps, c.loss_decay)
+        self.rank0_writes("a train line", (self.out_dir / METRICS, lambda: self.record("train", m)))
+        self.log_counts.zero_()
+        return m
 
     def record(self, event: str, values: dict) -> None:
         c = self.cfg
@@ -564,6 +577,10 @@ class _Run:
             console.print(self.report.table())
             atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
         atomic.write_json(self.out_dir / RUN_FILE, self.info)
+        # Resumed, the steps after the checkpoint are logged again: purge the killed attempt's events of them
+        # (metrics.jsonl is cut back the same way), or TensorBoard draws both.
+        purge = {"purge_step": self.step + 1} if self.saved is not None else {}
+        self.tb = self.writer_cls(str(self.out_dir / "tensorboard"), **purge) if self.writer_cls else None
 
     # ---- training -------------------------------------------------------------------------------
     def load_batch(self, rows: list[int]) -> list[Batch]:
@@ -621,11 +638,8 @@ class _Run:
                 log(f"stopped by the watch at step {self.step} ({self.out_dir / WATCH_FILE}); resume without "
                     "--stop-if-behind to train on")
             return self.last_val
+        self.tb = None
         self.rank0_writes("starting the run", (self.out_dir, self.start_files))
-        # Resumed, the steps after the checkpoint are logged again: purge the killed attempt's events of them
-        # (metrics.jsonl is cut back the same way), or TensorBoard draws both.
-        purge = {"purge_step": self.step + 1} if self.saved is not None else {}
-        self.tb = self.writer_cls(str(self.out_dir / "tensorboard"), **purge) if self.writer_cls else None
         if self.watch and self.watch_note and d.main:
             log(f"[yellow]watch:[/] {self.watch_note}")
         self.drafter.train()
@@ -643,11 +657,7 @@ class _Run:
                     nxt = ((self.epoch, i + 1), batches[i + 1]) if ahead else None  # loaded during this step
                     self.train_step(batches[i], prefetch.get((self.epoch, i), batches[i], nxt))
                     if self.step % c.log_every == 0 or self.step == self.total:
-                        self.check_finite()  # no train line of a diverged run
-                        m = summarize(d.sum(self.log_counts))
-                        m["weighted_loss"] = weighted_loss(m, c.ttt_steps, c.loss_decay)
-                        self.record("train", m)
-                        self.log_counts.zero_()
+                        m = self.log_train()
                         advance(0, loss0=m["loss_0"], acc0=m["cond_acc_0"],
                                 acc1=m["cond_acc_1"] if c.ttt_steps > 1 else 0.0)
                     advance(1)

@@ -1,5 +1,5 @@
-"""Review of the rank-0-only writes: a run's first files, a validation's metrics line or kept drafter, or
-a checkpoint, that rank 0 cannot write (disk full) fail every rank with one line. Rank 0 raised the
+"""The rank-0-only writes: a run's first files (or its resume's tidying), a train line, a validation's
+metrics line or kept drafter, or a checkpoint, that rank 0 cannot write (disk full) fail every rank with one line. Rank 0 raised the
 OSError's traceback alone, and the other ranks waited in the next collective (gloo: for ever)."""
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ loop.save_drafter = lambda *_: None  # the stub has no drafter to write
 if rank == 0 and args[1] != "none":
     setattr(*{"metrics": (MetricsLog, "write"), "best": (loop, "save_drafter"),
               "state": (loop.state, "save"), "drafter": (loop, "save_drafter"),
-              "run.json": (loop.atomic, "write_json")}[args[1]], full)
+              "run.json": (loop.atomic, "write_json"), "train line": (MetricsLog, "write"),
+              "truncate": (MetricsLog, "truncate")}[args[1]], full)
 loop.summarize = lambda *_: {"loss_0": 1.0}
 loop.eval_counts = loop.weighted_loss = lambda *_: None
 fields = dict(
@@ -42,9 +43,9 @@ fields = dict(
     metrics=MetricsLog(out / "metrics.jsonl", enabled=rank == 0), info={}, obj=None, val_ex=None, autocast=None,
     drafter=types.SimpleNamespace(eval=lambda: None, train=lambda: None), log_counts=torch.zeros(2),
     check_finite=lambda: None, save_state=lambda counts: loop.state.save(out, {}), restore=lambda: None,
-    last_val=None, report=None,
+    last_val=None, report=None, saved=None,
 )
-for name in ("record", "keep_if_best", "rank0_writes", "start_files"):  # the stub's methods: _Run's, on it
+for name in ("record", "keep_if_best", "rank0_writes", "start_files", "tidy"):  # the stub's methods: _Run's, on it
     if hasattr(_Run, name):
         fields[name] = (lambda f: lambda *a: f(run, *a))(getattr(_Run, name))
 """
@@ -55,6 +56,8 @@ CASES = [  # (the write that fails on rank 0, the method, the file named, what r
     ("drafter", "checkpoint", "", "the checkpoint"),
     ("state", "checkpoint", "train_state/state.pt", "the checkpoint"),
     ("run.json", "fit", "", "starting the run"),  # fit fails before it trains: the stub has nothing to train
+    ("train line", "log_train", "metrics.jsonl", "a train line"),
+    ("truncate", "restore", "", "resuming the run"),
 ]
 
 

@@ -111,7 +111,7 @@ class DraftVocab:
         it out), and never read t2d (derived from d2t here when a file has none)."""
         if d2t is None:
             if size != target_vocab_size:
-                raise LabError(f"no 'd2t' tensor, yet the draft vocab ({size}) is smaller than the target's "
+                raise LabError(f"no 'd2t' tensor, yet the draft vocab ({size}) is not the target's "
                                f"({target_vocab_size}): its draft ids cannot be mapped to target ids", where)
             d2t = torch.zeros(size, dtype=torch.int64)
         if t2d is None:

@@ -414,6 +414,9 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
         # embedding and head): reading it would allocate its d2t and t2d
         if size > MAX_VOCAB:
             raise LabError(f"config's {key!r} is {size}, past the 32-bit token ids of tokenizers and engines", path)
+    if draft_vocab > target_vocab:  # each draft id names a distinct target token (d2t)
+        raise LabError(f"config's draft_vocab_size {draft_vocab} is larger than its vocab_size {target_vocab}: a draft "
+                       "vocabulary is a subset of the target's", path)
     cfg = DrafterConfig(
         hidden_size=hidden,
         intermediate_size=_positive(layer, "intermediate_size", path),

@@ -90,3 +90,13 @@ def test_a_number_past_floats_range_is_one_line(tmp_path, capsys, fields):
     err = _export_error(src, tmp_path / "out", capsys)
     assert err.startswith(f"error: {src / 'config.json'}: ") and ("not a positive number" in err
                                                                    or "is not a finite number" in err)
+
+
+def test_a_draft_vocab_larger_than_its_vocab_is_one_line(tmp_path, capsys):
+    """A draft vocabulary is a subset of the target's; the whole-vocabulary case said it was "smaller"."""
+    src = _drafter(tmp_path, "src")
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    _edit(src, draft_vocab_size=vocab + 1)
+    assert _export_error(src, tmp_path / "out", capsys) == \
+        f"error: {src / 'config.json'}: config's draft_vocab_size {vocab + 1} is larger than its vocab_size " \
+        f"{vocab}: a draft vocabulary is a subset of the target's"

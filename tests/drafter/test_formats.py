@@ -450,7 +450,7 @@ def test_a_missing_t2d_is_derived_and_a_missing_d2t_or_head_needs_the_whole_voca
     no_t2d = _foreign(tmp_path, drafter, "no_t2d", lambda k: k, llama, drop=("t2d",))
     assert torch.equal(load_drafter(no_t2d).t2d, drafter.t2d)  # SGLang and vLLM never read it
     cases = {
-        "no_d2t": (("d2t",), {}, r"no 'd2t' tensor, yet the draft vocab \(37\) is smaller than the target's \(101\)"),
+        "no_d2t": (("d2t",), {}, r"no 'd2t' tensor, yet the draft vocab \(37\) is not the target's \(101\)"),
         "no_head": (("lm_head.weight",), {}, r"lacks tensor 'lm_head.weight', yet its draft vocab \(37\) is smaller"),
         "tied": ((), {"tie_word_embeddings": True}, "tie_word_embeddings=true: SGLang would take the embedding"),
     }

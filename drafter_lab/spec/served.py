@@ -41,6 +41,7 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 
 from drafter_lab.data.chat import rendered_with
@@ -186,6 +187,11 @@ class SGLang:
             **PLAIN, "temperature": self.cfg.temperature, "max_new_tokens": max_new_tokens}},
             timeout_s=self.cfg.timeout_s, retries=self.cfg.retries, sent=sent), sent, endpoint)
 
+    def speculates(self) -> bool | None:
+        """Whether /get_server_info names a speculative algorithm (None: an older server without it)."""
+        settings = self.settings()
+        return bool(settings.get("speculative_algorithm")) if settings else None
+
     def start_counting(self) -> None:
         pass
 
@@ -201,15 +207,16 @@ _DRAFTS, _ACCEPTED, _PER_POS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_
 
 
 def vllm_counters(text: str) -> dict:
-    """{"drafts", "accepted", "per_pos": {position: accepted}} summed over label sets."""
-    out = {"drafts": 0.0, "accepted": 0.0, "per_pos": {}}
+    """{"drafts", "accepted", "per_pos": {position: accepted}} summed over label sets; drafts None
+    where /metrics has no such counter (no --speculative-config, or --disable-log-stats)."""
+    out = {"drafts": None, "accepted": 0.0, "per_pos": {}}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None:
             continue
         name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
         if name == _DRAFTS:
-            out["drafts"] += value
+            out["drafts"] = (out["drafts"] or 0.0) + value
         elif name == _ACCEPTED:
             out["accepted"] += value
         elif name == _PER_POS and (pos := _POSITION.search(labels)):
@@ -244,17 +251,30 @@ class VLLM:
         return vllm_counters(request_text(self.url + "/metrics", timeout_s=self.cfg.timeout_s,
                                           retries=self.cfg.retries))
 
+    def speculates(self) -> bool | None:
+        """Whether /metrics has the speculative counters (None: no /metrics to tell)."""
+        try:
+            return self._counters()["drafts"] is not None
+        except HTTPStatusError:
+            return None
+
     def start_counting(self) -> None:
         self.before = self._counters()
+        if self.before["drafts"] is None:  # known now, not after every prompt has been decoded
+            raise LabError(f"the server counted no speculative drafts (no {_DRAFTS} in /metrics): launch it with "
+                           "--speculative-config, and without --disable-log-stats", self.url + "/metrics")
 
     def acceptance(self, answers: list[Answer]) -> tuple[float, int, dict | None]:
         after, before = self._counters(), self.before
+        if after["drafts"] is None or after["drafts"] < before["drafts"] or after["accepted"] < before["accepted"]:
+            raise LabError("the speculative counters went back during the eval (the server restarted?), so the "
+                           "accept length cannot be told: run the eval again", self.url + "/metrics")
         drafts = round(after["drafts"] - before["drafts"])
         if drafts <= 0 and all(a.tokens <= 1 for a in answers):
             raise LabError(_NO_VERIFY, self.url + "/metrics")
         if drafts <= 0:
-            raise LabError("the server counted no speculative drafts (no vllm:spec_decode_num_drafts_total "
-                           "growth); launch it with --speculative-config", self.url + "/metrics")
+            raise LabError(f"the server counted no speculative drafts during the eval (no {_DRAFTS} growth): its "
+                           "drafter proposed none for these prompts", self.url + "/metrics")
         accepted = after["accepted"] - before["accepted"]
         per_pos = [round(after["per_pos"][j] - before["per_pos"].get(j, 0.0)) for j in sorted(after["per_pos"])]
         reached = [drafts, *per_pos, 0]  # drafts that accepted at least j drafts, j = 0, 1, ...
@@ -274,12 +294,17 @@ def arrival_times(n: int, rate: float | None, seed: int) -> list[float]:
     return at
 
 
-def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bool) -> tuple[list[Answer], float]:
+def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bool,
+            names: list[str] | None = None) -> tuple[list[Answer], float]:
     """Every prompt's answer and the wall seconds they took, after one warm-up request; only the
     speculative server's acceptance counters are read. Each request is sent once it has arrived and
     one of the `concurrency` slots is free; the first failure is raised as it comes, and no request
-    is sent after it."""
-    server.generate(prompts[0], min(WARMUP_TOKENS, cfg.max_new_tokens))
+    is sent after it. A prompt the server refuses (a 400: past the context length) is named, from
+    `names` (the conversations' ids), so that it can be shortened or left out."""
+    try:
+        server.generate(prompts[0], min(WARMUP_TOKENS, cfg.max_new_tokens))
+    except HTTPStatusError as e:
+        _refused(e, 0, prompts, cfg, names)
     if speculative:
         server.start_counting()
     label = "speculative" if speculative else "baseline"
@@ -313,6 +338,8 @@ def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bo
         try:
             for _ in prompts:
                 i, answer = finished.get()
+                if isinstance(answer, HTTPStatusError):
+                    _refused(answer, i, prompts, cfg, names)
                 if isinstance(answer, Exception):
                     raise answer
                 answers[i] = answer
@@ -324,6 +351,15 @@ def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bo
         log(f"eval --server ({label}): {retried} of {len(answers)} requests were retried before their stream "
             "began (a refused connection or a 5xx); their TTFT counts from the try that was answered")
     return answers, seconds
+
+
+def _refused(e: HTTPStatusError, i: int, prompts: list[list[int]], cfg: ServedConfig, names: list[str] | None):
+    """Raise `e`, naming prompt i where the server refused it (400, 413, 422: not a 429, which is load)."""
+    if e.status not in (400, 413, 422):
+        raise e
+    name = f"prompt {i}" + ("" if names is None else f" ({names[i]})")
+    raise LabError(f"{name}, {len(prompts[i])} tokens + --max-new-tokens {cfg.max_new_tokens}, was refused (shorten or "
+                   f"leave out that conversation, or lower --max-new-tokens if the context is full): {e}") from None
 
 
 def _requests(answers: list[Answer]) -> dict[str, list[float]]:
@@ -375,11 +411,18 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, tem
                        f"{cfg.concurrency}, max_new_tokens {cfg.max_new_tokens}, temperature {cfg.temperature}")
     if cfg.request_rate is not None and not 0 < cfg.request_rate < math.inf:
         raise LabError(f"the request rate must be a positive number of requests per second, got {cfg.request_rate}")
+    if cfg.baseline_url is not None and _same_url(cfg.url, cfg.baseline_url):
+        raise LabError(f"--baseline-server {cfg.baseline_url} is the --server itself: pass the same target served "
+                       "without speculation")
     engine = {"sglang": SGLang, "vllm": VLLM}[cfg.engine]
     prompts = render_prompts(tokenizer, conversations, where, template_kwargs)
+    names = [c.id for c in conversations]
     server = engine(cfg.url, cfg)
     settings = server.settings()
-    answers, seconds = _decode(server, prompts, cfg, speculative=True)
+    if cfg.baseline_url is not None and engine(cfg.baseline_url, cfg).speculates():  # its tok/s would be no baseline
+        raise LabError("--baseline-server speculates (it reports speculative settings or counters): pass the same "
+                       "target served without speculation", cfg.baseline_url)
+    answers, seconds = _decode(server, prompts, cfg, speculative=True, names=names)
     accept, verify_steps, hist = server.acceptance(answers)
     if cfg.engine == "sglang":
         steps, topk = settings.get("speculative_num_steps"), settings.get("speculative_eagle_topk")
@@ -416,7 +459,7 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, tem
         },
     }
     if cfg.baseline_url is not None:
-        base, base_seconds = _decode(engine(cfg.baseline_url, cfg), prompts, cfg, speculative=False)
+        base, base_seconds = _decode(engine(cfg.baseline_url, cfg), prompts, cfg, speculative=False, names=names)
         base_tokens = sum(a.tokens for a in base)
         requests["baseline"] = _requests(base)
         result["in_flight"]["baseline"] = _in_flight(base, base_seconds)
@@ -427,6 +470,16 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, tem
                                             cfg.temperature)
     result["latency"] = latency(requests["spec"], requests["baseline"])
     return result
+
+
+def _same_url(a: str, b: str) -> bool:
+    """Whether two base URLs name the same server (case of scheme and host, a trailing slash, a default
+    port, and localhost for 127.0.0.1 aside)."""
+    def key(url: str):
+        parts = urllib.parse.urlsplit(url.rstrip("/"))
+        host = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}.get(parts.hostname or "", parts.hostname)
+        return parts.scheme.lower(), host, parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower()), parts.path
+    return key(a) == key(b)
 
 
 def _compare(base: list, spec: list, conversations, temperature: float) -> str:

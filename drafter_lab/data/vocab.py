@@ -22,6 +22,24 @@ from drafter_lab.targets.hf import first_line
 FORMAT = "drafter_lab.vocab/1"
 
 
+def check_replaceable(path) -> None:
+    """Refuse to write a vocab over a file that is not one: a vocab is rebuilt in place, any other file
+    is someone's data. A drafter's weights file also holds d2t and t2d (and reads as a vocabulary), so
+    the file's tensor names decide, from its header."""
+    if not Path(path).exists():
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            others = set(f.keys()) - {"d2t", "t2d"}
+    except Exception:  # not safetensors (a manifest.json, say)
+        others = {"?"}
+    if others:
+        raise LabError("exists and is not a draft vocabulary (it holds more than d2t and t2d): give another --out "
+                       "(it is not overwritten)", path)
+
+
 @dataclass
 class DraftVocab:
     """The (d2t, t2d) pair of one draft vocabulary."""
@@ -52,6 +70,8 @@ class DraftVocab:
         return cls(d2t=used - torch.arange(used.numel(), dtype=torch.int64), t2d=t2d)
 
     def save(self, path) -> None:
+        """Write (or rewrite) a vocab file; any other file is refused (check_replaceable)."""
+        check_replaceable(path)
         atomic.save_safetensors(
             {"d2t": self.d2t, "t2d": self.t2d},
             path,

@@ -4,7 +4,6 @@ lm_head) and `export` (a drafter checkpoint re-written in the SGLang or speculat
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.drafter.config import FORMATS
@@ -69,16 +68,10 @@ def _build(args) -> int:
     from rich.console import Console
 
     from drafter_lab import atomic
-    from drafter_lab.data.vocab import DraftVocab, count_train_tokens, vocab_from_counts
-    from drafter_lab.errors import LabError
+    from drafter_lab.data.vocab import check_replaceable, count_train_tokens, vocab_from_counts
 
     atomic.refuse_unwritable(args.out, "--out")
-    if Path(args.out).exists():  # a vocabulary is rebuilt in place; any other file is someone's data
-        try:
-            DraftVocab.load(args.out)
-        except LabError:
-            raise LabError("exists and is not a draft vocabulary: give another --out (it is not overwritten)",
-                           args.out) from None
+    check_replaceable(args.out)  # before the counting, as well as when it is written
     counts = count_train_tokens(args.data)
     vocab = vocab_from_counts(counts, args.size)
     vocab.save(args.out)

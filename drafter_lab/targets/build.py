@@ -234,7 +234,7 @@ def _build_tuned(cfg: TargetConfig, corpus: _Corpus, base_dir: Path, key: str, d
 
 def _check_out_dir(out_dir: Path, cache: Path) -> None:
     """`out_dir` is replaced whole, so it must be new, empty, or an earlier pair, and hold no cache."""
-    refuse_below_file(out_dir)  # else _read_pair's NotADirectoryError traceback
+    refuse_below_file(out_dir)  # refused before the work, not when the pair is written
     if cache.resolve().is_relative_to(out_dir.resolve()):  # replacing out_dir would delete the cache
         raise LabError(f"holds the cache dir {cache}, and each build replaces it whole; "
                        f"put the cache elsewhere", out_dir)
@@ -265,11 +265,19 @@ def _usual_permissions(root: Path) -> None:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def _read_pair(out_dir: Path) -> dict | None:
+def _cached_pair(out_dir: Path, key: str) -> dict | None:
+    """out_dir's pair.json if it names `key` and both models still have the fingerprints it records
+    (a pair.json of another shape, or a model edited or partly deleted since, is rebuilt, not reused)."""
     try:
-        return json.loads((out_dir / "pair.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        pair = json.loads((out_dir / "pair.json").read_text())
+        if pair.get("key") != key or not isinstance(pair["build_seconds"], dict):
+            return None
+        for side in ("base", "tuned"):
+            if pair[side]["fingerprint"] != fingerprint(out_dir / side):
+                return None
+    except (OSError, ValueError, LabError, AttributeError, KeyError, TypeError):
         return None
+    return pair
 
 
 def build_pair(
@@ -295,12 +303,12 @@ def build_pair(
     tuned_key = sha256_json([base_key, dataclasses.asdict(cfg)])[:16]
 
     _check_out_dir(out_dir, cache)
-    existing = _read_pair(out_dir)
-    if not force and existing and existing.get("key") == tuned_key and (out_dir / "tuned").is_dir():
+    existing = None if force else _cached_pair(out_dir, tuned_key)
+    if existing is not None:
         log(f"cached: {out_dir} already holds this pair (key {tuned_key})")
         existing["build_seconds"]["this_call"] = round(time.perf_counter() - begin, 2)
-        for side in ("base", "tuned"):  # named now, as every other record of this run names them
-            existing[side].update(cached=True, fingerprint=fingerprint(out_dir / side))
+        for side in ("base", "tuned"):
+            existing[side]["cached"] = True
         return existing
 
     corpus = _Corpus(cfg, files, content_hash)

@@ -81,6 +81,8 @@ class TargetConfig:
                             "seq_len", "batch_size", "train_prompts", "eval_prompts", "drift_conversations"),
                      ("corpus_max_files", "base_steps", "base_lr", "warmup_steps", "weight_decay", "tune_steps",
                       "tune_lr", "drift", "threads"))
+        if not -(2**63) <= self.seed < 2**64 - 1:  # torch's 64-bit seeds (tuned's is seed + 1): else a mid-build traceback
+            raise LabError(f"seed must be in {-(2**63)}..{2**64 - 2}, got {self.seed}")
         if self.vocab_size < SMALLEST_VOCAB:  # the trainer would quietly make that size: not the target asked for
             raise LabError(f"vocab_size must be >= {SMALLEST_VOCAB} (the 256 bytes and the special tokens), "
                            f"got {self.vocab_size}")

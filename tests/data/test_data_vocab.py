@@ -69,7 +69,8 @@ def test_cli_build_does_not_overwrite_other_files(features, tmp_path, capsys):
     manifest = (data / "manifest.json").read_bytes()
     assert run_cli("vocab", "build", "--data", data, "--size", 8, "--out", data / "manifest.json") == 2
     assert capsys.readouterr().err.strip() == (f"error: {data / 'manifest.json'}: exists and is not a draft "
-                                                "vocabulary: give another --out (it is not overwritten)")
+                                                "vocabulary (it holds more than d2t and t2d): give another --out "
+                                                "(it is not overwritten)")
     assert (data / "manifest.json").read_bytes() == manifest
 
 

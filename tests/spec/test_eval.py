@@ -172,7 +172,9 @@ def _eval_argv(drafter, target, prompts):
 
 def _save_misfit(target, out, aux=None, **overrides):
     cfg = DrafterConfig.for_target(target.config, 64, aux or default_aux_layer_ids(target.num_layers), **overrides)
-    return save_drafter(Eagle3Drafter(cfg), out)
+    drafter = Eagle3Drafter(cfg)
+    drafter.t2d[:64] = True  # d2t's zeros map draft id i to target id i
+    return save_drafter(drafter, out)
 
 
 def test_drafter_that_does_not_fit(target, random_llama, prompts_file, tmp_path, capsys):

@@ -1,10 +1,11 @@
 """JSON (and Prometheus text) over HTTP from a serving engine (SGLang, vLLM), with retries, and
 failures as one line.
 
-Connection errors and 5xx answers are retried 1, 2, 4, ... s apart (a server under load or still
-starting); 4xx answers and non-JSON bodies are not, nor is a POST that was sent and then got no
-answer within the timeout: the server may still be generating it, and a retry would generate it
-again (a silent GET is retried). A streamed answer (server-sent events, as SGLang's and vLLM's
+Connection errors, 5xx and 429 answers are retried 1, 2, 4, ... s apart (a server under load or
+still starting, a gateway's rate limit), or as far apart as their Retry-After asks, up to a minute;
+other 4xx answers and non-JSON bodies are not, nor is a POST that was sent and then got no answer
+within the timeout: the server may still be generating it, and a retry would generate it again (a
+silent GET is retried). A streamed answer (server-sent events, as SGLang's and vLLM's
 `"stream": true` send) is retried only until it starts: a stream that breaks off would otherwise be
 decoded twice. What retries do not cure is a LabError that names the URL.
 """
@@ -12,9 +13,11 @@ decoded twice. What retries do not cure is a LabError that names the URL.
 from __future__ import annotations
 
 import argparse
+import email.utils
 import http.client
 import itertools
 import json
+import math
 import time
 import urllib.error
 import urllib.parse
@@ -47,6 +50,25 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:200]
 
 
+def _retry_after(value: str | None) -> float:
+    """The seconds a Retry-After header asks for (a count, or an HTTP date), at most RETRY_AFTER_MAX_S;
+    0 for none."""
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return 0.0
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S) if math.isfinite(seconds) else 0.0
+
+
+RETRY_AFTER_MAX_S = 60.0
+"""The longest wait a Retry-After gets: past it the try is made anyway, as a silent wait reads as a hang."""
+
+
 def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: bool = False,
           sent: list[float] | None = None):
     """The open response (to be closed by the caller), once the server answered 2xx; `whole`: its body,
@@ -54,6 +76,7 @@ def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: b
     `sent`: time.perf_counter() as each try is sent is appended to it."""
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     for attempt in itertools.count():
+        pause = 2**attempt
         if sent is not None:
             sent.append(time.perf_counter())
         try:
@@ -67,8 +90,9 @@ def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: b
                 detail = _one_line(e.read().decode(errors="replace"))
             except (http.client.HTTPException, OSError):  # its body cut short or stalled: the status still stands
                 detail = "(its body broke off)"
-            if e.code < 500 or attempt == retries:
+            if (e.code < 500 and e.code != 429) or attempt == retries:
                 raise HTTPStatusError(e.code, detail, url) from None
+            pause = max(pause, _retry_after(e.headers.get("Retry-After")))
         except TimeoutError:  # sent, then silent (urllib wraps a connect timeout in a URLError)
             if data is not None:
                 raise LabError(f"no answer within {timeout_s:g} s; not sent again, as the server may still be "
@@ -79,7 +103,7 @@ def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: b
             if attempt == retries:
                 reason = getattr(e, "reason", None) or repr(e)
                 raise LabError(f"cannot reach the server ({reason}) after {retries + 1} tries", url) from None
-        time.sleep(2**attempt)
+        time.sleep(pause)
 
 
 def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0, retries: int = 3):
@@ -88,6 +112,9 @@ def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
+        if raw.lstrip().startswith(b"data:"):  # a gateway or server that always streams
+            raise LabError('server answered a stream of server-sent events, not JSON: it (or a proxy before it) '
+                           'ignores "stream": false; point --server at the engine itself', url) from None
         raise LabError("server answer is not JSON", url) from None
 
 

@@ -61,8 +61,8 @@ def register(subparsers) -> None:
                                                  "the server's /v1/models lists)")
     r.add_argument("--concurrency", type=int, default=None, help="with --server: conversations in flight (default 8)")
     r.add_argument("--retries", type=int, default=None, help="with --server: retries of a request that failed to "
-                                                              "connect or got a 5xx answer (1, 2, 4, ... s apart; "
-                                                              "default 3)")
+                                                              "connect or got a 5xx or 429 answer (1, 2, 4, ... s "
+                                                              "apart, or as its Retry-After asks; default 3)")
     r.add_argument("--temperature", type=float, default=d.temperature, help=docs["temperature"])
     r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
     r.add_argument("--batch-size", type=int, default=None,

@@ -26,7 +26,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import queue
+import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from drafter_lab.data.conversations import (
 )
 from drafter_lab.data.regenerate import SAMPLER, regenerated_turns
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import request_json
+from drafter_lab.httpjson import HTTPStatusError, request_json
 from drafter_lab.journal import Journal
 from drafter_lab.progress import log, maybe_progress
 from drafter_lab.servers import PLAIN, served_model
@@ -68,7 +69,8 @@ class ServerConfig:
     timeout_s: float = 600.0
     """Seconds one request may take."""
     retries: int = 3
-    """Retries of a request that failed to connect or got a 5xx answer, 1, 2, 4, ... s apart."""
+    """Retries of a request that failed to connect or got a 5xx or 429 answer, 1, 2, 4, ... s apart (or
+    as its Retry-After asks)."""
     chat_template_kwargs: dict | None = None
     """Sent with each request for the server's chat template (`{"enable_thinking": false}`: a hybrid
     thinking model's thinking off), as SGLang and vLLM take them."""
@@ -143,8 +145,11 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
     for i in regenerated_turns(out):
         try:
             turn, ids = ask(cfg, _wire(out.messages[:i]), out.tools, request_seed(cfg.seed, conv.id, i))
-        except LabError as e:  # a refusal of one conversation (too long for the context) names it
-            raise LabError(f"conversation {conv.id}, turn {i + 1}: {e}") from None
+        except LabError as e:  # a refusal of one conversation (too long for the context) names it, and what to do
+            refused = isinstance(e, HTTPStatusError) and e.status in (400, 413, 422)
+            advice = (", was refused (shorten or leave out that conversation, or lower --max-new-tokens if the "
+                      "context is full)") if refused else ""
+            raise LabError(f"conversation {conv.id}, turn {i + 1}{advice}: {e}") from None
         sampled = {"token_ids": ids, "temperature": cfg.temperature} if ids is not None else {}
         out.messages[i] = {"role": "assistant", **turn, **sampled}  # nothing of the old answer stays
     return out
@@ -169,28 +174,56 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source))
     done = {r["id"]: Conversation.of(r) for r in journal.records}
     todo = [c for c in conversations if c.id not in done]
-    pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="drafter-lab-regenerate")
-    failure: Exception | None = None
+    waiting, finished, failed = queue.SimpleQueue(), queue.SimpleQueue(), threading.Event()
+    for c in todo:
+        waiting.put(c)
+    busy, lock = [0], threading.Lock()  # conversations in flight, for the log of a failure
+
+    def slot() -> None:  # one of the `concurrency`: conversations in turn until the queue is empty or dropped
+        while not failed.is_set():
+            try:
+                conv = waiting.get_nowait()
+            except queue.Empty:
+                break
+            with lock:
+                busy[0] += 1
+            try:
+                result = _regenerate_one(cfg, conv)
+            except BaseException as e:  # raised in the main thread, as a worker's death would leave it waiting
+                failed.set()  # before the next conversation this slot would take
+                result = e
+            with lock:
+                busy[0] -= 1
+            finished.put(result)
+        finished.put(None)
+
+    failure: BaseException | None = None
+    slots = min(cfg.concurrency, len(todo))
     try:
         with journal, maybe_progress("regenerate", len(conversations), show_progress) as advance:
             advance(len(done))
-            futures = [pool.submit(_regenerate_one, cfg, c) for c in todo]
-            for future in as_completed(futures):
-                try:
-                    conv = future.result()
-                except Exception as e:  # the first failure drops the queue; what is in flight still lands
+            # Daemon threads: Ctrl-C abandons the conversations in flight, which would otherwise hold
+            # the exit until each had all its turns back, only for them to be thrown away.
+            for _ in range(slots):
+                threading.Thread(target=slot, name="drafter-lab-regenerate", daemon=True).start()
+            ended = 0
+            while ended < slots:
+                item = finished.get()
+                if item is None:
+                    ended += 1
+                elif isinstance(item, BaseException):  # the first failure drops the queue; what is in flight still lands
                     if failure is None:
-                        failure = e
-                        for f in futures:
-                            f.cancel()
-                        log(f"regenerate: {e}; journalling the {sum(not f.done() for f in futures)} "
-                            "conversations in flight for a resume, then stopping")
-                    continue
-                journal.append(conv.record())
-                done[conv.id] = conv
-                advance(1)
+                        failure = item
+                        with lock:
+                            in_flight = busy[0]
+                        log(f"regenerate: {item}; journalling the {in_flight} conversations in flight for a resume, "
+                            "then stopping")
+                else:
+                    journal.append(item.record())
+                    done[item.id] = item
+                    advance(1)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C: the queue is dropped
+        failed.set()  # Ctrl-C: the queue is dropped
     if failure is not None:
         raise failure
     result = [done[c.id] for c in conversations]

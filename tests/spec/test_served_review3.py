@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from drafter_lab import httpjson
 from drafter_lab.cli import main
 
 NEW = 8  # tokens each fake answer carries
@@ -164,7 +167,7 @@ def test_a_baseline_server_that_speculates_is_refused(engine, random_llama, prom
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_a_prompt_past_the_context_length_is_named(engine, random_llama, prompts_file, fakes, capsys):
+def test_a_prompt_past_the_context_length_is_named(engine, random_llama, prompts_file, fakes, capsys, monkeypatch):
     """A 400 for one long prompt named neither the prompt nor what to do, and the server's message was cut
     off before its advice; a 429 (load) is not blamed on a prompt."""
     message = ("This model's maximum context length is 64 tokens. However, you requested 90 tokens (82 in the "
@@ -182,5 +185,7 @@ def test_a_prompt_past_the_context_length_is_named(engine, random_llama, prompts
     err = _error(_eval(random_llama, prompts_file, fakes(engine, refuse=refuse).url, engine), capsys)
     assert err.startswith(f"error: prompt 2 (c2), {len(long_ids)} tokens + --max-new-tokens {NEW}, was refused "
                           "(shorten or leave out that conversation, or lower --max-new-tokens if the context is full)")
+    monkeypatch.setattr(httpjson, "time", types.SimpleNamespace(sleep=lambda s: None, time=time.time,
+                                                                 perf_counter=time.perf_counter))  # 429s retried
     busy = fakes(engine, refuse=lambda req: (429, b'{"error": "Too Many Requests"}'))
     assert _error(_eval(random_llama, prompts_file, busy.url, engine), capsys).startswith(f"error: {busy.url}")

@@ -479,54 +479,57 @@ class _Run:
         """Rank 0 judges (it holds metrics.jsonl, and the baseline may still be growing); every rank
         learns the answer, so all stop at the same step. A baseline that cannot be read (cut, removed
         mid-run), a verdict that cannot be written (disk full) or any other exception on rank 0 fails
-        every rank, not rank 0 alone: the others would wait in the sum for ever."""
+        every rank (rank0)."""
         baseline, wcfg = self.watch
-        stop, failed = torch.zeros((), device=self.d.device), None
-        if self.d.main:
+
+        def judge_here() -> float:  # 1: stop
+            total = self.total if wcfg.watch_axis == "step" else self.total_tokens
+            # read_run, not read_metrics: an OSError is a LabError there
+            verdict = judge(read_run(self.out_dir)[0], read_run(baseline)[0], wcfg, total, self.out_dir, baseline)
+            if not verdict.stop:
+                return 0.0
+            self.stop_reason = verdict.reason
+            path = self.out_dir / WATCH_FILE
             try:
-                total = self.total if wcfg.watch_axis == "step" else self.total_tokens
-                # read_run, not read_metrics: an OSError is a LabError there, which fails every rank
-                verdict = judge(read_run(self.out_dir)[0], read_run(baseline)[0], wcfg, total, self.out_dir, baseline)
-                if verdict.stop:
-                    self.stop_reason = verdict.reason
-                    path = self.out_dir / WATCH_FILE
-                    try:
-                        atomic.write_json(path, {
-                            "step": self.step, "total_steps": self.total, "baseline": str(baseline),
-                            "config": dataclasses.asdict(wcfg), **verdict.to_json()})
-                    except OSError as e:  # disk full, permissions
-                        raise LabError(f"the watch's verdict cannot be written ({e.strerror or e})", path) from None
-                    stop += 1
-            except Exception as e:  # raised below, after the sum, with its traceback if not a LabError
-                failed = e
-                stop.fill_(-1)
-        said = self.d.sum(stop).item()  # rank 0's alone: 1 stop, -1 failed
-        if failed is not None:
-            raise failed
-        if said < 0:
-            raise LabError(f"the watch failed on rank 0 at step {self.step} (its error is in rank 0's output)",
-                           self.out_dir)
-        if said > 0 and self.stop_reason is None:
+                atomic.write_json(path, {"step": self.step, "total_steps": self.total, "baseline": str(baseline),
+                                         "config": dataclasses.asdict(wcfg), **verdict.to_json()})
+            except OSError as e:  # disk full, permissions
+                raise LabError(f"the watch's verdict cannot be written ({e.strerror or e})", path) from None
+            return 1.0
+
+        if self.rank0("the watch", judge_here) > 0 and self.stop_reason is None:
             self.stop_reason = "stopped by the watch on rank 0"
 
-    def rank0_writes(self, what: str, *writes) -> None:
-        """Rank 0 alone calls each `(path, write)` in turn; every rank learns whether one failed, and all
-        fail together: a rank left behind would wait in the next collective for ever (NCCL: until its
-        timeout). An OSError (disk full, permissions) is a LabError naming `path`, on rank 0."""
-        failed = None
+    def rank0(self, what: str, work) -> float:
+        """`work()` (a number >= 0, what the other ranks learn) run on rank 0 alone; every rank gets its
+        number, or fails with it: a rank left behind would wait in the next collective for ever (NCCL:
+        until its timeout). Rank 0 raises the exception itself, its traceback kept if not a LabError."""
+        said, failed = 0.0, None
         if self.d.main:
-            for path, write in writes:
-                try:
-                    write()
-                except Exception as e:  # raised below, after the sum, with its traceback if not a LabError or OSError
-                    failed = LabError(f"cannot be written ({e.strerror or e})", path) if isinstance(e, OSError) else e
-                    break
-        said = self.d.sum(torch.full((), -float(failed is not None), device=self.d.device)).item()  # rank 0's: -1 failed
+            try:
+                said = float(work())
+            except Exception as e:
+                said, failed = -1.0, e
+        said = self.d.sum(torch.full((), said, device=self.d.device)).item()  # rank 0's alone
         if failed is not None:
             raise failed
         if said < 0:
             raise LabError(f"{what} failed on rank 0 at step {self.step} (its error is in rank 0's output)",
                            self.out_dir)
+        return said
+
+    def rank0_writes(self, what: str, *writes) -> None:
+        """Each `(path, write)` called in turn on rank 0 alone (rank0); an OSError (disk full,
+        permissions) is a LabError naming `path`."""
+        def write_all() -> float:
+            for path, write in writes:
+                try:
+                    write()
+                except OSError as e:
+                    raise LabError(f"cannot be written ({e.strerror or e})", path) from None
+            return 0.0
+
+        self.rank0(what, write_all)
 
     def check_finite(self) -> None:
         """Stop a diverged run before it writes its weights: called where the loop reads the device

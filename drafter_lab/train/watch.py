@@ -81,6 +81,11 @@ def lower_is_better(metric: str) -> bool:
     return "loss" in metric
 
 
+def _is_number(value) -> bool:
+    """A JSON number (true and false are ints to Python): what a hand-edited record may have broken."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def val_curve(rows: list[dict], metric: str, where, axis: str = "step") -> list[tuple[int, float, int]]:
     """(position on `axis`, value, step) of the validation rows that scored something, in axis order;
     one line naming `where` when the metric or the axis is absent."""
@@ -93,7 +98,7 @@ def val_curve(rows: list[dict], metric: str, where, axis: str = "step") -> list[
                        where)
     for r in val:  # a hand-edited value: a TypeError in the sort or the interpolation below
         for key in (axis, metric):
-            if key in r and (type(r[key]) is bool or not isinstance(r[key], int | float)):
+            if key in r and not _is_number(r[key]):
                 raise LabError(f"its validation at step {r.get('step')} has {key} {json.dumps(r[key])}, "
                                "not a number", where)
     # A validation that scored no position measured nothing: its accuracies read 0, not NaN.
@@ -211,7 +216,7 @@ def read_run(run_dir) -> tuple[list[dict], dict]:
         raise LabError("not a run record (a JSON object)", info)
     # Hand-edited: the watch's TypeError comparing steps with a total, or AttributeError comparing settings.
     for key in AXES.values():
-        if key in record and (type(record[key]) is bool or not isinstance(record[key], int | float)):
+        if key in record and not _is_number(record[key]):
             raise LabError(f"not a run record: its {key} {json.dumps(record[key])} is not a number", info)
     for key in ("config", "features"):
         if not isinstance(record.get(key, {}), dict):

@@ -45,7 +45,7 @@ fields = dict(
     check_finite=lambda: None, save_state=lambda counts: loop.state.save(out, {}), restore=lambda: None,
     last_val=None, report=None, saved=None,
 )
-for name in ("record", "keep_if_best", "rank0_writes", "start_files", "tidy"):  # the stub's methods: _Run's, on it
+for name in ("record", "keep_if_best", "start_files", "tidy"):  # the stub's methods: _Run's, on it
     if hasattr(_Run, name):
         fields[name] = (lambda f: lambda *a: f(run, *a))(getattr(_Run, name))
 """

@@ -6,10 +6,10 @@
 #include <cstring>
 
 #include "allreduce/layout.h"
+#include "cpu_isa.h"
 
-#if defined(__x86_64__)
+#if defined(DRAFTER_LAB_AVX2)
 #include <immintrin.h>
-#define DL_AVX2 __attribute__((target("avx2,f16c")))
 #endif
 
 namespace drafter_lab {
@@ -68,23 +68,23 @@ void add_portable(const void* s, float* a, int64_t n) { add_body<D>(s, a, n); }
 template <class D>
 void store_portable(const float* a, void* d, int64_t n) { store_body<D>(a, d, n); }
 
-#if defined(__x86_64__)
+#if defined(DRAFTER_LAB_AVX2)
 template <class D>
-DL_AVX2 void load_avx2(const void* s, float* a, int64_t n) { load_body<D>(s, a, n); }
+DRAFTER_LAB_AVX2 void load_avx2(const void* s, float* a, int64_t n) { load_body<D>(s, a, n); }
 template <class D>
-DL_AVX2 void add_avx2(const void* s, float* a, int64_t n) { add_body<D>(s, a, n); }
+DRAFTER_LAB_AVX2 void add_avx2(const void* s, float* a, int64_t n) { add_body<D>(s, a, n); }
 template <class D>
-DL_AVX2 void store_avx2(const float* a, void* d, int64_t n) { store_body<D>(a, d, n); }
+DRAFTER_LAB_AVX2 void store_avx2(const float* a, void* d, int64_t n) { store_body<D>(a, d, n); }
 
 // float16 needs the F16C instructions spelled out: the compiler does not vectorize them.
-DL_AVX2 void f16_load_avx2(const void* src, float* acc, int64_t n) {
+DRAFTER_LAB_AVX2 void f16_load_avx2(const void* src, float* acc, int64_t n) {
   const auto* s = static_cast<const uint16_t*>(src);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
     _mm256_storeu_ps(acc + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + j))));
   for (; j < n; ++j) acc[j] = _cvtsh_ss(s[j]);
 }
-DL_AVX2 void f16_add_avx2(const void* src, float* acc, int64_t n) {
+DRAFTER_LAB_AVX2 void f16_add_avx2(const void* src, float* acc, int64_t n) {
   const auto* s = static_cast<const uint16_t*>(src);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
@@ -93,17 +93,12 @@ DL_AVX2 void f16_add_avx2(const void* src, float* acc, int64_t n) {
   }
   for (; j < n; ++j) acc[j] += _cvtsh_ss(s[j]);
 }
-DL_AVX2 void f16_store_avx2(const float* acc, void* dst, int64_t n) {
+DRAFTER_LAB_AVX2 void f16_store_avx2(const float* acc, void* dst, int64_t n) {
   auto* d = static_cast<uint16_t*>(dst);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j), _mm256_cvtps_ph(_mm256_loadu_ps(acc + j), _MM_FROUND_TO_NEAREST_INT));
   for (; j < n; ++j) d[j] = _cvtss_sh(acc[j], _MM_FROUND_TO_NEAREST_INT);
-}
-
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 }
 #endif
 
@@ -118,8 +113,8 @@ struct Table {
     ops[kF32] = portable<F32>();
     ops[kBF16] = portable<BF16>();
     ops[kF16] = portable<F16>();
-#if defined(__x86_64__)
-    if (has_avx2()) {
+#if defined(DRAFTER_LAB_AVX2)
+    if (cpu_has_avx2()) {
       ops[kF32] = {&load_avx2<F32>, &add_avx2<F32>, &store_avx2<F32>};
       ops[kBF16] = {&load_avx2<BF16>, &add_avx2<BF16>, &store_avx2<BF16>};
       ops[kF16] = {&f16_load_avx2, &f16_add_avx2, &f16_store_avx2};

@@ -37,3 +37,8 @@ def load() -> ModuleType:
     if ext is None:
         raise LabError(reason)
     return ext
+
+
+def cpu_isa() -> str:
+    """Which build of the CPU loops this CPU runs ("avx2" or "portable"), for benchmark headers."""
+    return load().cpu_isa()

@@ -358,7 +358,8 @@ def latency_table(args) -> dict:
         base = [b for b in wargs.backends if b not in ours]
         results, algos = _run(_latency_worker, world, wargs, len(args.sizes), f"all-reduce, {world} ranks")
         all_results[world] = results
-        print(f"\nall-reduce latency, {args.dtype}, {world} ranks on this host: median us per call (max over ranks)")
+        tiles = f" ({_ext.cpu_isa()} tiles)" if ours else ""
+        print(f"\nall-reduce latency, {args.dtype}, {world} ranks on this host{tiles}: median us per call (max over ranks)")
         head = f"{'size':>8} " + "".join(f"{b:>11}" for b in wargs.backends)
         head += "".join(f"{o + ' algo':>16}" for o in ours) + "".join(f"{f'{bb}/{o}':>16}" for o in ours for bb in base)
         print(head)

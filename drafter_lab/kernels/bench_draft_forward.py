@@ -30,6 +30,7 @@ from drafter_lab import atomic
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError, run_module
+from drafter_lab.kernels import _ext
 from drafter_lab.kernels import draft_step as ds
 from drafter_lab.kernels.bench_allreduce import host_available_bytes
 from drafter_lab.progress import log
@@ -325,7 +326,7 @@ def main(argv=None) -> int:
     check_memory(args, device)
     timer = Timer(device, args.reps, args.warmup)
     copy_gbs = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (1 << 26))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({_ext.cpu_isa()} loops)"
     log(f"{name}, torch {torch.__version__}, {args.dtype}, context {args.context}, {args.copies} copies, "
         f"copy bandwidth {copy_gbs:.0f} GB/s, torch.compile mode {args.compile_mode}")
     rows = []

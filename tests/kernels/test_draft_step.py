@@ -263,6 +263,46 @@ def test_cpu_op_edges(require_draft_step_op):
         check_step(shape, dtype, "cpu", 7)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cpu_op_rows_do_not_depend_on_the_batch(dtype, require_draft_step_op):
+    """Each row of a batch-5 step equals that row stepped alone, bit for bit: batch 1 reads eight
+    weight rows at a time and larger batches two, summing in one order (widths with tails: fc 252,
+    q 128, o 128, down 300, a vocab of 1001 leaving a short last group)."""
+    require_draft_step_op("cpu")
+    shape = Shape(batch=5, hidden=100, heads=2, kv_heads=1, head_dim=64, inter=300, vocab=1001,
+                  target_hidden=84, context=9, topk=4, fc=True)
+    drafter = make_drafter(shape, 8, "cpu").to(dtype)
+    inp = make_inputs(shape, 8, "cpu", dtype)
+    k, v = inp.k_cache.clone(), inp.v_cache.clone()
+    with torch.no_grad():
+        whole = ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, k, v, inp.cache_lens, 4,
+                              use_fused=True)
+        for b in range(shape.batch):
+            one = slice(b, b + 1)
+            kb, vb = inp.k_cache[one].clone(), inp.v_cache[one].clone()
+            alone = ds.draft_step(drafter, inp.embeds[one], inp.hidden[one], inp.positions[one], kb, vb,
+                                  inp.cache_lens[one], 4, use_fused=True)
+            for name, a, w in zip(("hidden", "ids", "logp"), alone, whole):
+                assert torch.equal(a[0], w[b]), f"row {b}: {name} differs stepped alone"
+            assert torch.equal(kb[0], k[b]) and torch.equal(vb[0], v[b]), f"row {b}: cache differs"
+
+
+def test_cpu_isa_follows_the_cpu_flags(require_draft_step_op):
+    """The AVX2 build of the CPU loops runs wherever the CPU has AVX2, FMA and F16C, whatever its model."""
+    require_draft_step_op("cpu")
+    import platform
+
+    from drafter_lab.kernels import _ext
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() != "x86_64" or not cpuinfo.exists():
+        assert _ext.cpu_isa() == "portable"
+        return
+    flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split()
+    want = "avx2" if {"avx2", "fma", "f16c"} <= set(flags) else "portable"
+    assert _ext.cpu_isa() == want
+
+
 def test_cpu_op_rejects_bad_input(require_draft_step_op):
     require_draft_step_op("cpu")
     shape = Shape(batch=2, hidden=128, heads=2, kv_heads=1, head_dim=64, inter=256, vocab=1000,

@@ -83,7 +83,8 @@ Channel::Channel(Segment segment, int rank, double timeout_s)
   Header* h = seg_.header();
   world_ = (int)h->world_size;
   layout_ = seg_.layout();
-  max_spin_s_ = world_ > usable_cpus() ? kCrowdedSpinSeconds : kSpinSeconds;
+  crowded_ = world_ > usable_cpus();
+  max_spin_s_ = crowded_ ? kCrowdedSpinSeconds : kSpinSeconds;
   spin_s_ = max_spin_s_;
   const int32_t me = (int32_t)getpid();
   int32_t prev = 0;
@@ -190,8 +191,10 @@ void Channel::wait_until(Ready ready, const uint32_t* word, int peer, What what)
   const double started = now_s();
   double next_liveness = started + kLivenessPeriod;
   uint32_t* sleepers = &header()->control[peer].sleepers;
-  // A peer we just woke needs a core, perhaps ours: then sleep at once rather than spin.
-  const double spin = woke_peer_ ? 0.0 : spin_s_;
+  // With more ranks than cores, a peer we just woke needs a core, perhaps ours: sleep at once rather
+  // than spin. Not otherwise: each rank would then sleep because it woke the other, and two ranks
+  // with a core each stay in that futex ping-pong (~4x slower) for hundreds of calls.
+  const double spin = woke_peer_ && crowded_ ? 0.0 : spin_s_;
   woke_peer_ = false;
   bool slept = false;
   for (uint32_t spins = 1;; ++spins) {

@@ -102,6 +102,7 @@ class Channel {
   double timeout_s_;
   double spin_s_, max_spin_s_;  // how long a wait spins (then yields 3x as long) before it sleeps
   bool woke_peer_ = false;       // we woke a sleeping peer since the last wait
+  bool crowded_ = false;         // more ranks than usable cores
   uint32_t gen_ = 0;
   uint32_t barrier_gen_ = 0;
   bool connected_ = false;

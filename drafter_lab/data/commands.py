@@ -11,7 +11,7 @@ from pathlib import Path
 
 from drafter_lab.config import field_docs
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import server_url
+from drafter_lab.httpjson import server_url, timeout_arg
 
 
 def aux_ids_arg(text: str) -> list[int]:
@@ -63,6 +63,9 @@ def register(subparsers) -> None:
     r.add_argument("--retries", type=int, default=None, help="with --server: retries of a request that failed to "
                                                               "connect or got a 5xx or 429 answer (1, 2, 4, ... s "
                                                               "apart, or as its Retry-After asks; default 3)")
+    r.add_argument("--timeout", type=timeout_arg, default=None, metavar="SECONDS",
+                   help="with --server: seconds to wait for each read from the server (default 600); a "
+                        "generation not answered within them is not sent again, as the server may still be running it")
     r.add_argument("--temperature", type=float, default=d.temperature, help=docs["temperature"])
     r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
     r.add_argument("--batch-size", type=int, default=None,
@@ -137,7 +140,8 @@ def _regenerate(args) -> int:
     if not convs:
         raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
     # A flag of the other mode would be ignored: the run would not be the one asked for.
-    other = ("--batch-size", "--device") if args.server is not None else ("--model", "--concurrency", "--retries")
+    other = (("--batch-size", "--device") if args.server is not None
+             else ("--model", "--concurrency", "--retries", "--timeout"))
     given = [f for f in other if getattr(args, f[2:].replace("-", "_")) is not None]
     if given:
         mode, other_mode = ("--server", "--target") if args.server is not None else ("--target", "--server")
@@ -145,7 +149,8 @@ def _regenerate(args) -> int:
     if args.server is not None:
         from drafter_lab.data.regenerate_server import ServerConfig, regenerate_via_server
 
-        served = {k: v for k, v in (("concurrency", args.concurrency), ("retries", args.retries)) if v is not None}
+        served = {k: v for k, v in (("concurrency", args.concurrency), ("retries", args.retries),
+                                    ("timeout_s", args.timeout)) if v is not None}
         cfg = ServerConfig(url=args.server, model=args.model, temperature=args.temperature,
                            max_new_tokens=args.max_new_tokens, seed=args.seed,
                            chat_template_kwargs=args.chat_template_kwargs, **served)

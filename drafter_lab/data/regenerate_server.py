@@ -67,7 +67,8 @@ class ServerConfig:
     concurrency: int = 8
     """Conversations in flight at once."""
     timeout_s: float = 600.0
-    """Seconds one request may take."""
+    """Seconds to wait for each read from the server (--timeout), not for a whole answer; not part of
+    what a resume must match."""
     retries: int = 3
     """Retries of a request that failed to connect or got a 5xx or 429 answer, 1, 2, 4, ... s apart (or
     as its Retry-After asks)."""

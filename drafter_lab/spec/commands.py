@@ -14,7 +14,7 @@ from drafter_lab.data.capture_config import (
     template_kwargs_arg,
 )
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import server_url
+from drafter_lab.httpjson import server_url, timeout_arg
 from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
@@ -95,6 +95,9 @@ def register(sub) -> None:
     e.add_argument("--request-rate", type=rate_list, default=[None], metavar="RATE",
                    help="with --server: requests per second, arriving as a seeded Poisson process (bench_serving's "
                         "--request-rate; default: all at once); a list (1,4,16) sweeps")
+    e.add_argument("--timeout", type=timeout_arg, default=None, metavar="SECONDS",
+                   help="with --server: seconds to wait for each read from the servers (default 600); a "
+                        "generation not answered within them is not sent again, as the server may still be running it")
     e.add_argument("--steps", type=int_list, default=LOCAL_ONLY["steps"],
                    help="draft depth S (drafter steps per cycle); a list (2,4,6) sweeps")
     e.add_argument("--topk", type=int_list, default=LOCAL_ONLY["topk"],
@@ -222,9 +225,9 @@ def run_eval(args) -> int:
     if args.server is not None:
         return _run_served_eval(args, sets)
     if (args.baseline_server is not None or args.concurrency != [1] or args.request_rate != [None]
-            or args.engine != "sglang" or args.model):
-        raise LabError("--baseline-server, --engine, --model, --concurrency and --request-rate apply to a served "
-                       "eval (--server)")
+            or args.engine != "sglang" or args.model or args.timeout is not None):
+        raise LabError("--baseline-server, --engine, --model, --concurrency, --timeout and --request-rate apply to a "
+                       "served eval (--server)")
     if args.threads < 0:
         raise LabError(f"--threads must be >= 0, got {args.threads}")
     check_threads(args.threads)
@@ -329,7 +332,8 @@ def _run_served_eval(args, sets) -> int:
 
     def decode(setting: dict) -> dict[str, dict]:
         cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,
-                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, **setting)
+                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, **setting,
+                           **({} if args.timeout is None else {"timeout_s": args.timeout}))
         results = {}
         for name, (path, convs) in sets.items():
             results[name] = served_evaluate(tokenizer, convs, cfg, where=path, template_kwargs=args.chat_template_kwargs)

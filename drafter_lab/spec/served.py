@@ -79,7 +79,7 @@ class ServedConfig:
     seed: int = 0
     """Seed of the arrival times."""
     timeout_s: float = 600.0
-    """Seconds one request may take."""
+    """Seconds to wait for each read from the server (--timeout), not for a whole answer."""
     retries: int = 3
     """Retries of a request that failed to connect or got a 5xx answer."""
 

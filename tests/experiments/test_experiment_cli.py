@@ -94,6 +94,20 @@ def test_cli_directory_options_naming_a_file_are_one_line(tmp_path, capsys, no_s
     assert not any(d.exists() for d in dirs.values())
 
 
+@pytest.mark.parametrize("command, option", [("experiment", "--runs"), ("experiment", "--run-dir"),
+                                             ("experiment", "--cache"), ("reproduce", "--runs"),
+                                             ("reproduce", "--cache")])
+def test_cli_empty_directory_options_are_refused(tmp_path, capsys, no_study, monkeypatch, command, option):
+    """An empty --run-dir started a new run instead of resuming, an empty --runs wrote into the current
+    directory and an empty --cache fell back to the default cache."""
+    monkeypatch.chdir(tmp_path)
+    argv = [command, *(["--config", "smoke"] if command == "experiment" else [str(tmp_path / "old-run")]),
+            "--runs", str(tmp_path / "runs"), "--cache", str(tmp_path / "cache"), option, ""]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"error: {option} is empty: name a directory")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("over, message", [
     ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
     ({"ttt_steps": 0}, "ttt_steps must be >= 1, got 0"),

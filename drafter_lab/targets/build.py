@@ -8,8 +8,13 @@ built in a temp directory and renamed into place, so a killed build leaves nothi
 - `tuned-<key>`: the fine-tuned model + its drift figures; the key adds the fine-tune fields and
   `drift`, so a drift sweep retrains only `tuned`.
 
+Each entry's build.json records its model's fingerprint and the sha256 of every other file (`_record`);
+an entry that no longer matches it (a file deleted or cut short since: a full disk, an `rm`), or a
+`tuned` fine-tuned from another build of `base`, is said in one line and rebuilt, not copied on.
+
 `out_dir` then gets copies (`base/`, `tuned/`, `prompts-train.jsonl`, `prompts-eval.jsonl`) and
-`pair.json`; when its `pair.json` already names the same key, `build_pair` returns at once.
+`pair.json`, which records the same of them; when its `pair.json` already names the same key and
+`out_dir` still matches it, `build_pair` returns at once.
 """
 
 from __future__ import annotations
@@ -23,13 +28,20 @@ from pathlib import Path
 
 import torch
 
-from drafter_lab.atomic import atomic_dir, refuse_below_file, save_safetensors, sha256_json, write_json
+from drafter_lab.atomic import (
+    atomic_dir,
+    refuse_below_file,
+    save_safetensors,
+    sha256_file,
+    sha256_json,
+    write_json,
+)
 from drafter_lab.errors import LabError
 from drafter_lab.locks import building
 from drafter_lab.progress import log
 from drafter_lab.targets import corpus as corpus_mod
 from drafter_lab.targets.drift import measure_drift
-from drafter_lab.targets.fingerprint import fingerprint
+from drafter_lab.targets.fingerprint import fingerprint, weight_files
 from drafter_lab.targets.hf import default_aux_layer_ids, quiet_transformers, resolve_device
 from drafter_lab.targets.presets import PRESETS, TargetConfig, resolve
 from drafter_lab.targets.tokenizer import train_bpe
@@ -99,6 +111,55 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
     )
 
 
+def _file_hashes(root: Path, models: tuple[str, ...]) -> dict[str, str]:
+    """sha256 of each file below `root` but the weights of its `models`, which their fingerprints cover:
+    what is left (tokenizer, configs, prompts, drift inputs) is small, and the fingerprint leaves it out."""
+    weights = {f for m in models for f in weight_files(root / m)}
+    return {f.relative_to(root).as_posix(): sha256_file(f) for f in sorted(root.rglob("*"))
+            if f.is_file() and f not in weights}
+
+
+def _record(stage: Path) -> dict:
+    """What a cache entry is checked against before it is reused (`_mismatch`)."""
+    return {"fingerprint": fingerprint(stage / "model"), "files": _file_hashes(stage, ("model",))}
+
+
+def _mismatch(root: Path, files: dict, fingerprints: dict) -> str | None:
+    """How `root` differs from what was recorded of it, else None."""
+    for name, digest in files.items():
+        try:
+            if sha256_file(root / name) != digest:
+                return f"{name} has changed"
+        except OSError:
+            return f"{name} is missing or unreadable"
+    for model, recorded in fingerprints.items():
+        try:
+            if fingerprint(root / model) != recorded:
+                return f"the weights in {model}/ have changed"
+        except LabError as e:
+            return str(e)
+    return None
+
+
+def _cached_stage(stage: Path, what: str, base_fingerprint: str | None = None) -> dict | None:
+    """The build.json of cache entry `stage` when the entry still holds what that records (and, for
+    `tuned`, was fine-tuned from the base of `base_fingerprint`); else None, said in one line, to rebuild it."""
+    if not (stage / "build.json").exists():
+        return None
+    try:
+        info = json.loads((stage / "build.json").read_text())
+        why = _mismatch(stage, info["files"], {"model": info["fingerprint"]})
+        if why is None and base_fingerprint is not None and info["base_fingerprint"] != base_fingerprint:
+            why = "fine-tuned from another build of base"
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        why = "its build.json is unreadable, or from an older drafter_lab"
+    if why is not None:
+        log(f"{what}: rebuilding the cache entry {stage}: {why}")
+        return None
+    log(f"{what}: cached ({stage})")
+    return info
+
+
 class _Corpus:
     """The corpus, parsed only when a stage actually has to train."""
 
@@ -160,6 +221,7 @@ def _build_base(cfg: TargetConfig, corpus: _Corpus, key: str, dest: Path, device
         _write_jsonl(tmp / "prompts-train.jsonl", split["train"])
         _write_jsonl(tmp / "prompts-eval.jsonl", split["eval"])
         save_safetensors(drift_inputs, tmp / "drift-inputs.safetensors")
+        record = _record(tmp)
         write_json(
             tmp / "build.json",
             {
@@ -169,6 +231,7 @@ def _build_base(cfg: TargetConfig, corpus: _Corpus, key: str, dest: Path, device
                 "train": stats,
                 "seconds": {"corpus": corpus.seconds, "tokenizer": tok_seconds, "base": stats["seconds"]},
                 "prompts": {"train": len(split["train"]), "eval": len(split["eval"])},
+                **record,
             },
         )
 
@@ -185,7 +248,9 @@ def _drift_figures(base_model, tuned_model, inputs: dict[str, torch.Tensor]) -> 
     }
 
 
-def _build_tuned(cfg: TargetConfig, corpus: _Corpus, base_dir: Path, key: str, dest: Path, device) -> None:
+def _build_tuned(
+    cfg: TargetConfig, corpus: _Corpus, base_dir: Path, base_fingerprint: str, key: str, dest: Path, device
+) -> None:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -228,6 +293,8 @@ def _build_tuned(cfg: TargetConfig, corpus: _Corpus, base_dir: Path, key: str, d
                 "train": stats,
                 "drift_figures": figures,
                 "seconds": {"tuned": stats["seconds"], "drift": drift_seconds},
+                "base_fingerprint": base_fingerprint,
+                **_record(tmp),
             },
         )
 
@@ -252,6 +319,7 @@ def _copy_into(out_dir: Path, base_dir: Path, tuned_dir: Path, pair: dict) -> No
         shutil.copytree(tuned_dir / "model", tmp / "tuned")
         for name in ("prompts-train.jsonl", "prompts-eval.jsonl"):
             shutil.copy2(base_dir / name, tmp / name)
+        pair["files"] = _file_hashes(tmp, ("base", "tuned"))
         write_json(tmp / "pair.json", pair)
         _usual_permissions(tmp)
 
@@ -266,16 +334,18 @@ def _usual_permissions(root: Path) -> None:
 
 
 def _cached_pair(out_dir: Path, key: str) -> dict | None:
-    """out_dir's pair.json if it names `key` and both models still have the fingerprints it records
-    (a pair.json of another shape, or a model edited or partly deleted since, is rebuilt, not reused)."""
+    """out_dir's pair.json if it names `key` and out_dir still holds what it records: both models'
+    fingerprints and the sha256 of every other file (a pair.json of another shape, or a model, tokenizer
+    or prompt file edited or deleted since, is copied again, not reused)."""
     try:
         pair = json.loads((out_dir / "pair.json").read_text())
         if pair.get("key") != key or not isinstance(pair["build_seconds"], dict):
             return None
-        for side in ("base", "tuned"):
-            if pair[side]["fingerprint"] != fingerprint(out_dir / side):
-                return None
-    except (OSError, ValueError, LabError, AttributeError, KeyError, TypeError):
+        why = _mismatch(out_dir, pair["files"], {side: pair[side]["fingerprint"] for side in ("base", "tuned")})
+        if why is not None:
+            log(f"{out_dir}: {why}; copying the pair again")
+            return None
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return None
     return pair
 
@@ -317,20 +387,17 @@ def build_pair(
     # the base, and one started beside another would train it a second time.
     with torch_threads(cfg.threads):
         with building(base_dir, "base target"):
-            base_cached = not force and (base_dir / "build.json").exists()
-            if base_cached:
-                log(f"base: cached ({base_dir})")
-            else:
+            base_info = None if force else _cached_stage(base_dir, "base")
+            base_cached = base_info is not None
+            if not base_cached:
                 _build_base(cfg, corpus, base_key, base_dir, device)
+                base_info = json.loads((base_dir / "build.json").read_text())
         with building(tuned_dir, "tuned target"):
-            tuned_cached = not force and (tuned_dir / "build.json").exists()
-            if tuned_cached:
-                log(f"tuned: cached ({tuned_dir})")
-            else:
-                _build_tuned(cfg, corpus, base_dir, tuned_key, tuned_dir, device)
-
-    base_info = json.loads((base_dir / "build.json").read_text())
-    tuned_info = json.loads((tuned_dir / "build.json").read_text())
+            tuned_info = None if force else _cached_stage(tuned_dir, "tuned", base_info["fingerprint"])
+            tuned_cached = tuned_info is not None
+            if not tuned_cached:
+                _build_tuned(cfg, corpus, base_dir, base_info["fingerprint"], tuned_key, tuned_dir, device)
+                tuned_info = json.loads((tuned_dir / "build.json").read_text())
     pair = {
         "format": PAIR_FORMAT,
         "key": tuned_key,
@@ -345,14 +412,14 @@ def build_pair(
         "aux_layer_ids": default_aux_layer_ids(cfg.num_layers),
         "base": {
             "dir": "base",
-            "fingerprint": fingerprint(base_dir / "model"),
+            "fingerprint": base_info["fingerprint"],
             "params": base_info["params"],
             "train": base_info["train"],
             "cached": base_cached,
         },
         "tuned": {
             "dir": "tuned",
-            "fingerprint": fingerprint(tuned_dir / "model"),
+            "fingerprint": tuned_info["fingerprint"],
             "train": tuned_info["train"],
             "cached": tuned_cached,
         },

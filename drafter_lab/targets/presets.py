@@ -78,7 +78,7 @@ class TargetConfig:
     def __post_init__(self):
         # Each would otherwise fail mid-build with a traceback, or build a pair that is not what was asked.
         check_counts(self, ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "max_position_embeddings",
-                            "seq_len", "batch_size", "train_prompts", "eval_prompts", "drift_conversations"),
+                            "max_source_chars", "seq_len", "batch_size", "train_prompts", "eval_prompts", "drift_conversations"),
                      ("corpus_max_files", "base_steps", "base_lr", "warmup_steps", "weight_decay", "tune_steps",
                       "tune_lr", "drift", "threads"))
         if not -(2**63) <= self.seed < 2**64 - 1:  # torch's 64-bit seeds (tuned's is seed + 1): else a mid-build traceback
@@ -89,6 +89,9 @@ class TargetConfig:
         for name in ("shifted_share", "tune_shifted_fraction"):  # else a negative batch share's traceback
             if not 0 <= getattr(self, name) <= 1:  # nan too
                 raise LabError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
+        if self.shifted_share in (0, 1):  # else "corpus too small" once the corpus is read, whatever its size
+            raise LabError(f"shifted_share {self.shifted_share} leaves the {'shifted' if self.shifted_share == 0 else 'base'} "
+                           f"slice empty; it must be above 0 and below 1")
         if self.seq_len > self.max_position_embeddings:  # the saved config would refuse what it was trained on
             raise LabError(f"seq_len {self.seq_len} exceeds max_position_embeddings {self.max_position_embeddings}")
         if self.num_layers < 8:
@@ -98,6 +101,9 @@ class TargetConfig:
                 f"need hidden_size % num_heads == 0 and num_heads % num_kv_heads == 0, got "
                 f"{self.hidden_size}/{self.num_heads}/{self.num_kv_heads}"
             )
+        if self.hidden_size // self.num_heads % 2:  # rotary embeddings: a shape traceback in base's first step
+            raise LabError(f"hidden_size / num_heads (the head size) must be even, got "
+                           f"{self.hidden_size}/{self.num_heads} = {self.hidden_size // self.num_heads}")
 
     @property
     def heldout_per_slice(self) -> int:

@@ -26,6 +26,31 @@ AREAS = (
 )
 
 
+# Destinations of the options and arguments that name a file or directory. An empty one would be
+# Path("") (the current directory: `train --out ''` wrote there) or read as not given (an empty
+# --run-dir started a new run), so argparse refuses it, naming the option.
+PATH_DESTS = frozenset({
+    "a", "b", "baseline", "cache", "cache_dir", "config", "conversations", "data", "draft_config", "drafter",
+    "hidden_states", "init_from", "inputs", "json", "markdown", "out", "pilot_config", "pilot_dir", "plot",
+    "prompts", "run", "run_dir", "runs", "source_target", "stop_if_behind", "target", "tokenizer", "val_data",
+})
+
+
+def nonempty_path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("empty: name a file or directory")
+    return text
+
+
+def _refuse_empty_paths(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _refuse_empty_paths(sub)
+        elif action.dest in PATH_DESTS and action.type is None and action.nargs != 0:
+            action.type = nonempty_path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="drafter-lab", description="Train, transfer, probe and measure EAGLE-3 drafters."
@@ -37,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in AREAS:
         importlib.import_module(name).register(sub)
+    _refuse_empty_paths(parser)
     return parser
 
 

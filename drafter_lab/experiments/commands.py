@@ -13,8 +13,6 @@ from drafter_lab.errors import LabError
 
 
 def _cache_root(args) -> Path:
-    if args.cache == "":
-        raise LabError("--cache is empty: name a directory (or leave the flag out for the default)")
     return Path(args.cache or os.environ.get("DRAFTER_LAB_CACHE") or Path.home() / ".cache" / "drafter_lab")
 
 
@@ -26,8 +24,6 @@ def _directories(*flags: tuple[str, str | Path | None]) -> None:
     for flag, path in flags:
         if path is None:
             continue
-        if str(path) == "":  # Path("") is the current directory; an empty --run-dir read as not given
-            raise LabError(f"{flag} is empty: name a directory")
         if Path(path).exists() and not Path(path).is_dir():
             raise LabError("not a directory", path)
         refuse_below_file(Path(path), flag)

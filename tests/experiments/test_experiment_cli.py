@@ -103,8 +103,10 @@ def test_cli_empty_directory_options_are_refused(tmp_path, capsys, no_study, mon
     monkeypatch.chdir(tmp_path)
     argv = [command, *(["--config", "smoke"] if command == "experiment" else [str(tmp_path / "old-run")]),
             "--runs", str(tmp_path / "runs"), "--cache", str(tmp_path / "cache"), option, ""]
-    assert main(argv) == 2
-    assert capsys.readouterr().err.startswith(f"error: {option} is empty: name a directory")
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert f"error: argument {option}: empty: name a file or directory" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

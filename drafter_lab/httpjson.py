@@ -162,7 +162,7 @@ def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int 
                 try:
                     event = json.loads(data)
                 except json.JSONDecodeError:
-                    raise LabError(f"server sent an event that is not JSON: {data[:200].decode(errors='replace')}",
+                    raise LabError(f"server sent an event that is not JSON: {_one_line(data.decode(errors='replace'))}",
                                    url) from None
                 if isinstance(event, dict) and (event.get("error") or event.get("object") == "error"):
                     detail = event.get("error") or event.get("message")

@@ -122,7 +122,26 @@ def test_a_timeout_without_a_server_is_refused(tmp_path, capsys):
                      "--target", str(missing), "--timeout", "5"]) == 2
     assert capsys.readouterr().err.strip() == "error: --timeout is for --server, not --target"
     assert cli.main(["eval", "--ngram", "--target", str(missing), "--prompts", str(convs), "--timeout", "5"]) == 2
-    assert "--timeout and --request-rate apply to a served eval (--server)" in capsys.readouterr().err
+    assert "--timeout, --retries and --request-rate apply to a served eval (--server)" in capsys.readouterr().err
+    assert cli.main(["eval", "--ngram", "--target", str(missing), "--prompts", str(convs), "--retries", "1"]) == 2
+    assert "--retries and --request-rate apply to a served eval (--server)" in capsys.readouterr().err
+
+
+def test_served_eval_retries_as_asked(random_llama, tmp_path):
+    """`eval --server --retries 0` tries a dead server once (it had no such flag: 4 tries, 15 s of back-off);
+    a negative count, which would retry forever, is refused."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    prompts = _jsonl(tmp_path / "p.jsonl", CONVERSATIONS)
+    done = _drafter_lab("eval", "--server", url, "--target", random_llama, "--prompts", prompts, "--retries", "0")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].endswith("after 1 tries")
+    done = _drafter_lab("eval", "--server", url, "--target", random_llama, "--prompts", prompts, "--retries", "-1")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == "error: --retries must be >= 0, got -1"
 
 
 def test_a_long_refusal_keeps_its_advice_and_a_longer_one_is_cut_visibly(stalling, monkeypatch):

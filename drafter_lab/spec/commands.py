@@ -95,6 +95,9 @@ def register(sub) -> None:
     e.add_argument("--request-rate", type=rate_list, default=[None], metavar="RATE",
                    help="with --server: requests per second, arriving as a seeded Poisson process (bench_serving's "
                         "--request-rate; default: all at once); a list (1,4,16) sweeps")
+    e.add_argument("--retries", type=int, default=None, metavar="N",
+                   help="with --server: retries of a request that failed to connect or got a 5xx or 429 answer "
+                        "(1, 2, 4, ... s apart, or as its Retry-After asks; default 3)")
     e.add_argument("--timeout", type=timeout_arg, default=None, metavar="SECONDS",
                    help="with --server: seconds to wait for each read from the servers (default 600); a "
                         "generation not answered within them is not sent again, as the server may still be running it")
@@ -225,9 +228,9 @@ def run_eval(args) -> int:
     if args.server is not None:
         return _run_served_eval(args, sets)
     if (args.baseline_server is not None or args.concurrency != [1] or args.request_rate != [None]
-            or args.engine != "sglang" or args.model or args.timeout is not None):
-        raise LabError("--baseline-server, --engine, --model, --concurrency, --timeout and --request-rate apply to a "
-                       "served eval (--server)")
+            or args.engine != "sglang" or args.model or args.timeout is not None or args.retries is not None):
+        raise LabError("--baseline-server, --engine, --model, --concurrency, --timeout, --retries and --request-rate "
+                       "apply to a served eval (--server)")
     if args.threads < 0:
         raise LabError(f"--threads must be >= 0, got {args.threads}")
     check_threads(args.threads)
@@ -333,7 +336,8 @@ def _run_served_eval(args, sets) -> int:
     def decode(setting: dict) -> dict[str, dict]:
         cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,
                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, **setting,
-                           **({} if args.timeout is None else {"timeout_s": args.timeout}))
+                           **({} if args.timeout is None else {"timeout_s": args.timeout}),
+                           **({} if args.retries is None else {"retries": args.retries}))
         results = {}
         for name, (path, convs) in sets.items():
             results[name] = served_evaluate(tokenizer, convs, cfg, where=path, template_kwargs=args.chat_template_kwargs)

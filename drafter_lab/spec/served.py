@@ -81,7 +81,7 @@ class ServedConfig:
     timeout_s: float = 600.0
     """Seconds to wait for each read from the server (--timeout), not for a whole answer."""
     retries: int = 3
-    """Retries of a request that failed to connect or got a 5xx answer."""
+    """Retries of a request that failed to connect or got a 5xx or 429 answer (--retries)."""
 
 
 @dataclass
@@ -406,6 +406,8 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, tem
     The prompts are rendered here (`template_kwargs`: the chat template's variables) and sent as ids."""
     if cfg.engine not in ENGINES:
         raise LabError(f"unknown engine {cfg.engine!r}: use {' or '.join(ENGINES)}")
+    if cfg.retries < 0:  # a refused connection would be retried forever
+        raise LabError(f"--retries must be >= 0, got {cfg.retries}")
     if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or not 0 <= cfg.temperature < math.inf:  # nan too
         raise LabError(f"need concurrency >= 1, max_new_tokens >= 1 and a finite temperature >= 0, got concurrency "
                        f"{cfg.concurrency}, max_new_tokens {cfg.max_new_tokens}, temperature {cfg.temperature}")

@@ -62,7 +62,7 @@ class Communicator:
     """One rank of a shared-memory all-reduce group (processes on one host).
 
     Rendezvous: `store=` (a torch.distributed Store: rank 0 publishes a fresh segment name under
-    `drafter_lab/allreduce/<name>/<n>` for the ranks' n-th communicators of that name on the store,
+    `drafter_lab/allreduce/<name>/<n>` for the ranks' n-th communicators of that name and world size,
     counted in the store; a failed rendezvous is not counted, so a retry, or the next run on a `path=`
     file, meets its peers), `path=` (a FileStore at that path), or `name=` alone (a fixed segment
     name every rank knows). All ranks must construct their communicators, and then call them, in
@@ -98,6 +98,8 @@ class Communicator:
             raise LabError("the all-reduce needs a rendezvous: pass store=, path= or name=")
         if not 0 <= rank < world_size:  # through a store it waited out the timeout for a key no rank 0 sets
             raise LabError(f"rank {rank} is outside 0..{world_size - 1}")
+        if not timeout_s > 0:  # only rank 0 refused it; through a store the others waited forever at 0
+            raise AllReduceInputError(f"timeout_s must be positive, got {timeout_s!r}")
         native = _native()
         self._device = self._resolve_device(backend, device)
         if path is not None:
@@ -114,6 +116,13 @@ class Communicator:
                 self._impl.connect()
             else:
                 self._rendezvous(native, rank, world_size, name or "default", max_bytes, blocks, timeout_s, backend)
+            # Inside the try: a refused threshold or a failed autotune closes the communicator too,
+            # so its peers read "closed" at their next call instead of waiting out the timeout.
+            if one_shot_max_bytes is None:
+                one_shot_max_bytes, tuned_ll = self._autotune(ll=backend != "cpu" and ll_max_bytes is None)
+                ll_max_bytes = tuned_ll if ll_max_bytes is None else ll_max_bytes
+            self.one_shot_max_bytes = one_shot_max_bytes
+            self.ll_max_bytes = ll_max_bytes or 0
         except BaseException as e:
             # The raised error's traceback holds self: unclosed, a failed init kept its segment
             # named and mapped (a retry of the name read "in use", a late peer joined it).
@@ -124,11 +133,6 @@ class Communicator:
             if isinstance(e, ValueError):
                 raise AllReduceInputError(str(e)) from None
             raise
-        if one_shot_max_bytes is None:
-            one_shot_max_bytes, tuned_ll = self._autotune(ll=backend != "cpu" and ll_max_bytes is None)
-            ll_max_bytes = tuned_ll if ll_max_bytes is None else ll_max_bytes
-        self.one_shot_max_bytes = one_shot_max_bytes
-        self.ll_max_bytes = ll_max_bytes or 0
 
     def _resolve_device(self, backend: str, device) -> int:
         if backend == "cpu":
@@ -143,11 +147,13 @@ class Communicator:
 
     def _rendezvous(self, native, rank, world_size, name, max_bytes, blocks, timeout_s, backend):
         # Each rank counts its communicators in the store itself, so a rank's n-th meets its peers'
-        # n-th whichever Store object (or thread, or process) made it; one key per rank and name.
+        # n-th whichever Store object (or thread, or process) made it; one key per rank and name,
+        # and world size (a `path=` file kept by a killed run of another size held its ranks'
+        # counts, while the new ranks, counting from 0, waited for a key never published).
         # Only a rendezvous that succeeded counts: one that failed or was killed (its peers never
         # came, or a mismatch) must not leave this rank a number ahead of its peers' next attempt,
         # which would wait for a key never published (a `path=` file reused by the next run).
-        count_key = f"drafter_lab/allreduce-count/{rank}/{name}"
+        count_key = f"drafter_lab/allreduce-count/{rank}/{world_size}/{name}"
         count = self._store.add(count_key, 0)
         key = f"drafter_lab/allreduce/{name}/{count}"
         try:
@@ -156,7 +162,8 @@ class Communicator:
                 self._store.set(key, self._impl.name)
             else:
                 try:
-                    self._store.wait([key], timedelta(seconds=timeout_s))
+                    # A store waits forever at 0 ms (timeout_s < 1 ms); timedelta overflows past ~1e14 s (inf)
+                    self._store.wait([key], timedelta(seconds=min(max(timeout_s, 1e-3), 1e9)))
                 except RuntimeError:
                     raise AllReduceError(
                         f"rank {rank}: rank 0 did not publish the shared segment (store key {key!r}) within {timeout_s:g} s"
@@ -182,7 +189,7 @@ class Communicator:
         algos = (1, 2, 3) if ll else (1, 2)
         times = torch.full((len(sizes), len(algos)), float("inf"), device=self.device)
         for i, size in enumerate(sizes):
-            x = torch.randn(size // 4, device=self.device)
+            x = torch.zeros(size // 4, device=self.device)  # not randn: that advanced the caller's seeded RNG
             for j, algo in enumerate(algos):
                 if algo != 3 or size <= self._impl.ll_capacity:
                     times[i, j] = self._median_call_us(x, algo)

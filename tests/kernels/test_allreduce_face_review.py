@@ -1,0 +1,152 @@
+"""The all-reduce's Python face as a drop-in for torch.distributed: a store rendezvous with no
+timeout, a zero, negative or sub-millisecond one, a rendezvous file kept by a killed run of another
+world size, a threshold refused at init, and the autotune's effect on the caller's RNG. Ranks are
+threads of this process."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from drafter_lab.kernels import _ext
+
+pytestmark = pytest.mark.skipif(not _ext.available(), reason=_ext.unavailable_reason() or "extension built")
+
+
+def _ranks(make, world=2):
+    """Runs make(rank) for each rank on its own thread; returns ({rank: result}, {rank: error})."""
+    results, errors = {}, {}
+
+    def run(r):
+        try:
+            results[r] = make(r)
+        except Exception as e:
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+def test_no_timeout_through_a_store_meets_its_peers():
+    """timeout_s=inf (the C++ side's "no timeout") made rank 1's wait for rank 0's key an
+    OverflowError traceback, and left rank 0 waiting for it (forever, at inf)."""
+    from drafter_lab.kernels.allreduce import Communicator
+
+    store = dist.HashStore()
+
+    def rank(r):
+        with Communicator(r, 2, store=store, timeout_s=5 if r == 0 else float("inf"), one_shot_max_bytes=0) as comm:
+            return comm.all_reduce(torch.full((3,), r + 1.0))
+
+    results, errors = _ranks(rank)
+    assert not errors, errors
+    assert all(torch.equal(results[r], torch.full((3,), 3.0)) for r in (0, 1))
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan")])
+def test_a_timeout_that_is_not_positive_is_refused_on_every_rank(timeout_s):
+    """Only rank 0 refused it (natively): a rank 1 waited for rank 0's key with the store's
+    "no timeout" at 0 (forever), or blamed rank 0 for not publishing "within -1 s"."""
+    from drafter_lab.kernels.allreduce import AllReduceInputError, Communicator
+
+    result = []
+    t = threading.Thread(target=lambda: result.append(_raised(Communicator, 1, 2, store=dist.HashStore(),
+                                                                timeout_s=timeout_s, one_shot_max_bytes=0)),
+                         daemon=True)  # without the check, at 0 it never returns
+    t.start()
+    t.join(10)
+    assert result and isinstance(result[0], AllReduceInputError), result
+    assert str(result[0]) == f"timeout_s must be positive, got {timeout_s!r}"
+
+
+def test_a_timeout_under_a_millisecond_through_a_store_times_out():
+    """It rounded to a 0 ms store wait, which a store takes as no timeout: rank 1 waited forever."""
+    from drafter_lab.kernels.allreduce import AllReduceError, Communicator
+
+    result = []
+    t = threading.Thread(target=lambda: result.append(_raised(Communicator, 1, 2, store=dist.HashStore(),
+                                                                timeout_s=0.0004, one_shot_max_bytes=0)),
+                         daemon=True)
+    t.start()
+    t.join(10)
+    assert result and isinstance(result[0], AllReduceError) and "did not publish" in str(result[0]), result
+
+
+def _raised(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:
+        return e
+    return None
+
+
+def test_a_rendezvous_file_kept_by_a_run_of_another_world_size_does_not_hold_up_the_next(tmp_path):
+    """A killed run leaves its FileStore file with its ranks' counts: the next run on that path
+    with more ranks had ranks 0-1 publish under their count while rank 2, counting from 0, waited
+    for a key never published (every later run of that size failed the same way)."""
+    from drafter_lab.kernels.allreduce import Communicator
+
+    path = tmp_path / "store"
+    killed = dist.FileStore(str(path), 1)  # a killed run's store: the file is never removed
+    for world in (2, 3, 2):
+
+        def rank(r, world=world):
+            with Communicator(r, world, path=path, timeout_s=3, one_shot_max_bytes=0) as comm:
+                return comm.all_reduce(torch.full((4,), r + 1.0))
+
+        results, errors = _ranks(rank, world)
+        assert not errors, (world, errors)
+        total = world * (world + 1) / 2
+        assert all(torch.equal(results[r], torch.full((4,), total)) for r in range(world)), world
+    del killed
+
+
+@pytest.mark.parametrize("bad", [{"ll_max_bytes": 64}, {"one_shot_max_bytes": -1}])
+def test_a_threshold_refused_at_init_closes_the_communicator(bad):
+    """The thresholds were set after the init, outside its cleanup: the refusing rank's error
+    (held, as a REPL or a log handler holds it) kept its communicator open, so its peer's first
+    call waited out the whole timeout for it instead of reading that it closed."""
+    from drafter_lab.kernels.allreduce import AllReduceError, AllReduceInputError, Communicator
+
+    tag = f"test-refused-threshold-{os.getpid()}-{secrets.token_hex(4)}"
+    kwargs = {0: {"one_shot_max_bytes": 0}, 1: {"one_shot_max_bytes": 0, **bad}}
+    comms, errors = _ranks(lambda r: Communicator(r, 2, name=tag, timeout_s=10, **kwargs[r]))
+    assert isinstance(errors.get(1), AllReduceInputError) and 0 not in errors, errors
+    t = time.monotonic()
+    try:
+        with pytest.raises(AllReduceError, match="rank 1 closed its communicator"):
+            comms[0].all_reduce(torch.ones(4))
+    finally:
+        comms[0].close()
+    assert time.monotonic() - t < 5
+    with open("/proc/self/maps") as f:
+        assert tag not in f.read(), "the refusing rank's segment is still mapped"
+
+
+def test_the_autotune_leaves_the_callers_rng_alone():
+    """It timed the algorithms on torch.randn inputs: a seeded run drew other numbers after
+    building an autotuned communicator than with a set threshold or a single rank."""
+    from drafter_lab.kernels.allreduce import Communicator
+
+    store = dist.HashStore()
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+
+    def rank(r):
+        with Communicator(r, 2, store=store, timeout_s=10, max_bytes=16 << 10) as comm:
+            return comm.one_shot_max_bytes
+
+    results, errors = _ranks(rank)
+    assert not errors, errors
+    assert results[0] == results[1]
+    assert torch.equal(torch.get_rng_state(), before)

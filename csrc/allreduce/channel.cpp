@@ -102,10 +102,14 @@ Channel::~Channel() { leave(); }
 void Channel::leave() {
   Header* h = seg_.header();
   if (!h) return;
-  __atomic_store_n(&h->pids[rank_], 0, __ATOMIC_RELEASE);
-  // After a completed init rank 0 already unlinked the name (it may name someone else's segment
-  // by now); before that, the last rank out removes it.
-  if (__atomic_fetch_sub(&h->attached, 1u, __ATOMIC_ACQ_REL) == 1 && !connected_) seg_.unlink();
+  // Only the process that took the seat gives it up: a forked child holds a copy of this channel
+  // (and the mapping) but not the seat, and clearing it told the peers that the rank had closed.
+  int32_t me = (int32_t)getpid();
+  if (__atomic_compare_exchange_n(&h->pids[rank_], &me, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    // After a completed init rank 0 already unlinked the name (it may name someone else's segment
+    // by now); before that, the last rank out removes it.
+    if (__atomic_fetch_sub(&h->attached, 1u, __ATOMIC_ACQ_REL) == 1 && !connected_) seg_.unlink();
+  }
   seg_.unmap();
 }
 

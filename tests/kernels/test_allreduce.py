@@ -214,10 +214,26 @@ def rank_sleeps(comm, rank: int, world: int, seed: int, store: str) -> dict:
     return {"switches": _voluntary_switches() - before}
 
 
+def rank_fork(comm, rank: int, world: int, seed: int, store: str) -> dict:
+    """Rank 1 forks a child that closes its copy of the communicator (as a worker forked after init
+    might), then both ranks go on; rank 1 arrives 0.3 s late, past the peers' liveness checks."""
+    x = torch.full((5,), rank + 1.0)
+    assert torch.equal(comm.all_reduce(x.clone()), torch.full((5,), 3.0))
+    if rank == 1:
+        child = os.fork()
+        if child == 0:
+            comm.close()
+            os._exit(0)
+        os.waitpid(child, 0)
+        time.sleep(0.3)
+    return {"sum": comm.all_reduce(x.clone()).tolist()}
+
+
 STUCK_TIMEOUT = 1.0
 DEAD_TIMEOUT = 10.0
 SCENARIOS = {"correct": (rank_correct, None, 30.0), "failures": (rank_failures, 0, STUCK_TIMEOUT),
-             "wrap": (rank_wrap, 0, 30.0), "sleeps": (rank_sleeps, None, 30.0)}  # a set threshold: no autotune calls write flag lines first
+             "wrap": (rank_wrap, 0, 30.0), "sleeps": (rank_sleeps, None, 30.0),
+             "fork": (rank_fork, 0, 5.0)}  # a set threshold: no autotune calls write flag lines first
 
 
 def rank_main(scenario: str, rank: int, world: int, store: str, seed: int, outdir: str) -> None:
@@ -287,6 +303,13 @@ def test_a_late_peer_does_not_leave_the_ranks_sleeping_in_turn(tmp_path):
     procs, outdir, seed = _launch("sleeps", 2, tmp_path)
     results = _collect(procs, outdir, seed, range(2))
     assert all(r["switches"] < 200 for r in results), results
+
+
+def test_a_forked_child_closing_its_copy_leaves_the_rank_in_the_group(tmp_path):
+    """A child's close() cleared the parent's seat: its peer failed with "rank 1 closed its communicator"."""
+    procs, outdir, seed = _launch("fork", 2, tmp_path)
+    results = _collect(procs, outdir, seed, range(2))
+    assert all(r["sum"] == [3.0] * 5 for r in results), results
 
 
 def test_generations_wrap_around(tmp_path):

@@ -348,13 +348,44 @@ def _largest_prefix(sizes: list[int], won: list[bool]) -> int:
 
 class CompletedWork:
     """What `all_reduce(..., async_op=True)` returns: the reduction is already done (CPU) or
-    queued on the current stream (CUDA), like a torch.distributed Work after wait()."""
+    queued on the current stream (CUDA), like a torch.distributed Work after wait(), with the rest
+    of Work's face (a DDP communication hook chains on `get_future()`)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self._tensor = tensor
 
     def wait(self, timeout=None) -> bool:
         return True
 
     def is_completed(self) -> bool:
         return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return [self._tensor]
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result([self._tensor])
+        return future
+
+
+def _reduce_op(op):
+    """A ReduceOp for torch.distributed: `op` as one, or its name ("sum", "max", ...)."""
+    if not isinstance(op, str):
+        return op
+    try:
+        return getattr(dist.ReduceOp, op.upper())
+    except AttributeError:
+        raise AllReduceInputError(f"unknown reduce op {op!r}") from None
 
 
 def all_reduce(tensor: torch.Tensor, op="sum", group=None, async_op: bool = False):
@@ -363,11 +394,11 @@ def all_reduce(tensor: torch.Tensor, op="sum", group=None, async_op: bool = Fals
     With `group` a Communicator it runs ours (sum only); anything else goes to torch.distributed.
     """
     if not isinstance(group, Communicator):
-        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else op, group=group, async_op=async_op)
+        return dist.all_reduce(tensor, op=_reduce_op(op), group=group, async_op=async_op)
     if not (op == "sum" or op == dist.ReduceOp.SUM):
         raise AllReduceInputError(f"the shared-memory all-reduce only sums, got op={op!r}")
     group.all_reduce(tensor)
-    return CompletedWork() if async_op else None
+    return CompletedWork(tensor) if async_op else None
 
 
 def cleanup_stale_segments(min_age_s: float = 30.0) -> list[str]:

@@ -150,3 +150,30 @@ def test_the_autotune_leaves_the_callers_rng_alone():
     assert not errors, errors
     assert results[0] == results[1]
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_async_work_has_torchs_face():
+    """A DDP communication hook chains on `work.get_future()`; our Work had only wait() and
+    is_completed(), an AttributeError for a drop-in caller."""
+    from drafter_lab.kernels.allreduce import Communicator, all_reduce
+
+    with Communicator(0, 1, name=f"test-work-{os.getpid()}-{secrets.token_hex(4)}") as comm:
+        x = torch.arange(4.0)
+        work = all_reduce(x, group=comm, async_op=True)
+        assert work.wait() and work.is_completed() and work.is_success() and work.exception() is None
+        work.synchronize()
+        assert work.result()[0] is x
+        done = work.get_future().then(lambda f: f.value()[0] * 2)
+        assert torch.equal(done.wait(), torch.arange(4.0) * 2)
+
+
+def test_a_reduce_op_named_as_a_string_reaches_a_torch_group():
+    """op="max" went to dist.all_reduce as the string: a pybind TypeError."""
+    from drafter_lab.kernels.allreduce import AllReduceInputError, all_reduce
+
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    x = torch.tensor([1.0, 5.0])
+    assert all_reduce(x, op="max", group=group) is None and torch.equal(x, torch.tensor([1.0, 5.0]))
+    all_reduce(x, op="sum", group=group, async_op=True).wait()
+    with pytest.raises(AllReduceInputError, match="unknown reduce op 'mean'"):
+        all_reduce(x, op="mean", group=group)

@@ -66,7 +66,9 @@ class Communicator:
     counted in the store; a failed rendezvous is not counted, so a retry, or the next run on a `path=`
     file, meets its peers), `path=` (a FileStore at that path), or `name=` alone (a fixed segment
     name every rank knows). All ranks must construct their communicators, and then call them, in
-    the same order.
+    the same order. Several groups on one store (two TP groups of one job) need distinct `name=`s.
+    `timeout_s` bounds the init too: ranks that arrive further apart (one still loading weights)
+    need a larger one, or communicators made once every rank is ready.
 
     `one_shot_max_bytes=None` times the algorithms at init (collectively, on the current
     stream); ranks that are streams of one process must pass a value instead. `ll_max_bytes=None`
@@ -96,6 +98,8 @@ class Communicator:
             raise LabError("pass store= or path=, not both")
         if store is None and path is None and name is None:
             raise LabError("the all-reduce needs a rendezvous: pass store=, path= or name=")
+        if world_size < 1:
+            raise LabError(f"world_size must be >= 1, got {world_size}")
         if not 0 <= rank < world_size:  # through a store it waited out the timeout for a key no rank 0 sets
             raise LabError(f"rank {rank} is outside 0..{world_size - 1}")
         if not timeout_s > 0:  # only rank 0 refused it; through a store the others waited forever at 0

@@ -177,3 +177,12 @@ def test_a_reduce_op_named_as_a_string_reaches_a_torch_group():
     all_reduce(x, op="sum", group=group, async_op=True).wait()
     with pytest.raises(AllReduceInputError, match="unknown reduce op 'mean'"):
         all_reduce(x, op="mean", group=group)
+
+
+def test_a_world_of_no_ranks_is_named_as_such():
+    """It said "rank 0 is outside 0..-1"."""
+    from drafter_lab.errors import LabError
+    from drafter_lab.kernels.allreduce import Communicator
+
+    with pytest.raises(LabError, match=r"^world_size must be >= 1, got 0$"):
+        Communicator(0, 0, name="never")

@@ -13,28 +13,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from test_allreduce_review import _pair  # this directory is on sys.path (pytest prepends it)
 
 from drafter_lab.kernels import _ext
 
 pytestmark = pytest.mark.skipif(not _ext.available(), reason=_ext.unavailable_reason() or "extension built")
-
-
-def _ranks(make, world=2):
-    """Runs make(rank) for each rank on its own thread; returns ({rank: result}, {rank: error})."""
-    results, errors = {}, {}
-
-    def run(r):
-        try:
-            results[r] = make(r)
-        except Exception as e:
-            errors[r] = e
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results, errors
 
 
 def test_no_timeout_through_a_store_meets_its_peers():
@@ -48,7 +31,7 @@ def test_no_timeout_through_a_store_meets_its_peers():
         with Communicator(r, 2, store=store, timeout_s=5 if r == 0 else float("inf"), one_shot_max_bytes=0) as comm:
             return comm.all_reduce(torch.full((3,), r + 1.0))
 
-    results, errors = _ranks(rank)
+    results, errors = _pair(rank)
     assert not errors, errors
     assert all(torch.equal(results[r], torch.full((3,), 3.0)) for r in (0, 1))
 
@@ -104,7 +87,7 @@ def test_a_rendezvous_file_kept_by_a_run_of_another_world_size_does_not_hold_up_
             with Communicator(r, world, path=path, timeout_s=3, one_shot_max_bytes=0) as comm:
                 return comm.all_reduce(torch.full((4,), r + 1.0))
 
-        results, errors = _ranks(rank, world)
+        results, errors = _pair(rank, range(world))
         assert not errors, (world, errors)
         total = world * (world + 1) / 2
         assert all(torch.equal(results[r], torch.full((4,), total)) for r in range(world)), world
@@ -120,7 +103,7 @@ def test_a_threshold_refused_at_init_closes_the_communicator(bad):
 
     tag = f"test-refused-threshold-{os.getpid()}-{secrets.token_hex(4)}"
     kwargs = {0: {"one_shot_max_bytes": 0}, 1: {"one_shot_max_bytes": 0, **bad}}
-    comms, errors = _ranks(lambda r: Communicator(r, 2, name=tag, timeout_s=10, **kwargs[r]))
+    comms, errors = _pair(lambda r: Communicator(r, 2, name=tag, timeout_s=10, **kwargs[r]))
     assert isinstance(errors.get(1), AllReduceInputError) and 0 not in errors, errors
     t = time.monotonic()
     try:
@@ -146,7 +129,7 @@ def test_the_autotune_leaves_the_callers_rng_alone():
         with Communicator(r, 2, store=store, timeout_s=10, max_bytes=16 << 10) as comm:
             return comm.one_shot_max_bytes
 
-    results, errors = _ranks(rank)
+    results, errors = _pair(rank)
     assert not errors, errors
     assert results[0] == results[1]
     assert torch.equal(torch.get_rng_state(), before)

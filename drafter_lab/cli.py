@@ -37,6 +37,7 @@ PATH_DESTS = frozenset({
 
 
 def nonempty_path(text: str) -> str:
+    """argparse type of every PATH_DESTS option that has none of its own."""
     if not text:
         raise argparse.ArgumentTypeError("empty: name a file or directory")
     return text

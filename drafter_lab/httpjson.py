@@ -56,6 +56,16 @@ def timeout_arg(text: str) -> float:
     return seconds
 
 
+def add_client_args(parser) -> None:
+    """`--retries` and `--timeout`, the same for every command that talks to a server (--server)."""
+    parser.add_argument("--retries", type=int, default=None, metavar="N",
+                        help="with --server: retries of a request that failed to connect or got a 5xx or 429 answer "
+                             "(1, 2, 4, ... s apart, or as its Retry-After asks; default 3)")
+    parser.add_argument("--timeout", type=timeout_arg, default=None, metavar="SECONDS",
+                        help="with --server: seconds to wait for each read from a server (default 600); a generation "
+                             "not answered within them is not sent again, as the server may still be running it")
+
+
 ONE_LINE_MAX = 500
 """The longest server message an error quotes: vLLM's context-length refusal, advice at its end, fits."""
 

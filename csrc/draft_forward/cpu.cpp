@@ -72,7 +72,7 @@ DRAFTER_LAB_HOT void dot1x8_body(const float* x, const float* const* w, int64_t 
 
 // y[b * 4 + r] = x[b] . w[r] for b < nb <= 4 and four weight rows (batches past nb re-read row 0
 // and are dropped): the four rows share every load of x (0.5 loads per FMA) and stream together,
-// which reads about 20 % faster than two rows at a time.
+// which reads 10-20 % faster than two rows at a time.
 DRAFTER_LAB_HOT void dot4x4_body(const float* x, int64_t ldx, int nb, const float* const* w, int64_t n, float* y) {
   const float* xr[4] = {x, x + (nb > 1 ? ldx : 0), x + (nb > 2 ? 2 * ldx : 0), x + (nb > 3 ? 3 * ldx : 0)};
   v8f a[4][4] = {};

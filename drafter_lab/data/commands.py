@@ -11,7 +11,7 @@ from pathlib import Path
 
 from drafter_lab.config import field_docs
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import server_url, timeout_arg
+from drafter_lab.httpjson import add_client_args, server_url
 
 
 def aux_ids_arg(text: str) -> list[int]:
@@ -60,12 +60,7 @@ def register(subparsers) -> None:
     r.add_argument("--model", default=None, help="with --server: the model name to request (default: the first "
                                                  "the server's /v1/models lists)")
     r.add_argument("--concurrency", type=int, default=None, help="with --server: conversations in flight (default 8)")
-    r.add_argument("--retries", type=int, default=None, help="with --server: retries of a request that failed to "
-                                                              "connect or got a 5xx or 429 answer (1, 2, 4, ... s "
-                                                              "apart, or as its Retry-After asks; default 3)")
-    r.add_argument("--timeout", type=timeout_arg, default=None, metavar="SECONDS",
-                   help="with --server: seconds to wait for each read from the server (default 600); a "
-                        "generation not answered within them is not sent again, as the server may still be running it")
+    add_client_args(r)
     r.add_argument("--temperature", type=float, default=d.temperature, help=docs["temperature"])
     r.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
     r.add_argument("--batch-size", type=int, default=None,

@@ -14,7 +14,7 @@ from drafter_lab.data.capture_config import (
     template_kwargs_arg,
 )
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import server_url, timeout_arg
+from drafter_lab.httpjson import add_client_args, server_url
 from drafter_lab.spec.ngram_config import NgramConfig
 
 # Flags of the lab's own decoding, with their defaults: a served eval (--server) refuses them.
@@ -95,12 +95,7 @@ def register(sub) -> None:
     e.add_argument("--request-rate", type=rate_list, default=[None], metavar="RATE",
                    help="with --server: requests per second, arriving as a seeded Poisson process (bench_serving's "
                         "--request-rate; default: all at once); a list (1,4,16) sweeps")
-    e.add_argument("--retries", type=int, default=None, metavar="N",
-                   help="with --server: retries of a request that failed to connect or got a 5xx or 429 answer "
-                        "(1, 2, 4, ... s apart, or as its Retry-After asks; default 3)")
-    e.add_argument("--timeout", type=timeout_arg, default=None, metavar="SECONDS",
-                   help="with --server: seconds to wait for each read from the servers (default 600); a "
-                        "generation not answered within them is not sent again, as the server may still be running it")
+    add_client_args(e)
     e.add_argument("--steps", type=int_list, default=LOCAL_ONLY["steps"],
                    help="draft depth S (drafter steps per cycle); a list (2,4,6) sweeps")
     e.add_argument("--topk", type=int_list, default=LOCAL_ONLY["topk"],

@@ -30,6 +30,7 @@ After a failure a communicator is unusable; create a new one.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import statistics
 import time
@@ -56,6 +57,28 @@ class AllReduceInputError(LabError, ValueError):
 
 def _native():
     return _ext.load().allreduce
+
+
+def _check_file_store(path) -> None:
+    """Refuse a `path=` that torch's FileStore would hang on: one it cannot open (it retries for 5
+    minutes, then raises without the path) or one that holds something else (it waits forever for
+    the rest of a record whose length it read from the file's first bytes). A FileStore file is
+    records of a little-endian uint32 length and that many bytes, a key and a value each, appended
+    under flock; the shared lock waits out a peer's append."""
+    try:
+        with open(path, "ab+") as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            f.seek(0)
+            data = f.read()
+    except OSError as e:  # a missing directory, a directory, no permission
+        raise AllReduceError(f"cannot open the rendezvous file store: {e.strerror}", path) from None
+    at = strings = 0
+    while at + 4 <= len(data):
+        at += 4 + int.from_bytes(data[at:at + 4], "little")
+        strings += 1
+    if at != len(data) or strings % 2:
+        raise AllReduceError("is not a torch.distributed FileStore file (records of a uint32 length and "
+                             "bytes, key then value); pass a new path or an empty file", path)
 
 
 class Communicator:
@@ -107,10 +130,7 @@ class Communicator:
         native = _native()
         self._device = self._resolve_device(backend, device)
         if path is not None:
-            try:  # FileStore retries a file it cannot open for 5 minutes, then raises without the path
-                open(path, "ab").close()
-            except OSError as e:  # a missing directory, a directory, no permission
-                raise AllReduceError(f"cannot open the rendezvous file store: {e.strerror}", path) from None
+            _check_file_store(path)
             store = dist.FileStore(str(path), world_size)
         self._store = store
         try:

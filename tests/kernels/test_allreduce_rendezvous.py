@@ -85,6 +85,37 @@ def test_a_path_that_cannot_hold_the_store_is_one_line_naming_it(tmp_path, where
     assert issubclass(AllReduceError, LabError)
 
 
+@pytest.mark.parametrize("content", [b"hello, not a store\n", "cut", "odd"])
+def test_a_file_that_is_no_file_store_is_one_line_naming_it(tmp_path, content):
+    """torch's FileStore read 'hell' as a record length and waited for its bytes forever; a store file
+    cut inside a record, or ending on a key without its value, likewise."""
+    path = tmp_path / "store"
+    if isinstance(content, str):  # a real store's file, then spoiled
+        store = dist.FileStore(str(path), 2)
+        store.set("key", "value")
+        del store  # closed before the spoiling (its destructor reads the file); one of two users keeps it
+        data = path.read_bytes()
+        path.write_bytes(data[:-2] if content == "cut" else data + b"\x03\x00\x00\x00abc")
+    else:
+        path.write_bytes(content)
+    code = f"from drafter_lab.kernels.allreduce import Communicator; Communicator(0, 1, path={str(path)!r}, one_shot_max_bytes=0)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f"AllReduceError: {path}: is not a torch.distributed FileStore file" in proc.stderr.splitlines()[-1]
+
+
+def test_a_file_store_file_from_a_finished_run_is_taken(tmp_path):
+    """The check reads a real store's records: a file kept by an earlier store (its keys, its refcount) works."""
+    from drafter_lab.kernels.allreduce import Communicator
+
+    path = tmp_path / "store"
+    first = dist.FileStore(str(path), 2)
+    first.set("x" * 300, "y")  # a length past one byte
+    comm = Communicator(0, 1, path=path, one_shot_max_bytes=0)
+    assert torch.equal(comm.all_reduce(torch.ones(3)), torch.ones(3))
+    comm.close()
+
+
 @pytest.mark.parametrize("rank", [-1, 2])
 def test_a_rank_outside_the_group_is_refused_at_once(rank):
     """Through a store, it waited out the whole timeout and then blamed rank 0."""

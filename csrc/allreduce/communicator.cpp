@@ -388,4 +388,6 @@ void register_allreduce(pybind11::module_& m) {
   sub.def("cleanup_stale", &drafter_lab::allreduce::cleanup_stale, py::arg("min_age_s") = 30.0,
           "Removes all-reduce segments whose processes are all dead; returns their names.");
   sub.attr("with_cuda") = drafter_lab::allreduce::kWithCuda;
+  sub.attr("max_ranks") = drafter_lab::allreduce::kMaxRanks;
+  sub.attr("max_blocks") = drafter_lab::allreduce::kMaxBlocks;
 }

@@ -30,7 +30,6 @@ After a failure a communicator is unusable; create a new one.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import statistics
 import time
@@ -59,26 +58,29 @@ def _native():
     return _ext.load().allreduce
 
 
-def _check_file_store(path) -> None:
+def _check_file_store(path, tries: int = 5) -> None:
     """Refuse a `path=` that torch's FileStore would hang on: one it cannot open (it retries for 5
     minutes, then raises without the path) or one that holds something else (it waits forever for
     the rest of a record whose length it read from the file's first bytes). A FileStore file is
-    records of a little-endian uint32 length and that many bytes, a key and a value each, appended
-    under flock; the shared lock waits out a peer's append."""
-    try:
-        with open(path, "ab+") as f:
-            fcntl.flock(f, fcntl.LOCK_SH)
-            f.seek(0)
-            data = f.read()
-    except OSError as e:  # a missing directory, a directory, no permission
-        raise AllReduceError(f"cannot open the rendezvous file store: {e.strerror}", path) from None
-    at = strings = 0
-    while at + 4 <= len(data):
-        at += 4 + int.from_bytes(data[at:at + 4], "little")
-        strings += 1
-    if at != len(data) or strings % 2:
-        raise AllReduceError("is not a torch.distributed FileStore file (records of a uint32 length and "
-                             "bytes, key then value); pass a new path or an empty file", path)
+    records of a little-endian uint32 length and that many bytes, a key and a value each. Read
+    without its flock: a FileStore made in another thread holds the GIL while it waits for that
+    lock. A peer's append in flight reads as a cut record, so a bad read is tried again first."""
+    for attempt in range(tries):
+        try:
+            with open(path, "ab+") as f:
+                f.seek(0)
+                data = f.read()
+        except OSError as e:  # a missing directory, a directory, no permission
+            raise AllReduceError(f"cannot open the rendezvous file store: {e.strerror}", path) from None
+        at = strings = 0
+        while at + 4 <= len(data):
+            at += 4 + int.from_bytes(data[at:at + 4], "little")
+            strings += 1
+        if at == len(data) and strings % 2 == 0:
+            return
+        time.sleep(0.05 * 2**attempt)
+    raise AllReduceError("is not a torch.distributed FileStore file (records of a uint32 length and bytes, "
+                         "key then value); pass a new path or an empty file", path)
 
 
 class Communicator:
@@ -121,13 +123,19 @@ class Communicator:
             raise LabError("pass store= or path=, not both")
         if store is None and path is None and name is None:
             raise LabError("the all-reduce needs a rendezvous: pass store=, path= or name=")
-        if world_size < 1:
-            raise LabError(f"world_size must be >= 1, got {world_size}")
-        if not 0 <= rank < world_size:  # through a store it waited out the timeout for a key no rank 0 sets
-            raise LabError(f"rank {rank} is outside 0..{world_size - 1}")
-        if not timeout_s > 0:  # only rank 0 refused it; through a store the others waited forever at 0
-            raise AllReduceInputError(f"timeout_s must be positive, got {timeout_s!r}")
         native = _native()
+        # Checked here, on every rank: through a store only rank 0's segment refused a bad value, while
+        # the others waited out the timeout for a key it never set (or forever, at timeout_s 0).
+        if not 1 <= world_size <= native.max_ranks:
+            raise LabError(f"world_size must be in 1..{native.max_ranks}, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise LabError(f"rank {rank} is outside 0..{world_size - 1}")
+        if not timeout_s > 0:
+            raise AllReduceInputError(f"timeout_s must be positive, got {timeout_s!r}")
+        if max_bytes < 1:
+            raise AllReduceInputError(f"max_bytes must be positive, got {max_bytes}")
+        if not 1 <= blocks <= native.max_blocks:
+            raise AllReduceInputError(f"blocks must be in 1..{native.max_blocks}, got {blocks}")
         self._device = self._resolve_device(backend, device)
         if path is not None:
             _check_file_store(path)

@@ -167,5 +167,20 @@ def test_a_world_of_no_ranks_is_named_as_such():
     from drafter_lab.errors import LabError
     from drafter_lab.kernels.allreduce import Communicator
 
-    with pytest.raises(LabError, match=r"^world_size must be >= 1, got 0$"):
+    with pytest.raises(LabError, match=r"^world_size must be in 1\.\.16, got 0$"):
         Communicator(0, 0, name="never")
+
+
+@pytest.mark.parametrize(("world", "kw", "message"), [
+    (17, {}, r"^world_size must be in 1\.\.16, got 17$"),
+    (2, {"max_bytes": 0}, r"^max_bytes must be positive, got 0$"),
+    (2, {"blocks": 65}, r"^blocks must be in 1\.\.64, got 65$"),
+])
+def test_settings_only_rank_0s_segment_refused_fail_every_rank_at_once(world, kw, message):
+    """Through a store, rank 1 waited out its whole timeout for the segment rank 0 never published,
+    then blamed rank 0, whose own error said what was wrong."""
+    from drafter_lab.errors import LabError
+    from drafter_lab.kernels.allreduce import Communicator
+
+    with pytest.raises(LabError, match=message):
+        Communicator(1, world, store=dist.HashStore(), timeout_s=5, one_shot_max_bytes=0, **kw)

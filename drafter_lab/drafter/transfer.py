@@ -155,12 +155,16 @@ def _vocab_kind(tokenizer) -> str | None:
 
 def _token_keys(tokenizer) -> tuple[dict[int, bytes | str], set[int]]:
     """Each id's bytes (what its token stands for in text); an added or special token's content string.
-    And the ids of the byte-fallback tokens."""
+    And the ids of the byte-fallback tokens. A tiktoken vocabulary (Qwen-1's, remote code) is keyed by
+    the tokens' bytes themselves."""
     kind = _vocab_kind(tokenizer)
     added = set(tokenizer.get_added_vocab().values())
     alphabet = _byte_level_alphabet()
     keys, fallbacks = {}, set()
     for token, i in tokenizer.get_vocab().items():
+        if isinstance(token, bytes):
+            keys[i] = token
+            continue
         fallback = BYTE_FALLBACK.fullmatch(token) if kind == "metaspace" else None
         if fallback:
             keys[i] = bytes([int(fallback[1], 16)])

@@ -153,7 +153,9 @@ def _paragraphs_within(text: str, limit: int) -> str:
     return out
 
 
-def _examples_in(f: SourceFile, max_source_chars: int):
+def _examples_in(f: SourceFile, max_source_chars: int, too_long: list[str]):
+    """The examples of `f`; the functions left out only for being longer than `max_source_chars` are
+    added to `too_long`, so that a corpus too small can say which option to raise."""
     text = f.data.decode("utf-8", errors="replace").expandtabs(8)
     try:
         tree = ast.parse(text)
@@ -170,6 +172,7 @@ def _examples_in(f: SourceFile, max_source_chars: int):
             continue  # docstring on the `def` line: nothing left to show without it
         source = textwrap.dedent("\n".join(lines[fn.lineno - 1 : fn.end_lineno]))
         if len(source) > max_source_chars:
+            too_long.append(f"{module}.{qualname}")
             continue
         keep = [
             line
@@ -239,8 +242,9 @@ def build_corpus(
     seeded order, so it does not depend on the file walk.
     """
     slices: dict[str, list[tuple[float, dict]]] = {"base": [], "shifted": []}
+    too_long: list[str] = []
     for f in files:
-        for module, qualname, signature, doc, source, bare in _examples_in(f, max_source_chars):
+        for module, qualname, signature, doc, source, bare in _examples_in(f, max_source_chars, too_long):
             name = f"{module}.{qualname}"
             if _unit(seed, "slice", name) < shifted_share:
                 kind, conv = "shifted", _shifted_conversation(module, qualname, bare, doc, max_source_chars)
@@ -251,9 +255,11 @@ def build_corpus(
     ordered = {k: [r for _, r in sorted(v, key=lambda t: (t[0], t[1]["id"]))] for k, v in slices.items()}
     for kind, records in ordered.items():
         if len(records) < heldout_per_slice + 1:
+            cut = (f"; {len(too_long)} functions longer than max_source_chars={max_source_chars} were left out"
+                   if too_long else "")
             raise LabError(
                 f"corpus too small: the {kind} slice has {len(records)} conversations, "
-                f"need more than {heldout_per_slice} held out (from {len(files)} files)"
+                f"need more than {heldout_per_slice} held out (from {len(files)} files){cut}"
             )
     return Corpus(
         base=ordered["base"][heldout_per_slice:],

@@ -153,15 +153,29 @@ def _vocab_kind(tokenizer) -> str | None:
     return None
 
 
+def _kept_apart(tokenizer) -> dict[str, int]:
+    """The special tokens a tiktoken tokenizer keeps out of both get_vocab() and get_added_vocab()
+    (Qwen-1's `special_tokens`: its <|im_end|> would otherwise pair with nothing)."""
+    special = getattr(tokenizer, "special_tokens", None)
+    if not isinstance(special, dict):
+        return {}
+    return {t: i for t, i in special.items() if isinstance(t, str) and isinstance(i, int)}
+
+
+def _vocab(tokenizer) -> dict[str | bytes, int]:
+    """Every token and its id: get_vocab() and the special tokens kept apart from it."""
+    return {**_kept_apart(tokenizer), **tokenizer.get_vocab()}
+
+
 def _token_keys(tokenizer) -> tuple[dict[int, bytes | str], set[int]]:
     """Each id's bytes (what its token stands for in text); an added or special token's content string.
     And the ids of the byte-fallback tokens. A tiktoken vocabulary (Qwen-1's, remote code) is keyed by
     the tokens' bytes themselves."""
     kind = _vocab_kind(tokenizer)
-    added = set(tokenizer.get_added_vocab().values())
+    added = {*tokenizer.get_added_vocab().values(), *_kept_apart(tokenizer).values()}
     alphabet = _byte_level_alphabet()
     keys, fallbacks = {}, set()
-    for token, i in tokenizer.get_vocab().items():
+    for token, i in _vocab(tokenizer).items():
         if isinstance(token, bytes):
             keys[i] = token
             continue
@@ -185,16 +199,16 @@ def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor 
     has two tokens of the same bytes (a byte-fallback <0x41> beside 'A'): the one of the same spelling,
     else its lowest id that is no byte fallback (the token its text is written with, which a drafter's
     vocab and embedding know)."""
-    if source_tokenizer.get_vocab() == new_tokenizer.get_vocab():
+    spelled = _vocab(source_tokenizer)
+    if spelled == _vocab(new_tokenizer):
         return None
     src_keys, src_fallbacks = _token_keys(source_tokenizer)
-    spelled = source_tokenizer.get_vocab()
     theirs: dict[bytes | str, int] = {}
     for i, key in sorted(src_keys.items(), key=lambda item: (item[0] in src_fallbacks, item[0])):
         theirs.setdefault(key, i)
     new_keys, _ = _token_keys(new_tokenizer)
     out = torch.full((vocab_size,), -1, dtype=torch.long)
-    for token, i in new_tokenizer.get_vocab().items():
+    for token, i in _vocab(new_tokenizer).items():
         if i < vocab_size:
             same = spelled.get(token)
             out[i] = same if same is not None and src_keys[same] == new_keys[i] else theirs.get(new_keys[i], -1)

@@ -82,7 +82,7 @@ def test_two_bytes_keyed_vocabularies_pair_tokens_by_their_bytes(vocabs):
     assert theirs[b" de"] != mine[b" de"] and tokens[mine[b" de"]] == theirs[b" de"]
     shared = set(theirs) & set(mine)
     assert_pairs_by_bytes(qa, qb, tokens, len(shared))
-    assert int((tokens >= 0).sum()) == len(shared)
+    assert int((tokens >= 0).sum()) == len(shared) + len(qb.special_tokens)  # and each special token
 
 
 def ordinary(tokenizer):
@@ -109,3 +109,13 @@ def test_a_byte_level_source_pairs_a_bytes_keyed_vocabulary_by_bytes(vocabs):
     ids = ordinary(b)
     assert torch.equal(tokens[ids], token_map(a, b, len(b))[ids])
     assert_pairs_by_bytes(a, qb, tokens, 200)
+
+
+def test_special_tokens_kept_apart_pair_by_their_content(vocabs):
+    """Qwen-1 keeps <|im_end|> out of get_vocab() and get_added_vocab(): the new target's <|im_end|>
+    (the end of every assistant turn, so in any draft vocab) mapped to -1 and took the target's row."""
+    a, b, qa, qb = vocabs
+    for src, new in ((qa, b), (a, qb), (qa, qb)):
+        tokens = token_map(src, new, len(b))
+        for special in ("<|im_end|>", "<|im_start|>", "<|endoftext|>"):
+            assert tokens[b.get_added_vocab()[special]] == a.get_added_vocab()[special], (special, type(src), type(new))

@@ -199,8 +199,8 @@ def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor 
     has two tokens of the same bytes (a byte-fallback <0x41> beside 'A'): the one of the same spelling,
     else its lowest id that is no byte fallback (the token its text is written with, which a drafter's
     vocab and embedding know)."""
-    spelled = _vocab(source_tokenizer)
-    if spelled == _vocab(new_tokenizer):
+    spelled, mine = _vocab(source_tokenizer), _vocab(new_tokenizer)
+    if spelled == mine:
         return None
     src_keys, src_fallbacks = _token_keys(source_tokenizer)
     theirs: dict[bytes | str, int] = {}
@@ -208,7 +208,7 @@ def token_map(source_tokenizer, new_tokenizer, vocab_size: int) -> torch.Tensor 
         theirs.setdefault(key, i)
     new_keys, _ = _token_keys(new_tokenizer)
     out = torch.full((vocab_size,), -1, dtype=torch.long)
-    for token, i in _vocab(new_tokenizer).items():
+    for token, i in mine.items():
         if i < vocab_size:
             same = spelled.get(token)
             out[i] = same if same is not None and src_keys[same] == new_keys[i] else theirs.get(new_keys[i], -1)

@@ -385,12 +385,17 @@ class CompletedWork:
 
     def __init__(self, tensor: torch.Tensor):
         self._tensor = tensor
+        # is_completed() polls the GPU, as NCCL's Work does: a caller that polls it before reading
+        # the tensor off the stream's order must not see the sum while it is still queued
+        self._done = torch.cuda.Event() if tensor.is_cuda else None
+        if self._done is not None:
+            self._done.record(torch.cuda.current_stream(tensor.device))
 
     def wait(self, timeout=None) -> bool:
-        return True
+        return True  # the current stream already runs after the reduction
 
     def is_completed(self) -> bool:
-        return True
+        return self._done is None or self._done.query()
 
     def is_success(self) -> bool:
         return True

@@ -324,3 +324,20 @@ def test_cuda_missing_rank_and_mismatch_are_reported(backend, ll):
         _on_streams(comms, [partial(c.all_reduce, x) for c, x in zip(comms, xs)])
     for c in comms:
         c.close()
+
+
+def test_async_work_is_not_completed_while_the_sum_is_queued():
+    """is_completed() said True while the reduction still sat behind other work on the stream; a
+    caller polling it before reading the tensor off that stream's order read a partial sum."""
+    from drafter_lab.kernels.allreduce import all_reduce
+
+    (comm,) = _group(1, "cuda-ipc")
+    x = torch.randn(4096, device=comm.device)
+    want = x.clone()
+    with torch.cuda.device(comm.device):
+        torch.cuda._sleep(200_000_000)  # ~100 ms ahead of the reduction on the same stream
+        work = all_reduce(x, group=comm, async_op=True)
+        assert not work.is_completed()
+        torch.cuda.current_stream().synchronize()
+    assert work.is_completed() and torch.equal(x, want)
+    comm.close()

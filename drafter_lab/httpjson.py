@@ -139,7 +139,7 @@ def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0
     raw = _open(url, None if body is None else json.dumps(body).encode(), timeout_s, retries, whole=True)
     try:
         return json.loads(raw)
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or not UTF-8 (a proxy's Latin-1 page)
         if raw.lstrip().startswith(b"data:"):  # a gateway or server that always streams
             raise LabError('server answered a stream of server-sent events, not JSON: it (or a proxy before it) '
                            'ignores "stream": false; point --server at the engine itself', url) from None
@@ -171,7 +171,7 @@ def stream_json(url: str, body: dict, *, timeout_s: float = 600.0, retries: int 
                     return
                 try:
                     event = json.loads(data)
-                except json.JSONDecodeError:
+                except ValueError:  # not JSON, or not UTF-8
                     raise LabError(f"server sent an event that is not JSON: {_one_line(data.decode(errors='replace'))}",
                                    url) from None
                 if isinstance(event, dict) and (event.get("error") or event.get("object") == "error"):

@@ -24,7 +24,8 @@ def building(path: Path, what: str, wait: bool = True):
     `wait=False`: a LabError if another run holds it."""
     path = Path(path)
     make_parent(path)
-    with open(path.with_name(f".{path.name}.lock"), "a") as fh:
+    entry = path.resolve()  # `--out .` names no entry to put the lock beside
+    with open(entry.with_name(f".{entry.name}.lock"), "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -63,6 +63,10 @@ def _config(path: Path) -> bytes:
         return (path / "config.json").read_bytes()
     except FileNotFoundError:
         raise LabError("not a model directory: config.json is missing", path) from None
+    except NotADirectoryError:  # a weights or config file given for its model (torchrun's capture reads this first)
+        raise LabError("is a file, not a model directory: give the directory that holds the model", path) from None
+    except OSError as e:  # config.json a directory, or unreadable
+        raise LabError(f"cannot read config.json: {e.strerror}", path) from None
 
 
 def _windows(begin: int, length: int, stride: int, most: int):

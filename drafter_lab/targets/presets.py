@@ -9,6 +9,7 @@ above 1 run the same fine-tune further.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from drafter_lab.config import check_counts
@@ -81,6 +82,8 @@ class TargetConfig:
                             "max_source_chars", "seq_len", "batch_size", "train_prompts", "eval_prompts", "drift_conversations"),
                      ("corpus_max_files", "base_steps", "base_lr", "warmup_steps", "weight_decay", "tune_steps",
                       "tune_lr", "drift", "threads"))
+        if not math.isfinite(self.drift * self.tune_steps):  # round() of it: an OverflowError once base is trained
+            raise LabError(f"drift {self.drift} x tune_steps {self.tune_steps} is past any number of fine-tune steps")
         if not -(2**63) <= self.seed < 2**64 - 1:  # torch's 64-bit seeds (tuned's is seed + 1): else a mid-build traceback
             raise LabError(f"seed must be in {-(2**63)}..{2**64 - 2}, got {self.seed}")
         if self.vocab_size < SMALLEST_VOCAB:  # the trainer would quietly make that size: not the target asked for

@@ -21,7 +21,7 @@ import functools
 import torch
 
 from drafter_lab.kernels import draft_step as fused_op
-from drafter_lab.spec.sampling import scatter_dist
+from drafter_lab.spec.sampling import probs_from_logits, scatter_dist
 from drafter_lab.spec.tree import Candidates, DraftTree, chain
 
 
@@ -157,7 +157,7 @@ class DrafterRunner:
             if qs is None:
                 tok = ids[:, 0]
             else:
-                q = torch.softmax(lp / temperature, -1)
+                q = probs_from_logits(lp, temperature)
                 tok = ids.gather(1, torch.multinomial(q, 1, generator=generator))[:, 0]
                 qs.append(scatter_dist(ids, q, vocab))
             toks.append(tok)

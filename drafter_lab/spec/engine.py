@@ -146,7 +146,10 @@ class SpecEngine:
         self.drafter = DrafterRunner(drafter, self.cfg.use_fused) if drafter is not None else None
         self.eos = set(stop_token_ids(target)) if self.cfg.stop_at_eos else set()
         self.vocab = target.vocab_size
-        self.pad_id = getattr(target.tokenizer, "pad_token_id", None) or 0
+        # Fills masked slots, so any embedded id serves; a pad added to the tokenizer without resizing the
+        # embeddings (or none) would index past them
+        pad = getattr(target.tokenizer, "pad_token_id", None)
+        self.pad_id = pad if pad is not None and 0 <= pad < target.model.get_input_embeddings().num_embeddings else 0
 
     @property
     def fused(self) -> bool:

@@ -19,9 +19,14 @@ SAMPLE_TOPK = 8
 drafts from it, and a validation's sampled acceptance assumes it)."""
 
 
+MIN_TEMPERATURE = 1e-30
+"""Lower temperatures sample as this one, which is already the argmax (ties shared) for any logits a
+model gives: nearer 0, logits / T overflows fp32 and the probabilities turn NaN."""
+
+
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(logits / temperature) in fp32 (temperature > 0)."""
-    return torch.softmax(logits.float() / temperature, dim=-1)
+    """softmax(logits / temperature) in fp32 (temperature > 0, taken as MIN_TEMPERATURE below it)."""
+    return torch.softmax(logits.float() / max(temperature, MIN_TEMPERATURE), dim=-1)
 
 
 def accept_probability(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

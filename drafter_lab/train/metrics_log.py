@@ -20,7 +20,7 @@ BEST_DIR, BEST_FILE = "best", "best.json"
 
 
 class MetricsLog:
-    """metrics.jsonl: one JSON object per line, each appended with a single O_APPEND write."""
+    """metrics.jsonl: one JSON object per line, each appended with one O_APPEND write (more after a short one)."""
 
     def __init__(self, path, enabled: bool = True):
         self.path = Path(path)
@@ -32,7 +32,9 @@ class MetricsLog:
         line = (json.dumps(record, allow_nan=True) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
+            view = memoryview(line)
+            while view:  # a disk filling mid-line writes part of it: the rest raises, or completes the line
+                view = view[os.write(fd, view):]
         finally:
             os.close(fd)
 
@@ -47,12 +49,16 @@ class MetricsLog:
     def truncate(self, size: int) -> None:
         """Drop lines written after the checkpoint that recorded `size` (a file already that size is
         left untouched)."""
-        if not (self.enabled and self.path.exists()):
+        if not self.enabled:
             return
-        now = self.path.stat().st_size
-        if now < size:  # truncate would pad it with NUL bytes, which no reader parses
-            raise LabError(f"holds {now} bytes, fewer than the {size} its checkpoint recorded: "
-                           "it was cut or replaced; restore it or start a new run", self.path)
+        exists = self.path.exists()
+        now = self.path.stat().st_size if exists else 0
+        # Cut back, it would be padded with NUL bytes, which no reader parses; gone, the run would log on
+        # in a new file without the rows its state has counted.
+        if now < size:
+            what = (f"holds {now} bytes, fewer than the {size} its checkpoint recorded: it was cut or replaced"
+                    if exists else f"is missing, though its checkpoint recorded {size} bytes")
+            raise LabError(f"{what}; restore it or start a new run", self.path)
         if now > size:
             os.truncate(self.path, size)
 

@@ -76,7 +76,7 @@ class DrafterConfig:
             target_vocab_size=int(target_config.vocab_size),
             target_hidden_size=hidden,
             aux_layer_ids=[int(i) for i in aux_layer_ids],
-            rope_theta=float(getattr(target_config, "rope_theta", None) or _rope_theta(target_config)),
+            rope_theta=target_rope_theta(target_config),
             rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
             max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
         )
@@ -84,7 +84,18 @@ class DrafterConfig:
         return cls(**base)
 
 
-def _rope_theta(target_config) -> float:
+def target_rope_theta(target_config) -> float:
+    """The target's RoPE base: transformers 4's rope_theta, or 5's rope_parameters. Where its layer types
+    differ (Gemma 3, OLMo 3) they are nested by type: the full-attention layers' base (transformers 4's
+    rope_theta), as the drafter's one layer attends over the whole context too."""
+    if theta := getattr(target_config, "rope_theta", None):
+        return float(theta)
     params = getattr(target_config, "rope_parameters", None) or getattr(target_config, "rope_scaling", None) or {}
-    return float(params.get("rope_theta", 10000.0)) if isinstance(params, dict) else 10000.0
+    if not isinstance(params, dict):
+        return 10000.0
+    nested = [p for p in params.values() if isinstance(p, dict) and "rope_theta" in p]
+    if "rope_theta" not in params and nested:
+        full = params.get("full_attention")
+        params = full if isinstance(full, dict) and "rope_theta" in full else nested[0]
+    return float(params.get("rope_theta", 10000.0))
 

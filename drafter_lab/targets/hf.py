@@ -363,23 +363,30 @@ def _stored_name(param: str, loaded_as: dict[str, str]) -> str | None:
     return None
 
 
-def load_target_head(path, device="cpu") -> TargetHead:
-    """A target's config, embedding and lm_head (fp32), read from its safetensors files alone.
-
-    The names are the model's own (`_vocab_names`), found under any prefix such as a multimodal
-    wrapper's; a tied head is the embedding. A checkpoint without safetensors is loaded whole, once, to
-    take the two matrices."""
+def load_target_config(path) -> tuple:
+    """A model directory's config and its text model's (a multimodal wrapper's own lacks the sizes),
+    read without loading a weight."""
     from transformers import AutoConfig
 
     path = Path(path)
     _check_model_dir(path)
     try:
         whole = AutoConfig.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
-        config = whole.get_text_config()
+        return whole, whole.get_text_config()
     except Exception as e:
         if "trust_remote_code" not in str(e):
             raise LabError(f"cannot read the model config: {first_line(e)}", path) from None
-        whole, config = _config_as_written(path)  # no layer runs: the fields themselves will do
+        return _config_as_written(path)  # no layer runs: the fields themselves will do
+
+
+def load_target_head(path, device="cpu") -> TargetHead:
+    """A target's config, embedding and lm_head (fp32), read from its safetensors files alone.
+
+    The names are the model's own (`_vocab_names`), found under any prefix such as a multimodal
+    wrapper's; a tied head is the embedding. A checkpoint without safetensors is loaded whole, once, to
+    take the two matrices."""
+    path = Path(path)
+    whole, config = load_target_config(path)
     architecture = (getattr(whole, "architectures", None) or [_class_name(whole)])[0]
     files = _tensor_files(path)
     if not files:

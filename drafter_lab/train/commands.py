@@ -153,13 +153,14 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
     theta and norm settings always come from the target, so a config made for another target is refused,
     not half used."""
     from drafter_lab import atomic
+    from drafter_lab.drafter.config import target_rope_theta
     from drafter_lab.drafter.formats import parse_config, rope_scaling_text
+    from drafter_lab.targets.hf import load_target_config
 
     d, _ = parse_config(atomic.read_json(path, "draft model config not found"), path)
-    target = atomic.read_json(target_dir / "config.json", "not a model directory: config.json is missing")
-    theta = target.get("rope_theta") or (target.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    for what, mine, theirs in (("vocab_size", d.target_vocab_size, target.get("vocab_size")),
-                               ("rope_theta", d.rope_theta, float(theta))):
+    _, target = load_target_config(target_dir)  # the text model's, as the drafter is built from it
+    for what, mine, theirs in (("vocab_size", d.target_vocab_size, getattr(target, "vocab_size", None)),
+                               ("rope_theta", d.rope_theta, target_rope_theta(target))):
         if mine != theirs:
             raise LabError(f"made for another target: {what} {mine}, the target {target_dir} has {theirs}", path)
     return labconfig.replace(cfg, drafter_hidden_size=d.hidden_size, drafter_intermediate_size=d.intermediate_size,

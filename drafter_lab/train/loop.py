@@ -175,6 +175,22 @@ def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
         raise LabError(f"--resume with a different config ({', '.join(diff)}): the run would not be the same", out_dir)
 
 
+def _check_resume_drafter(out_dir: Path, dcfg: DrafterConfig) -> None:
+    """The drafter is built from the target's config, which another lab or transformers version may read
+    otherwise (Gemma 3's nested RoPE base once came out 10000): a resume must build the one it saved."""
+    from drafter_lab.drafter.formats import parse_config
+
+    path = out_dir / CONFIG
+    if not path.exists():  # killed before its first checkpoint
+        return
+    saved, _ = parse_config(atomic.read_json(path, "drafter config not found"), path)
+    diff = [f"{f.name} {getattr(saved, f.name)} there, {getattr(dcfg, f.name)} now" for f in dataclasses.fields(dcfg)
+            if getattr(saved, f.name) != getattr(dcfg, f.name)]
+    if diff:
+        raise LabError(f"--resume would build another drafter ({'; '.join(diff)}): finish the run with the version "
+                       "it began with, or begin it again", out_dir)
+
+
 def _check_resume_transfer(saved: dict | None, now: dict | None, out_dir) -> None:
     """A transfer's source weights, remap, L2-SP and learning-rate scale shape every step (the anchors
     and learning rates of the transferred weights): a resume needs the same. The source counts by its
@@ -309,6 +325,7 @@ class _Run:
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)
+            _check_resume_drafter(out_dir, dcfg)
             saved = self.saved.get("data", self.data)  # states saved before it was kept lack it
             self.data = as_recorded(saved, self.data, out_dir)
             if saved != self.data and without(saved, [ENCODED_HASH]) == without(self.data, [ENCODED_HASH]):

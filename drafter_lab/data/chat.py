@@ -14,8 +14,9 @@ as the turn's, and the conversation's last turn closed with the one it writes wh
 Role headers, user and system turns stay unmasked. Where the render of the turns before one is not
 a prefix of the whole (GPT-OSS writes a tool call's analysis until a final answer follows), the
 turn starts past the message before it (located by rendering with that message's text replaced by
-a marker) and what that render writes after it; else the assistant text itself is looked for. A
-turn the template writes otherwise once later turns follow (Qwen3 drops its thinking, harmony
+a marker) and what that render writes after it; else where its own text is written (located
+likewise: DeepSeek-R1's prompt opens a think block its earlier turns lack), else that text is looked
+for. A turn the template writes otherwise once later turns follow (Qwen3 drops its thinking, harmony
 closes it with `<|end|>` where its own render has `<|return|>`) runs up to the next message's text
 (located likewise) and ends at the first token the target stops at there (GPT-OSS's `<|call|>`),
 else at the first special token after its answer.
@@ -281,17 +282,20 @@ def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, templ
     if start is not None and start >= cursor:
         after = start
     else:
-        start, answer = _shown(m, text, cursor, len(text))
-        if start < 0 and not m["content"].strip():
-            # No text to look for (a bare tool call), after a prompt the template writes otherwise here
-            # (Qwen3's empty think block, its thinking off): where the template writes the turn's text.
-            placed = _located(tokenizer, messages, i, text, template_kwargs, tools)
-            start = placed[0] if placed is not None and placed[0] >= cursor else -1
-        if start < 0:
-            raise LabError(
-                f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
-            )
-        after = start + len(answer)
+        # After a prompt the template writes otherwise here (DeepSeek-R1's `<think>\n`, Qwen3's empty
+        # think block): where the template writes the turn's text, found by its marker, not by the text,
+        # which an earlier message may hold ("Now say bye" before "bye"); its text is looked for only
+        # where it is not written once as given (inline thinking the template cuts).
+        placed = _located(tokenizer, messages, i, text, template_kwargs, tools)
+        if placed is not None and placed[0] >= cursor:
+            start, after = placed[0], placed[0] + placed[1]
+        else:
+            start, answer = _shown(m, text, cursor, len(text))
+            if start < 0:
+                raise LabError(
+                    f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
+                )
+            after = start + len(answer)
     upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
     # The end-of-turn token is looked for past the answer: one written in it (a dataset's literal
     # `<|im_end|>`, which the tokenizer reads as that token) is the answer's text, not its end.

@@ -3,7 +3,8 @@ is one JSON array of those objects (ShareGPT's own dump; SpecForge reads both th
 and a gzip-compressed file is read as the file it holds, as `datasets` reads one. UTF-16 or UTF-32
 text (Windows tools write UTF-16 with a byte order mark) is read as its UTF-8, as is UTF-8 with a BOM.
 
-Each line holds `conversations` (or `messages`): a list of turns written either as
+Each line holds `conversations` (or `messages`; a null one is absent, as pandas and `datasets` write a
+table of both dialects): a list of turns written either as
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
 where `human` means user and `gpt` means assistant, as do `chatgpt`, `bing` and `bard` in ShareGPT's
 own dump, which SpecForge's prepare_data.py maps so too). An optional `id` names the conversation (as
@@ -34,8 +35,9 @@ Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation
 `tools` it offers (objects, or a JSON string of them as some datasets store it; the OpenAI API's
 `functions` before it had tools, bare function schemas, read as those tools), an assistant turn may
 make `tool_calls` (its content then may be null), and a turn with role `tool` (`ipython`, Llama 3's
-name; `observation`, ShareGPT's; `function`, the OpenAI API's before it had tools) holds a result, with
-its `tool_call_id` and `name` where given. ShareGPT writes a call as a turn of its own, `function_call`,
+name; `observation`, ShareGPT's; `function`, the OpenAI API's before it had tools) holds a result (text,
+or a JSON value such as an object or an array, read as its JSON text), with its `tool_call_id` and
+`name` where given. ShareGPT writes a call as a turn of its own, `function_call`,
 its value the call (or a list of calls) as JSON: it is read as an assistant turn making those calls;
 the OpenAI API's `function_call` on an assistant turn, its one call before tools, as that call. Each
 call is kept as a server hands it to the chat template: `{"type": "function", "function": {"name",
@@ -189,11 +191,18 @@ def _thinking_parts(content, where: str, path) -> tuple[object, str | None]:
     return content[n:], "\n".join(thoughts) if n else None
 
 
+def _either(obj: dict, key: str, other: str):
+    """obj[key], else obj[other]: a file of both dialects written through pandas or `datasets` (one
+    table) holds each row's keys of the other dialect as null."""
+    value = obj.get(key)
+    return obj.get(other) if value is None else value
+
+
 def _parse_turn(turn, where: str, path) -> dict:
     if not isinstance(turn, dict):
         raise LabError(f"{where}: a turn is {type(turn).__name__}, not an object", path)
-    role = turn.get("role", turn.get("from"))
-    content = turn.get("content", turn.get("value"))
+    role = _either(turn, "role", "from")
+    content = _either(turn, "content", "value")
     if str(role).lower() == "function_call":  # ShareGPT's call turn: the value is the call, or a list of them, as JSON
         calls = _json_or_same(content)
         turn = {"role": "assistant", "content": "", "tool_calls": calls if isinstance(calls, list) else [calls]}
@@ -215,7 +224,9 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
     if str(role).lower() not in ROLES:
         raise LabError(f"{where}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})", path)
-    if ROLES[str(role).lower()] == "tool" and not isinstance(content, (str, list)):
+    # A list is content parts where any item has a type; a tool's result of another list is a JSON value.
+    parts = isinstance(content, list) and (not content or any(isinstance(c, dict) and "type" in c for c in content))
+    if ROLES[str(role).lower()] == "tool" and not (isinstance(content, str) or parts):
         content = json.dumps(content, ensure_ascii=False)  # a result stored as a JSON value: its text, as clients send it
     content = _text_of(content, where, path)
     out = {"role": ROLES[str(role).lower()], "content": content}
@@ -328,7 +339,7 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
             raise LabError(f"{where} is not valid JSON ({e})", path) from None
         if not isinstance(obj, dict):
             raise LabError(f"{where}: expected a JSON object, got {type(obj).__name__}", path)
-        turns = obj.get("conversations", obj.get("messages"))
+        turns = _either(obj, "conversations", "messages")
         if not isinstance(turns, list):
             raise LabError(f"{where}: no `conversations` (or `messages`) list", path)
         messages = [_parse_turn(t, where, path) for t in turns]

@@ -4,6 +4,7 @@ lm_head) and `export` (a drafter checkpoint re-written in the SGLang or speculat
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.drafter.config import FORMATS
@@ -29,7 +30,11 @@ def register(sub) -> None:
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", required=True, help="output directory (written whole or not at all)")
     p.add_argument("--dtype", choices=DTYPE_NAMES,
-                   help="weight dtype of the export (default: the source's)")
+                   help="weight dtype of the export (default: the target's, from --target or the run.json beside "
+                        "the drafter, else the source's)")
+    p.add_argument("--target", metavar="DIR",
+                   help="the target the drafter is served with: its config's dtype is the export's default "
+                        "(default: the target run.json names, where it still is)")
     p.add_argument("--speculative-tokens", type=int, metavar="K",
                    help="speculators: draft tokens per step vLLM uses unless --speculative-config sets "
                         "num_speculative_tokens (default: the drafter's TTT depth from its run.json, else 5)")
@@ -58,10 +63,37 @@ def _export(args) -> int:
 
     if args.format != "speculators" and (args.speculative_tokens is not None or args.verifier is not None):
         raise LabError("--speculative-tokens and --verifier apply to --format speculators")
-    out = export(args.drafter, args.format, args.out, getattr(torch, args.dtype) if args.dtype else None,
+    dtype, target = (args.dtype, None) if args.dtype else _target_dtype(args.target, args.drafter)
+    out = export(args.drafter, args.format, args.out, getattr(torch, dtype) if dtype else None,
                  args.speculative_tokens, args.verifier)
-    log(f"exported {args.drafter} as {args.format} -> {out}")
+    log(f"exported {args.drafter} as {args.format} -> {out}" + (f" in {dtype}, {target}'s dtype" if target else ""))
     return 0
+
+
+def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
+    """The dtype the target's config.json names, and the target (None, None where none is known).
+
+    SGLang's `--dtype auto` loads each model in its own config's dtype, a float32 one as float16: a
+    float32 drafter beside a bfloat16 target then runs in another dtype than the hidden states it is
+    fed, and fails. Written in the target's dtype, both load alike."""
+    from drafter_lab import atomic
+    from drafter_lab.drafter.checkpoint import _run_record
+    from drafter_lab.errors import LabError
+
+    if target is None:
+        recorded = _run_record(drafter).get("target", {}).get("path")
+        if not (isinstance(recorded, str) and (Path(recorded) / "config.json").is_file()):
+            return None, None
+        target = recorded
+    path = Path(target) / "config.json"
+    config = atomic.read_json(path, "not a model directory: config.json is missing", target)
+    if not isinstance(config, dict):
+        raise LabError("config.json is not a JSON object", path)
+    text = next((config[k] for k in ("text_config", "language_config", "llm_config") if isinstance(config.get(k), dict)),
+                {})
+    # transformers 5 writes `dtype`, 4 `torch_dtype`
+    name = next((c.get(k) for c in (config, text) for k in ("dtype", "torch_dtype") if c.get(k) is not None), None)
+    return (name, Path(target)) if name in DTYPE_NAMES else (None, None)
 
 
 def _build(args) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -43,6 +44,8 @@ def _probe(args) -> int:
     th, cfg = apply_cli_args(ProbeThresholds(), args), apply_cli_args(ProbeConfig(), args)
     if args.threads < 0:  # was taken as 0, torch's default
         raise LabError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+    if not 0 <= args.transfer_lr_scale < math.inf:  # the pilot refused it only after the signals' minutes
+        raise LabError(f"--transfer-lr-scale must be >= 0 and finite, got {args.transfer_lr_scale}")
     check_threads(args.threads)
     if args.json:  # written last, after the pilot's minutes
         atomic.refuse_unwritable(args.json, "--json")

@@ -5,7 +5,8 @@ feature directory of its own, e.g. captured from the prompts it will serve):
 - zero-shot acceptance: offline `cond_acc_k` and the simulated accept length of the drafter as is
   (its lm_head re-indexed to nothing: it runs with its own d2t, exactly as it would be served);
 - home acceptance: the same drafter on the *source* target's features for the same tokens (when
-  the source target is given), so the zero-shot figure has a reference;
+  the source target is given), so the zero-shot figure has a reference (where the tokenizers differ,
+  over the sequences the source can read, and the reuse ratio takes the zero-shot figure over those);
 - vocab agreement: how many draft positions of the drafter's d2t mean the same target token as
   the new data's draft vocab (the seeds' 252 / 32,000), and how many tokens both hold; by token
   string where the two targets' tokenizers differ (as the transfer remaps), else by id;
@@ -86,7 +87,10 @@ def _cka_text(x: float, line: float) -> str:
 
 
 def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float] | None,
-           th: ProbeThresholds, pilot: dict | None = None) -> tuple[str, str]:
+           th: ProbeThresholds, pilot: dict | None = None,
+           unmeasured: str = "no source target given") -> tuple[str, str]:
+    """The verdict and its reason. `zero_shot_accept` and `home_accept` are over the same text;
+    `unmeasured` says why `ckas` is None."""
     if home_accept is not None and home_accept > 0 and zero_shot_accept >= th.reuse_fraction * home_accept:
         return VERDICTS[0], (
             f"zero-shot accept {zero_shot_accept:.2f} keeps {zero_shot_accept / home_accept:.0%} of home "
@@ -106,7 +110,7 @@ def decide(zero_shot_accept: float, home_accept: float | None, ckas: list[float]
             return VERDICTS[1], f"{lead} (>= {100 * th.pilot_min_gain:g} at the end){tail}"
         return VERDICTS[2], f"{lead} (< {100 * th.pilot_min_gain:g} at the end): the old weights buy nothing"
     if ckas is None:
-        return VERDICTS[2], "no source target given: aux alignment unknown, so no basis to expect transfer to pay"
+        return VERDICTS[2], f"{unmeasured}: aux alignment unknown, so no basis to expect transfer to pay"
     if not all(map(math.isfinite, ckas)):  # min() over a nan depends on where it sits
         return VERDICTS[2], (f"aux layer CKA is undefined ({', '.join(f'{c:.3f}' for c in ckas)}: features without "
                              "variance), so no basis to expect transfer to pay")
@@ -190,7 +194,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
              "drafter_target_vocab_size": trained_for.target_vocab_size,
              "by": "id" if tokens is None else "token", "source_tokenizer": tokens_from}
 
-    home, ckas, at_home = None, None, None
+    home, ckas, at_home, zero_home = None, None, None, None
     if source_target_dir is not None:
         theirs, ours = _in_source_tokens(val, tokens)
         at_home = len(theirs)
@@ -199,6 +203,8 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
                 "target's vocabulary has: home accept and aux CKA over those" + ("" if at_home else " (none)"))
         if theirs:
             home, ckas = _at_home(drafter_dir, source_target_dir, theirs, ours, captured, cfg, device)
+            if at_home < len(val):  # the reuse ratio divides zero-shot by home over the same text
+                zero_home = evaluate(drafter, lm_head, ours, cfg.ttt_steps, cfg.batch_size)
 
     pilot = None
     if cfg.pilot_steps > 0:
@@ -207,14 +213,19 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
                           source_target_dir)
 
     verdict, reason = decide(
-        zero["simulated_accept_len"], home["simulated_accept_len"] if home else None, ckas, th, pilot
+        (zero_home or zero)["simulated_accept_len"], home["simulated_accept_len"] if home else None, ckas, th, pilot,
+        "no source target given" if source_target_dir is None else
+        "no held-out sequence is written wholly in tokens the source target's vocabulary has",
     )
+    if zero_home is not None and verdict == VERDICTS[0]:
+        reason += f"; both over the {at_home} of {len(val)} held-out sequences the source target can read"
     return {
         "drafter": str(drafter_dir),
         "target": target.describe(),
         "source_target": str(source_target_dir) if source_target_dir else None,
         "held_out_sequences": len(val),
         "home_sequences": at_home,
+        "zero_shot_home_sequences": zero_home,
         "val_data": None if val_data is None else str(val_data),
         "zero_shot": zero,
         "home": home,

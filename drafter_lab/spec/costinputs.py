@@ -130,6 +130,10 @@ def run_inputs(path: Path, sampled: bool = False) -> dict:
     else:
         raise LabError(f"neither a training run ({METRICS}) nor its best drafter ({BEST_FILE}): "
                        "no validation to predict accept lengths from", path)
+    if val.get("positions") == 0:  # its accuracies read 0.0: priced as a drafter that never hits
+        raise LabError(f"its validation at step {val.get('step', '?')} scored no position (no val sequence has an "
+                       "assistant token past its first two within max_length): nothing to predict accept lengths "
+                       "from", path)
     by_steps = predicted_by_steps(val, sampled)
     if not by_steps:
         missing = ("sampled_acc_k: train with --val-temperature T to predict a sampled chain" if sampled

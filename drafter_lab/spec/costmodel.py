@@ -291,6 +291,24 @@ class CostModel:
         return CostModel(dataclasses.replace(self.cfg, verify_tokens=steps + 1, steps=steps, topk=1))
 
 
+def on_allreduce(cfg: CostModelConfig, allreduce: Latency | None) -> CostModelConfig:
+    """`cfg` on a deployment whose all-reduce is `allreduce` (an input's measured one; None: the config's
+    own). A measured verify_ms is split at that all-reduce, read at the measured pass's own message (one
+    sequence of verify_compute_tokens), so the deployment reproduces the measurement: split at the
+    config's 205 us beside a measured 28.8 us, a measured 30 ms verify was priced at 8.5 ms, and one of
+    10 ms beside a measured 40 us was refused as shorter than its all-reduces."""
+    if allreduce is None or not cfg.measured_verify_ms:
+        return cfg
+    check_fields(cfg)  # num_layers 0 divides below
+    n = cfg.num_layers * cfg.allreduces_per_layer
+    ar = latency_at(allreduce, cfg.verify_compute_tokens * cfg.hidden_size * cfg.dtype_bytes)
+    compute_us = (1000 * cfg.measured_verify_ms - n * ar) / cfg.num_layers
+    if compute_us <= 0:
+        raise LabError(f"the measured verify_ms {cfg.measured_verify_ms:g} is shorter than its {n} all-reduces "
+                       f"of {ar:.3g} us (measured)")
+    return dataclasses.replace(cfg, verify_layer_compute_us=compute_us, measured_verify_ms=0.0)
+
+
 def interpolate_linear(table: dict, x: float) -> float:
     """The value at x of a {x: value} cost table (by batch): linear between its points, the first below
     them, the last segment extended beyond them but never downward (a single point: its value

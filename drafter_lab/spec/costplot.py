@@ -6,7 +6,7 @@ starred. Accept length is not speed: the left panel shows how far apart the line
 from __future__ import annotations
 
 from drafter_lab.plotting import plt, save_png
-from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at
+from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at, on_allreduce
 from drafter_lab.spec.costreport import best_row, steps_table, whatif_latencies
 
 ACCEPT_POINTS = 41
@@ -17,6 +17,7 @@ def series(cfg: CostModelConfig, measured: Latency | None = None, priced: bool =
     """One entry per all-reduce latency (the config's own first, then the what-ifs): the tok/s line
     over accept length, plain decoding, break-even and the draft-steps rows at that latency. As in the
     text report, a `measured` all-reduce is the deployment's unless a flag set the config's (`priced`)."""
+    cfg = on_allreduce(cfg, measured if priced else None)
     m = CostModel(cfg)
     top = max([*cfg.accept_lengths, *cfg.accept_by_steps, 2.0]) + 1.0
     xs = [1.0 + (top - 1.0) * i / (ACCEPT_POINTS - 1) for i in range(ACCEPT_POINTS)]

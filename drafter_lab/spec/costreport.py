@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from drafter_lab.spec.costinputs import drafting, served_accept
-from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at
+from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at, on_allreduce
 
 
 def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | None = None, path=None) -> list[dict]:
     """One row per swept eval (`eval --steps 2,4 --topk 1,2 ...`): its served accept length priced at
     its own steps and verified tokens (the all-reduce at `latency`, None: the config's own, for that
-    many tokens' message)."""
+    many tokens' message; a given `latency` is the deployment's, which a measured verify_ms is split at)."""
+    cfg = on_allreduce(cfg, latency)
     rows = []
     for e in sweep:
         m = CostModel(drafting(cfg, e, path))
@@ -74,13 +75,15 @@ def report(cfg: CostModelConfig, measured: Latency | None = None, priced: bool =
     """Every figure (headline, break-even, draft steps, batches) at one all-reduce, so that batch 1
     repeats the headline: the `measured` one an input gave, else the config's; `measured` also gets a
     what-if row. `priced` False: a flag set the config's all-reduce, and `measured` is that row alone."""
+    given = cfg
+    at = measured if priced else None
+    cfg = on_allreduce(cfg, at)
     m = CostModel(cfg)
     measured_us = None if measured is None else latency_at(measured, m.message_bytes)
     rows = whatif_latencies(cfg, measured)
-    at = measured if priced else None
     steps = steps_table(cfg, at)
     return {
-        "config": dataclasses.asdict(cfg),
+        "config": dataclasses.asdict(given),
         "n_allreduce": m.n_allreduce,
         "allreduce_measured": at is not None,
         "verify_allreduce_us": cfg.verify_allreduce_us if at is None else measured_us,

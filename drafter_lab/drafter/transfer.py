@@ -249,12 +249,15 @@ def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | No
     named = (json.loads((Path(source_path) / "run.json").read_text())["target"].get("path") if recorded else None)
     if named is not None and not isinstance(named, str):
         raise LabError(f"run record's target.path is {named!r}, not a string", Path(source_path) / "run.json")
-    if not named or not (Path(named) / "config.json").is_file() or \
-            (recorded != fingerprint(named) and recorded != legacy_fingerprint(named)):
+    if not named or not (Path(named) / "config.json").is_file():
         return None, None
+    # Found, not asked for: weights it can no longer read (a dangling link) or no tokenizer, and the
+    # transfer goes on by id, as before.
     try:
+        if recorded != fingerprint(named) and recorded != legacy_fingerprint(named):
+            return None, None
         tokens = token_map(load_tokenizer(named), load_tokenizer(target.path), target.vocab_size)
-    except LabError:  # found, not asked for: without its tokenizer the transfer goes on by id, as before
+    except LabError:
         return None, None
     return tokens, f"the target its run.json names, {named}"
 

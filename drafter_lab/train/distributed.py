@@ -60,11 +60,11 @@ def setup(device: str) -> Dist:
     """Join torchrun's process group if launched by torchrun. The group lives as long as the process:
     several runs in one (the probe's pilot arms, the study's) share it, as a second rendezvous on
     torchrun's store after a teardown can hang."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    world, rank, local = _env_int("WORLD_SIZE", 1, 1), _env_int("RANK", 0, 0), _env_int("LOCAL_RANK", 0, 0)
+    if rank >= world:  # RANK 1 alone: rank 1 of 1, an IndexError at the first step
+        raise LabError(f"RANK {rank} is not below WORLD_SIZE {world}: launch with torchrun, or unset RANK and WORLD_SIZE")
     dev = pick_device(device, local)
-    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1 and dev.type == "cuda" and torch.cuda.device_count() > 1 \
+    if _env_int("LOCAL_WORLD_SIZE", 1, 1) > 1 and dev.type == "cuda" and torch.cuda.device_count() > 1 \
             and resolve_device(device).index is not None:  # NCCL's "Duplicate GPU detected" traceback otherwise
         raise LabError(f"--device {device} puts every rank of this node on one GPU; pass --device cuda, and "
                        "each rank takes cuda:LOCAL_RANK")
@@ -81,6 +81,19 @@ def setup(device: str) -> Dist:
 
 
 _joined = False  # setup() joined torchrun's group in this process
+
+
+def _env_int(name: str, default: int, least: int) -> int:
+    """An integer of torchrun's environment, at least `least`: a hand-set bad value is one line, not
+    int()'s ValueError or, for WORLD_SIZE 0, a zero slice step at the first validation."""
+    text = os.environ.get(name, str(default))
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        raise LabError(f"{name}={text!r} is not an integer >= {least}: launch with torchrun, or unset {name}")
+    return value
 
 
 def _leave() -> None:

@@ -285,6 +285,12 @@ def init_from(drafter: Eagle3Drafter, source_path, target, new_vocab, remap: boo
                        f"its own positions (train with --draft-config {Path(source_path) / 'config.json'}, or "
                        f"--drafter-rope-scaling '{theirs}')", source_path)
     src = ckpt.tensors
+    heads = [(c.num_attention_heads, c.num_key_value_heads, c.head_dim) for c in (ckpt.config, drafter.config)]
+    if heads[0] != heads[1]:  # equal widths (8 x 8 against 4 x 16) would copy q/k/v/o cut into other heads
+        (h, kv, d), (h2, kv2, d2) = heads
+        raise LabError(f"the source drafter's attention is {h} heads ({kv} kv) of {d}, this one's {h2} ({kv2}) of {d2}: "
+                       f"its weights split into its own heads (train with --draft-config {Path(source_path) / 'config.json'})",
+                       source_path)
     shapes = expected_shapes(drafter.config)
     new_d2t = torch.as_tensor(new_vocab.d2t).long()
     used_new = used_ids(new_d2t)

@@ -86,6 +86,10 @@ def request_seed(seed: int, conversation_id: str, turn: int) -> int:
     return int.from_bytes(bytes.fromhex(atomic.sha256_json([seed, conversation_id, turn])[:8]), "big") >> 1
 
 
+CUT_SHORT = ("abort", "error")
+"""Finish reasons of an answer the server stopped before the target ended it (vLLM's and SGLang's)."""
+
+
 def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed: int) -> tuple[dict, list[int] | None]:
     """The server's answer to `messages` (offering `tools`) as a turn's fields (`content`, and
     `reasoning_content` or `tool_calls` when the server parsed those out), and the token ids it sampled
@@ -101,6 +105,8 @@ def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed:
     try:
         choice = answer["choices"][0]
         message = choice["message"]
+        if not isinstance(message, dict):  # null (a gateway's filtered answer) or text: no fields to read
+            raise TypeError
         reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
         calls = message.get("tool_calls") or None
         text = message["content"] if message["content"] is not None or (reasoning, calls) == (None, None) else ""
@@ -109,6 +115,11 @@ def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed:
     except (KeyError, IndexError, TypeError):
         raise LabError(f"server answer has no text at choices[0].message.content: {str(answer)[:200]}",
                        _endpoint(cfg)) from None
+    # SGLang and vLLM answer an aborted request (an /abort_request, an engine error) with 200 and what it had
+    # generated so far: not the target's answer, and the next turn would be asked after it.
+    if choice.get("finish_reason") in CUT_SHORT:
+        raise LabError(f"server ended the answer early (finish_reason {choice['finish_reason']!r}), not at an end "
+                       "token or max_tokens; run again to resume", _endpoint(cfg))
     ids = choice.get("token_ids")
     if ids is not None and not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
         raise LabError(f"server answer's choices[0].token_ids is not a list of token ids: {str(ids)[:200]}",

@@ -1,0 +1,58 @@
+"""Review of `data regenerate --server` against answers real servers send besides a finished one: an
+aborted request answered with 200 and what it had generated so far, and a choice without a message."""
+
+from __future__ import annotations
+
+import pytest
+from data_helpers import make_conversations, run_cli, write_jsonl
+
+from drafter_lab.data import regenerate_server
+from drafter_lab.data.conversations import read_conversations
+
+URL = "http://127.0.0.1:9"
+
+
+def _cli(tmp_path, *flags):
+    convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(3))
+    return run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "out.jsonl", "--server", URL,
+                   "--model", "m", "--concurrency", "1", *flags)
+
+
+def test_an_aborted_answer_is_not_kept_as_the_targets(tmp_path, monkeypatch, capsys):
+    """SGLang (an /abort_request, a paused engine) and vLLM answer an aborted request with HTTP 200,
+    finish_reason "abort" and the text generated so far: it was kept as the target's answer, and the
+    conversation's next turn asked after it."""
+    aborted = {"on": True}
+
+    def request_json(url, body, **kw):
+        if aborted["on"] and any(m["role"] == "assistant" for m in body["messages"]):  # a second turn
+            return {"choices": [{"index": 0, "finish_reason": "abort",
+                                 "message": {"role": "assistant", "content": "half an ans"}}]}
+        return {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "whole"}}]}
+
+    monkeypatch.setattr(regenerate_server, "request_json", request_json)
+    assert _cli(tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if line.startswith("error: ")]) == 1
+    assert "finish_reason 'abort'" in err[-1] and f"{URL}/v1/chat/completions" in err[-1]
+    assert not (tmp_path / "out.jsonl").exists()
+    partial = tmp_path / "out.jsonl.partial"
+    kept = partial.read_text() if partial.exists() else ""
+    assert "half an ans" not in kept
+    aborted["on"] = False  # the server is back: a resume asks again
+    assert _cli(tmp_path) == 0
+    convs, _ = read_conversations(tmp_path / "out.jsonl")
+    answers = [m["content"] for c in convs for m in c.messages if m["role"] == "assistant"]
+    assert answers and set(answers) == {"whole"}
+
+
+@pytest.mark.parametrize("message", [None, "whole"])
+def test_a_choice_without_a_message_object_is_one_line(tmp_path, monkeypatch, capsys, message):
+    """A gateway's filtered answer (`"message": null`) or a message given as text: an AttributeError
+    traceback from the worker thread."""
+    monkeypatch.setattr(regenerate_server, "request_json",
+                        lambda url, body, **kw: {"choices": [{"index": 0, "message": message}]})
+    assert _cli(tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: conversation ") and "no text at choices[0].message.content" in err
+    assert f"'message': {message!r}" in err

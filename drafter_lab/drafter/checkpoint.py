@@ -116,12 +116,29 @@ def read_config(path) -> tuple[DrafterConfig, str]:
     return formats.parse_config(data, cfg_file)
 
 
+def _check_shards(path: Path, files: list[Path]) -> None:
+    """Every shard a shard index names must be there: without one, a tensor it held reads as left out
+    (a whole-vocabulary drafter's lm_head as shared with the target), not as lost."""
+    have, kind = {f.name for f in files}, files[0].suffix  # an index of the other kind names files not read
+    for index in sorted(path.glob("*.index.json")):
+        data = atomic.read_json(index, "removed as it was read", path)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict):
+            continue
+        missing = sorted({v for v in weight_map.values() if isinstance(v, str) and v.endswith(kind)} - have)
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise LabError(f"{index.name} names shard {missing[0]}{more}, which is missing: a save cut short or a "
+                           "partial download", path)
+
+
 def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
     """Config and tensors (all, or `only` those) of a drafter directory, unchecked."""
     cfg, fmt = read_config(path)
     files = _weight_files(path)
     if not files:
         raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
+    _check_shards(path, files)
     tensors, where = _read_tensors(files, only)
     return Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
 

@@ -7,9 +7,11 @@ length is the lab's (tokens emitted per verify step, bonus included):
 
 - SGLang: native `/generate` reports per request, in `meta_info`, `completion_tokens`,
   `spec_verify_ct` and, in recent versions, `spec_accept_histogram` (verify steps that accepted
-  0, 1, 2, ... drafts). The accept length comes from the histogram where it is sent, else from
-  (completion_tokens - 1) / spec_verify_ct summed over requests (each request's first token comes
-  from prefill, not from a verify step). `/get_server_info` records the speculative settings.
+  0, 1, 2, ... drafts). The accept length is (completion_tokens - 1) / spec_verify_ct summed over
+  requests (each request's first token comes from prefill, not from a verify step); the histogram,
+  where sent, is the server's: it counts the drafts a request's last step accepted past
+  max_new_tokens or an eos too, which the request never got. `/get_server_info` records the
+  speculative settings.
 - vLLM: `/v1/completions` decodes; `/metrics` counts drafts, accepted tokens and accepted tokens
   per draft position. The difference of the counters before and after the prompts gives
   1 + accepted / drafts, and, since a chain accepts a prefix, the histogram: drafts that accepted
@@ -212,7 +214,7 @@ def vllm_counters(text: str) -> dict:
     out = {"drafts": None, "accepted": 0.0, "per_pos": {}}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
-        if m is None:
+        if m is None or m.group(1) not in (_DRAFTS, _ACCEPTED, _PER_POS):  # a non-Prometheus page: values float() refuses
             continue
         name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
         if name == _DRAFTS:
@@ -391,14 +393,16 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
     verify = sum(int(m["spec_verify_ct"]) for m in verified)
     if verify == 0:
         raise LabError("the server ran no verify step: raise --max-new-tokens", endpoint)
+    hist = None
     if all(isinstance(m.get("spec_accept_histogram"), list) for m in verified):
         width = max(len(m["spec_accept_histogram"]) for m in verified)
         counts = [sum(int(m["spec_accept_histogram"][i]) for m in verified if i < len(m["spec_accept_histogram"]))
                   for i in range(width)]
         hist = {str(i + 1): c for i, c in enumerate(counts)}  # i drafts accepted = i + 1 tokens emitted
-        return sum((i + 1) * c for i, c in enumerate(counts)) / sum(counts), sum(counts), hist
+    # Not the histogram's mean: SGLang counts a step's accepted drafts before it cuts the output at
+    # max_new_tokens or an eos, and a request gets only the tokens completion_tokens counts
     tokens = sum(int(m["completion_tokens"]) - 1 for m in verified)
-    return tokens / verify, verify, None
+    return tokens / verify, verify, hist
 
 
 def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, template_kwargs: dict | None = None) -> dict:

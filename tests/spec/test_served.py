@@ -120,15 +120,17 @@ def test_served_eval_bad_use_is_one_line(random_llama, drafter_dir, prompts_file
     assert "a finite temperature >= 0" in error(["eval", "--server", spec, "--temperature", "nan", *common])
 
 
-def test_accept_length_without_a_histogram_leaves_out_the_prefill_token():
+def test_accept_length_leaves_out_the_prefill_token():
     metas = [{"completion_tokens": 9, "spec_verify_ct": 4}, {"completion_tokens": 5, "spec_verify_ct": 2}]
     assert acceptance(metas, "url") == (2.0, 6, None)  # (8 + 4) tokens from 6 verify steps
     hist = [{"completion_tokens": 4, "spec_verify_ct": 2, "spec_accept_histogram": [1, 0, 1]},
             {"completion_tokens": 3, "spec_verify_ct": 1, "spec_accept_histogram": [0, 1]}]
-    assert acceptance(hist, "url") == (2.0, 3, {"1": 1, "2": 1, "3": 1})
+    # the histogram as sent; the length from the tokens the requests got (request 0's last step accepted
+    # drafts past its end, which SGLang's histogram counts)
+    assert acceptance(hist, "url") == (5 / 3, 3, {"1": 1, "2": 1, "3": 1})
     # recent SGLang leaves the speculative fields out for a request that ended at its first token
     assert acceptance([*metas, {"completion_tokens": 1}], "url") == (2.0, 6, None)
-    assert acceptance([*hist, {"completion_tokens": 1}], "url") == (2.0, 3, {"1": 1, "2": 1, "3": 1})
+    assert acceptance([*hist, {"completion_tokens": 1}], "url") == (5 / 3, 3, {"1": 1, "2": 1, "3": 1})
     with pytest.raises(LabError, match="no speculative decoding"):
         acceptance([{"completion_tokens": 9}], "url")
 

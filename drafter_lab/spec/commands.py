@@ -453,6 +453,11 @@ def run_costmodel(args) -> int:
     cfg = labconfig.apply_cli_args(cfg, args)  # a flag given says what the files must not change
     if args.cfg__verify_layer_compute_us is not None and args.cfg__measured_verify_ms is None:
         cfg = dataclasses.replace(cfg, measured_verify_ms=0.0)  # the flag's compute, not a file's verify
+    if args.cfg__draft_step_us is not None:  # the flag's draft step, not a file's measured tables (read first)
+        cfg = dataclasses.replace(cfg, draft_step_us_by_batch={}, draft_extend_us_by_batch={})
+    if args.cfg__decode_ms is not None and cfg.pass_ms_by_tokens:  # the table prices decode and verify alike
+        raise LabError("--decode-ms does not apply beside a `bench verify` pass table in --inputs, which measures "
+                       "the decode step: leave one out")
     priced = args.cfg__verify_allreduce_us is None  # the flag's all-reduce, and a file's only as a what-if row
     try:
         r = report(cfg, measured, priced)

@@ -380,6 +380,11 @@ def build_pair(
         for side in ("base", "tuned"):
             existing[side]["cached"] = True
         return existing
+    # Refused before the work: replacing the current directory whole leaves the shell in a deleted one
+    # (and `--out .` was a traceback once both stages had trained).
+    if Path.cwd().resolve().is_relative_to(out_dir.resolve()):
+        raise LabError("is (or holds) the current directory, which the build replaces whole; "
+                       "run it from another directory", out_dir)
 
     corpus = _Corpus(cfg, files, content_hash)
     base_dir, tuned_dir = cache / f"base-{base_key}", cache / f"tuned-{tuned_key}"

@@ -323,7 +323,8 @@ def _vocab_names(whole, config, files: dict[str, Path]) -> tuple[str | None, str
     try:
         with torch.device("meta"), quiet_transformers(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = model_class(whole).from_config(whole)
+            # the flag, as from_pretrained gets it: without it a model class of its own code asks on a terminal
+            model = model_class(whole).from_config(whole, trust_remote_code=trusts_remote_code())
         embed, head = model.get_input_embeddings(), model.get_output_embeddings()
         modules = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         params, tied = (f"{modules[embed]}.weight", f"{modules[head]}.weight"), head.weight is embed.weight
@@ -385,7 +386,7 @@ def load_target_head(path, device="cpu") -> TargetHead:
     The names are the model's own (`_vocab_names`), found under any prefix such as a multimodal
     wrapper's; a tied head is the embedding. A checkpoint without safetensors is loaded whole, once, to
     take the two matrices."""
-    path = Path(path)
+    path, device = Path(path), resolve_device(device)
     whole, config = load_target_config(path)
     architecture = (getattr(whole, "architectures", None) or [_class_name(whole)])[0]
     files = _tensor_files(path)
@@ -419,13 +420,24 @@ def _class_name(config) -> str:
 def _config_as_written(path: Path):
     """config.json's fields as a plain transformers config (whole, and its text model's), for a model
     whose config class is its own code (Kimi K2's): the head needs only sizes and names, no code run."""
-    from transformers import PretrainedConfig
-
     data = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
-    whole = PretrainedConfig(**{k: v for k, v in data.items() if k != "auto_map"})
+    whole = _plain_config({k: v for k, v in data.items() if k != "auto_map"})
     text = next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
                 None)
-    return whole, (whole if text is None else PretrainedConfig(**text))
+    return whole, (whole if text is None else _plain_config(text))
+
+
+def _plain_config(fields: dict):
+    """`fields` on a plain transformers config. A `rope_scaling` is kept as written, in `rope_parameters`
+    (which transformers 5's `rope_scaling` reads back): set as such, transformers 5 rewrites and checks it
+    against fields a plain config lacks (Kimi K2's yarn: an AttributeError; llama3's without rope_theta)."""
+    from transformers import PretrainedConfig
+
+    scaling = fields.get("rope_scaling")
+    config = PretrainedConfig(**{k: v for k, v in fields.items() if k != "rope_scaling"})
+    if scaling is not None and getattr(config, "rope_parameters", None) is None:
+        config.rope_parameters = scaling
+    return config
 
 
 @contextlib.contextmanager

@@ -313,6 +313,11 @@ def atomic_dir(path: str | os.PathLike):
     never finds it missing. Where the system cannot swap, it is moved aside first, and a write killed
     between the two moves is undone by the next write of `path`."""
     path = Path(path)
+    # Swapped away, the current directory would leave the shell in a deleted one (`.` has no name to
+    # put a temp beside)
+    if Path.cwd().resolve().is_relative_to(path.resolve()):
+        raise LabError("is (or holds) the current directory, which is written as a whole new directory; "
+                       "run from another directory", path)
     make_parent(path)
     clear_stale_temps(path)
     old = path.with_name(f".{path.name}.old")  # always whole: it is deleted only under another name

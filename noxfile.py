@@ -147,6 +147,8 @@ def recorded_versions(args: list[str]) -> list[str]:
             packages = json.load(f).get("packages") or {}
     except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object
         return []
+    if not isinstance(packages, dict):
+        return []
     return [f"{name}=={packages[name]}" for name in RECORDED_PACKAGES if isinstance(packages.get(name), str)]
 
 

@@ -273,7 +273,10 @@ def detect_engine(prefer: str | None = None, *, path: str | None = None) -> Engi
         if exe is None:
             continue
         if name == "docker":
-            probe = subprocess.run([exe, "info"], capture_output=True, timeout=30, check=False)
+            try:
+                probe = subprocess.run([exe, "info"], capture_output=True, timeout=30, check=False)
+            except subprocess.TimeoutExpired:  # a daemon that never answers (a stuck socket, a remote context)
+                continue
             if probe.returncode != 0:
                 continue
         return ENGINES[name](exe)
@@ -591,9 +594,12 @@ def smoke(engine: Engine, opts, timer: Timer) -> None:
     if not engine.exists(ref):
         raise BuildError(f"{ref} is not built: run `python3 containers/build.py` first")
     out = Path(opts.runs).resolve() if opts.runs else Path(tempfile.mkdtemp(prefix="drafter-lab-smoke-"))
-    if opts.runs and out.exists() and any(out.iterdir()):
+    if opts.runs and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BuildError(f"{out}: --runs must name a new or empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file above it
+        raise BuildError(f"{out}: --runs cannot be made ({e.strerror})") from None
     digest, (sha, _) = engine.digest(ref), git_tag()
     # One torch thread: the models are tiny, and OpenMP threads spin-wait whenever another process
     # holds a core (the smoke study took 14 min with 2 threads on a busy 2-core machine, 44 s with 1).

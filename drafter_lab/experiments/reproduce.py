@@ -133,9 +133,12 @@ def machine_note(original: dict, again: dict) -> str | None:
     when they agree or the original predates the record."""
     da, db = original.get("device"), again.get("device")
     if da and db and da != db:
-        def device(d):
-            return " ".join(filter(None, (d.get("type"), d.get("name") and f"({d['name']})")))
-        return (f"the original ran on {device(da)}, this run on {device(db)}: kernels round differently on "
+        def device(d, cuda=False):
+            return " ".join(filter(None, (d.get("type"), d.get("name") and f"({d['name']})",
+                                          cuda and f"with CUDA {d.get('cuda')}")))
+        # the same GPU model under another CUDA build would read as the same device twice
+        same = device(da) == device(db)
+        return (f"the original ran on {device(da, same)}, this run on {device(db, same)}: kernels round differently on "
                 "another device and regeneration samples from its own random streams, so data and metrics "
                 "may differ for that reason alone")
     a, b = original.get("cpu"), again.get("cpu")

@@ -95,10 +95,12 @@ def device_state(device: str) -> dict:
     return {"type": "cuda", "name": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda}
 
 
-def build_manifest(*, command: list[str], config: dict, seeds: dict, data: dict, device: dict) -> dict:
+def build_manifest(*, command: list[str], config: dict, seeds: dict, data: dict, device: dict,
+                   git: dict | None = None) -> dict:
+    """`git`: the state taken when the run began (default: now)."""
     return {
         "command": command,
-        "git": git_state(),
+        "git": git_state() if git is None else git,
         "container": container_state(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),

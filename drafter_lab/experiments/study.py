@@ -31,7 +31,7 @@ from drafter_lab.data.shards import Manifest
 from drafter_lab.errors import LabError
 from drafter_lab.experiments import plots, report
 from drafter_lab.experiments.config import ExperimentConfig, ProbeConfig, level_name
-from drafter_lab.experiments.manifest import build_manifest, device_state, write_manifest
+from drafter_lab.experiments.manifest import build_manifest, device_state, git_state, write_manifest
 from drafter_lab.experiments.probe import VERDICTS, probe
 from drafter_lab.locks import building
 from drafter_lab.progress import log
@@ -294,6 +294,7 @@ def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path
 
 def _run_study(cfg: ExperimentConfig, run_dir: Path, cache: Path, command: list[str] | None) -> Path:
     started = time.time()
+    code = git_state()  # the code this process imported: a commit or checkout during the hours it runs is not it
     levels = []
     with torch_threads(cfg.threads):
         for i, drift in enumerate(cfg.drift_levels):
@@ -320,6 +321,7 @@ def _run_study(cfg: ExperimentConfig, run_dir: Path, cache: Path, command: list[
             seeds={"seed": cfg.seed},
             data={f"drift-{level_name(lv['drift_knob'])}": data_record(lv) for lv in levels},
             device=device_state(cfg.device),
+            git=code,
         ),
     )
     atomic.write_json(run_dir / "results.json", report.results_json(levels, sweep, elapsed))

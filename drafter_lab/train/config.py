@@ -143,3 +143,15 @@ def check_config(cfg: TrainConfig) -> None:
     if not 0 <= cfg.min_lr_ratio <= 1 or not 0 <= cfg.adam_beta2 < 1:
         raise LabError(f"min_lr_ratio must be in [0, 1] and adam_beta2 in [0, 1), got {cfg.min_lr_ratio} and "
                        f"{cfg.adam_beta2}")
+    if cfg.keep_best:  # here, not where the run starts, so that a --config file holding it is named
+        check_metric(cfg, "keep_best", cfg.keep_best)
+
+
+def check_metric(cfg: TrainConfig, what: str, name: str) -> None:
+    """`name` (the setting `what`) is a validation metric of `cfg`'s runs (whether the replay's are
+    measured depends on the validation text, which the run checks)."""
+    from drafter_lab.train.metrics import metric_names
+
+    names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0, cfg.val_temperature > 0)
+    if name not in names:
+        raise LabError(f"{what}: {name!r} is not a validation metric; one of {', '.join(names)}")

@@ -31,7 +31,13 @@ from drafter_lab.progress import console, log, maybe_progress
 from drafter_lab.targets.fingerprint import recorded_name
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
-from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig, check_config
+from drafter_lab.train.config import (
+    RESULT_FREE_FIELDS,
+    UNKEYED_DEFAULTS,
+    TrainConfig,
+    check_config,
+    check_metric,
+)
 from drafter_lab.train.data import (
     Batch,
     Examples,
@@ -41,7 +47,7 @@ from drafter_lab.train.data import (
     plan_epoch,
     shard_batch,
 )
-from drafter_lab.train.metrics import eval_counts, metric_names, summarize, weighted_loss
+from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
 from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, RUN_FILE, MetricsLog
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
@@ -297,12 +303,11 @@ class _Run:
         self.stop_reason: str | None = None
         if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
             raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")
-        names = metric_names(cfg.ttt_steps, cfg.val_temperature > 0, cfg.val_temperature > 0)  # replay: checked below
-        # The metrics compared, checked now: the baseline may have no validation yet to check the watch's against.
+        # The metrics compared (keep_best's by check_config), checked now: the baseline may have no validation
+        # yet to check the watch's against; the replay's are checked below.
         compared = {"keep_best": cfg.keep_best, "watch_metric": watch.watch_metric if self.watch else ""}
-        for what, name in compared.items():
-            if name and name not in names:
-                raise LabError(f"{what}: {name!r} is not a validation metric; one of {', '.join(names)}")
+        if self.watch:
+            check_metric(cfg, "watch_metric", watch.watch_metric)
         writer_cls = None
         if cfg.tensorboard and d.main:
             try:

@@ -60,6 +60,7 @@ SIZES = [1 << k for k in range(10, 21)]  # 1 KB .. 1 MB
 BACKENDS = (*OURS, "gloo", "nccl")
 MAX_RANKS = 16  # the communicator's segment has room for 16 ranks (csrc/allreduce/layout.h kMaxRanks)
 HIDDEN = 7168
+FAILED_RANKS_GRACE_S = 5.0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -277,14 +278,31 @@ def _run(worker, world: int, args, total: int, what: str):
                     advance()
                 else:
                     result = msg[1:]
+        # After a failure the others may wait on the dead rank for their whole timeout (gloo's
+        # rendezvous: 30 minutes): they get a few seconds to say why, then are killed.
+        deadline = time.monotonic() + (60 if result is not None else FAILED_RANKS_GRACE_S)
         for p in procs:
-            p.join(timeout=60)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in procs:
             if p.is_alive():
                 p.kill()
+                p.join()  # reaped, so its exit code reads -9, not None
+        _unlink_segments({p.pid for p in procs})
         if result is None:
             codes = [p.exitcode for p in procs]
             raise LabError(f"benchmark ranks failed (exit codes {codes}); see their tracebacks above")
     return result
+
+
+def _unlink_segments(pids: set[int]) -> None:
+    """Remove the segments these (dead) ranks created: one killed, or dead, before every peer had
+    mapped it leaves its name in /dev/shm. Rank 0 names them "drafter_lab_ar.<its pid>.<random>"
+    (csrc/allreduce/segment.cpp unique_segment_name)."""
+    creators = {str(pid) for pid in pids}
+    for path in Path("/dev/shm").glob("drafter_lab_ar.*"):
+        if path.name.split(".")[1] in creators:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def host_available_bytes() -> int:

@@ -56,6 +56,15 @@ def _fake_draft_step(embeds, hidden, positions, k_cache, v_cache, cache_lens, fc
                      hidden_norm_weight, q_weight, k_weight, v_weight, o_weight, post_norm_weight, gate_weight,
                      up_weight, down_weight, norm_weight, lm_head_weight, d2t, eps, rope_inv_freq, topk):
     torch._check(embeds.dim() == 2, lambda: "draft_step: embeds must be [B, H]")
+    # The Meta dispatch key outranks CPU/CUDA: one meta argument among real ones lands here, and
+    # without this check got uninitialised outputs on embeds' device instead of the kernels' error.
+    tensors = (hidden, positions, k_cache, v_cache, cache_lens, fc_weight, input_norm_weight, hidden_norm_weight,
+               q_weight, k_weight, v_weight, o_weight, post_norm_weight, gate_weight, up_weight, down_weight,
+               norm_weight, lm_head_weight, d2t, rope_inv_freq)
+    for t in tensors:
+        if t is not None:
+            torch._check(t.device == embeds.device,
+                         lambda t=t: f"draft_step: all tensors must be on {embeds.device}; found one on {t.device}")
     batch, hidden_size = embeds.shape
     torch._check(topk >= 1 and topk <= lm_head_weight.shape[0], lambda: "draft_step: topk outside [1, N]")
     return (

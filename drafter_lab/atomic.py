@@ -94,6 +94,7 @@ def refuse_unwritable(path, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise LabError(f"is a directory: {flag} takes a file to write", path)
+    _refuse_mount_point(path)
     parent = refuse_below_file(path, flag)
     try:
         tempfile.TemporaryFile(dir=parent).close()
@@ -101,9 +102,17 @@ def refuse_unwritable(path, flag: str) -> None:
         raise LabError(f"{flag}: cannot write a file in {parent}: {e.strerror}", path) from None
 
 
+def _refuse_mount_point(path: Path) -> None:
+    """A mount point (a container's volume, `docker run -v HOST:/out`) cannot be renamed over: the write's
+    last step would fail with EBUSY, after all the work, its temp written to the file system beneath."""
+    if os.path.ismount(path):
+        raise LabError("is a mount point, which cannot be replaced whole: name a path inside it", path)
+
+
 def _temp_beside(path: Path) -> Path:
     if path.is_dir():  # else the rename's traceback, after all the work that made the file
         raise LabError("is a directory: give the path of a file to write", path)
+    _refuse_mount_point(path)
     make_parent(path)
     clear_stale_temps(path)
     try:
@@ -314,10 +323,12 @@ def atomic_dir(path: str | os.PathLike):
     between the two moves is undone by the next write of `path`."""
     path = Path(path)
     # Swapped away, the current directory would leave the shell in a deleted one (`.` has no name to
-    # put a temp beside)
-    if Path.cwd().resolve().is_relative_to(path.resolve()):
-        raise LabError("is (or holds) the current directory, which is written as a whole new directory; "
-                       "run from another directory", path)
+    # put a temp beside). A current directory deleted already is none that this write could swap.
+    with contextlib.suppress(FileNotFoundError):
+        if Path.cwd().resolve().is_relative_to(path.resolve()):
+            raise LabError("is (or holds) the current directory, which is written as a whole new directory; "
+                           "run from another directory", path)
+    _refuse_mount_point(path)
     make_parent(path)
     clear_stale_temps(path)
     old = path.with_name(f".{path.name}.old")  # always whole: it is deleted only under another name

@@ -75,7 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _pipe_closed(console) -> None:
+    """rich's Console answers a closed stdout with exit status 1 (`reproduce`'s "metrics differ"); raised
+    instead, it ends the command as a print's BrokenPipeError does."""
+    raise BrokenPipeError
+
+
 def _run(argv: list[str] | None) -> int:
+    from rich.console import Console
+
+    Console.on_broken_pipe = _pipe_closed  # `drafter-lab watch ... | head -1`
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.trust_remote_code:

@@ -6,6 +6,8 @@ import contextlib
 import time
 
 from rich.console import Console
+from rich.errors import MarkupError
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -18,9 +20,20 @@ from rich.progress import (
 console = Console(stderr=True)
 
 
+OWN_STYLES = ("[bold]", "[bold green]", "[yellow]", "[/]")
+"""The markup log messages may hold; any other bracket is a value's (a path's `[v2]`, Mistral's `[/INST]`)."""
+
+
 def log(message: str) -> None:
-    """A status line on stderr (stdout is kept for results)."""
-    console.print(message, highlight=False, soft_wrap=True)  # one line per message, paths unbroken, in logs too
+    """A status line on stderr (stdout is kept for results). Only OWN_STYLES are markup: rich dropped a
+    value's brackets that read as a tag, and raised MarkupError on one that closed none."""
+    text = escape(message)
+    for tag in OWN_STYLES:
+        text = text.replace(escape(tag), tag)
+    try:
+        console.print(text, highlight=False, soft_wrap=True)  # one line per message, paths unbroken, in logs too
+    except MarkupError:  # a value holding one of our own tags: the line as written
+        console.print(message, highlight=False, soft_wrap=True, markup=False)
 
 
 @contextlib.contextmanager

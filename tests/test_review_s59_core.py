@@ -85,3 +85,17 @@ def test_a_reader_that_closes_the_pipe_on_a_rich_table_ends_as_on_a_print(tmp_pa
     p.stdout.close()  # long before the command prints: its imports take far longer
     err = p.stderr.read()
     assert p.wait(timeout=120) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("value", ["/data/sharegpt[v2]/c.jsonl", "[INST] hi [/INST]", "[red]"])
+def test_a_logged_value_keeps_its_brackets(value):
+    """rich read a value's brackets as markup: `[v2]` was dropped from a path, and Mistral's `[/INST]`
+    raised MarkupError, a traceback from a status line."""
+    from drafter_lab.progress import console, log
+
+    with console.capture() as out:
+        log(f"[bold]reading[/] {value}")
+    assert out.get().rstrip("\n") == f"reading {value}"
+    with console.capture() as out:  # one of our own tags in a value: the line as written, not a traceback
+        log(f"[bold]reading[/] x[/]{value}")
+    assert f"x[/]{value}" in out.get()

@@ -81,3 +81,18 @@ def test_machine_note_names_the_cuda_builds_when_the_gpu_model_is_the_same():
     new = {"device": {"type": "cuda", "name": "NVIDIA H100", "cuda": "13.0"}}
     note = machine_note(old, new)
     assert "12.8" in note and "13.0" in note
+
+
+@pytest.mark.parametrize(("a", "b", "said"), [
+    ({"sha": "a" * 40, "dirty": False}, {"sha": "a" * 40, "dirty": False}, None),
+    ({"sha": "a" * 40, "dirty": False}, {"sha": "b" * 40, "dirty": False}, "at aaaaaaaaaaaa, this run at bbbbbbbbbbbb:"),
+    ({"sha": "a" * 40, "dirty": True}, {"sha": "a" * 40, "dirty": False},
+     "at aaaaaaaaaaaa with uncommitted changes, this run at aaaaaaaaaaaa:"),
+    ({}, {"sha": "b" * 40, "dirty": False}, None),  # a run that recorded none (outside a checkout and images)
+])
+def test_reproduce_names_the_code_each_run_ran(a, b, said):
+    """reproduce said nothing when the code that made the original was another commit, or a dirty tree."""
+    from drafter_lab.experiments.reproduce import code_note
+
+    note = code_note({"git": a}, {"git": b})
+    assert note is None if said is None else said in note

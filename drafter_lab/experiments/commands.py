@@ -138,7 +138,7 @@ def _reproduce(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from drafter_lab.experiments.reproduce import machine_note, package_note, reproduce
+    from drafter_lab.experiments.reproduce import code_note, machine_note, package_note, reproduce
 
     cache = _cache_root(args)
     _directories(("--runs", args.runs), ("--cache", cache))
@@ -150,7 +150,7 @@ def _reproduce(args) -> int:
     # looked up, not rebuilt
     cached = (f"the cache {cache} was not empty: the stages it held (target pair, feature sets, source "
               "drafter) were reused, not rebuilt; --cache EMPTY_DIR rebuilds them") if reused else None
-    for note in (machine_note(*manifests), package_note(*manifests), cached):
+    for note in (code_note(*manifests), machine_note(*manifests), package_note(*manifests), cached):
         if note:
             con.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     if not diffs:

@@ -151,6 +151,22 @@ def machine_note(original: dict, again: dict) -> str | None:
             "across instruction sets, so metrics may differ for that reason alone (compare with --rel-tol)")
 
 
+def code_note(original: dict, again: dict) -> str | None:
+    """One line when the lab's code differs between two manifests (another commit, or a work tree with
+    changes on either side, which no commit names); None when both ran one clean commit, or either
+    recorded none."""
+    a, b = original.get("git"), again.get("git")
+    if not (isinstance(a, dict) and isinstance(b, dict) and a.get("sha") and b.get("sha")):
+        return None
+
+    def name(g):
+        return f"{str(g['sha'])[:12]}{' with uncommitted changes' if g.get('dirty') else ''}"
+    if a.get("sha") == b.get("sha") and not a.get("dirty") and not b.get("dirty"):
+        return None
+    return (f"the original ran the lab at {name(a)}, this run at {name(b)}: results may differ for that "
+            "reason alone")
+
+
 def package_note(original: dict, again: dict) -> str | None:
     """One line naming the recorded packages whose versions differ between two manifests; None when
     none does (a package only one of them recorded is not a difference)."""

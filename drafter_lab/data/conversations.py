@@ -157,7 +157,9 @@ def parse_call(call, where: str, path) -> dict:
     """A tool call in the form servers hand templates: {"type": "function", "function": {"name",
     "arguments" (an object)}}, from that form or a bare {"name", "arguments"}."""
     fn = call.get("function", call) if isinstance(call, dict) else None
-    args = _json_or_same(fn.get("arguments", {})) if isinstance(fn, dict) else None
+    raw = fn.get("arguments", {}) if isinstance(fn, dict) else None
+    # "" for a call without arguments, as some clients record one
+    args = {} if isinstance(raw, str) and not raw.strip() else _json_or_same(raw)
     if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(args, dict)):
         raise LabError(f"{where}: a tool call needs a name and arguments (an object, or a JSON string of one)", path)
     out = {"type": "function", "function": {**fn, "arguments": args}}
@@ -198,6 +200,14 @@ def _either(obj: dict, key: str, other: str):
     return obj.get(other) if value is None else value
 
 
+def _calls_of(raw):
+    """tool_calls as given, or parsed from the JSON string some datasets store them as (as tools and
+    arguments); an empty string is none, other text stays, to be refused as no list."""
+    if not isinstance(raw, str):
+        return raw
+    return (_json_or_same(raw) or raw) if raw.strip() else None
+
+
 def _parse_turn(turn, where: str, path) -> dict:
     if not isinstance(turn, dict):
         raise LabError(f"{where}: a turn is {type(turn).__name__}, not an object", path)
@@ -217,7 +227,7 @@ def _parse_turn(turn, where: str, path) -> dict:
             raise LabError(f"{where}: thinking both as content parts and as reasoning_content (or reasoning, thinking)", path)
         reasoning = thought
     legacy = turn.get("function_call")  # the OpenAI API's one call before tools
-    calls = turn.get("tool_calls") or ([legacy] if legacy is not None else None)
+    calls = _calls_of(turn.get("tool_calls")) or ([legacy] if legacy is not None else None)
     if content is None and (reasoning is not None or calls is not None):
         content = ""  # a call alone, or a server's answer cut off while it was still thinking
     if role is None or content is None:

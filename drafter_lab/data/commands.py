@@ -88,6 +88,12 @@ def _prepare(args) -> int:
 
     from drafter_lab.data.capture import CaptureConfig, prepare_features
 
+    if not args.regenerate:  # else sampling settings given for answers that are never sampled, unsaid
+        given = [f"--{k.replace('_', '-')}" for k in ("temperature", "max_new_tokens", "regen_batch_size", "seed")
+                 if getattr(args, k) != getattr(CaptureConfig, k)]
+        if given:
+            raise LabError(f"{', '.join(given)} apply with --regenerate (the target's own answers); without it the "
+                           "recorded answers are captured as they are")
     cfg = CaptureConfig(
         aux_layer_ids=args.aux_layer_ids,
         max_length=args.max_length,

@@ -1,5 +1,6 @@
-"""Review of `data regenerate --server` against answers real servers send besides a finished one: an
-aborted request answered with 200 and what it had generated so far, and a choice without a message."""
+"""Review of regeneration: `data regenerate --server` against answers real servers send besides a finished
+one (an aborted request answered with 200 and what it had generated so far, a choice without a message),
+and `data prepare`'s sampling flags given without --regenerate."""
 
 from __future__ import annotations
 
@@ -56,3 +57,17 @@ def test_a_choice_without_a_message_object_is_one_line(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: conversation ") and "no text at choices[0].message.content" in err
     assert f"'message': {message!r}" in err
+
+
+@pytest.mark.parametrize("flag", [["--temperature", "0.7"], ["--max-new-tokens", "64"], ["--seed", "5"],
+                                  ["--regen-batch-size", "4"]])
+def test_sampling_flags_without_regenerate_are_refused(tmp_path, capsys, flag):
+    """`data prepare --temperature 0.7` without --regenerate captured the recorded answers and said
+    nothing of the flag (`data regenerate` refuses the other mode's flags)."""
+    from drafter_lab.cli import main
+
+    code = main(["data", "prepare", "--target", str(tmp_path / "t"), "--conversations", str(tmp_path / "c.jsonl"),
+                 "--out", str(tmp_path / "f"), *flag])
+    assert code == 2
+    assert f"{flag[0]} apply with --regenerate" in capsys.readouterr().err
+    assert not (tmp_path / "f").exists()

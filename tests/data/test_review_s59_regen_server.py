@@ -1,6 +1,7 @@
 """Review of regeneration: `data regenerate --server` against answers real servers send besides a finished
 one (an aborted request answered with 200 and what it had generated so far, a choice without a message),
-and `data prepare`'s sampling flags given without --regenerate."""
+`data prepare`'s sampling flags given without --regenerate, and capture's padding with a pad id past the
+embeddings."""
 
 from __future__ import annotations
 
@@ -71,3 +72,24 @@ def test_sampling_flags_without_regenerate_are_refused(tmp_path, capsys, flag):
     assert code == 2
     assert f"{flag[0]} apply with --regenerate" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()
+
+
+def test_a_pad_id_past_the_embeddings_pads_with_one_inside(random_llama):
+    """Capture right-pads a batch with the tokenizer's pad id: a <pad> added without resizing the
+    embeddings was an IndexError in the target's embedding; the states are those of unpadded prompts."""
+    import torch
+
+    from drafter_lab.data.capture import capture_states
+    from drafter_lab.targets.hf import load_target
+
+    target = load_target(random_llama)
+    items = [("a", torch.arange(3, 11), torch.ones(8)), ("b", torch.arange(20, 25), torch.ones(5))]
+    got = {}
+    capture_states(target, items, [1, 2, 3], torch.float32, 1, lambda *a, **k: None, lambda j, s: got.update({j: s}))
+    target.tokenizer.add_special_tokens({"pad_token": "<new-pad>"})  # the next id: one past the embeddings
+    assert target.tokenizer.pad_token_id == target.model.get_input_embeddings().num_embeddings
+    padded = {}
+    capture_states(target, items, [1, 2, 3], torch.float32, 2, lambda *a, **k: None,
+                   lambda j, s: padded.update({j: s}))
+    for j in got:
+        assert torch.allclose(padded[j].aux_hidden, got[j].aux_hidden, atol=1e-5)

@@ -41,3 +41,35 @@ def held_out(random_llama, tmp_path_factory) -> Path:
     prepare_features(random_llama, _conversations(root / "convs.jsonl", 12, "shlex.py"), out, max_length=64,
                      val_fraction=0.25, batch_size=12)
     return out
+
+
+@pytest.fixture(scope="module")
+def source(random_llama, features, tmp_path_factory) -> Path:
+    """A drafter trained a few steps on the random Llama's features: the one a probe is asked about."""
+    from drafter_lab.train.config import TrainConfig
+    from drafter_lab.train.loop import train
+
+    out = tmp_path_factory.mktemp("probe-source") / "source"
+    train(TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
+                      log_every=2, threads=1), random_llama, features, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def next_version(random_llama, features, tmp_path_factory) -> tuple[Path, Path]:
+    """The same weights with a tokenizer trained on other text (as tests/drafter/test_transfer.py makes one),
+    and its features of the same conversations: an id names another token in each target, and the source's
+    vocabulary spells some held-out sequences wholly, not all."""
+    import shutil
+
+    from drafter_lab.data.capture import prepare_features
+    from drafter_lab.targets.corpus import source_files
+    from drafter_lab.targets.tokenizer import train_bpe
+
+    root = tmp_path_factory.mktemp("next-version")
+    shutil.copytree(random_llama, root / "model")
+    texts = [f.data.decode() for f in source_files(max_files=8)]
+    train_bpe(texts, 400).save_pretrained(root / "model")
+    prepare_features(root / "model", features.parent / "convs.jsonl", root / "features", max_length=64,
+                     val_fraction=0.25, batch_size=12)
+    return root / "model", root / "features"

@@ -14,15 +14,12 @@ import pytest
 import torch
 
 from drafter_lab.cli import main
-from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
 from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.experiments.pilot import closing, lead_text
 from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, decide, probe
-from drafter_lab.targets.corpus import source_files
 from drafter_lab.targets.hf import load_target_head, load_tokenizer
-from drafter_lab.targets.tokenizer import train_bpe
 from drafter_lab.train import sources
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.loop import train
@@ -231,19 +228,6 @@ def test_cli_json_naming_a_directory_is_refused_before_the_probe_runs(tmp_path, 
     argv = ["probe", "--drafter", "d", "--target", "t", "--data", "f", "--json", str(tmp_path)]
     assert main(argv) == 2
     assert capsys.readouterr().err == f"error: {tmp_path}: is a directory: --json takes a file to write\n"
-
-
-@pytest.fixture(scope="module")
-def next_version(random_llama, features, tmp_path_factory):
-    """The same weights with a tokenizer trained on other text (as tests/drafter/test_transfer.py makes one),
-    and its features of the same conversations: an id names another token in each target."""
-    root = tmp_path_factory.mktemp("next-version")
-    shutil.copytree(random_llama, root / "model")
-    texts = [f.data.decode() for f in source_files(max_files=8)]
-    train_bpe(texts, 400).save_pretrained(root / "model")
-    prepare_features(root / "model", features.parent / "convs.jsonl", root / "features", max_length=64,
-                     val_fraction=0.25, batch_size=12)
-    return root / "model", root / "features"
 
 
 def test_the_vocabs_are_compared_by_token_where_the_targets_tokenizers_differ(source, next_version, random_llama):

@@ -27,13 +27,6 @@ QUICK = ProbeConfig(max_sequences=4, pilot_steps=0, cka_tokens=64, ttt_steps=2)
 
 
 @pytest.fixture(scope="module")
-def source(random_llama, features, tmp_path_factory):
-    out = tmp_path_factory.mktemp("review-source") / "source"
-    train(RECIPE, random_llama, features, out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def wide_source(wide_llama, features, tmp_path_factory):
     """A drafter of a target 256 wide (the random Llama is 64): its fc takes 3 x 256."""
     root = tmp_path_factory.mktemp("wide-source")

@@ -3,8 +3,6 @@ accept over the same held-out text, and a verdict without aux CKA says why it ha
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from drafter_lab.data.capture import prepare_features
@@ -13,36 +11,10 @@ from drafter_lab.drafter.checkpoint import load_drafter
 from drafter_lab.drafter.transfer import token_map
 from drafter_lab.experiments import probe as probe_mod
 from drafter_lab.experiments.probe import ProbeConfig, ProbeThresholds, probe
-from drafter_lab.targets.corpus import source_files
 from drafter_lab.targets.hf import load_target_head, load_tokenizer
-from drafter_lab.targets.tokenizer import train_bpe
-from drafter_lab.train.config import TrainConfig
-from drafter_lab.train.loop import train
 from drafter_lab.train.metrics import evaluate
 
-RECIPE = TrainConfig(draft_vocab_size=64, max_steps=4, epochs=10, batch_size=4, ttt_steps=2, warmup_steps=1,
-                     log_every=2, threads=1)
 QUICK = ProbeConfig(max_sequences=8, pilot_steps=0, cka_tokens=32, ttt_steps=2)
-
-
-@pytest.fixture(scope="module")
-def source(random_llama, features, tmp_path_factory):
-    out = tmp_path_factory.mktemp("s59-source") / "source"
-    train(RECIPE, random_llama, features, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def next_version(random_llama, features, tmp_path_factory):
-    """The same weights with a tokenizer trained on other text: the source's vocabulary spells some of
-    the held-out sequences wholly, not all."""
-    root = tmp_path_factory.mktemp("s59-next-version")
-    shutil.copytree(random_llama, root / "model")
-    texts = [f.data.decode() for f in source_files(max_files=8)]
-    train_bpe(texts, 400).save_pretrained(root / "model")
-    prepare_features(root / "model", features.parent / "convs.jsonl", root / "features", max_length=64,
-                     val_fraction=0.25, batch_size=12)
-    return root / "model", root / "features"
 
 
 def _decided(monkeypatch) -> list[tuple]:

@@ -83,6 +83,7 @@ from drafter_lab.targets.hf import (
     load_target,
     load_tokenizer,
     model_class,
+    pad_token_id,
     quiet_transformers,
     remote_code_refusal,
     stop_token_ids,
@@ -361,9 +362,7 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
 def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype, batch_size: int, advance, put):
     """Run the target over `items` (id, input_ids, loss_mask), `batch_size` at a time (longest first,
     right-padded), and `put(j, seq)` each item's states as its batch finishes."""
-    # any embedded id pads (the attention mask hides it); a <pad> added without resizing the embeddings would not
-    pad = target.tokenizer.pad_token_id
-    pad = pad if pad is not None and 0 <= pad < target.model.get_input_embeddings().num_embeddings else 0
+    pad = pad_token_id(target)
     order = sorted(range(len(items)), key=lambda j: -len(items[j][1]))
     for b in range(0, len(order), batch_size):
         chunk = order[b : b + batch_size]

@@ -35,7 +35,7 @@ from drafter_lab.data.conversations import Conversation, conversations_sha256
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 from drafter_lab.progress import maybe_progress
-from drafter_lab.targets.hf import stop_token_ids
+from drafter_lab.targets.hf import pad_token_id, stop_token_ids
 
 
 def regenerated_turns(conv: Conversation) -> list[int]:
@@ -67,7 +67,7 @@ def generation_config(target, temperature: float, max_new_tokens: int):
         do_sample=temperature > 0,
         temperature=temperature if temperature > 0 else 1.0,
         eos_token_id=stop_token_ids(target),
-        pad_token_id=target.tokenizer.pad_token_id,
+        pad_token_id=pad_token_id(target),  # fed back for finished rows: one past the embeddings fails
         **NEUTRAL_SAMPLING,
     )
 
@@ -84,6 +84,7 @@ def generate_texts(target, prompts: list[str], gen_config) -> list[tuple[str, li
         tok.padding_side = side
     # Not token_type_ids, which a tokenizer listing them (transformers 4's default for a plain fast
     # tokenizer) returns, and which `generate` refuses for a causal LM.
+    enc["input_ids"][enc["attention_mask"] == 0] = gen_config.pad_token_id  # the tokenizer's may be no embedded id
     enc = {k: enc[k].to(target.device) for k in ("input_ids", "attention_mask")}
     model = target.model
     # `generate` fills what `gen_config` leaves at a default from the model's own generation_config.json,

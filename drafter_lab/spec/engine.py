@@ -37,7 +37,7 @@ from drafter_lab.spec.phases import PhaseClock
 from drafter_lab.spec.sampling import SAMPLE_TOPK, probs_from_logits, sample
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import DraftTree, chain
-from drafter_lab.targets.hf import stop_token_ids
+from drafter_lab.targets.hf import pad_token_id, stop_token_ids
 
 
 @dataclass
@@ -146,10 +146,7 @@ class SpecEngine:
         self.drafter = DrafterRunner(drafter, self.cfg.use_fused) if drafter is not None else None
         self.eos = set(stop_token_ids(target)) if self.cfg.stop_at_eos else set()
         self.vocab = target.vocab_size
-        # Fills masked slots, so any embedded id serves; a pad added to the tokenizer without resizing the
-        # embeddings (or none) would index past them
-        pad = getattr(target.tokenizer, "pad_token_id", None)
-        self.pad_id = pad if pad is not None and 0 <= pad < target.model.get_input_embeddings().num_embeddings else 0
+        self.pad_id = pad_token_id(target)
 
     @property
     def fused(self) -> bool:

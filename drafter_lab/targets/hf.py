@@ -455,6 +455,14 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def pad_token_id(target) -> int:
+    """The id that pads a batch: the tokenizer's where the embedding holds it, else 0. Padding fills
+    masked slots only, so any embedded id serves; a <pad> added to the tokenizer without resizing the
+    embeddings (or a tokenizer without one) would index past them."""
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    return pad if pad is not None and 0 <= pad < target.model.get_input_embeddings().num_embeddings else 0
+
+
 def stop_token_ids(target) -> list[int]:
     """The ids that end a reply: the tokenizer's eos, the model config's (a multimodal wrapper's own,
     else its text model's) and each one its generation config lists (e.g. <|eot_id|>); the tokenizer's

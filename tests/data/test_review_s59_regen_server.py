@@ -93,3 +93,16 @@ def test_a_pad_id_past_the_embeddings_pads_with_one_inside(random_llama):
                    lambda j, s: padded.update({j: s}))
     for j in got:
         assert torch.allclose(padded[j].aux_hidden, got[j].aux_hidden, atol=1e-5)
+
+
+def test_local_regeneration_with_a_pad_id_past_the_embeddings(random_llama):
+    """`generate` left-pads prompts with the tokenizer's pad id and feeds it back for finished rows: a <pad>
+    added without resizing the embeddings was an IndexError; the answers are those padded with an id inside."""
+    from drafter_lab.data.regenerate import generate_texts, generation_config
+    from drafter_lab.targets.hf import load_target
+
+    target = load_target(random_llama)
+    prompts = ["def f(x):\n    return", "import os\nimport sys\nclass A:\n    pass\n\ndef g():"]
+    want = generate_texts(target, prompts, generation_config(target, 0.0, 6))
+    target.tokenizer.add_special_tokens({"pad_token": "<new-pad>"})
+    assert generate_texts(target, prompts, generation_config(target, 0.0, 6)) == want

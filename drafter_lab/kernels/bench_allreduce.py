@@ -557,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.ranks = args.ranks or ([2] if args.tp_sim else [2, 4])
-    args.backends = args.backends or default_backends()
+    # a value given twice was timed twice and printed as two rows (as --sizes is, each once)
+    args.backends = list(dict.fromkeys(args.backends or default_backends()))
+    args.ranks, args.tokens = list(dict.fromkeys(args.ranks)), list(dict.fromkeys(args.tokens))
     if not all(1 <= r <= MAX_RANKS for r in args.ranks):
         raise LabError(f"--ranks must be in 1..{MAX_RANKS}, got {' '.join(map(str, args.ranks))}")
     if unknown := sorted(set(args.backends) - set(BACKENDS)):

@@ -1,6 +1,6 @@
 """Review of the all-reduce benchmark's ranks: one that dies must end the run with one line naming every
 rank's exit code (the others were each given a minute to notice, then killed unreaped), and leave no
-segment in /dev/shm."""
+segment in /dev/shm. Values given twice are timed once."""
 
 from __future__ import annotations
 
@@ -44,3 +44,17 @@ def test_a_rank_that_dies_ends_the_run_and_leaks_no_segment(worker):
     assert "None" not in str(e.value), "a killed rank's exit code was read before it was reaped"
     assert "3" in str(e.value)
     assert not _segments() - before
+
+
+@pytest.mark.parametrize("flags", [["--backends", "cpu", "cpu"], ["--ranks", "2", "2"],
+                                   ["--tp-sim", "--tokens", "1", "2", "2"]])
+def test_a_value_given_twice_is_timed_once(monkeypatch, flags):
+    """--backends, --ranks and --tokens given a value twice timed it twice, printed two rows for it and
+    wrote it twice into the JSON (--sizes keeps each once)."""
+    seen = []
+    monkeypatch.setattr(bar, "tp_sim", seen.append)
+    monkeypatch.setattr(bar, "latency_table", seen.append)
+    monkeypatch.setattr(bar, "refuse_unwritable", lambda *a: None)
+    bar.main(["--ranks", "2", "--backends", "cpu", *flags])  # the last of a flag given twice wins
+    (args,) = seen
+    assert (args.backends, args.ranks, args.tokens) == (["cpu"], [2], [1, 2] if "--tp-sim" in flags else [1, 2, 4, 8])

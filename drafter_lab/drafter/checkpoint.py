@@ -393,7 +393,7 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
                 p.data = ckpt.tensors[name]
     serving = {}
     if fmt == formats.SPECULATORS:
-        run = _run_record(src)
+        run = run_record(src)
         if speculative_tokens is not None and speculative_tokens < 1:
             raise LabError(f"speculative_tokens must be at least 1, got {speculative_tokens}")
         if verifier is not None and not verifier.strip():  # vLLM would be told to serve a model named ""
@@ -416,7 +416,7 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
     return out
 
 
-def _run_record(src) -> dict:
+def run_record(src) -> dict:
     """The training run's record beside a drafter the lab trained ({} for one from elsewhere)."""
     path = Path(src) / "run.json"
     if not path.is_file():

@@ -77,11 +77,12 @@ def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
     float32 drafter beside a bfloat16 target then runs in another dtype than the hidden states it is
     fed, and fails. Written in the target's dtype, both load alike."""
     from drafter_lab import atomic
-    from drafter_lab.drafter.checkpoint import _run_record
+    from drafter_lab.drafter.checkpoint import run_record
+    from drafter_lab.drafter.formats import text_model_fields
     from drafter_lab.errors import LabError
 
     if target is None:
-        recorded = _run_record(drafter).get("target", {}).get("path")
+        recorded = run_record(drafter).get("target", {}).get("path")
         if not (isinstance(recorded, str) and (Path(recorded) / "config.json").is_file()):
             return None, None
         target = recorded
@@ -89,8 +90,7 @@ def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
     config = atomic.read_json(path, "not a model directory: config.json is missing", target)
     if not isinstance(config, dict):
         raise LabError("config.json is not a JSON object", path)
-    text = next((config[k] for k in ("text_config", "language_config", "llm_config") if isinstance(config.get(k), dict)),
-                {})
+    text = text_model_fields(config) or {}
     # transformers 5 writes `dtype`, 4 `torch_dtype`
     name = next((c.get(k) for c in (config, text) for k in ("dtype", "torch_dtype") if c.get(k) is not None), None)
     return (name, Path(target)) if name in DTYPE_NAMES else (None, None)

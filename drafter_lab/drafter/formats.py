@@ -276,6 +276,12 @@ _DRAFTER_NAME_PARTS = ("eagle", "draft", "speculator", "mtp")
 """What a drafter's architecture name says (EAGLE-3, DFlash, speculators, MTP): one without is a model's."""
 
 
+def text_model_fields(data: dict) -> dict | None:
+    """A multimodal config.json's text model fields (`text_config`, or its other names), else None."""
+    return next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
+                None)
+
+
 def _refuse_target(data: dict, path) -> None:
     """A target model's directory given as the drafter (the mirror of targets.hf's check): its layers
     would read as a drafter "of 8 layers". A model's architecture name (`LlamaForCausalLM`, which EAGLE's
@@ -284,8 +290,7 @@ def _refuse_target(data: dict, path) -> None:
     if data.get("speculators_model_type") is not None or not isinstance(archs, list) or not archs or \
             any(not isinstance(a, str) or any(p in a.lower() for p in _DRAFTER_NAME_PARTS) for a in archs):
         return
-    text = next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
-                {})
+    text = text_model_fields(data) or {}
     layers = data.get("num_hidden_layers", text.get("num_hidden_layers"))
     if isinstance(layers, int) and not isinstance(layers, bool) and layers > 1:
         raise LabError(f"a target model ({archs[0]}, {layers} layers), not a drafter: give the drafter's directory",

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.drafter.formats import LLAMA_EAGLE3_ARCHS, SPECULATORS_ARCH
+from drafter_lab.drafter.formats import LLAMA_EAGLE3_ARCHS, SPECULATORS_ARCH, text_model_fields
 from drafter_lab.errors import LabError
 from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint, weight_files
 
@@ -422,8 +422,7 @@ def _config_as_written(path: Path):
     whose config class is its own code (Kimi K2's): the head needs only sizes and names, no code run."""
     data = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
     whole = _plain_config({k: v for k, v in data.items() if k != "auto_map"})
-    text = next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
-                None)
+    text = text_model_fields(data)
     return whole, (whole if text is None else _plain_config(text))
 
 

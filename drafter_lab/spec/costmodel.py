@@ -305,7 +305,7 @@ def on_allreduce(cfg: CostModelConfig, allreduce: Latency | None) -> CostModelCo
     compute_us = (1000 * cfg.measured_verify_ms - n * ar) / cfg.num_layers
     if compute_us <= 0:
         raise LabError(f"the measured verify_ms {cfg.measured_verify_ms:g} is shorter than its {n} all-reduces "
-                       f"of {ar:.3g} us (measured)")
+                       f"of {us_text(ar)} us (measured)")
     return dataclasses.replace(cfg, verify_layer_compute_us=compute_us, measured_verify_ms=0.0)
 
 
@@ -343,3 +343,8 @@ Latency = float | dict[int, float]
 
 def latency_at(latency: Latency, message_bytes: int) -> float:
     return interpolate_latency(latency, message_bytes) if isinstance(latency, dict) else latency
+
+
+def us_text(us: float) -> str:
+    """Microseconds to three significant figures as a table shows them: 1280, not .3g's 1.28e+03."""
+    return f"{us:.0f}" if abs(us) >= 99.95 else f"{us:.3g}"

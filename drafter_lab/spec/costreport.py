@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from drafter_lab.spec.costinputs import drafting, served_accept
-from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at, on_allreduce
+from drafter_lab.spec.costmodel import CostModel, CostModelConfig, Latency, latency_at, on_allreduce, us_text
 
 
 def settings_table(cfg: CostModelConfig, sweep: list[dict], latency: Latency | None = None, path=None) -> list[dict]:
@@ -67,7 +67,7 @@ def whatif_latencies(cfg: CostModelConfig, measured: Latency | None = None) -> l
     """(label, all-reduce latency) of the what-if rows: the config's list, then the measured one."""
     rows: list[tuple[str, Latency]] = [(f"{x:g} us", x) for x in cfg.whatif_allreduce_us]
     if measured is not None:
-        rows.append((f"measured {latency_at(measured, CostModel(cfg).message_bytes):.3g} us", measured))
+        rows.append((f"measured {us_text(latency_at(measured, CostModel(cfg).message_bytes))} us", measured))
     return rows
 
 
@@ -132,18 +132,18 @@ def format_report(r: dict, name: str) -> str:
         "  verify   = "
         + (f"measured pass of {c['batch']} x {c['verify_tokens']} tokens, {r['verify_compute_ms']:.2f} ms"
            if c["pass_ms_by_tokens"] else
-           f"{c['num_layers']} layers x {r['layer_compute_us']:.3g} us compute"
-           + (f" (+ {r['verify_compute_ms'] * 1000 / c['num_layers'] - r['layer_compute_us']:.3g} us for the "
+           f"{c['num_layers']} layers x {us_text(r['layer_compute_us'])} us compute"
+           + (f" (+ {us_text(r['verify_compute_ms'] * 1000 / c['num_layers'] - r['layer_compute_us'])} us for the "
               f"batch's other {c['batch'] - 1} x {c['verify_tokens']} tokens)" if batched else ""))
-        + (f" + {r['n_allreduce']} all-reduces x {r['verify_allreduce_us']:.3g} us"
+        + (f" + {r['n_allreduce']} all-reduces x {us_text(r['verify_allreduce_us'])} us"
            + (" (measured)" if r["allreduce_measured"] else "") if r["n_allreduce"] else "")
         + f" = {r['verify_ms']:.2f} ms",
-        f"  draft    = {_first_draft(c, r)} steps x {r['draft_step_us']:.3g} us = {r['draft_ms']:.2f} ms; "
+        f"  draft    = {_first_draft(c, r)} steps x {us_text(r['draft_step_us'])} us = {r['draft_ms']:.2f} ms; "
         f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
         + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
            if c["no_draft_share"] else ""),
         f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s"
-        + _parenthesised([f"its all-reduces: {r['decode_allreduce_us']:.3g} us each" if r["n_allreduce"] else "",
+        + _parenthesised([f"its all-reduces: {us_text(r['decode_allreduce_us'])} us each" if r["n_allreduce"] else "",
                           f"overhead {c['decode_overhead_ms']:.2f} ms" if c["decode_overhead_ms"] else ""]),
         "  spec tok/s by served accept length (bonus included): "
         + ", ".join(f"{a} -> {v:.1f}" for a, v in r["spec_tok_s"].items()),
@@ -171,7 +171,7 @@ def format_report(r: dict, name: str) -> str:
             "",
             "draft steps (chain; served accept at each depth, accept_by_steps; verify = steps + 1 tokens"
             + (("; the measured all-reduce at each depth's message" if r["allreduce_measured"]
-                else f", {c['verify_allreduce_us']:.3g} us per all-reduce") if r["n_allreduce"] else "") + "):",
+                else f", {us_text(c['verify_allreduce_us'])} us per all-reduce") if r["n_allreduce"] else "") + "):",
             f"{'steps':>5} {'accept':>6} {'verify ms':>9} {'cycle ms':>8} {'spec tok/s':>10} {'speedup':>7}",
         ]
         lines += [f"{row['steps']:>5} {row['accept']:>6.2f} {row['verify_ms']:>9.2f} {row['cycle_ms']:>8.2f} "
@@ -223,12 +223,12 @@ def _first_draft(c: dict, r: dict) -> str:
     if c["draft_extend_us_by_batch"]:
         return f"extend + {c['steps'] - 1}"
     if r["first_draft_us"] != r["draft_step_us"]:  # a tree's first step, one row per sequence
-        return f"{r['first_draft_us']:.3g} us + {c['steps'] - 1}"
+        return f"{us_text(r['first_draft_us'])} us + {c['steps'] - 1}"
     return str(c["steps"])
 
 
 def _us(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
+    return "-" if x is None else us_text(x)
 
 
 def _serve_flags(steps: int, topk: int, draft_tokens: int) -> str:

@@ -137,3 +137,13 @@ def test_a_stream_that_fails_midway_is_one_line(server):
     with pytest.raises(LabError, match=r"not a stream of server-sent events .*ignore \"stream\": true\?$"):
         list(httpjson.stream_json(url + "/g", {"stream": True}))
     assert len(seen) == 5  # a stream that began is never sent again
+
+
+def test_an_answer_that_is_not_utf8_is_one_line(server):
+    """A proxy's Latin-1 page, or an event with such bytes, was a UnicodeDecodeError traceback."""
+    url, script, _ = server
+    script += [(200, b"<html>caf\xe9</html>"), (200, b'data: {"t": "caf\xe9"}\n\ndata: [DONE]\n\n')]
+    with pytest.raises(LabError, match=rf"^{url}/x: server answer is not JSON$"):
+        httpjson.request_json(f"{url}/x", {})
+    with pytest.raises(LabError, match=rf"^{url}/x: server sent an event that is not JSON: "):
+        list(httpjson.stream_json(f"{url}/x", {}))

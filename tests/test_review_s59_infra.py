@@ -1,49 +1,13 @@
-"""Review s59: a server answer that is not UTF-8, a lock for `--out .`, a directory write over the current directory."""
+"""Review s59: a lock for `--out .`, a directory write over the current directory."""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from drafter_lab import httpjson, locks
+from drafter_lab import locks
 from drafter_lab.errors import LabError
-
-
-@pytest.fixture
-def answering():
-    """(URL, bodies): each POST is answered 200 with the next of `bodies`."""
-    bodies: list[bytes] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = bodies.pop(0)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/x", bodies
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def test_an_answer_that_is_not_utf8_is_one_line(answering):
-    """A proxy's Latin-1 page, or an event with such bytes, was a UnicodeDecodeError traceback."""
-    url, bodies = answering
-    bodies += [b"<html>caf\xe9</html>", b'data: {"t": "caf\xe9"}\n\ndata: [DONE]\n\n']
-    with pytest.raises(LabError, match=rf"^{url}: server answer is not JSON$"):
-        httpjson.request_json(url, {})
-    with pytest.raises(LabError, match=rf"^{url}: server sent an event that is not JSON: "):
-        list(httpjson.stream_json(url, {}))
 
 
 def test_out_dot_is_locked_as_its_directory(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -192,8 +193,38 @@ def write_text(path, text: str) -> None:
         Path(tmp).write_text(text)
 
 
+def finite(obj):
+    """`obj` with every non-finite float (NaN, +-inf) as None, in dicts, lists and tuples at any depth:
+    JSON has no such number, and the NaN / Infinity that Python's json writes are refused by jq,
+    JSON.parse, Go and serde_json. A metric with nothing to measure (a loss over no position) reads null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj, **kwargs) -> str:
+    """json.dumps (with its keywords) of `finite(obj)`: strict JSON, for every file or line the lab writes."""
+    return json.dumps(finite(obj), allow_nan=False, **kwargs)
+
+
+def nan_for_null(obj):
+    """`finite` undone where a value is a number whenever it is set (a metrics record, a list of CKAs):
+    null reads as NaN, so a reader's comparisons and formats see what they saw before files were strict JSON."""
+    if obj is None:
+        return math.nan
+    if isinstance(obj, dict):
+        return {k: nan_for_null(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [nan_for_null(v) for v in obj]
+    return obj
+
+
 def write_json(path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    write_text(path, dumps(obj, indent=2) + "\n")
 
 
 def read_json(path, missing: str, owner=None):

@@ -33,9 +33,15 @@ def _real(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def _undefined(v) -> bool:
+    """A metric with nothing to measure (a loss over no position, a CKA without variance): NaN, which
+    results.json holds as null since its writer keeps to strict JSON (atomic.finite)."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def _numbers(prefix: str, d: dict | None, out: dict) -> None:
     for k, v in (d or {}).items():
-        if _real(v):
+        if _real(v) or v is None:  # None: a NaN metric
             out[f"{prefix} / {k}"] = v  # an int stays one: counts compare exactly
 
 
@@ -66,7 +72,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
         for text, fig in (pair.get("drift_figures") or {}).items():
             _numbers(f"{prefix} / pair / drift {text}", {k: v for k, v in fig.items() if k != "cka"}, out)
             for i, c in enumerate(fig.get("cka") or []):
-                out[f"{prefix} / pair / drift {text} / cka {i}"] = float(c)
+                out[f"{prefix} / pair / drift {text} / cka {i}"] = None if c is None else float(c)
         for arm in lv["arms"]:
             _numbers(f"{prefix} / arm {arm['key']}", arm["final"], out)
             _served(f"{prefix} / arm {arm['key']} / served", arm.get("served"), out)
@@ -77,7 +83,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
         _numbers(f"{prefix} / probe zero-shot", probe["zero_shot"], out)
         _numbers(f"{prefix} / probe home", probe.get("home"), out)
         for i, c in enumerate(probe.get("aux_cka") or []):
-            out[f"{prefix} / probe / aux cka {i}"] = float(c)
+            out[f"{prefix} / probe / aux cka {i}"] = None if c is None else float(c)
         for row in (probe.get("pilot") or {}).get("curve", []):
             _numbers(f"{prefix} / probe / pilot step {row['step']}", {k: v for k, v in row.items() if k != "step"}, out)
         out[f"{prefix} / probe verdict"] = probe["verdict"]
@@ -100,10 +106,10 @@ def compare(a: dict, b: dict, rel_tol: float = 0.0) -> list[tuple[str, object, o
     diffs = []
     for key in sorted(set(a) | set(b)):
         x, y = a.get(key), b.get(key)
+        if key in a and key in b and _undefined(x) and _undefined(y):  # undefined in both runs (NaN or null)
+            continue
         if _real(x) and _real(y) and (isinstance(x, float) or isinstance(y, float)):
             x, y = float(x), float(y)
-            if math.isnan(x) and math.isnan(y):  # a metric undefined in both runs (e.g. no position reached)
-                continue
             if not math.isclose(x, y, rel_tol=rel_tol, abs_tol=0.0 if rel_tol == 0 else 1e-12):
                 diffs.append((key, x, y))
         elif x != y:

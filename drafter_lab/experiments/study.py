@@ -43,6 +43,7 @@ from drafter_lab.targets.presets import resolve as resolve_target
 from drafter_lab.threads import check_threads, torch_threads
 from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
 from drafter_lab.train.loop import train
+from drafter_lab.train.metrics_log import read_metrics
 
 
 @dataclass
@@ -118,7 +119,8 @@ def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfi
 
 
 def _read_history(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    # read_metrics: a NaN metric is null in the file, and the report and the watch's replay compare NaN
+    return read_metrics(path) if path.exists() else []
 
 
 def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path, prompts: Path) -> dict | None:
@@ -308,7 +310,7 @@ def _run_study(cfg: ExperimentConfig, run_dir: Path, cache: Path, command: list[
         level_dir = run_dir if len(levels) == 1 else run_dir / f"drift-{level_name(level['drift_knob'])}"
         for arm in level["arms"]:
             atomic.write_text(level_dir / f"metrics-{arm.key}.jsonl",
-                              "".join(json.dumps(r) + "\n" for r in arm.history))
+                              "".join(atomic.dumps(r) + "\n" for r in arm.history))
     sweep = report.sweep_points(levels) if len(levels) > 1 else None
     if sweep:
         plots.drift_sweep(sweep, run_dir / "drift_sweep.png")

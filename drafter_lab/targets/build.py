@@ -30,6 +30,7 @@ import torch
 
 from drafter_lab.atomic import (
     atomic_dir,
+    nan_for_null,
     refuse_below_file,
     save_safetensors,
     sha256_file,
@@ -141,13 +142,22 @@ def _mismatch(root: Path, files: dict, fingerprints: dict) -> str | None:
     return None
 
 
+def _read_record(path: Path) -> dict:
+    """A build.json or pair.json. Its drift figures' nulls are CKAs of no variance, NaN when measured
+    (write_json keeps to strict JSON): they read as NaN again, for the tables and the report."""
+    info = json.loads(path.read_text())
+    if isinstance(info, dict) and isinstance(info.get("drift_figures"), dict):
+        info["drift_figures"] = nan_for_null(info["drift_figures"])
+    return info
+
+
 def _cached_stage(stage: Path, what: str, base_fingerprint: str | None = None) -> dict | None:
     """The build.json of cache entry `stage` when the entry still holds what that records (and, for
     `tuned`, was fine-tuned from the base of `base_fingerprint`); else None, said in one line, to rebuild it."""
     if not (stage / "build.json").exists():
         return None
     try:
-        info = json.loads((stage / "build.json").read_text())
+        info = _read_record(stage / "build.json")
         why = _mismatch(stage, info["files"], {"model": info["fingerprint"]})
         if why is None and base_fingerprint is not None and info["base_fingerprint"] != base_fingerprint:
             why = "fine-tuned from another build of base"
@@ -338,7 +348,7 @@ def _cached_pair(out_dir: Path, key: str) -> dict | None:
     fingerprints and the sha256 of every other file (a pair.json of another shape, or a model, tokenizer
     or prompt file edited or deleted since, is copied again, not reused)."""
     try:
-        pair = json.loads((out_dir / "pair.json").read_text())
+        pair = _read_record(out_dir / "pair.json")
         if pair.get("key") != key or not isinstance(pair["build_seconds"], dict):
             return None
         why = _mismatch(out_dir, pair["files"], {side: pair[side]["fingerprint"] for side in ("base", "tuned")})
@@ -396,13 +406,13 @@ def build_pair(
             base_cached = base_info is not None
             if not base_cached:
                 _build_base(cfg, corpus, base_key, base_dir, device)
-                base_info = json.loads((base_dir / "build.json").read_text())
+                base_info = _read_record(base_dir / "build.json")
         with building(tuned_dir, "tuned target"):
             tuned_info = None if force else _cached_stage(tuned_dir, "tuned", base_info["fingerprint"])
             tuned_cached = tuned_info is not None
             if not tuned_cached:
                 _build_tuned(cfg, corpus, base_dir, base_info["fingerprint"], tuned_key, tuned_dir, device)
-                tuned_info = json.loads((tuned_dir / "build.json").read_text())
+                tuned_info = _read_record(tuned_dir / "build.json")
     pair = {
         "format": PAIR_FORMAT,
         "key": tuned_key,

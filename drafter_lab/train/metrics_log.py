@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from drafter_lab.atomic import dumps, nan_for_null
 from drafter_lab.errors import LabError
 
 METRICS = "metrics.jsonl"
@@ -29,7 +30,7 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        line = (json.dumps(record, allow_nan=True) + "\n").encode()
+        line = (dumps(record) + "\n").encode()  # strict JSON: a NaN metric is null, read back as NaN
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             view = memoryview(line)
@@ -65,7 +66,8 @@ class MetricsLog:
 
 def read_metrics(path) -> list[dict]:
     """The records of a metrics.jsonl (or of the one in a run directory). A last line without its
-    newline is a record still being written by a run in flight, and is left out."""
+    newline is a record still being written by a run in flight, and is left out. A null value is a NaN
+    metric (`MetricsLog.write`), and reads as NaN again."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS
@@ -87,5 +89,5 @@ def read_metrics(path) -> list[dict]:
         if type(row.get("step")) is not int:  # a hand-edited row: every reader orders and matches by it
             what = f'"step" {json.dumps(row["step"])} is not an integer' if "step" in row else 'no "step"'
             raise LabError(f"line {i} is not a metrics record: {what}", path)
-        rows.append(row)
+        rows.append(nan_for_null(row))
     return rows

@@ -41,8 +41,8 @@ def _undefined(v) -> bool:
 
 def _numbers(prefix: str, d: dict | None, out: dict) -> None:
     for k, v in (d or {}).items():
-        if _real(v) or v is None:  # None: a NaN metric
-            out[f"{prefix} / {k}"] = v  # an int stays one: counts compare exactly
+        if _real(v) or v is None:  # None: a NaN metric (atomic.finite), read as one
+            out[f"{prefix} / {k}"] = math.nan if v is None else v  # an int stays one: counts compare exactly
 
 
 def _served(prefix: str, served: dict | None, out: dict) -> None:
@@ -72,7 +72,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
         for text, fig in (pair.get("drift_figures") or {}).items():
             _numbers(f"{prefix} / pair / drift {text}", {k: v for k, v in fig.items() if k != "cka"}, out)
             for i, c in enumerate(fig.get("cka") or []):
-                out[f"{prefix} / pair / drift {text} / cka {i}"] = None if c is None else float(c)
+                out[f"{prefix} / pair / drift {text} / cka {i}"] = math.nan if c is None else float(c)
         for arm in lv["arms"]:
             _numbers(f"{prefix} / arm {arm['key']}", arm["final"], out)
             _served(f"{prefix} / arm {arm['key']} / served", arm.get("served"), out)
@@ -83,7 +83,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
         _numbers(f"{prefix} / probe zero-shot", probe["zero_shot"], out)
         _numbers(f"{prefix} / probe home", probe.get("home"), out)
         for i, c in enumerate(probe.get("aux_cka") or []):
-            out[f"{prefix} / probe / aux cka {i}"] = None if c is None else float(c)
+            out[f"{prefix} / probe / aux cka {i}"] = math.nan if c is None else float(c)
         for row in (probe.get("pilot") or {}).get("curve", []):
             _numbers(f"{prefix} / probe / pilot step {row['step']}", {k: v for k, v in row.items() if k != "step"}, out)
         out[f"{prefix} / probe verdict"] = probe["verdict"]

@@ -37,7 +37,8 @@ def pilot_config(recipe: TrainConfig, steps: int, source: DrafterConfig) -> Trai
         warmup_steps=min(recipe.warmup_steps, steps // 5),
         draft_vocab_size=source.draft_vocab_size, drafter_hidden_size=source.hidden_size,
         drafter_intermediate_size=source.intermediate_size, drafter_heads=source.num_attention_heads,
-        drafter_kv_heads=source.num_key_value_heads, drafter_norm_before_residual=source.norm_before_residual,
+        drafter_kv_heads=source.num_key_value_heads, drafter_head_dim=source.head_dim,
+        drafter_norm_before_residual=source.norm_before_residual,
         drafter_rope_scaling=rope_scaling_text(source.rope_scaling),
     )
 

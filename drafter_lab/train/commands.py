@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from pathlib import Path
 
+from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import DTYPE_NAMES, TURNS, CaptureConfig, template_kwargs_arg
 from drafter_lab.data.commands import aux_ids_arg
@@ -104,9 +104,12 @@ def checked(cfg: TrainConfig, path) -> TrainConfig:
 
 
 def run(args) -> int:
+    from drafter_lab.drafter.formats import rope_scaling_from_text
     from drafter_lab.train.loop import train
     from drafter_lab.train.watch import stopped_at
 
+    if args.cfg__drafter_rope_scaling is not None:  # named as given; check_config names the field (and its file)
+        rope_scaling_from_text(args.cfg__drafter_rope_scaling, "--drafter-rope-scaling")
     cfg = load_config(args.config) if args.config is not None else TrainConfig()
     if args.draft_config:
         cfg = with_draft_config(cfg, args.draft_config, Path(args.target))
@@ -137,8 +140,7 @@ def run(args) -> int:
         stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
     )
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns it: one line for a script
-        # an undefined metric (a loss with no position) is NaN, which JSON lacks: null keeps the line JSON
-        print(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in result.items()}))
+        print(atomic.dumps(result))  # an undefined metric (a loss with no position) is NaN: null there
     if cfg.drafter_norm_before_residual and int(os.environ.get("RANK", "0")) == 0:  # SGLang's layout has no such switch
         from drafter_lab.progress import log
 
@@ -152,7 +154,6 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
     config.json (SpecForge's `--draft-model-config`, an SGLang or speculators checkpoint's config). RoPE
     theta and norm settings always come from the target, so a config made for another target is refused,
     not half used."""
-    from drafter_lab import atomic
     from drafter_lab.drafter.config import target_rope_theta
     from drafter_lab.drafter.formats import parse_config, rope_scaling_text
     from drafter_lab.targets.hf import load_target_config
@@ -165,7 +166,7 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
             raise LabError(f"made for another target: {what} {mine}, the target {target_dir} has {theirs}", path)
     return labconfig.replace(cfg, drafter_hidden_size=d.hidden_size, drafter_intermediate_size=d.intermediate_size,
                              drafter_heads=d.num_attention_heads, drafter_kv_heads=d.num_key_value_heads,
-                             drafter_norm_before_residual=d.norm_before_residual,
+                             drafter_head_dim=d.head_dim, drafter_norm_before_residual=d.norm_before_residual,
                              drafter_rope_scaling=rope_scaling_text(d.rope_scaling), draft_vocab_size=d.draft_vocab_size)
 
 
@@ -206,7 +207,7 @@ def watch(args) -> int:
         time.sleep(args.follow)
     note = comparison_note(info, base_info, cfg.watch_axis)
     if args.json:
-        print(json.dumps({"run": args.run, "baseline": args.baseline, "axis": cfg.watch_axis, "total": total,
+        print(atomic.dumps({"run": args.run, "baseline": args.baseline, "axis": cfg.watch_axis, "total": total,
                           "note": note, "finished": ended,
                           **verdict.to_json()}))
     else:

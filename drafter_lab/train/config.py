@@ -14,7 +14,7 @@ RESULT_FREE_FIELDS = ("threads", "scan_features", "prefetch", "online_val_cache_
 keeps, never its results: a resume may change them, and cache keys leave them out."""
 
 UNKEYED_DEFAULTS = {"accumulation_steps": 1, "val_temperature": 0.0, "drafter_norm_before_residual": False,
-                    "drafter_rope_scaling": ""}
+                    "drafter_rope_scaling": "", "drafter_head_dim": 0}
 """TrainConfig fields added after drafters were cached, at the value that computes what the code
 before them did, bit for bit: there cache keys leave them out, so cached drafters stay valid."""
 
@@ -113,6 +113,11 @@ class TrainConfig:
     """Drafter query heads (0: the target's)."""
     drafter_kv_heads: int = 0
     """Drafter key/value heads (0: the target's)."""
+    drafter_head_dim: int = 0
+    """Drafter per-head width (0: the target's head_dim where the drafter keeps the target's hidden size
+    and heads, else hidden / heads), e.g. a Qwen3 MoE drafter's 128 at hidden 2048 and 32 heads;
+    `--draft-config` sets it. A run records the value that default gives as 0, so runs from before the
+    field resume and their cache keys stay."""
     drafter_norm_before_residual: bool = False
     """Start the drafter's residual stream from hidden_norm(h) (speculators' variant; vLLM serves it,
     SGLang does not). A transfer needs the source's setting."""
@@ -126,7 +131,7 @@ AT_LEAST_ONE = ("ttt_steps", "draft_vocab_size", "accumulation_steps", "max_leng
                 "log_every")
 AT_LEAST_ZERO = ("lr", "warmup_steps", "weight_decay", "grad_clip", "batch_tokens", "online_val_cache_mb", "max_steps",
                  "eval_every", "val_temperature", "checkpoint_every", "threads", "drafter_hidden_size",
-                 "drafter_intermediate_size", "drafter_heads", "drafter_kv_heads")
+                 "drafter_intermediate_size", "drafter_heads", "drafter_kv_heads", "drafter_head_dim")
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -143,8 +148,17 @@ def check_config(cfg: TrainConfig) -> None:
     if not 0 <= cfg.min_lr_ratio <= 1 or not 0 <= cfg.adam_beta2 < 1:
         raise LabError(f"min_lr_ratio must be in [0, 1] and adam_beta2 in [0, 1), got {cfg.min_lr_ratio} and "
                        f"{cfg.adam_beta2}")
-    if cfg.keep_best:  # here, not where the run starts, so that a --config file holding it is named
+    if cfg.drafter_head_dim % 2:  # as DrafterConfig.attention_problem, but before a run loads its target
+        raise LabError(f"drafter_head_dim {cfg.drafter_head_dim} is odd: RoPE rotates the two halves of each head")
+    # These here, not where the run meets them, so that a --config file holding them is named (commands.checked);
+    # imported here, as they import torch, which the CLI does not while it builds its parsers.
+    from drafter_lab.drafter.formats import rope_scaling_from_text
+    from drafter_lab.targets.hf import resolve_device
+
+    if cfg.keep_best:
         check_metric(cfg, "keep_best", cfg.keep_best)
+    rope_scaling_from_text(cfg.drafter_rope_scaling, "drafter_rope_scaling")
+    resolve_device(cfg.device)
 
 
 def check_metric(cfg: TrainConfig, what: str, name: str) -> None:

@@ -76,22 +76,42 @@ def _autocast(device: torch.device, bf16: bool):
     return contextlib.nullcontext()
 
 
+def _shape(cfg: TrainConfig, tc) -> tuple[int, int, int]:
+    """The drafter's hidden size, heads and the head_dim that drafter_head_dim 0 stands for on target config
+    `tc` (0 where heads do not divide the hidden size: no default then)."""
+    hidden = cfg.drafter_hidden_size or int(tc.hidden_size)
+    heads = cfg.drafter_heads or int(tc.num_attention_heads)
+    if hidden % heads:
+        return hidden, heads, 0
+    # The target's own head_dim where its attention shape is kept (Qwen3: heads x head_dim != H).
+    same_heads = hidden == int(tc.hidden_size) and heads == int(tc.num_attention_heads)
+    return hidden, heads, int(getattr(tc, "head_dim", None) or hidden // heads) if same_heads else hidden // heads
+
+
+def settled(cfg: TrainConfig, target_config) -> TrainConfig:
+    """`cfg` with a drafter_head_dim that 0 stands for anyway recorded as 0 (UNKEYED_DEFAULTS): a run from
+    before the field that --draft-config or the pilot now sets it in resumes, and one drafter is one config
+    whether its head_dim was given or not."""
+    if cfg.drafter_head_dim and cfg.drafter_head_dim == _shape(cfg, target_config)[2]:
+        return dataclasses.replace(cfg, drafter_head_dim=0)
+    return cfg
+
+
 def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterConfig:
     over = {}
-    if cfg.drafter_hidden_size or cfg.drafter_intermediate_size or cfg.drafter_heads or cfg.drafter_kv_heads:
+    if (cfg.drafter_hidden_size or cfg.drafter_intermediate_size or cfg.drafter_heads or cfg.drafter_kv_heads
+            or cfg.drafter_head_dim):
         tc = target.config
-        hidden = cfg.drafter_hidden_size or int(tc.hidden_size)
-        heads = cfg.drafter_heads or int(tc.num_attention_heads)
+        hidden, heads, head_dim = _shape(cfg, tc)
+        head_dim = cfg.drafter_head_dim or head_dim  # one given needs no hidden / heads
         kv = cfg.drafter_kv_heads or int(getattr(tc, "num_key_value_heads", None) or heads)
-        if hidden % heads or heads % kv:
+        if heads % kv or not head_dim:
             raise LabError(f"drafter shape: hidden {hidden} must divide by heads {heads}, heads by kv heads {kv}")
-        same_heads = hidden == int(tc.hidden_size) and heads == int(tc.num_attention_heads)
         over = dict(
             hidden_size=hidden,
             num_attention_heads=heads,
             num_key_value_heads=kv,
-            # The target's own head_dim where its attention shape is kept (Qwen3: heads x head_dim != H).
-            head_dim=int(getattr(tc, "head_dim", None) or hidden // heads) if same_heads else hidden // heads,
+            head_dim=head_dim,
             intermediate_size=cfg.drafter_intermediate_size or (
                 int(tc.intermediate_size) if hidden == int(tc.hidden_size) else 4 * hidden
             ),
@@ -99,7 +119,7 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
     dcfg = DrafterConfig.for_target(target.config, n_draft, aux_ids, max_position_embeddings=max(
         cfg.max_length, int(getattr(target.config, "max_position_embeddings", 0) or 0)),
         norm_before_residual=cfg.drafter_norm_before_residual,
-        rope_scaling=rope_scaling_from_text(cfg.drafter_rope_scaling, "--drafter-rope-scaling"),
+        rope_scaling=rope_scaling_from_text(cfg.drafter_rope_scaling, "drafter_rope_scaling"),
         **over)
     if problem := dcfg.attention_problem():  # refused now: the first step would fail
         raise LabError(f"drafter shape: {problem}")
@@ -318,6 +338,7 @@ class _Run:
         # ---- every input, before anything is written ------------------------------------------
         source = open_source()  # after the checks above: an online run loads the whole target
         target = source.target
+        self.cfg = cfg = settled(cfg, target.config)  # before the resume compares it and run.json records it
         vocab, d2t, t2d = _load_vocab(vocab, source, cfg.draft_vocab_size, target.vocab_size)
         dcfg = _drafter_config(cfg, target, len(d2t), source.aux_layer_ids)
         self.saved = None
@@ -483,9 +504,9 @@ class _Run:
 
     def keep_if_best(self, m: dict) -> None:
         """With keep_best, a validation better than every one before it puts the drafter in
-        <out>/best, whole."""
+        <out>/best, whole. One that scored no position measured nothing (its accuracies read 0), so it is not one."""
         name = self.cfg.keep_best
-        if not name or not self.d.main or math.isnan(m[name]):
+        if not name or not self.d.main or math.isnan(m[name]) or not m["positions"]:
             return
         if self.best is not None:
             gain = m[name] - self.best["value"]

@@ -8,6 +8,7 @@ sums, not averages of per-batch ratios.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -69,7 +70,11 @@ def summarize(counts: torch.Tensor, sampled: bool = False, replay: bool = False)
 
 
 def weighted_loss(metrics: dict, ttt_steps: int, decay: float) -> float:
-    return sum(decay ** k * metrics[f"loss_{k}"] for k in range(ttt_steps))
+    """sum_k decay**k * loss_k over the steps that scored a position: the TTT objective's value, where a
+    step without one adds nothing (its denominator clamps at 1). NaN only where no step scored one: a
+    set too short for the last steps still has a weighted loss for keep_best and the watch to compare."""
+    losses = [decay ** k * metrics[f"loss_{k}"] for k in range(ttt_steps) if not math.isnan(metrics[f"loss_{k}"])]
+    return sum(losses) if losses else math.nan
 
 
 def metric_names(ttt_steps: int, sampled: bool = False, replay: bool = False) -> list[str]:

@@ -89,6 +89,7 @@ from drafter_lab.targets.hf import (
     stop_token_ids,
     trusts_remote_code,
 )
+from drafter_lab.targets.hidden import run_capturing
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -373,14 +374,9 @@ def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype
             n = len(items[j][1])
             ids[r, :n] = items[j][1]
             attn[r, :n] = 1
-        with torch.no_grad():
-            hs = target.model(
-                input_ids=ids.to(target.device),
-                attention_mask=attn.to(target.device),
-                output_hidden_states=True,
-                use_cache=False,
-                logits_to_keep=1,
-            ).hidden_states
+        with torch.no_grad():  # the aux and final states alone: all L+1 of a batch is 8x the memory
+            _, hs = run_capturing(target.model, aux_ids, input_ids=ids.to(target.device),
+                                  attention_mask=attn.to(target.device), use_cache=False, logits_to_keep=1)
         aux = torch.cat([hs[i] for i in aux_ids], dim=-1)
         for r, j in enumerate(chunk):
             seq_id, seq_ids, mask = items[j]

@@ -41,6 +41,7 @@ from drafter_lab.progress import log
 from drafter_lab.spec.pairing import check_config
 from drafter_lab.targets.drift import linear_cka
 from drafter_lab.targets.hf import Target, check_aux_layer_ids, load_target, load_target_head
+from drafter_lab.targets.hidden import run_capturing
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.metrics import evaluate
 from drafter_lab.train.sources import HeldOutFeatures
@@ -53,7 +54,7 @@ def _source_features(source: Target, sequences: list[Sequence], aux_ids: list[in
     out = []
     with torch.no_grad():
         for seq in sequences:
-            hs = source.model(seq.input_ids[None].to(source.device), output_hidden_states=True).hidden_states
+            _, hs = run_capturing(source.model, aux_ids, input_ids=seq.input_ids[None].to(source.device))
             out.append(
                 Sequence(
                     seq_id=seq.seq_id,

@@ -25,6 +25,7 @@ import inspect
 import torch
 
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hidden import run_capturing
 
 DENSE_MASK_ATTENTION = ("eager", "sdpa")
 
@@ -68,15 +69,12 @@ class TargetRunner:
             kept, keep = keep.flatten().unique(return_inverse=True)
             keep = keep.view(ids.shape[0], -1)
             kwargs["logits_to_keep"] = kept
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self._mask(allowed),
-            position_ids=positions,
-            use_cache=True,
-            output_hidden_states=aux,
-            **kwargs,
-        )
-        aux = torch.cat([out.hidden_states[i] for i in self.aux_ids], -1) if aux else None
+        kwargs.update(input_ids=ids, attention_mask=self._mask(allowed), position_ids=positions, use_cache=True)
+        if aux:  # the aux layers' states alone, not all L+1
+            out, hs = run_capturing(self.model, self.aux_ids, final=False, **kwargs)
+            aux = torch.cat([hs[i] for i in self.aux_ids], -1)
+        else:
+            out, aux = self.model(**kwargs, output_hidden_states=False), None
         logits = out.logits
         if keep is not None:
             logits = logits.gather(1, keep[..., None].expand(-1, -1, logits.shape[-1]))

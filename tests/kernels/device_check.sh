@@ -41,8 +41,15 @@ for s in "${STEPS[@]}"; do
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
       "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-      # Only this GPU's architecture: the full list (setup.py's default) is for wheels and images.
-      step build 240 env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
+      # Only this GPU's architecture: the full list (setup.py's default) is for wheels and images, and a
+      # fixed one leaves any other GPU without a kernel it can load. 9.0 where no GPU answers.
+      arch="${TORCH_CUDA_ARCH_LIST:-}"
+      if [[ -z $arch ]]; then
+        arch=$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null)
+        [[ $arch =~ ^[0-9]+\.[0-9]+$ ]] || arch=9.0
+      fi
+      echo "building for TORCH_CUDA_ARCH_LIST=${arch}"
+      step build 240 env TORCH_CUDA_ARCH_LIST="${arch}" MAX_JOBS="${MAX_JOBS:-16}" \
         "$PY" setup.py -q build_ext --inplace
       ;;
     tests)

@@ -429,3 +429,8 @@ def run_record(src) -> dict:
             not isinstance(run.get("target", {}), dict):
         raise LabError("not a run record (a JSON object with config and target objects)", path)
     return run
+
+
+def recorded_fingerprint(drafter_dir) -> str | None:
+    """The fingerprint of the target a drafter was trained on, from the run record beside it, if any."""
+    return run_record(drafter_dir).get("target", {}).get("fingerprint")

@@ -78,8 +78,8 @@ def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
     fed, and fails. Written in the target's dtype, both load alike."""
     from drafter_lab import atomic
     from drafter_lab.drafter.checkpoint import run_record
-    from drafter_lab.drafter.formats import text_model_fields
     from drafter_lab.errors import LabError
+    from drafter_lab.targets.hf import text_model_fields
 
     if target is None:
         recorded = run_record(drafter).get("target", {}).get("path")

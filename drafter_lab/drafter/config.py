@@ -10,6 +10,11 @@ FORMATS = (SGLANG, SPECULATORS)
 """Checkpoint layouts read and written (drafter.formats)."""
 
 
+SAMPLE_TOPK = 8
+"""A sampled chain's proposal q: the drafter's top-8 renormalised at the temperature (the engine
+drafts from it, and a validation's sampled acceptance assumes it)."""
+
+
 @dataclass
 class DrafterConfig:
     """One-layer EAGLE-3 drafter; any hidden size, head layout, RoPE theta, eps and draft vocab."""

@@ -24,13 +24,8 @@ import torch
 
 from drafter_lab.drafter.config import FORMATS, SGLANG, SPECULATORS, DrafterConfig
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import LLAMA_EAGLE3_ARCHS, SGLANG_ARCH, SPECULATORS_ARCH, text_model_fields
 
-SGLANG_ARCH = "LlamaForCausalLMEagle3"
-SPECULATORS_ARCH = "Eagle3Speculator"
-LLAMA_EAGLE3_ARCHS = (SGLANG_ARCH, "Eagle3LlamaForCausalLM", "Eagle3DraftModel", "LlamaForCausalLM")
-"""Architecture names of plain Llama EAGLE-3 math: SGLang's and SpecForge's, vLLM's and AngelSlim's,
-SpecForge's base class (as some checkpoints name it), and the `LlamaForCausalLM` of EAGLE's own
-releases (which SGLang serves as EAGLE-3 under that algorithm)."""
 SGLANG_AUX_CONVENTION = "output_of_layer"  # hidden_states index = id + 1
 
 MIDLAYER_TENSORS = (
@@ -274,12 +269,6 @@ def _refuse_other_families(data: dict, layer: dict, path) -> None:
 
 _DRAFTER_NAME_PARTS = ("eagle", "draft", "speculator", "mtp")
 """What a drafter's architecture name says (EAGLE-3, DFlash, speculators, MTP): one without is a model's."""
-
-
-def text_model_fields(data: dict) -> dict | None:
-    """A multimodal config.json's text model fields (`text_config`, or its other names), else None."""
-    return next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
-                None)
 
 
 def _refuse_target(data: dict, path) -> None:

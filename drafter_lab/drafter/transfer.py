@@ -31,7 +31,13 @@ from pathlib import Path
 import torch
 
 from drafter_lab.drafter import formats
-from drafter_lab.drafter.checkpoint import check_shape, expected_shapes, read_checkpoint
+from drafter_lab.drafter.checkpoint import (
+    check_shape,
+    expected_shapes,
+    read_checkpoint,
+    recorded_fingerprint,
+    run_record,
+)
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 
@@ -220,7 +226,6 @@ def check_source_target(source_path, source_target) -> None:
     tokenizer would remap by another vocabulary, and the probe's home signals measure another model,
     silently. A directory without weights (a tokenizer alone) or a drafter without a run record
     cannot be checked and is taken as given."""
-    from drafter_lab.spec.pairing import recorded_fingerprint
     from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint, weight_files
 
     recorded, given = recorded_fingerprint(source_path), Path(source_target)
@@ -237,7 +242,6 @@ def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | No
     where no tokenizer of the source's target is at hand). `source_target`: its directory (checked
     against the run record, `check_source_target`); else the one the source's run.json names, if it
     still holds the weights it names (the fingerprint)."""
-    from drafter_lab.spec.pairing import recorded_fingerprint
     from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint
     from drafter_lab.targets.hf import load_tokenizer
 
@@ -246,7 +250,7 @@ def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | No
         return token_map(load_tokenizer(source_target), load_tokenizer(target.path), target.vocab_size), \
             "--source-target"
     recorded = recorded_fingerprint(source_path)
-    named = (json.loads((Path(source_path) / "run.json").read_text())["target"].get("path") if recorded else None)
+    named = run_record(source_path)["target"].get("path") if recorded else None
     if named is not None and not isinstance(named, str):
         raise LabError(f"run record's target.path is {named!r}, not a string", Path(source_path) / "run.json")
     if not named or not (Path(named) / "config.json").is_file():

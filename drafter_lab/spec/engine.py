@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from drafter_lab.drafter.config import SAMPLE_TOPK
 from drafter_lab.errors import LabError
 from drafter_lab.spec.accept import greedy_walk, sampled_walk
 from drafter_lab.spec.drafting import DrafterRunner
 from drafter_lab.spec.ngram import NgramDrafter
 from drafter_lab.spec.phases import PhaseClock
-from drafter_lab.spec.sampling import SAMPLE_TOPK, probs_from_logits, sample
+from drafter_lab.spec.sampling import probs_from_logits, sample
 from drafter_lab.spec.target import TargetRunner
 from drafter_lab.spec.tree import DraftTree, chain
 from drafter_lab.targets.hf import pad_token_id, stop_token_ids

@@ -7,14 +7,12 @@ refused up front with one line naming the drafter and the mismatch.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
 
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids
-from drafter_lab.train.metrics_log import RUN_FILE
 
 
 def check_config(cfg, target, where) -> None:
@@ -65,17 +63,6 @@ def check_pair(target, drafter, where=None) -> None:
         drafter.config.aux_layer_ids = default_aux_layer_ids(target.num_layers)
 
 
-def recorded_fingerprint(drafter_dir) -> str | None:
-    """The fingerprint of the target a drafter was trained on, from the run record beside it, if any."""
-    path = Path(drafter_dir) / RUN_FILE
-    if not path.exists():
-        return None
-    try:
-        return (json.loads(path.read_text()).get("target") or {}).get("fingerprint")
-    except (ValueError, AttributeError):  # ValueError: bad JSON or bytes that are not UTF-8
-        raise LabError("not a valid run record (JSON object with target.fingerprint)", path) from None
-
-
 def load_for_target(drafter_dir, target, allow_other_target: bool = False):
     """Load a drafter checkpoint for `target` after checking that it fits.
 
@@ -84,7 +71,13 @@ def load_for_target(drafter_dir, target, allow_other_target: bool = False):
     refused unless `allow_other_target` (zero-shot transfer runs, like the seeds' Phase-0 probe, want
     exactly that; one for a target of another vocabulary size is served as engines serve it there).
     """
-    from drafter_lab.drafter.checkpoint import load_drafter, read_checkpoint, read_config, served_with_vocab
+    from drafter_lab.drafter.checkpoint import (
+        load_drafter,
+        read_checkpoint,
+        read_config,
+        recorded_fingerprint,
+        served_with_vocab,
+    )
 
     drafter_dir = Path(drafter_dir)
     cfg, _ = read_config(drafter_dir)

@@ -14,11 +14,6 @@ from __future__ import annotations
 
 import torch
 
-SAMPLE_TOPK = 8
-"""A sampled chain's proposal q: the drafter's top-8 renormalised at the temperature (the engine
-drafts from it, and a validation's sampled acceptance assumes it)."""
-
-
 MIN_TEMPERATURE = 1e-30
 """Lower temperatures sample as this one, which is already the argmax (ties shared) for any logits a
 model gives: nearer 0, logits / T overflows fp32 and the probabilities turn NaN."""

@@ -16,13 +16,20 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.drafter.formats import LLAMA_EAGLE3_ARCHS, SPECULATORS_ARCH, text_model_fields
 from drafter_lab.errors import LabError
 from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint, weight_files
 
+SGLANG_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCH = "Eagle3Speculator"
+LLAMA_EAGLE3_ARCHS = (SGLANG_ARCH, "Eagle3LlamaForCausalLM", "Eagle3DraftModel", "LlamaForCausalLM")
+"""Architecture names of plain Llama EAGLE-3 math: SGLang's and SpecForge's, vLLM's and AngelSlim's,
+SpecForge's base class (as some checkpoints name it), and the `LlamaForCausalLM` of EAGLE's own
+releases (which SGLang serves as EAGLE-3 under that algorithm). drafter.formats reads drafters by them;
+they live here, the lower layer, as loading a target refuses a drafter's directory by them too."""
+
 DRAFTER_ARCHS = (*(a for a in LLAMA_EAGLE3_ARCHS if a != "LlamaForCausalLM"), SPECULATORS_ARCH,
                  "LlamaForCausalLMEagle", "EagleLlamaForCausalLM")
-"""Architecture names only drafters carry: EAGLE-3's and speculators' (formats), and EAGLE(-2)'s in SGLang
+"""Architecture names only drafters carry: EAGLE-3's and speculators', and EAGLE(-2)'s in SGLang
 and vLLM (`LlamaForCausalLM`, which EAGLE's own releases also use, is a target's name too)."""
 
 # ChatML, used when a target ships no chat template (with a warning).
@@ -415,6 +422,12 @@ def _class_name(config) -> str:
 
     names = {**modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, **modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}
     return names.get(getattr(config, "model_type", None), "unknown")
+
+
+def text_model_fields(data: dict) -> dict | None:
+    """A multimodal config.json's text model fields (`text_config`, or its other names), else None."""
+    return next((data[k] for k in ("text_config", "language_config", "llm_config") if isinstance(data.get(k), dict)),
+                None)
 
 
 def _config_as_written(path: Path):

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drafter_lab.drafter.config import SAMPLE_TOPK
 from drafter_lab.drafter.model import Eagle3Drafter, upcast
-from drafter_lab.spec.sampling import SAMPLE_TOPK
 from drafter_lab.train.data import Batch
 
 # Per-step count columns; metrics are ratios of sums, so they add up exactly over batches/ranks.

@@ -612,10 +612,10 @@ def test_export_to_a_file_is_one_line(tmp_path, capsys):
 
 def test_a_run_record_that_is_not_text_is_one_line(tmp_path):
     """Bytes that are not UTF-8 were a UnicodeDecodeError out of the pairing check (eval, train --init-from)."""
-    from drafter_lab.spec.pairing import recorded_fingerprint
+    from drafter_lab.drafter.checkpoint import recorded_fingerprint
 
     (tmp_path / "run.json").write_bytes(b"\xff\xfe{}")
-    with pytest.raises(LabError, match=f"^{tmp_path / 'run.json'}: not a valid run record"):
+    with pytest.raises(LabError, match=f"^{tmp_path / 'run.json'}: not valid JSON$"):
         recorded_fingerprint(tmp_path)
     (tmp_path / "run.json").write_text('{"target": {"fingerprint": "abc"}}')
     assert recorded_fingerprint(tmp_path) == "abc"

@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
-from drafter_lab.drafter.config import DrafterConfig
+from drafter_lab.drafter.config import SAMPLE_TOPK, DrafterConfig
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.spec.sampling import (
-    SAMPLE_TOPK,
     accept_probability,
     probs_from_logits,
     residual,

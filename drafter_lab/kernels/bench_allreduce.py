@@ -62,6 +62,7 @@ MAX_RANKS = 16  # the communicator's segment has room for 16 ranks (csrc/allredu
 HIDDEN = 7168
 FAILED_RANKS_GRACE_S = 5.0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_JSON = "runs/bench/allreduce_tp_sim.json"  # the tp-sim report; gpu-streams writes beside it
 
 
 def _cuda_backends() -> list[str]:
@@ -550,7 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=61, help="tp-sim: layers (2 all-reduces each)")
     p.add_argument("--inner", type=int, default=32, help="tp-sim: per-rank shard width of the GEMV stand-in")
     p.add_argument("--sim-reps", type=int, default=5, help="tp-sim: timed verify steps per point")
-    p.add_argument("--json", default="runs/bench/allreduce_tp_sim.json", help="tp-sim: output JSON")
+    p.add_argument("--json", default=None,
+                   help=f"tp-sim and gpu-streams: output JSON (default {DEFAULT_JSON}; the latency table is printed only)")
     return p
 
 
@@ -573,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
         raise LabError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     itemsize = DTYPES[args.dtype].itemsize  # what is sent: whole elements, at least one, so label those bytes
     args.sizes = list(dict.fromkeys(max(1, s // itemsize) * itemsize for s in args.sizes))
+    if args.json is not None and not (args.tp_sim or args.gpu_streams):  # else silently ignored
+        raise LabError("--json applies to --tp-sim and --gpu-streams: the latency table is printed only")
+    args.json = args.json or DEFAULT_JSON
     if not _ext.available():
         raise LabError(_ext.unavailable_reason())
     if args.tp_sim:  # both write beside --json after their minutes of timing

@@ -122,16 +122,18 @@ def run_inputs(path: Path, sampled: bool = False) -> dict:
         val = best.get("validation") if isinstance(best, dict) else None
         if not isinstance(val, dict):
             raise LabError(f"{BEST_FILE} holds no validation: nothing to predict accept lengths from", path)
+        step = best.get("step", "?")  # its validation dict is the metrics alone
     elif (path / METRICS).exists():
         rows = [r for r in read_metrics(path) if r.get("split") == "val"]
         if not rows:
             raise LabError("the run has not validated yet: nothing to predict accept lengths from", path)
         val = rows[-1]
+        step = val.get("step", "?")
     else:
         raise LabError(f"neither a training run ({METRICS}) nor its best drafter ({BEST_FILE}): "
                        "no validation to predict accept lengths from", path)
     if val.get("positions") == 0:  # its accuracies read 0.0: priced as a drafter that never hits
-        raise LabError(f"its validation at step {val.get('step', '?')} scored no position (no val sequence has an "
+        raise LabError(f"its validation at step {step} scored no position (no val sequence has an "
                        "assistant token past its first two within max_length): nothing to predict accept lengths "
                        "from", path)
     by_steps = predicted_by_steps(val, sampled)
@@ -141,7 +143,7 @@ def run_inputs(path: Path, sampled: bool = False) -> dict:
         raise LabError(f"its validation has no {missing}", path)
     chain = ("sampled chain, replayed over the target's own tokens" if sampled and "replay_accept_len_0" in val
              else "sampled chain" if sampled else "greedy chain")
-    log(f"{path}: served accept lengths predicted from the validation at step {val.get('step', '?')} "
+    log(f"{path}: served accept lengths predicted from the validation at step {step} "
         f"(teacher-forced, {chain}): {', '.join(f'{a:.2f}' for a in by_steps)} at 1..{len(by_steps)} steps")
     return {"accept_by_steps": by_steps}
 

@@ -92,7 +92,7 @@ def _prepare(args) -> int:
         given = [f"--{k.replace('_', '-')}" for k in ("temperature", "max_new_tokens", "regen_batch_size", "seed")
                  if getattr(args, k) != getattr(CaptureConfig, k)]
         if given:
-            raise LabError(f"{', '.join(given)} apply with --regenerate (the target's own answers); without it the "
+            raise LabError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} with --regenerate (the target's own answers); without it the "
                            "recorded answers are captured as they are")
     cfg = CaptureConfig(
         aux_layer_ids=args.aux_layer_ids,

@@ -324,7 +324,7 @@ def _run_served_eval(args, sets) -> int:
 
     given = [f"--{k.replace('_', '-')}" for k, v in LOCAL_ONLY.items() if getattr(args, k) != v]
     if given:
-        raise LabError(f"{', '.join(given)} apply to the lab's own decoding; a server drafts with its own "
+        raise LabError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")
     tokenizer = load_tokenizer(args.target)
 

@@ -70,7 +70,7 @@ def test_sampling_flags_without_regenerate_are_refused(tmp_path, capsys, flag):
     code = main(["data", "prepare", "--target", str(tmp_path / "t"), "--conversations", str(tmp_path / "c.jsonl"),
                  "--out", str(tmp_path / "f"), *flag])
     assert code == 2
-    assert f"{flag[0]} apply with --regenerate" in capsys.readouterr().err
+    assert f"{flag[0]} applies with --regenerate" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()
 
 

@@ -238,7 +238,7 @@ def test_cli_eval_ngram_feeds_the_cost_model(random_llama, prompts_file, tmp_pat
     (["--ngram", "--ngram-min", "3", "--ngram-max", "2"], "min_n <= max_n"),
     (["--drafter", "d", "--ngram-min", "3"], "--ngram-min, --ngram-max and --ngram-across-prompts apply to n-gram"),
     (["--drafter", "d", "--ngram-across-prompts"], "--ngram-across-prompts apply to n-gram drafting"),
-    (["--server", "http://127.0.0.1:9", "--ngram-max", "3"], "--ngram-max apply to the lab's own decoding"),
+    (["--server", "http://127.0.0.1:9", "--ngram-max", "3"], "--ngram-max applies to the lab's own decoding"),
 ])
 def test_cli_ngram_bad_flags(random_llama, prompts_file, capsys, argv, message):
     rc = main(["eval", *argv, "--target", str(random_llama), "--prompts", str(prompts_file)])

@@ -506,7 +506,7 @@ class _Run:
         """With keep_best, a validation better than every one before it puts the drafter in
         <out>/best, whole. One that scored no position measured nothing (its accuracies read 0), so it is not one."""
         name = self.cfg.keep_best
-        if not name or not self.d.main or math.isnan(m[name]) or not m["positions"]:
+        if not name or not self.d.main or math.isnan(m[name]) or m.get("positions") == 0:
             return
         if self.best is not None:
             gain = m[name] - self.best["value"]

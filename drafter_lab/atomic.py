@@ -6,6 +6,10 @@ temp (a shard, a whole target directory) would stay behind, so each temp is name
 `.<name>.<pid>@<host>.<random>.tmp`, and the next write of the same path on that host removes the
 temps of writers that are gone. A live writer's temp, another host's (a shared cache) and a name
 of another form are left alone.
+
+A path that is a symbolic link is written where the link leads (the temp beside the target, renamed
+there), as editors and `sed -i --follow-symlinks` do: the link stays, and its target gets the new
+content. Renamed over, the link would be replaced by a file, and its target keep the old content.
 """
 
 from __future__ import annotations
@@ -93,36 +97,80 @@ def refuse_unwritable(path, flag: str) -> None:
     path below a file, or one whose nearest existing directory takes no new file. That is tried with
     a temp file there, as the write will do: access(2) passes root on read-only /proc and /sys."""
     path = Path(path)
-    if path.is_dir():
+    dest = _through_link(path)
+    if dest.is_dir():
         raise LabError(f"is a directory: {flag} takes a file to write", path)
-    _refuse_mount_point(path)
-    parent = refuse_below_file(path, flag)
+    _refuse_mount_point(dest, path)
+    parent = refuse_below_file(dest, flag)
     try:
         tempfile.TemporaryFile(dir=parent).close()
     except OSError as e:
         raise LabError(f"{flag}: cannot write a file in {parent}: {e.strerror}", path) from None
 
 
-def _refuse_mount_point(path: Path) -> None:
-    """A mount point (a container's volume, `docker run -v HOST:/out`) cannot be renamed over: the write's
-    last step would fail with EBUSY, after all the work, its temp written to the file system beneath."""
-    if os.path.ismount(path):
-        raise LabError("is a mount point, which cannot be replaced whole: name a path inside it", path)
+def _through_link(path: Path) -> Path:
+    """Where a write of `path` lands: `path`, or where a symbolic link `path` leads (through a chain of
+    links). A dangling link's target is written too, if its directory exists."""
+    if not os.path.islink(path):
+        return path
+    dest = Path(os.path.realpath(path))
+    if os.path.islink(dest):  # realpath stops at a loop
+        raise LabError("is a symbolic link that loops, leading to no file to write", path)
+    if not dest.parent.is_dir():
+        raise LabError(f"is a symbolic link to {dest}, whose directory does not exist", path)
+    return dest
 
 
-def _temp_beside(path: Path) -> Path:
-    if path.is_dir():  # else the rename's traceback, after all the work that made the file
-        raise LabError("is a directory: give the path of a file to write", path)
-    _refuse_mount_point(path)
-    make_parent(path)
-    clear_stale_temps(path)
+def _octal(m: re.Match) -> bytes:
+    return bytes([int(m.group(1), 8)])
+
+
+_MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _mount_points() -> set[str] | None:
+    """The mount points of this process's mount namespace: the mount table's fifth field, where a space,
+    tab, newline or backslash is an octal escape (\\040); None where there is no /proc."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
+        with open(_MOUNTINFO, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    return {os.fsdecode(re.sub(rb"\\([0-7]{3})", _octal, line.split(b" ", 5)[4])) for line in lines}
+
+
+def _refuse_mount_point(path: Path, named: Path, below: bool = False) -> None:
+    """A mount point (a container's volume, `docker run -v HOST:/out`) cannot be renamed over: the write's
+    last step would fail with EBUSY, after all the work, its temp written to the file system beneath.
+    The mount table finds a bind mount of the same file system too, whose st_dev (os.path.ismount's test,
+    the one left where there is no /proc) is its parent's. `below`: a directory replaced whole is deleted
+    with everything in it, the files of a volume mounted inside it too."""
+    mounts = _mount_points()
+    real = os.path.realpath(path)
+    if os.path.ismount(path) if mounts is None else real in mounts:
+        raise LabError("is a mount point, which cannot be replaced whole: name a path inside it", named)
+    inner = sorted(m for m in mounts or () if below and m.startswith(real.rstrip("/") + "/"))
+    if inner:
+        raise LabError(f"holds a mount point, {inner[0]}, whose files replacing it whole would delete: "
+                       "name another directory", named)
+
+
+def _temp_beside(path: Path) -> tuple[Path, Path]:
+    """A new temp file for a write of `path`, and the path it is renamed to (`_through_link`)."""
+    dest = _through_link(path)
+    if dest.is_dir():  # else the rename's traceback, after all the work that made the file
+        raise LabError("is a directory: give the path of a file to write", path)
+    _refuse_mount_point(dest, path)
+    make_parent(dest)
+    clear_stale_temps(dest)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_owner_prefix(dest), suffix=".tmp", dir=dest.parent)
     except OSError as e:  # no permission, a read-only or virtual file system (/proc), a full disk
-        raise LabError(f"cannot write a file here: {e.strerror}", path) from None
+        where = "here" if dest == path else f"in {dest.parent}"
+        raise LabError(f"cannot write a file {where}: {e.strerror}", path) from None
     os.close(fd)
     _WRITING.add(os.path.basename(tmp))
-    return Path(tmp)
+    return Path(tmp), dest
 
 
 def _commit(tmp: Path, path: Path) -> None:
@@ -176,12 +224,12 @@ def _discard(old: Path, path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temp path beside `path`; on success it is fsynced and renamed over `path`."""
-    path = Path(path)
-    tmp = _temp_beside(path)
+    """Yield a temp path beside `path` (beside the file a link `path` leads to); on success it is fsynced
+    and renamed over that file."""
+    tmp, dest = _temp_beside(Path(path))
     try:
         yield tmp
-        _commit(tmp, path)
+        _commit(tmp, dest)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -280,7 +328,7 @@ class SafetensorsWriter:
         self._unwritten = offset
 
     def __enter__(self) -> SafetensorsWriter:
-        self._tmp = _temp_beside(self.path)
+        self._tmp, self._dest = _temp_beside(self.path)
         self._fd = os.open(self._tmp, os.O_WRONLY)
         self._put(memoryview(self._head), 0)
         return self
@@ -307,7 +355,7 @@ class SafetensorsWriter:
             if kind is None and self._unwritten:
                 raise ValueError(f"{self._unwritten} bytes of {self.path.name} were never written")
             if kind is None:
-                _commit(self._tmp, self.path)
+                _commit(self._tmp, self._dest)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)
@@ -351,15 +399,18 @@ def atomic_dir(path: str | os.PathLike):
 
     An existing `path` is swapped with the temp in one step, so a reader (or a run killed meanwhile)
     never finds it missing. Where the system cannot swap, it is moved aside first, and a write killed
-    between the two moves is undone by the next write of `path`."""
-    path = Path(path)
+    between the two moves is undone by the next write of `path`. A link `path` stays, and the directory
+    it leads to is replaced, as a file's write does: swapped with the link, the old directory would be
+    left in place, its link in a temp."""
+    named = Path(path)
+    path = _through_link(named)
     # Swapped away, the current directory would leave the shell in a deleted one (`.` has no name to
     # put a temp beside). A current directory deleted already is none that this write could swap.
     with contextlib.suppress(FileNotFoundError):
         if Path.cwd().resolve().is_relative_to(path.resolve()):
             raise LabError("is (or holds) the current directory, which is written as a whole new directory; "
-                           "run from another directory", path)
-    _refuse_mount_point(path)
+                           "run from another directory", named)
+    _refuse_mount_point(path, named, below=True)
     make_parent(path)
     clear_stale_temps(path)
     old = path.with_name(f".{path.name}.old")  # always whole: it is deleted only under another name
@@ -371,7 +422,8 @@ def atomic_dir(path: str | os.PathLike):
     try:
         tmp = Path(tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent))
     except OSError as e:  # as _temp_beside's
-        raise LabError(f"cannot write a directory here: {e.strerror}", path) from None
+        where = "here" if path == named else f"in {path.parent}"
+        raise LabError(f"cannot write a directory {where}: {e.strerror}", named) from None
     _WRITING.add(tmp.name)
     try:
         tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes 0700

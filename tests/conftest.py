@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sysconfig
 from pathlib import Path
@@ -63,6 +64,35 @@ def make_random_llama(out: Path, vocab_texts=None, *, hidden=64, layers=8, heads
 def llama_maker():
     """make_random_llama, for a test that needs a target of another shape (a fixture: see above)."""
     return make_random_llama
+
+
+def write_stdlib_conversations(path: Path, n: int, module: str = "textwrap.py") -> Path:
+    """`n` chats of a stdlib module's source, 5 lines apart: two lines asked, the next five answered."""
+    lines = [ln for ln in (Path(sysconfig.get_paths()["stdlib"]) / module).read_text().splitlines() if ln.strip()]
+    with open(path, "w") as f:
+        for i in range(n):
+            a = (i * 5) % (len(lines) - 8)
+            convo = [{"role": "user", "content": "\n".join(lines[a:a + 2])},
+                     {"role": "assistant", "content": "\n".join(lines[a + 2:a + 7])}]
+            f.write(json.dumps({"id": f"c{i}", "conversations": convo}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def conversations_writer():
+    """write_stdlib_conversations, for a test that captures its own features (a fixture: see above)."""
+    return write_stdlib_conversations
+
+
+@pytest.fixture(scope="session")
+def stdlib_features(random_llama, tmp_path_factory) -> Path:
+    """Features of 24 chats of stdlib source (write_stdlib_conversations) captured from random_llama."""
+    from drafter_lab.data.capture import prepare_features
+
+    root = tmp_path_factory.mktemp("stdlib_features")
+    prepare_features(random_llama, write_stdlib_conversations(root / "convs.jsonl", 24), root / "features",
+                     max_length=64, val_fraction=0.25, batch_size=16)
+    return root / "features"
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """Review s60 (atomic): an output path that is a symbolic link is written where it leads, the link kept; a bind
-mount of the same file system is found in the mount table, and a directory holding a mount is not replaced."""
+mount of the same file system is found in the mount table (as s59's tmpfs, another one, is), and a directory
+holding a mount is not replaced."""
 
 from __future__ import annotations
 
@@ -129,10 +130,23 @@ for name, write in (("dir", lambda: directory(vol)), ("link", lambda: directory(
 """
 
 
+# Either kind mounts the same three places: the volume, the file, and a directory inside the holder.
+MOUNTS = {
+    # another file system: a tmpfs; the file a tmpfs file bound over it
+    "tmpfs": "mount -t tmpfs none '{vol}' && mount -t tmpfs none '{src}' && touch '{src}/f' && mkdir '{src}/data' && "
+             "mount --bind '{src}/f' '{file}' && mount --bind '{src}/data' '{holder}/cache'",
+    # the same file system: bind mounts of the disk's own directories
+    "bind": "mount --bind '{src}' '{vol}' && mount --bind '{src}/f' '{file}' && "
+            "mount --bind '{src}/data' '{holder}/cache'",
+}
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare")
-def test_a_bind_mount_of_the_same_file_system_is_refused_in_one_line(tmp_path):
-    """`docker run -v $PWD/out:/out` of the disk the container's files are on: the same st_dev as its parent,
-    so os.path.ismount missed it, and the rename failed with OSError EBUSY after the work. A directory holding
+@pytest.mark.parametrize("kind", MOUNTS)
+def test_a_mount_point_is_refused_in_one_line_before_anything_is_written(tmp_path, kind):
+    """`docker run -v $PWD/out:/out IMG export --out /out`: the temp went to the file system beneath the volume,
+    and the final rename failed with OSError EBUSY, a traceback after all the work. A bind mount of the disk the
+    container's files are on has the same st_dev as its parent, so os.path.ismount missed it. A directory holding
     a mount was replaced, and the old one's delete emptied the volume."""
     vol, file, src = tmp_path / "the vol", tmp_path / "result.json", tmp_path / "src"  # \040 in mountinfo
     holder, link = tmp_path / "holder", tmp_path / "link"
@@ -142,8 +156,8 @@ def test_a_bind_mount_of_the_same_file_system_is_refused_in_one_line(tmp_path):
     (src / "f").write_text("mounted")
     (src / "data" / "keep").write_text("keep")
     link.symlink_to(vol)
-    script = (f"mount --bind '{src}' '{vol}' && mount --bind '{src}/f' '{file}' && "
-              f"mount --bind '{src}/data' '{holder}/cache' || exit 77; "
+    # a private mount namespace keeps the mounts from the host
+    script = (MOUNTS[kind].format(vol=vol, src=src, file=file, holder=holder) + " || exit 77; "
               f"exec {sys.executable} -c \"$0\" \"$@\"")
     unshare = ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else ["unshare", "-rm"]
     r = subprocess.run([*unshare, "sh", "-c", script, MOUNTED, vol, file, link, holder], capture_output=True,
@@ -157,6 +171,7 @@ def test_a_bind_mount_of_the_same_file_system_is_refused_in_one_line(tmp_path):
         f"holder error: {holder}: holds a mount point, {holder}/cache, whose files replacing it whole would "
         "delete: name another directory",
         f"file error: {file}: {mounted}", f"check error: {file}: {mounted}"]
+    # no temp left, nothing deleted
     assert _tree(tmp_path) == ["holder", "holder/cache", "link", "result.json", "src", "src/data", "src/data/keep",
                                "src/f", "the vol"]
     assert file.read_text() == "old" and (src / "f").read_text() == "mounted"

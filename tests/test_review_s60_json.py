@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -34,31 +33,12 @@ def strict_file(path: Path) -> None:
             pytest.fail(f"{path} line {i}: {e}")
 
 
-@pytest.fixture(scope="module")
-def features(random_llama, tmp_path_factory) -> Path:
-    """A few chats (stdlib source) captured from the shared random Llama."""
-    from drafter_lab.data.capture import prepare_features
-
-    root = tmp_path_factory.mktemp("s60")
-    stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:12]
-    lines = [ln for f in stdlib for ln in f.read_text(errors="replace").splitlines() if ln.strip()]
-    with open(root / "convs.jsonl", "w") as f:
-        for i in range(24):
-            a = i * 7
-            f.write(json.dumps({"id": f"c{i}", "conversations": [
-                {"role": "user", "content": "\n".join(lines[a:a + 2])},
-                {"role": "assistant", "content": "\n".join(lines[a + 2:a + 8])}]}) + "\n")
-    prepare_features(random_llama, root / "convs.jsonl", root / "features", max_length=64, val_fraction=0.25,
-                     batch_size=16)
-    return root / "features"
-
-
-def test_a_run_whose_losses_are_undefined_writes_strict_json_and_reads_them_as_nan(random_llama, features, tmp_path,
-                                                                                   capsys):
+def test_a_run_whose_losses_are_undefined_writes_strict_json_and_reads_them_as_nan(random_llama, stdlib_features,
+                                                                                   tmp_path, capsys):
     """Cut to 4 tokens no sequence reaches an answer: every loss_k (and weighted_loss) is NaN. metrics.jsonl
     held NaN; they hold null, and read_metrics gives NaN back, as the watch expects."""
     out = tmp_path / "run"
-    assert main(["train", "--target", str(random_llama), "--data", str(features), "--out", str(out),
+    assert main(["train", "--target", str(random_llama), "--data", str(stdlib_features), "--out", str(out),
                  "--draft-vocab-size", "64", "--epochs", "1", "--max-length", "4", "--threads", "1",
                  "--keep-best", "cond_acc_0"]) == 0
     printed = strict(capsys.readouterr().out.strip().splitlines()[-1])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sysconfig
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,29 +114,6 @@ def test_weighted_loss_counts_the_steps_that_scored():
 
 # ---- end to end: --draft-config on a real (random) target ----------------------------------------------
 
-def _conversations(path: Path, n: int) -> Path:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    text = "\n".join(f.read_text(errors="replace") for f in sorted(root.glob("*.py"))[:12])
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    with open(path, "w") as f:
-        for i in range(n):
-            a = (i * 7) % (len(lines) - 12)
-            convo = [{"role": "user", "content": "\n".join(lines[a:a + 2])},
-                     {"role": "assistant", "content": "\n".join(lines[a + 2:a + 8])}]
-            f.write(json.dumps({"id": f"c{i}", "conversations": convo}) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def features(random_llama, tmp_path_factory) -> Path:
-    from drafter_lab.data.capture import prepare_features
-
-    root = tmp_path_factory.mktemp("s60_features")
-    prepare_features(random_llama, _conversations(root / "convs.jsonl", 16), root / "features", max_length=64,
-                     val_fraction=0.25, batch_size=16)
-    return root / "features"
-
-
 def _draft_config(path: Path, target_dir: Path, **over) -> Path:
     target = json.loads((target_dir / "config.json").read_text())
     path.write_text(json.dumps({
@@ -154,21 +130,21 @@ def _train(target, features, out, *extra) -> int:
                  "--batch-size", "4", "--eval-every", "0", "--scan-features", "false", "--threads", "1", *extra])
 
 
-def test_a_draft_configs_head_dim_is_trained(random_llama, features, tmp_path):
+def test_a_draft_configs_head_dim_is_trained(random_llama, stdlib_features, tmp_path):
     cfg = _draft_config(tmp_path / "eagle3.json", random_llama, head_dim=32)  # 2 heads of 32 at hidden 32
-    assert _train(random_llama, features, tmp_path / "a", "--draft-config", str(cfg)) == 0
+    assert _train(random_llama, stdlib_features, tmp_path / "a", "--draft-config", str(cfg)) == 0
     made = json.loads((tmp_path / "a" / "config.json").read_text())
     assert (made["hidden_size"], made["num_attention_heads"], made["head_dim"]) == (32, 2, 32)
 
 
-def test_a_run_from_before_the_field_resumes_with_its_draft_config(random_llama, features, tmp_path):
+def test_a_run_from_before_the_field_resumes_with_its_draft_config(random_llama, stdlib_features, tmp_path):
     """Its saved config has no drafter_head_dim; --draft-config now sets the head_dim it was built with,
     which the run records as 0, so the resume finds the same config (else: refused, drafter_head_dim)."""
     cfg = _draft_config(tmp_path / "eagle3.json", random_llama, head_dim=16)
     out = tmp_path / "old"
-    assert _train(random_llama, features, out, "--draft-config", str(cfg)) == 0
+    assert _train(random_llama, stdlib_features, out, "--draft-config", str(cfg)) == 0
     saved = state.load(out)
     del saved["config"]["drafter_head_dim"]
     state.save(out, saved)  # as a run from before the field saved it
-    assert _train(random_llama, features, out, "--draft-config", str(cfg), "--resume") == 0
+    assert _train(random_llama, stdlib_features, out, "--draft-config", str(cfg), "--resume") == 0
     assert json.loads((out / "run.json").read_text())["config"]["drafter_head_dim"] == 0

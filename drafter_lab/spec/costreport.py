@@ -149,22 +149,25 @@ def format_report(r: dict, name: str) -> str:
         + ", ".join(f"{a} -> {v:.1f}" for a, v in r["spec_tok_s"].items()),
         f"  break-even served accept length: {r['break_even_accept_len']:.2f}",
         "",
-        f"what-if: spec tok/s (speedup vs plain decoding with the same all-reduce); "
-        f"verify message {r['message_bytes'] / 1024:.0f} KiB",
     ]
     steps = bool(r["steps_table"])
-    head = f"{'all-reduce':>18} {'verify ms':>9} {'base tok/s':>10} {'break-even':>10} | " + " ".join(
-        f"{'A=' + a:>15}" for a in accepts
-    ) + (f" | {'best steps':>19}" if steps else "")
-    lines += [head, "-" * len(head)]
-    for row in r["whatif"]:
-        cells = " ".join(f"{row['spec_tok_s'][a]:>7.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
-        best = row["best_steps"]
-        lines.append(
-            f"{row['allreduce']:>18} {row['verify_ms']:>9.2f} {row['baseline_tok_s']:>10.1f} "
-            f"{row['break_even_accept_len']:>10.2f} | {cells}"
-            + (f" | {best['steps']:>2}: {best['spec_tok_s']:>6.1f} ({best['speedup']:.2f}x)" if steps else "")
-        )
+    if not r["n_allreduce"]:  # every what-if row would be the same: the latency multiplies no all-reduce
+        lines.append("what-if: none (no all-reduce in the verify step: allreduces_per_layer 0)")
+    else:
+        lines.append(f"what-if: spec tok/s (speedup vs plain decoding with the same all-reduce); "
+                     f"verify message {r['message_bytes'] / 1024:.0f} KiB")
+        head = f"{'all-reduce':>18} {'verify ms':>9} {'base tok/s':>10} {'break-even':>10} | " + " ".join(
+            f"{'A=' + a:>15}" for a in accepts
+        ) + (f" | {'best steps':>19}" if steps else "")
+        lines += [head, "-" * len(head)]
+        for row in r["whatif"]:
+            cells = " ".join(f"{row['spec_tok_s'][a]:>7.1f} ({row['speedup'][a]:.2f}x)" for a in accepts)
+            best = row["best_steps"]
+            lines.append(
+                f"{row['allreduce']:>18} {row['verify_ms']:>9.2f} {row['baseline_tok_s']:>10.1f} "
+                f"{row['break_even_accept_len']:>10.2f} | {cells}"
+                + (f" | {best['steps']:>2}: {best['spec_tok_s']:>6.1f} ({best['speedup']:.2f}x)" if steps else "")
+            )
     if steps:
         best = r["best_steps"]
         lines += [

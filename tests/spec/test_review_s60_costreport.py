@@ -20,3 +20,11 @@ def test_a_slow_all_reduce_and_draft_step_read_in_plain_microseconds(capsys):
     assert "e+0" not in text
     assert "122 all-reduces x 1500 us" in text
     assert "steps x 1234 us" in text
+
+
+def test_a_verify_step_without_all_reduces_prints_no_what_if_rows(capsys):
+    """Each row priced another latency of no all-reduce: five identical rows."""
+    assert main(["costmodel", "--allreduces-per-layer", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "what-if: none (no all-reduce in the verify step" in text
+    assert "200 us" not in text and "verify message" not in text

@@ -14,7 +14,8 @@ length is the lab's (tokens emitted per verify step, bonus included):
   speculative settings.
 - vLLM: `/v1/completions` decodes; `/metrics` counts drafts, accepted tokens and accepted tokens
   per draft position. The difference of the counters before and after the prompts gives
-  1 + accepted / drafts, and, since a chain accepts a prefix, the histogram: drafts that accepted
+  1 + accepted / drafts (vLLM's mean acceptance length, which counts drafts a request's last step
+  accepted past max_tokens or an eos too), and, since a chain accepts a prefix, the histogram: drafts that accepted
   exactly j = accepted at position j-1 minus accepted at position j. The counters are the whole
   server's, so nothing else may use it while the eval runs.
 

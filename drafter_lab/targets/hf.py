@@ -76,6 +76,11 @@ def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
         a, b = next((a, b) for a in range(3) for b in range(a + 1, 3) if ids[a] == ids[b])
         raise LabError(f"aux layer ids #{a + 1} and #{b + 1} name the same layer: EAGLE-3 fuses the hidden states "
                        "of three distinct layers", where)
+    # SGLang and vLLM append each captured state as their layer loop passes it, so fc reads them in layer
+    # order whatever order the config lists: trained on another order, its input blocks would be swapped
+    if ids != sorted(ids) and ids != default_aux_layer_ids(num_layers):
+        raise LabError(f"aux layer ids {ids} are not in layer order: SGLang and vLLM hand the drafter's fc the states "
+                       f"in layer order ({sorted(ids)}), so give them ascending", where)
     # hidden_states[L] is the final norm's output, which no engine captures (SGLang and vLLM take the
     # residual stream before a layer runs): an EAGLE-3 drafter reads 0..L-1
     bad = [i for i in ids if not 0 <= i < num_layers]

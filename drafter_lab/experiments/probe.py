@@ -151,7 +151,8 @@ def _at_home(drafter_dir, source_target_dir, theirs: list[Sequence], ours: list[
         raise LabError(f"{e} (--source-target {source_target_dir})", drafter_dir) from None
     drafter = load_drafter(drafter_dir, target=source, device=device)  # at home it embeds with its own target's
     src = _source_features(source, theirs, aux_ids)
-    home = evaluate(drafter, source.lm_head_weight(), src, cfg.ttt_steps, cfg.batch_size)
+    home = evaluate(drafter, source.lm_head_weight(), src, cfg.ttt_steps, cfg.batch_size,
+                    logit_map=source.logit_map)
     return home, aux_cka(src, ours, 3, cfg.cka_tokens)
 
 
@@ -189,7 +190,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     tokens, tokens_from = source_tokens(drafter_dir, source_target_dir, target)
     lm_head = target.lm_head_weight()
 
-    zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size)
+    zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size, logit_map=target.logit_map)
     new_vocab = build_vocab(data_dir, drafter.config.draft_vocab_size)
     vocab = {**compare_vocabs(vocab_of_drafter(drafter), new_vocab, b_to_a=tokens),
              "drafter_target_vocab_size": trained_for.target_vocab_size,
@@ -205,7 +206,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
         if theirs:
             home, ckas = _at_home(drafter_dir, source_target_dir, theirs, ours, captured, cfg, device)
             if at_home < len(val):  # the reuse ratio divides zero-shot by home over the same text
-                zero_home = evaluate(drafter, lm_head, ours, cfg.ttt_steps, cfg.batch_size)
+                zero_home = evaluate(drafter, lm_head, ours, cfg.ttt_steps, cfg.batch_size, logit_map=target.logit_map)
 
     pilot = None
     if cfg.pilot_steps > 0:

@@ -92,6 +92,35 @@ def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
     return ids
 
 
+@dataclass(frozen=True)
+class LogitMap:
+    """How a target turns `final_hidden @ lm_head.T` into its logits: Granite divides them
+    (`logits_scaling`), Cohere and Falcon-H1 multiply them (`logit_scale`, `lm_head_multiplier`), Gemma 2
+    caps them (`final_logit_softcapping`). Read off the (text) config, since training holds the head
+    alone; without it the teacher and the sampled validation would take another distribution than
+    the one the target samples from (16x sharper for a Granite of scaling 16)."""
+
+    scale: float = 1.0
+    """Multiplies the raw logits."""
+    softcap: float | None = None
+    """Then logits = softcap * tanh(logits / softcap)."""
+
+    @classmethod
+    def of(cls, config) -> LogitMap:
+        scale = 1.0
+        for key, invert in (("logits_scaling", True), ("logit_scale", False), ("lm_head_multiplier", False),
+                            ("output_multiplier", False)):
+            value = getattr(config, key, None)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value not in (0, 1):
+                scale = scale / value if invert else scale * value
+        cap = getattr(config, "final_logit_softcapping", None)
+        return cls(float(scale), float(cap) if isinstance(cap, int | float) and cap else None)
+
+    def __call__(self, raw: torch.Tensor) -> torch.Tensor:
+        x = raw * self.scale if self.scale != 1.0 else raw
+        return self.softcap * torch.tanh(x / self.softcap) if self.softcap else x
+
+
 class _TargetFacts:
     """What the lab reads off a target besides running it: shape, name and its two vocab matrices."""
 
@@ -109,6 +138,10 @@ class _TargetFacts:
     @property
     def vocab_size(self) -> int:
         return int(self.lm_head_weight().shape[0])
+
+    @property
+    def logit_map(self) -> LogitMap:
+        return LogitMap.of(self.config)
 
     @functools.cached_property
     def legacy_fingerprint(self) -> str:

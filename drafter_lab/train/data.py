@@ -51,14 +51,16 @@ class Batch:
 
 @torch.no_grad()
 def target_top1(final_hidden: torch.Tensor, lm_head: torch.Tensor, temperature: float = 0.0,
-                chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor | None]:
+                chunk: int = 2048, logit_map=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target's argmax over its full vocab at each position and, at temperature > 0, the
-    log-partition logsumexp(logits / temperature) that normalises its sampling distribution."""
+    log-partition logsumexp(logits / temperature) that normalises its sampling distribution; the
+    logits are `logit_map(final_hidden @ lm_head.T)` (targets.hf.LogitMap), the raw product without."""
     top1 = torch.empty(len(final_hidden), dtype=torch.long)
     logz = torch.empty(len(final_hidden)) if temperature > 0 else None
     w = lm_head.float()
     for a in range(0, len(final_hidden), chunk):
         logits = final_hidden[a:a + chunk].to(w) @ w.T
+        logits = logit_map(logits) if logit_map is not None else logits
         top1[a:a + chunk] = logits.argmax(-1).cpu()
         if logz is not None:
             logz[a:a + chunk] = torch.logsumexp(logits / temperature, -1).cpu()
@@ -79,7 +81,7 @@ class Examples:
     collated."""
 
     def __init__(self, items: list, lm_head_weight: torch.Tensor, max_length: int,
-                 device: torch.device | str = "cpu", read=None, temperature: float = 0.0):
+                 device: torch.device | str = "cpu", read=None, temperature: float = 0.0, logit_map=None):
         lengths = [min(_tokens(it), max_length) for it in items]
         self.items = [it for it, n in zip(items, lengths) if n >= 3]
         self.lengths = [n for n in lengths if n >= 3]
@@ -87,7 +89,7 @@ class Examples:
         self.reader, self.max_length = ShardReader(), max_length
         self.read = read or self._read
         self.lm_head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
-        self.temperature = temperature
+        self.temperature, self.logit_map = temperature, logit_map
         self._target: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def __len__(self) -> int:
@@ -102,7 +104,7 @@ class Examples:
             n = self.lengths[i]
             final = s.final_hidden[:n]
             if i not in self._target:
-                top1, logz = target_top1(final, self.lm_head, self.temperature)
+                top1, logz = target_top1(final, self.lm_head, self.temperature, logit_map=self.logit_map)
                 self._target[i] = top1.int(), logz
             top1, logz = self._target[i]
             out.append(Example(input_ids=s.input_ids[:n].long(), loss_mask=s.loss_mask[:n].bool(),

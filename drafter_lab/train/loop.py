@@ -387,8 +387,8 @@ class _Run:
         self.anchors = {n: p.detach().clone() for n, p in drafter.named_parameters()
                         if n in transferred} if l2sp > 0 else {}
         lm_head = target.lm_head_weight().detach().float().to(d.device)  # one copy for top-1 and teacher
-        self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.reads[s], t)
-                                      for s, t in (("train", 0.0), ("val", cfg.val_temperature)))
+        self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.reads[s], t,
+                                               target.logit_map) for s, t in (("train", 0.0), ("val", cfg.val_temperature)))
         if not self.train_ex or not self.val_ex:
             raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", source.where)
         if not cfg.scan_features:  # else the scan has checked every id
@@ -401,7 +401,7 @@ class _Run:
         self.anchors = {n: a.to(dev) for n, a in self.anchors.items()}
         used = torch.arange(len(d2t)) + d2t
         self.obj = TTTObjective(drafter, lm_head[used.to(dev)], cfg.ttt_steps, cfg.loss_decay, cfg.val_temperature,
-                                self.replay)
+                                self.replay, target.logit_map)
         self.model = self.obj
         if d.active:
             from torch.nn.parallel import DistributedDataParallel

@@ -98,24 +98,25 @@ def eval_counts(obj: TTTObjective, examples: Examples, batch_size: int, d, autoc
 
 def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: list[Sequence] | list[SequenceRef],
              ttt_steps: int, batch_size: int = 16, max_length: int | None = None, temperature: float = 0.0,
-             replay: bool = False) -> dict:
+             replay: bool = False, logit_map=None) -> dict:
     """Teacher-forced loss_k, acc_k, cond_acc_k and simulated accept length on `sequences` (in memory,
     or `FeatureSet.index` refs, read a batch at a time); at `temperature` > 0 also a sampled chain's
     sampled_acc_k and sampled_accept_len there, and with `replay` (sequences of the target's own
     tokens sampled at that temperature) replay_accept_len_k.
 
-    `lm_head_weight` is the target's full lm_head [V, H_t]; the drafter's d2t/t2d give its vocab.
+    `lm_head_weight` is the target's full lm_head [V, H_t]; the drafter's d2t/t2d give its vocab;
+    `logit_map` the target's own map of the head's product to its logits (`Target.logit_map`).
     """
     device = drafter.fc.weight.device
     used = (torch.arange(drafter.config.draft_vocab_size) + drafter.d2t.cpu()).long()
     head = lm_head_weight.detach().to(device=device, dtype=torch.float32)
     examples = Examples(sequences, lm_head_weight, max_length or drafter.config.max_position_embeddings,
-                        device=device, temperature=temperature)
+                        device=device, temperature=temperature, logit_map=logit_map)
     if not examples:
         raise LabError("no sequences long enough to evaluate on")
     if replay and temperature <= 0:
         raise LabError("the replay needs the temperature the target's tokens were sampled at")
-    obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8, temperature, replay)
+    obj = TTTObjective(drafter, head[used.to(device)], ttt_steps, 0.8, temperature, replay, logit_map)
     d = distributed.Dist(rank=0, world=1, local_rank=0, device=device)
     was_training = drafter.training
     drafter.eval()

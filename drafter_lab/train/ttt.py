@@ -173,7 +173,7 @@ class TTTObjective(nn.Module):
     """
 
     def __init__(self, drafter: Eagle3Drafter, teacher_head: torch.Tensor, ttt_steps: int, loss_decay: float,
-                 temperature: float = 0.0, replay: bool = False):
+                 temperature: float = 0.0, replay: bool = False, logit_map=None):
         super().__init__()
         self.drafter = drafter
         self.teacher_head = teacher_head  # [N, H_t] target lm_head rows of the draft vocab (not a buffer)
@@ -181,6 +181,7 @@ class TTTObjective(nn.Module):
         self.loss_decay = loss_decay
         self.temperature = temperature  # of the sampled acceptance, in batches that carry logz
         self.replay = replay  # those batches hold the target's own sampled tokens: replay the served process
+        self.logit_map = logit_map  # the target's own scaling or capping of its logits (targets.hf.LogitMap)
 
     def forward(self, batch: Batch, denominators: torch.Tensor | None = None, scale: float = 1.0):
         d = self.drafter
@@ -198,6 +199,8 @@ class TTTObjective(nn.Module):
         # the whole vocabulary (bf16 logits put p = exp(l/T - logz) off by up to 96 %, and sum past 1).
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
             target_logits = upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T)
+            if self.logit_map is not None:
+                target_logits = self.logit_map(target_logits)
             teacher = torch.log_softmax(target_logits, -1)
         hidden = d.project(batch.aux_hidden)
         positions = torch.arange(T, device=dev).expand(B, T)

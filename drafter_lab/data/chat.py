@@ -18,8 +18,9 @@ a marker) and what that render writes after it; else where its own text is writt
 likewise: DeepSeek-R1's prompt opens a think block its earlier turns lack), else that text is looked
 for. A turn the template writes otherwise once later turns follow (Qwen3 drops its thinking, harmony
 closes it with `<|end|>` where its own render has `<|return|>`) runs up to the next message's text
-(located likewise) and ends at the first token the target stops at there (GPT-OSS's `<|call|>`),
-else at the first special token after its answer.
+written past it (located likewise; DeepSeek-V3 writes system turns at the top) and ends at the first
+token the target stops at there (GPT-OSS's `<|call|>`), else at the first special token after its
+answer.
 
 Token-exact (`token_exact`): each assistant turn's text is replaced by the tokens the target
 sampled (`token_ids`, kept by regeneration, locally or through a server that returns them) and the
@@ -300,12 +301,19 @@ def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, templ
     # The end-of-turn token is looked for past the answer: one written in it (a dataset's literal
     # `<|im_end|>`, which the tokenizer reads as that token) is the answer's text, not its end.
     if text.startswith(upto) and len(upto) > start:
-        after = len(upto) + len(_stop_token_at(tokenizer, text, len(upto), end_ids))
+        # The stop token right after that render is the turn's where the render leaves the turn open;
+        # after one that closes it, it is the next turn's (an empty answer's `</s>`, where Mistral's
+        # writes consecutive answers with nothing between them: taken, it left that turn unplaced).
+        closed = _stop_token_at(tokenizer, upto.rstrip(), -1, end_ids)
+        after = len(upto) + (0 if closed else len(_stop_token_at(tokenizer, text, len(upto), end_ids)))
         return Span(start, after, True, _answer_end(text, m, start, len(upto)), True), after
     if i + 1 == len(messages):  # the last turn written as served (`_as_served`): the rest is the target's
         return Span(start, len(text), True, _answer_end(text, m, start, len(text)), True), after
-    # Written otherwise once later turns follow: the end-of-turn token alone closes the span.
-    nxt = _located(tokenizer, messages, i + 1, text, template_kwargs, tools)
+    # Written otherwise once later turns follow: the end-of-turn token alone closes the span, bounded by
+    # the next message written past the turn. One the template moves ahead of it (DeepSeek-V3's system
+    # turns, all joined at the top) bounds nothing: taken as the bound, it left the turn an empty mask.
+    later = (_located(tokenizer, messages, j, text, template_kwargs, tools) for j in range(i + 1, len(messages)))
+    nxt = next((p for p in later if p is None or p[0] >= start), None)
     bound = len(text) if nxt is None else nxt[0]
     return Span(start, bound, False, _answer_end(text, m, start, bound), nxt is not None), after
 
@@ -344,9 +352,12 @@ def _turn_start(tokenizer, messages: list[dict], i: int, text: str, template_kwa
 
 
 def _stop_token_at(tokenizer, text: str, at: int, end_ids: frozenset[int]) -> str:
-    """The token in `end_ids` that `text` holds at offset `at`, as text; '' where none is there (end
-    tokens are special: the tokenizer never splits them, so their text there is that token)."""
+    """The token in `end_ids` that `text` holds at offset `at` (-1: the one it ends with), as text; ''
+    where none is there (end tokens are special: the tokenizer never splits them, so their text there
+    is that token)."""
     names = tokenizer.convert_ids_to_tokens(sorted(end_ids))  # None for an id past the tokenizer (a padded vocab)
+    if at < 0:
+        return next((n for n in names if n is not None and text.endswith(n)), "")
     return next((n for n in names if n is not None and text.startswith(n, at)), "")
 
 
@@ -443,9 +454,14 @@ def _shown(turn: dict, text: str, lo: int, hi: int) -> tuple[int, str]:
 
 def _answer_end(text: str, turn: dict, start: int, bound: int) -> int:
     """Where `turn`'s answer ends in `text`, looked for from `start` up to `bound`, where the next
-    message's text begins; `start` where it is not found there."""
-    at, answer = _shown(turn, text, start, bound)
-    return start if at < 0 else at + len(answer)
+    message's text begins, and past the turn's thinking where that is written there (a thinking that
+    holds the answer's text, "Reply ok", ahead of a literal end token ended the mask there); where
+    the answer is not found, past the thinking, else `start`."""
+    thinking = _thinking_of(turn)
+    shown = text.find(thinking, start, bound) if thinking else -1
+    lo = start if shown < 0 else shown + len(thinking)
+    at, answer = _shown(turn, text, lo, bound)
+    return lo if at < 0 else at + len(answer)
 
 
 def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
@@ -497,12 +513,20 @@ def dropped_calls(tokenizer, messages: list[dict], template_kwargs: dict | None 
     if not calling:
         return 0, 0
     text = render(tokenizer, messages, False, template_kwargs, tools)
-    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
-    if render(tokenizer, bare, False, template_kwargs, tools) == text:
+
+    def alike(variant: list[dict]) -> bool:
+        # A variant the template refuses is not written alike: Mistral's tool templates check that user
+        # and assistant turns alternate, turns with calls aside, and the turns bare of calls do not.
+        try:
+            return render(tokenizer, variant, False, template_kwargs, tools) == text
+        except LabError:
+            return False
+
+    if alike([{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]):
         return len(calling), len(calling)
     less = [[*messages[:i], {**messages[i], "tool_calls": messages[i]["tool_calls"][:-1]}, *messages[i + 1:]]
             for i in calling if len(messages[i]["tool_calls"]) > 1]
-    return len(calling), sum(render(tokenizer, m, False, template_kwargs, tools) == text for m in less)
+    return len(calling), sum(alike(m) for m in less)
 
 
 def _closer(ids: list[int], span: Span, end_ids: frozenset[int], special: set[int]) -> int | None:

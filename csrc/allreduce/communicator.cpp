@@ -3,8 +3,11 @@
 // pybind11 (a communicator is an object, not an op); drafter_lab/kernels/allreduce.py wraps it.
 #include <ATen/MemoryOverlap.h>
 #include <torch/extension.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 
 #include "allreduce/channel.h"
@@ -97,11 +100,14 @@ class Communicator {
     if (backend_ != kCpu) cuda_ = std::make_unique<CudaBackend>(backend_, device_, *ch_);
 #endif
     one_shot_max_bytes_ = (int64_t)ch_->layout().max_bytes;
+    info_ = {rank, world_size, (int64_t)ch_->layout().max_bytes, (int64_t)capacity_bytes(),
+             (int64_t)ll_capacity_bytes(), (int)ch_->layout().blocks, ch_->segment().name()};
   }
 
   ~Communicator() { close(); }
 
   void connect() {
+    const auto lock = enter();
     channel().connect();
 #ifdef DRAFTER_LAB_WITH_CUDA
     if (cuda_) {
@@ -112,6 +118,7 @@ class Communicator {
   }
 
   void all_reduce(const at::Tensor& in, const at::Tensor& out, int64_t algo) {
+    const auto lock = enter();
     Channel& ch = channel();
     check_tensor(in, "tensor");
     check_tensor(out, "out");
@@ -137,6 +144,7 @@ class Communicator {
 
   void fused(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& out,
              const at::Tensor& residual_out, double eps, int64_t algo) {
+    const auto lock = enter();
     Channel& ch = channel();
     check_tensor(x, "x");
     check_tensor(residual, "residual");
@@ -193,10 +201,14 @@ class Communicator {
     } while (row < rows);
   }
 
-  void barrier() { channel().barrier("user"); }
+  void barrier() {
+    const auto lock = enter();
+    channel().barrier("user");
+  }
 
   // The next call is generation `gen` + 1 (tests of wrap-around); every rank sets the same.
   void set_generation(int64_t gen) {
+    const auto lock = enter();
 #ifdef DRAFTER_LAB_WITH_CUDA
     if (cuda_) {
       cuda_->set_generation((uint32_t)gen);
@@ -206,7 +218,12 @@ class Communicator {
     channel().set_generation((uint32_t)gen);
   }
 
+  // Waits for a call in flight on another thread (at most its timeout): unmapping under it crashed.
+  // A child forked after init takes no lock: its copy of mu_ may be locked by a thread it lacks.
   void close() {
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (getpid() == pid_) lock.lock();
+    closed_ = true;
 #ifdef DRAFTER_LAB_WITH_CUDA
     cuda_.reset();
 #endif
@@ -220,20 +237,20 @@ class Communicator {
     return "";
   }
 
-  int rank() const { return channel().rank(); }
-  int world_size() const { return channel().world(); }
-  int64_t max_bytes() const { return (int64_t)channel().layout().max_bytes; }
-  int64_t capacity() const { return (int64_t)capacity_bytes(); }
-  int blocks() const { return (int)channel().layout().blocks; }
+  int rank() const { return info().rank; }
+  int world_size() const { return info().world; }
+  int64_t max_bytes() const { return info().max_bytes; }
+  int64_t capacity() const { return info().capacity; }
+  int blocks() const { return info().blocks; }
   std::string backend() const { return backend_name(backend_); }
-  std::string name() const { return channel().segment().name(); }
-  bool closed() const { return !ch_; }
+  std::string name() const { return info().name; }
+  bool closed() const { return closed_; }
   int64_t one_shot_max_bytes() const { return one_shot_max_bytes_; }
   void set_one_shot_max_bytes(int64_t v) {
     if (v < 0) throw std::invalid_argument("one_shot_max_bytes must be >= 0");
     one_shot_max_bytes_ = v;
   }
-  int64_t ll_capacity() const { return (int64_t)ll_capacity_bytes(); }
+  int64_t ll_capacity() const { return info().ll_capacity; }
   int64_t ll_max_bytes() const { return ll_max_bytes_; }
   void set_ll_max_bytes(int64_t v) {
     if (v < 0) throw std::invalid_argument("ll_max_bytes must be >= 0");
@@ -243,6 +260,29 @@ class Communicator {
   }
 
  private:
+  // What the properties report, fixed at init: they run holding the GIL, so they neither wait for
+  // mu_ (a call holds it up to its timeout) nor read ch_, which a close on another thread resets.
+  struct Info {
+    int rank, world;
+    int64_t max_bytes, capacity, ll_capacity;
+    int blocks;
+    std::string name;
+  };
+  const Info& info() const {
+    if (closed_) throw CommError("this communicator is closed");
+    return info_;
+  }
+
+  // Every call's entry: refuses a process forked after init (it would post the rank's flags as
+  // its own, and its copy of mu_ may be locked), then takes mu_.
+  std::unique_lock<std::mutex> enter() {
+    if (getpid() != pid_)
+      throw CommError("rank " + std::to_string(info_.rank) + "'s communicator belongs to pid " + std::to_string(pid_) +
+                      "; this process (pid " + std::to_string(getpid()) +
+                      ") was forked from it and cannot use it: create a new communicator here");
+    return std::unique_lock<std::mutex>(mu_);
+  }
+
   Channel& channel() const {
     if (!ch_) throw CommError("this communicator is closed");
     return *ch_;
@@ -343,8 +383,15 @@ class Communicator {
 
   uint32_t backend_;
   int device_;
-  int64_t one_shot_max_bytes_ = 0;
-  int64_t ll_max_bytes_ = 0;
+  // Thresholds: set with the GIL held while another thread's call may read them.
+  std::atomic<int64_t> one_shot_max_bytes_{0};
+  std::atomic<int64_t> ll_max_bytes_{0};
+  // Held by every call and by close: calls run without the GIL, and two at once on one
+  // communicator shared its generation counter and buffers.
+  std::mutex mu_;
+  std::atomic<bool> closed_{false};
+  const pid_t pid_ = getpid();
+  Info info_;
   std::unique_ptr<Channel> ch_;
 #ifdef DRAFTER_LAB_WITH_CUDA
   std::unique_ptr<CudaBackend> cuda_;

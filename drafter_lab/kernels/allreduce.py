@@ -99,6 +99,9 @@ class Communicator:
     stream); ranks that are streams of one process must pass a value instead. `ll_max_bytes=None`
     is measured with it on the CUDA backends, and is 0 (LL off) when one_shot_max_bytes is given
     or the backend is "cpu".
+
+    Threads may share a communicator: their calls take turns, and `close()` waits for a call in
+    flight. A process forked from its owner cannot use it (its calls raise).
     """
 
     def __init__(
@@ -430,9 +433,11 @@ def all_reduce(tensor: torch.Tensor, op="sum", group=None, async_op: bool = Fals
 
     With `group` a Communicator it runs ours (sum only); anything else goes to torch.distributed.
     """
+    # A name as torch's path reads it: "SUM" was refused here while a torch group took it.
+    reduce_op = _reduce_op(op)
     if not isinstance(group, Communicator):
-        return dist.all_reduce(tensor, op=_reduce_op(op), group=group, async_op=async_op)
-    if not (op == "sum" or op == dist.ReduceOp.SUM):
+        return dist.all_reduce(tensor, op=reduce_op, group=group, async_op=async_op)
+    if reduce_op != dist.ReduceOp.SUM:
         raise AllReduceInputError(f"the shared-memory all-reduce only sums, got op={op!r}")
     group.all_reduce(tensor)
     return CompletedWork(tensor) if async_op else None

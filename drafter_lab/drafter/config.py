@@ -10,9 +10,10 @@ FORMATS = (SGLANG, SPECULATORS)
 """Checkpoint layouts read and written (drafter.formats)."""
 
 
-SAMPLE_TOPK = 8
-"""A sampled chain's proposal q: the drafter's top-8 renormalised at the temperature (the engine
-drafts from it, and a validation's sampled acceptance assumes it)."""
+SAMPLE_TOPK = 1
+"""A sampled chain's proposal q: the drafter's top-k renormalised at the temperature (the engine
+drafts from it, and a validation's sampled acceptance assumes it). 1, as SGLang and vLLM serve EAGLE
+at any temperature: the draft is the drafter's top-1, accepted with probability p(x) (q one-hot)."""
 
 
 @dataclass

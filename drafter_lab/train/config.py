@@ -77,10 +77,11 @@ class TrainConfig:
     eval_batch_size: int = 16
     """Sequences per validation batch."""
     val_temperature: float = 0.0
-    """> 0: each validation also predicts a sampled chain served at this temperature (drafts drawn
-    from the drafter's top-8, verified by lossless rejection): sampled_acc_k, sampled_accept_len, and
-    when the validation text is the target's own tokens sampled at this temperature (`data prepare
-    --token-exact`, or online `--token-exact`) the served process replayed over them, replay_accept_len_k.
+    """> 0: each validation also predicts a sampled chain served at this temperature (the drafter's
+    top-1 drafted and verified by lossless rejection, as SGLang and vLLM serve it): sampled_acc_k,
+    sampled_accept_len, and when the validation text is the target's own tokens sampled at this
+    temperature (`data prepare --token-exact`, or online `--token-exact`) the served process replayed
+    over them, replay_accept_len_k.
     0: the greedy metrics only. Training is the same either way."""
     checkpoint_every: int = 0
     """Also write the train state every this many steps (0: at epoch ends and at the end)."""

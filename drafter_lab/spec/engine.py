@@ -9,9 +9,10 @@ An `NgramDrafter` in place of the drafter drafts chains or trees from the tokens
 instead (no drafter model, no target hidden states).
 
 Sampling (temperature > 0) is lossless in both drafting modes: a chain draws each draft token
-from the drafter's renormalised top-`sample_topk` distribution q and verifies it by speculative
-sampling (accept with min(1, p/q), else resample from norm(max(p - q, 0))); a tree keeps its
-deterministic top-k children and verifies them by recursive rejection with one-hot proposals.
+from the drafter's renormalised top-`sample_topk` distribution q (by default its top-1, q one-hot, as
+SGLang and vLLM serve EAGLE) and verifies it by speculative sampling (accept with min(1, p/q), else
+resample from norm(max(p - q, 0))); a tree keeps its deterministic top-k children and verifies them
+by recursive rejection with one-hot proposals.
 
 Rows of a batch accept different lengths: each keeps its own cache length in both models. In a
 static batch a finished row (max_new_tokens or eos) stays until the last one ends, committing
@@ -55,7 +56,8 @@ class SpecConfig:
     temperature: float = 0.0
     """0 = greedy; > 0 = sampling at this temperature with lossless rejection."""
     sample_topk: int = SAMPLE_TOPK
-    """Sampled chains: the drafter proposes from its top-k distribution renormalised (q)."""
+    """Sampled chains: the drafter proposes from its top-k distribution renormalised (q); 1, the
+    engines' way, drafts its top-1 and the target accepts it with p(x)."""
     use_fused: bool | None = None
     """Draft step: True = fused op, False = PyTorch reference, None = fused when built and on CUDA."""
     max_new_tokens: int = 128

@@ -13,9 +13,9 @@ At TTT step k (s = 1 + k), position t
 cond_acc_k counts only positions whose steps 0..k-1 were all right.
 
 Sampled acceptance (validation batches that carry the target's log-partition at a temperature T):
-a chain drafted at T draws step k's token from q, the drafter's top-SAMPLE_TOPK renormalised at T,
-and the target accepts it with probability a_k = sum_x min(p(x), q(x)), p the target's full-vocab
-distribution at T (`chain_accept_rate`). Position t's chain reaches step k with probability
+a chain drafted at T draws step k's token from q, the drafter's top-SAMPLE_TOPK renormalised at T
+(its top-1, q one-hot, as SGLang and vLLM serve), and the target accepts it with probability
+a_k = sum_x min(p(x), q(x)), p the target's full-vocab distribution at T (`chain_accept_rate`). Position t's chain reaches step k with probability
 prod_{j<k} a_j; the S_* columns sum that over step k's loss positions, before and after step k, so
 their ratio is the sampled analogue of cond_acc_k (at T -> 0 it is cond_acc_k).
 

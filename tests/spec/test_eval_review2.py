@@ -1,4 +1,5 @@
-"""`eval`: --draft-tokens where only chains are drafted, and a drafter whose aux layers repeat."""
+"""`eval`: --draft-tokens where only chains are drafted, and a drafter whose aux layers repeat or are out of
+order."""
 
 from __future__ import annotations
 
@@ -34,13 +35,18 @@ def test_eval_refuses_them_before_loading_anything(prompts_file, tmp_path, capsy
     assert err.startswith("error: a chain verifies the 2 or 4 tokens it drafts") and err.count("\n") == 0
 
 
-def test_a_drafter_whose_aux_layers_repeat_is_refused(random_llama, random_drafter, prompts_file, tmp_path, capsys):
-    """It decoded, fusing one layer's features twice."""
-    cfg = dataclasses.replace(random_drafter.config, aux_layer_ids=[2, 2, 5])
+@pytest.mark.parametrize("ids, error", [
+    ([2, 2, 5], "aux layer ids #1 and #2 name the same layer: EAGLE-3 fuses the hidden states of three distinct layers"),
+    ([5, 2, 4], "aux layer ids [5, 2, 4] are not in layer order: SGLang and vLLM hand the drafter's fc the states in "
+                "layer order ([2, 4, 5]), so give them ascending"),
+])
+def test_a_drafter_whose_aux_layers_repeat_or_are_out_of_order_is_refused(ids, error, random_llama, random_drafter,
+                                                                          prompts_file, tmp_path, capsys):
+    """It decoded, fusing one layer's features twice, or reading its config's list in an order engines do not serve."""
+    cfg = dataclasses.replace(random_drafter.config, aux_layer_ids=ids)
     d = Eagle3Drafter(cfg)
     d.load_state_dict(random_drafter.state_dict())
     drafter = save_drafter(d, tmp_path / "drafter")
     assert cli.main(["eval", "--drafter", str(drafter), "--target", str(random_llama), "--prompts", str(prompts_file),
                      "--max-new-tokens", "4"]) == 2
-    assert capsys.readouterr().err.strip() == (f"error: {drafter}: aux layer ids #1 and #2 name the same layer: "
-                                               "EAGLE-3 fuses the hidden states of three distinct layers")
+    assert capsys.readouterr().err.strip() == f"error: {drafter}: {error}"

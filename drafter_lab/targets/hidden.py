@@ -11,6 +11,7 @@ read. A model whose decoder is not laid out so runs with `output_hidden_states=T
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -87,13 +88,25 @@ def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
+_HOOKED = threading.Lock()
+"""Held from a capture's first hook to its last: hooks on shared layers fire for every forward through
+them, so two captures at once (an online run's prefetch thread beside its validation) each saw both
+forwards' states, and registering a hook while another thread's forward walks the hooks may fail."""
+
+
 def run_capturing(model, indices, *, final: bool = True, **forward_kwargs) -> tuple[object, HiddenStates]:
     """`model(**forward_kwargs)` -> (its output without hidden states, HiddenStates): the states at
     `indices` (HF `output_hidden_states` indices) and, with `final`, the last one, each exactly the
-    tensor `output_hidden_states=True` would have put there."""
+    tensor `output_hidden_states=True` would have put there. Captures from several threads run one at
+    a time."""
     layout = decoder_layout(model)
     if layout is None:
         return _run_whole(model, indices, final, forward_kwargs)
+    with _HOOKED:
+        return _run_hooked(model, layout, indices, final, forward_kwargs)
+
+
+def _run_hooked(model, layout, indices, final: bool, forward_kwargs: dict) -> tuple[object, HiddenStates]:
     dec, layers = layout
     count = len(layers) + 1
     got: dict[int, list[torch.Tensor]] = {i: [] for i in _wanted(indices, final, count)}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from drafter_lab.data.shards import Sequence, SequenceRef, ShardReader
+from drafter_lab.targets.hf import LogitMap
 
 
 @dataclass
@@ -51,16 +52,15 @@ class Batch:
 
 @torch.no_grad()
 def target_top1(final_hidden: torch.Tensor, lm_head: torch.Tensor, temperature: float = 0.0,
-                chunk: int = 2048, logit_map=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                chunk: int = 2048, logit_map: LogitMap = LogitMap()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target's argmax over its full vocab at each position and, at temperature > 0, the
     log-partition logsumexp(logits / temperature) that normalises its sampling distribution; the
-    logits are `logit_map(final_hidden @ lm_head.T)` (targets.hf.LogitMap), the raw product without."""
+    logits are `logit_map(final_hidden @ lm_head.T)`, the target's own map (by default none)."""
     top1 = torch.empty(len(final_hidden), dtype=torch.long)
     logz = torch.empty(len(final_hidden)) if temperature > 0 else None
     w = lm_head.float()
     for a in range(0, len(final_hidden), chunk):
-        logits = final_hidden[a:a + chunk].to(w) @ w.T
-        logits = logit_map(logits) if logit_map is not None else logits
+        logits = logit_map(final_hidden[a:a + chunk].to(w) @ w.T)
         top1[a:a + chunk] = logits.argmax(-1).cpu()
         if logz is not None:
             logz[a:a + chunk] = torch.logsumexp(logits / temperature, -1).cpu()
@@ -81,7 +81,8 @@ class Examples:
     collated."""
 
     def __init__(self, items: list, lm_head_weight: torch.Tensor, max_length: int,
-                 device: torch.device | str = "cpu", read=None, temperature: float = 0.0, logit_map=None):
+                 device: torch.device | str = "cpu", read=None, temperature: float = 0.0,
+                 logit_map: LogitMap = LogitMap()):
         lengths = [min(_tokens(it), max_length) for it in items]
         self.items = [it for it, n in zip(items, lengths) if n >= 3]
         self.lengths = [n for n in lengths if n >= 3]

@@ -15,6 +15,7 @@ import torch
 from drafter_lab.data.shards import Sequence, SequenceRef
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
+from drafter_lab.targets.hf import LogitMap
 from drafter_lab.train import distributed
 from drafter_lab.train.data import Examples, collate
 from drafter_lab.train.ttt import (
@@ -98,7 +99,7 @@ def eval_counts(obj: TTTObjective, examples: Examples, batch_size: int, d, autoc
 
 def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: list[Sequence] | list[SequenceRef],
              ttt_steps: int, batch_size: int = 16, max_length: int | None = None, temperature: float = 0.0,
-             replay: bool = False, logit_map=None) -> dict:
+             replay: bool = False, logit_map: LogitMap = LogitMap()) -> dict:
     """Teacher-forced loss_k, acc_k, cond_acc_k and simulated accept length on `sequences` (in memory,
     or `FeatureSet.index` refs, read a batch at a time); at `temperature` > 0 also a sampled chain's
     sampled_acc_k and sampled_accept_len there, and with `replay` (sequences of the target's own

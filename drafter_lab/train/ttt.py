@@ -37,6 +37,7 @@ from torch import nn
 
 from drafter_lab.drafter.config import SAMPLE_TOPK
 from drafter_lab.drafter.model import Eagle3Drafter, upcast
+from drafter_lab.targets.hf import LogitMap
 from drafter_lab.train.data import Batch
 
 # Per-step count columns; metrics are ratios of sums, so they add up exactly over batches/ranks.
@@ -173,7 +174,7 @@ class TTTObjective(nn.Module):
     """
 
     def __init__(self, drafter: Eagle3Drafter, teacher_head: torch.Tensor, ttt_steps: int, loss_decay: float,
-                 temperature: float = 0.0, replay: bool = False, logit_map=None):
+                 temperature: float = 0.0, replay: bool = False, logit_map: LogitMap = LogitMap()):
         super().__init__()
         self.drafter = drafter
         self.teacher_head = teacher_head  # [N, H_t] target lm_head rows of the draft vocab (not a buffer)
@@ -198,9 +199,7 @@ class TTTObjective(nn.Module):
         # In fp32 under bf16 autocast: the sampled acceptance sets these against logz, taken in fp32 over
         # the whole vocabulary (bf16 logits put p = exp(l/T - logz) off by up to 96 %, and sum past 1).
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
-            target_logits = upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T)
-            if self.logit_map is not None:
-                target_logits = self.logit_map(target_logits)
+            target_logits = self.logit_map(upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T))
             teacher = torch.log_softmax(target_logits, -1)
         hidden = d.project(batch.aux_hidden)
         positions = torch.arange(T, device=dev).expand(B, T)

@@ -70,9 +70,12 @@ for s in "${STEPS[@]}"; do
       ;;
     gemv)
       # GEMV occupancy A/B against the table's "ours" (gemv.cu, blocks_per_sm): four blocks per SM fill
-      # the register file, so a kernel's successor only becomes resident in its tail; two leave it room.
-      step gemv_blocks2 90 env DRAFTER_LAB_GEMV_BLOCKS=2 "$PY" -m drafter_lab.kernels.bench_draft_forward \
-        --compile-mode none --batch 1 8 --reps "${BENCH_REPS:-100}"
+      # the register file, so a kernel's successor only becomes resident in its tail; three leave it one
+      # block's room, two leave it half the SM.
+      for blocks in 3 2; do
+        step "gemv_blocks${blocks}" 90 env DRAFTER_LAB_GEMV_BLOCKS=$blocks "$PY" -m drafter_lab.kernels.bench_draft_forward \
+          --compile-mode none --batch 1 8 --reps "${BENCH_REPS:-100}"
+      done
       ;;
     verify)
       # The target's verify pass by batch and tokens on this GPU (a random Llama-3.2-1B-shaped body).

@@ -24,8 +24,8 @@ def _steps(tmp_path, *names, **env) -> list[str]:
 
 
 def test_bench_is_its_five_parts_in_order(tmp_path):
-    assert _steps(tmp_path, "bench") == ["breakdown_pdl1", "breakdown_pdl0", "bench_draft_forward", "gemv_blocks2",
-                                         "random_target", "bench_verify", "bench_replay"]
+    assert _steps(tmp_path, "bench") == ["breakdown_pdl1", "breakdown_pdl0", "bench_draft_forward", "gemv_blocks3",
+                                         "gemv_blocks2", "random_target", "bench_verify", "bench_replay"]
 
 
 def test_parts_run_in_the_order_named(tmp_path):

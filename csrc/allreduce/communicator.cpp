@@ -230,7 +230,11 @@ class Communicator {
     ch_.reset();
   }
 
-  std::string error() const {
+  // Under mu_ like a call: a close on another thread frees what it reads. A CUDA call holds mu_
+  // only while it enqueues, so this waits for no kernel.
+  std::string error() {
+    const auto lock = enter();
+    if (closed_) throw CommError("this communicator is closed");
 #ifdef DRAFTER_LAB_WITH_CUDA
     if (cuda_) return cuda_->error();
 #endif
@@ -342,6 +346,10 @@ class Communicator {
   }
 
   void check_tensor(const at::Tensor& t, const char* what) const {
+    // Before is_contiguous, which a sparse tensor answers by refusing to have strides at all.
+    if (t.layout() != at::kStrided)
+      throw std::invalid_argument(std::string(what) + " is a " + c10::str(t.layout()) +
+                                  " tensor; the all-reduce sums dense (strided) tensors");
     if (!t.is_contiguous()) throw std::invalid_argument(std::string(what) + " must be contiguous");
     if (backend_ == kCpu) {
       if (!t.device().is_cpu())
@@ -418,7 +426,7 @@ void register_allreduce(pybind11::module_& m) {
       .def("barrier", &Communicator::barrier, release())
       .def("_set_generation", &Communicator::set_generation, py::arg("gen"), release())
       .def("close", &Communicator::close, release())
-      .def("error", &Communicator::error)
+      .def("error", &Communicator::error, release())
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("world_size", &Communicator::world_size)
       .def_property_readonly("max_bytes", &Communicator::max_bytes)

@@ -298,7 +298,7 @@ class Communicator:
 
     def check(self) -> None:
         """CUDA backends: raise what a kernel of this rank recorded (timeout, mismatch); no sync."""
-        message = self._impl.error()
+        message = self._call(self._impl.error)
         if message:
             raise AllReduceError(message)
 
@@ -309,6 +309,12 @@ class Communicator:
 
     def __enter__(self) -> Communicator:
         return self
+
+    def __reduce_ex__(self, protocol):
+        # A copy would share this rank's seat (two closes, two callers on one generation counter);
+        # a pickle would reach another process, which must join the group with its own.
+        raise AllReduceError("a Communicator belongs to the process and object that created it: create one in "
+                             "each process (it cannot be pickled or copied)")
 
     def __exit__(self, *exc) -> None:
         self.close()

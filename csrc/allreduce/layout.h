@@ -81,6 +81,9 @@ struct Header {
   unsigned char ipc_handle[kMaxRanks][kIpcHandleBytes];
   uint64_t ipc_ptr[kMaxRanks];  // device address in the owner process (same-process peers use it)
   int32_t ipc_device[kMaxRanks];
+  // The creator's pid namespace (segment.h, pid_namespace): its pids mean nothing in another one,
+  // where kill() answers for an unrelated process or none. Last, so older segments read 0 here.
+  uint32_t pid_ns;
 };
 static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its page");
 

@@ -32,11 +32,27 @@ char* map_fd(int fd, size_t bytes, bool writable, bool populate) {
   return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
 }
 
+// Another namespace's segment counts as alive: its pids cannot be judged from here, and its own
+// namespace cleans it up.
+bool foreign(const Header* h) { return h->pid_ns != 0 && pid_namespace() != 0 && h->pid_ns != pid_namespace(); }
+
 bool header_alive(const Header* h) {
-  if (pid_alive(h->creator_pid)) return true;
+  if (foreign(h) || pid_alive(h->creator_pid)) return true;
   for (uint32_t r = 0; r < h->world_size && r < (uint32_t)kMaxRanks; ++r)
     if (pid_alive(__atomic_load_n(&h->pids[r], __ATOMIC_ACQUIRE))) return true;
   return false;
+}
+
+// Rank 0 waits for `rank` in its init barrier: tell it why this rank gives up, or it times out
+// blaming a rank "not attached". Only from a seat of its group that no live process holds (that no
+// process holds, where its pids cannot be judged).
+void abort_from_seat(int fd, int rank, const std::string& message, bool judge_pids) {
+  if (char* wp = map_fd(fd, kHeaderBytes, true, false)) {
+    auto* wh = reinterpret_cast<Header*>(wp);
+    const int32_t seat = __atomic_load_n(&wh->pids[rank], __ATOMIC_ACQUIRE);
+    if (seat == 0 || (judge_pids && !pid_alive(seat))) record_abort(wh, rank, message);
+    munmap(wp, kHeaderBytes);
+  }
 }
 
 // True when the segment `name` (without leading '/') belongs to nobody alive any more.
@@ -87,6 +103,11 @@ bool pid_alive(int pid) {
   buf[n] = 0;
   const char* close_paren = std::strrchr(buf, ')');
   return !(close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X'));
+}
+
+uint32_t pid_namespace() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (uint32_t)st.st_ino : 0;
 }
 
 std::string segment_name(const std::string& tag) {
@@ -170,6 +191,7 @@ Segment Segment::create(const std::string& name, int world_size, uint64_t max_by
   h->blocks = blocks;
   h->backend = backend;
   h->creator_pid = (int32_t)getpid();
+  h->pid_ns = pid_namespace();
   __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
   Segment s;
   s.name_ = name;
@@ -190,6 +212,18 @@ Segment Segment::attach(const std::string& name, int world_size, int rank, doubl
       if (hp) {
         auto* h = reinterpret_cast<const Header*>(hp);
         bool ready = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic;
+        if (ready && foreign(h)) {
+          // Liveness, seats and same-process peers all compare pids: one group, one namespace.
+          const std::string message = "shared-memory segment " + name + " was created in another pid namespace (" +
+                                      std::to_string(h->pid_ns) + ", this process: " +
+                                      std::to_string(pid_namespace()) +
+                                      "): all ranks must share one (run the containers with a shared pid namespace)";
+          const bool in_group = rank < (int)h->world_size && rank < kMaxRanks;
+          munmap(hp, kHeaderBytes);
+          if (in_group) abort_from_seat(fd, rank, message, /*judge_pids=*/false);
+          close(fd);
+          throw CommError(message);
+        }
         bool creator_alive = ready && pid_alive(h->creator_pid);
         uint32_t ws = h->world_size, version = h->version;
         uint64_t total = h->total_bytes;
@@ -217,16 +251,7 @@ Segment Segment::attach(const std::string& name, int world_size, int rank, doubl
             const std::string message = "shared-memory segment " + name + " was created for world size " +
                                         std::to_string(ws) + ", rank " + std::to_string(rank) + " expects " +
                                         std::to_string(world_size);
-            // Rank 0 waits for us in its init barrier: tell it why, or it times out blaming a rank
-            // "not attached". Only from a seat of its group that no live process holds.
-            if (rank < (int)ws && rank < kMaxRanks) {
-              if (char* wp = map_fd(fd, kHeaderBytes, true, false)) {
-                auto* wh = reinterpret_cast<Header*>(wp);
-                const int32_t seat = __atomic_load_n(&wh->pids[rank], __ATOMIC_ACQUIRE);
-                if (seat == 0 || !pid_alive(seat)) record_abort(wh, rank, message);
-                munmap(wp, kHeaderBytes);
-              }
-            }
+            if (rank < (int)ws && rank < kMaxRanks) abort_from_seat(fd, rank, message, /*judge_pids=*/true);
             close(fd);
             throw CommError(message);
           }

@@ -29,6 +29,10 @@ std::string unique_segment_name();
 
 bool pid_alive(int pid);
 
+// This process's pid namespace (the inode of /proc/self/ns/pid, truncated; 0 where unreadable).
+// Containers that share /dev/shm but not their pids see one segment from two namespaces.
+uint32_t pid_namespace();
+
 // Records on the segment that `rank` gave up (the first to give up wins), so peers waiting on it
 // raise `message` at once instead of timing out.
 void record_abort(Header* h, int rank, const std::string& message);

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import re
@@ -52,7 +53,7 @@ from drafter_lab.data.capture_config import (
     unrecorded,
     without,
 )
-from drafter_lab.data.chat import rendered_with
+from drafter_lab.data.chat import TemplateRefusal, pinned, rendered_with
 from drafter_lab.data.conversations import (
     Conversation,
     conversations_sha256,
@@ -240,6 +241,22 @@ def _regeneration(out: Path, settings: dict) -> tuple[Path, dict]:
     return next(((c, s) for c, s in caches if c.exists() or _partial(c).exists()), caches[0])
 
 
+def _rendered_before(out: Path, existing: Manifest | None, convs: list[Conversation]):
+    """How the work a capture at `out` goes on with was rendered (settings with the chat template's hash
+    and variables, chat.pinned): the manifest it resumes, else a regeneration begun there (its journal,
+    or its cached output's first answers), then the answers it reads sampled after the target's prompts."""
+    if existing is not None:
+        yield existing.source
+    for cache in sorted(out.glob("regenerated-*.jsonl*")) if existing is None and out.is_dir() else ():
+        if cache.name.endswith(".partial"):
+            yield Journal.settings_of(cache)
+        else:
+            with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                with open(cache, "rb") as f:
+                    yield from (m.get("rendered_with") for m in json.loads(f.readline())["conversations"])
+    yield from (m.get("rendered_with") for c in convs for m in c.messages)
+
+
 def _regeneration_begun(out: Path, settings: dict) -> bool:
     cache = _regeneration(out, settings)[0]
     return cache.exists() or _partial(cache).exists()
@@ -305,8 +322,9 @@ def _rendered_otherwise(message: dict, ours: dict) -> bool:
 def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversations_path, skipped: dict,
                            main: bool) -> list[tuple]:
     """(id, input_ids, loss_mask) per sequence (one per conversation, or per assistant turn: `cfg.turns`)
-    with an assistant token within max_length; the others are counted in `skipped`. Answers another
-    target sampled (a regeneration by the previous model version, say), or sampled after prompts
+    with an assistant token within max_length, of those the chat template renders so that their turns
+    are placed (chat.TemplateRefusal: an error under `cfg.strict`); the others are counted in
+    `skipped`. Answers another target sampled (a regeneration by the previous model version, say), or sampled after prompts
     rendered otherwise than here (another chat template, other variables), are an error token-exact
     and a note on `main` otherwise; so is reasoning the chat template leaves out of the turns that
     train (a note: those turns train on their answers alone), and tool calls it
@@ -333,8 +351,13 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
                            "(the same chat template and --chat-template-kwargs)", conversations_path)
         reprompted += theirs is not None
     seqs = sequences_of(convs, cfg.turns, cfg.token_exact)
+    refused: list[str] = []  # what the chat template refused, per sequence skipped for it
     try:
-        for conv, (ids, mask, (n, d), (c, u)) in zip(seqs, encodings(seqs, target.tokenizer, cfg, end_ids, main)):
+        for conv, out in zip(seqs, encodings(seqs, target.tokenizer, cfg, end_ids, main)):
+            if isinstance(out, TemplateRefusal):
+                refused.append(str(out))
+                continue
+            ids, mask, (n, d), (c, u) = out
             thought, dropped, calling, uncalled = thought + n, dropped + d, calling + c, uncalled + u
             if not mask.any():  # the assistant text lies past max_length
                 skipped["no_loss_tokens_within_max_length"] = skipped.get("no_loss_tokens_within_max_length", 0) + 1
@@ -342,6 +365,11 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
             items.append((conv.id, ids, mask))
     except LabError as e:
         raise LabError(str(e), conversations_path) from None
+    if refused:
+        skipped[TEMPLATE_REFUSES] = skipped.get(TEMPLATE_REFUSES, 0) + len(refused)
+        if main:
+            log(f"{conversations_path}: skipped {len(refused)} of {len(seqs)} sequences the chat template refuses or "
+                f"writes so that a turn cannot be placed (first: {refused[0]}); --strict makes it an error")
     if foreign and main:
         log(f"{conversations_path}: {len(foreign)} of {len(convs)} conversations hold answers target(s) "
             f"{', '.join(sorted(set(foreign.values())))} sampled, not this one ({mine}): they train as text, "
@@ -358,6 +386,10 @@ def tokenize_conversations(target: Target, convs, cfg: CaptureConfig, conversati
             "GPT-OSS's writes a turn's first call alone): they train without those calls, and the turns after "
             "them read as if those tools were not called")
     return items
+
+
+TEMPLATE_REFUSES = "chat_template_refuses"
+"""The key under which `skipped` counts the sequences the chat template refuses (chat.TemplateRefusal)."""
 
 
 def capture_states(target: Target, items: list[tuple], aux_ids: list[int], dtype, batch_size: int, advance, put):
@@ -553,8 +585,11 @@ def prepare_features(
         target.num_layers,
         target.path,
     )
-    source = _source(cfg, conversations_path, convs, target)
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
+    # A template that reads the clock renders one day in every render of the run, recorded in its settings.
+    cfg = cfglib.replace(cfg, chat_template_kwargs=pinned(target.tokenizer, cfg.chat_template_kwargs,
+                                                          _rendered_before(out, existing, convs)))
+    source = _source(cfg, conversations_path, convs, target)
     describe = _described(target, out, existing, aux_ids, cfg.dtype, source)
     earlier = _earlier_settings(out, existing, resume_settings(describe, aux_ids, cfg.dtype, source))
     source = as_recorded(earlier, source, out)
@@ -567,7 +602,8 @@ def prepare_features(
     convs = _conversations(target, convs, cfg, out, settings, main)
     items = tokenize_conversations(target, convs, cfg, conversations_path, skipped, main)
     if not items:
-        raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length}", conversations_path)
+        raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length} (skipped: {skipped})",
+                       conversations_path)
     manifest = Manifest(target=describe, aux_layer_ids=aux_ids, dtype=cfg.dtype, source=source, skipped=skipped)
     return write_planned(
         out, manifest, existing, plan_shards(items, cfg.val_fraction, cfg.shard_size), dtype, lambda it: len(it[1]),

@@ -4,7 +4,9 @@ command-line parsers read these defaults without importing torch."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
 from dataclasses import dataclass
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -56,13 +58,16 @@ class CaptureConfig:
     chat_template_kwargs: dict | None = None
     """Extra variables for the target's chat template, as an SGLang or vLLM request's
     `chat_template_kwargs` (`{"enable_thinking": false}`: a hybrid thinking model served with its
-    thinking off); the regeneration's prompts and the captured sequences both see them."""
+    thinking off); the regeneration's prompts and the captured sequences both see them. The lab's own
+    `template_date` ("YYYY-MM-DD") is the day a template that reads the clock renders as today
+    (TEMPLATE_DATE)."""
     tokenize_workers: int = 1
     """Processes that render and tokenize the conversations (chat template and loss mask; quadratic in
     a conversation's turns, so long agent traces cost more here than in the target); 1: this one.
     Under torchrun, per rank."""
     strict: bool = False
-    """Treat a conversation without an assistant turn as an error instead of skipping it."""
+    """Treat a conversation without an assistant turn, or one the chat template refuses (or writes so that
+    a turn cannot be placed: DeepSeek-V3's, a second turn of tool calls), as an error instead of skipping it."""
     device: str = "cpu"
     """Device for the target (ignored under torchrun, where each rank takes its own)."""
 
@@ -86,7 +91,30 @@ def template_kwargs_arg(text: str) -> dict:
     if clash := sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys()):
         raise argparse.ArgumentTypeError(f"{', '.join(clash)}: apply_chat_template's own argument, not a template "
                                          "variable")
+    if TEMPLATE_DATE in kwargs:
+        try:
+            template_date(kwargs[TEMPLATE_DATE])
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return kwargs
+
+
+TEMPLATE_DATE = "template_date"
+"""The lab's own chat template variable: the day ("YYYY-MM-DD") that a template reading the clock
+(`strftime_now`: Llama 3.2's and 3.3's "Today Date", Mistral Small 3.1's) renders as today. A run
+picks it once (chat.pinned: the day of the work it resumes or whose answers it takes, else today)
+and records it with the rest of its chat_template_kwargs, so that a resume or reproduce on another
+day renders the same text; chat.render pins the clock to it and passes it to no template."""
+
+
+def template_date(value) -> datetime.date:
+    """A TEMPLATE_DATE value as a day; ValueError, in one line, for anything but a YYYY-MM-DD day."""
+    try:
+        if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+            return datetime.date.fromisoformat(value)
+    except ValueError:
+        pass
+    raise ValueError(f"{TEMPLATE_DATE} must be a day written YYYY-MM-DD, got {value!r}")
 
 
 def template_setting(kwargs: dict | None) -> dict:

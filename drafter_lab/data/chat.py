@@ -58,25 +58,44 @@ reach the template as an object, or as JSON text where it concatenates them (Dee
 Every render takes the template's extra variables (`template_kwargs`, the `chat_template_kwargs` of
 an SGLang or vLLM request): a hybrid thinking model served with `{"enable_thinking": false}` gets
 an empty think block at the end of its prompt (Qwen3), so the mask starts after it, as the tokens
-the server samples do.
+the server samples do. A template that reads the clock (`strftime_now`: Llama 3.2's and 3.3's
+"Today Date", Mistral Small 3.1's) renders the day the lab's own variable `template_date` names
+(`pinned` picks it once per run, which records it with the others), not the day it runs.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import datetime
 import hashlib
 import json
 import re
+import threading
 import weakref
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
 
 from drafter_lab.atomic import sha256_json
-from drafter_lab.data.capture_config import TEMPLATE_HASH, TOKENIZER_HASH, template_setting
+from drafter_lab.data.capture_config import (
+    TEMPLATE_DATE,
+    TEMPLATE_HASH,
+    TOKENIZER_HASH,
+    template_date,
+    template_setting,
+)
 from drafter_lab.data.conversations import SAMPLING_FIELDS
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import first_line
+
+
+class TemplateRefusal(LabError):
+    """The chat template refuses a conversation (it raises: roles that do not alternate, a tool call it
+    cannot write), or writes it so that an assistant turn cannot be placed in its render (DeepSeek-V3's
+    writes a second turn of tool calls without its assistant header): a fault of that conversation under
+    this template, which `data prepare` skips and counts (an error under --strict), not of the run."""
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
@@ -97,23 +116,97 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False,
     messages = [_for_template({k: v for k, v in m.items() if k not in SAMPLING_FIELDS}, parts) for m in messages]
     template = tokenizer.chat_template
     as_text = _TEXT_ARGUMENTS.get(tokenizer) == template
+    kwargs = {k: v for k, v in (template_kwargs or {}).items() if k != TEMPLATE_DATE}  # the lab's, not the template's
+    day = (template_kwargs or {}).get(TEMPLATE_DATE)
+    clock = _clock_at(tokenizer, day) if day is not None and reads_clock(tokenizer) else contextlib.nullcontext()
 
     def apply(msgs: list[dict]) -> str:
         return tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             **(template_kwargs or {}))
+                                             **kwargs)
+
+    with clock:
+        try:
+            try:
+                return apply(_arguments_as_text(messages) if as_text else messages)
+            except TypeError as e:
+                texted = _arguments_as_text(messages)
+                if as_text or texted == messages or not _CONCATENATED_DICT.search(str(e)):
+                    raise
+            text = apply(texted)
+            _TEXT_ARGUMENTS[tokenizer] = template
+            return text
+        except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
+            raise TemplateRefusal(f"chat template rejects the conversation: {first_line(e)}") from None
+
+
+def reads_clock(tokenizer) -> bool:
+    """Whether the chat template (any of a dict of named ones) calls `strftime_now`, which transformers
+    answers from the clock: its text then depends on the day it is rendered."""
+    return "strftime_now" in json.dumps(tokenizer.chat_template)
+
+
+def pinned(tokenizer, template_kwargs: dict | None, recorded: Iterable[dict | None] = ()) -> dict | None:
+    """`template_kwargs` with the day a chat template that reads the clock renders (TEMPLATE_DATE), for
+    a run to record and render with throughout: the one they name, else that of the first of
+    `recorded` (settings that record how text was rendered: the manifest a run resumes, the
+    `rendered_with` of answers it takes) made with this template, else today. Unchanged for a template
+    that reads no clock (so the settings of such runs stay as they were), and where that first record
+    names no day: work begun before the lab pinned it resumes as it was made."""
+    if not reads_clock(tokenizer) or TEMPLATE_DATE in (template_kwargs or {}):
+        return template_kwargs
+    ours = template_sha256(tokenizer)
+    before = next((r.get("chat_template_kwargs") or {} for r in recorded
+                   if isinstance(r, dict) and r.get(TEMPLATE_HASH) == ours), None)
+    if before is not None and TEMPLATE_DATE not in before:
+        return template_kwargs
+    return {**(template_kwargs or {}), TEMPLATE_DATE: before[TEMPLATE_DATE] if before else _today()}
+
+
+def _today() -> str:
+    """The day the template would render now: that of the clock transformers gives it (under the lock,
+    which no pin of another thread then holds)."""
+    from transformers.utils import chat_template_utils
+
+    with _CLOCK:
+        return chat_template_utils.datetime.now().date().isoformat()
+
+
+_CLOCK = threading.Lock()
+_PIN_PROBE = "{{ strftime_now('%Y-%m-%d') }}"
+_pin_checked = False
+
+
+@contextlib.contextmanager
+def _clock_at(tokenizer, day):
+    """transformers' clock (its `strftime_now` reads `datetime.now()` of its chat template module) set to
+    midnight of `day` while the block runs; pinned renders of other threads wait. Checked, once, on a probe
+    template: a transformers that reads the clock otherwise would render today unseen."""
+    global _pin_checked
+    from transformers.utils import chat_template_utils
 
     try:
+        at = template_date(day)
+    except ValueError as e:
+        raise LabError(str(e)) from None
+
+    class Pinned(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(at.year, at.month, at.day, tzinfo=tz)
+
+    with _CLOCK:
+        real = chat_template_utils.datetime
+        chat_template_utils.datetime = Pinned
         try:
-            return apply(_arguments_as_text(messages) if as_text else messages)
-        except TypeError as e:
-            texted = _arguments_as_text(messages)
-            if as_text or texted == messages or not _CONCATENATED_DICT.search(str(e)):
-                raise
-        text = apply(texted)
-        _TEXT_ARGUMENTS[tokenizer] = template
-        return text
-    except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate")
-        raise LabError(f"chat template rejects the conversation: {first_line(e)}") from None
+            if not _pin_checked:
+                if tokenizer.apply_chat_template([{"role": "user", "content": ""}], chat_template=_PIN_PROBE,
+                                                 tokenize=False) != at.isoformat():
+                    raise LabError(f"this transformers reads the chat template's clock otherwise: cannot render "
+                                   f"{TEMPLATE_DATE} {day}")
+                _pin_checked = True
+            yield
+        finally:
+            chat_template_utils.datetime = real
 
 
 # A template that concatenates a tool call's arguments as text (DeepSeek-V3's, R1's, V3.1's): Python's
@@ -293,9 +386,7 @@ def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, templ
         else:
             start, answer = _shown(m, text, cursor, len(text))
             if start < 0:
-                raise LabError(
-                    f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask"
-                )
+                raise TemplateRefusal(f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask")
             after = start + len(answer)
     upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
     # The end-of-turn token is looked for past the answer: one written in it (a dataset's literal
@@ -594,7 +685,7 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
         else:
             end = _answer_written(tokenizer, text, span, m["content"], end_ids, special)
         if end is None:
-            raise LabError(f"chat template rewrites assistant turn {i}: cannot place the target's own tokens")
+            raise TemplateRefusal(f"chat template rewrites assistant turn {i}: cannot place the target's own tokens")
         answer = m["token_ids"][:-1] if m["token_ids"] and m["token_ids"][-1] in end_ids else m["token_ids"]
         if any(t >= len(tokenizer) for t in answer):
             raise LabError(f"assistant turn {i} holds token ids past the tokenizer's {len(tokenizer)}")

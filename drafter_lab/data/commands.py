@@ -158,6 +158,7 @@ def _regenerate(args) -> int:
         regenerate_via_server(convs, source, out, cfg)
     else:
         from drafter_lab.data.capture_config import CaptureConfig, as_recorded
+        from drafter_lab.data.chat import pinned
         from drafter_lab.data.regenerate import regenerate, regeneration_settings
         from drafter_lab.journal import Journal
         from drafter_lab.targets.hf import load_target
@@ -167,10 +168,12 @@ def _regenerate(args) -> int:
             raise LabError(f"need max_new_tokens >= 1, batch_size >= 1 and a finite temperature >= 0, got "
                            f"{args.max_new_tokens}, {batch_size} and {args.temperature}")
         target = load_target(args.target, device=args.device or CaptureConfig.device)
-        gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
-                   seed=args.seed, template_kwargs=args.chat_template_kwargs)
         partial = out.with_name(out.name + ".partial")
-        before, now = Journal.settings_of(partial), regeneration_settings(target, source, **gen)
+        before = Journal.settings_of(partial)
+        # A template that reads the clock renders the day the journal's run began, else today's, throughout.
+        gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
+                   seed=args.seed, template_kwargs=pinned(target.tokenizer, args.chat_template_kwargs, [before]))
+        now = regeneration_settings(target, source, **gen)
         if "path" in (before or {}).get("target", {}):  # begun when the path counted: resumed from any path now
             now["target"]["path"] = before["target"]["path"]
         if target.known_as(recorded := (before or {}).get("target", {}).get("fingerprint")):

@@ -17,7 +17,13 @@ from typing import NamedTuple
 import torch
 
 from drafter_lab.data.capture_config import CaptureConfig
-from drafter_lab.data.chat import dropped_calls, dropped_reasoning, encode_conversation, served_text
+from drafter_lab.data.chat import (
+    TemplateRefusal,
+    dropped_calls,
+    dropped_reasoning,
+    encode_conversation,
+    served_text,
+)
 from drafter_lab.data.conversations import Conversation
 from drafter_lab.errors import LabError
 from drafter_lab.progress import maybe_progress
@@ -38,14 +44,14 @@ class Encoded(NamedTuple):
 
 
 def encoded(conv: Conversation, tokenizer, cfg: CaptureConfig, end_ids: frozenset[int]) -> Encoded:
-    """`conv` encoded as `cfg` says; a LabError names the conversation."""
+    """`conv` encoded as `cfg` says; a LabError (a TemplateRefusal where it is one) names the conversation."""
     last_only = cfg.turns != "all"  # the sequence is cut after the turn it trains (capture.sequences_of)
     try:
         text = served_text(tokenizer, conv.messages, end_ids, cfg.chat_template_kwargs, conv.tools)
         ids, mask = encode_conversation(tokenizer, conv.messages, cfg.max_length, cfg.token_exact, end_ids,
                                         cfg.chat_template_kwargs, conv.tools, last_only, text)
     except LabError as e:
-        raise LabError(f"conversation {conv.id}: {e}") from None
+        raise (TemplateRefusal if isinstance(e, TemplateRefusal) else LabError)(f"conversation {conv.id}: {e}") from None
     thought = (0, 0) if cfg.token_exact else dropped_reasoning(tokenizer, conv.messages, cfg.chat_template_kwargs,
                                                                conv.tools, last_only, text)
     return Encoded(ids, mask, thought,
@@ -63,21 +69,30 @@ def _start(tokenizer, cfg: CaptureConfig, end_ids: frozenset[int]) -> None:
 
 def _encode(conv: Conversation):
     """`encoded` in a worker: lists, not tensors (which would cross as shared-memory handles, one
-    file descriptor each), or a LabError's message."""
+    file descriptor each), or the LabError (a TemplateRefusal where it is one)."""
     try:
         e = encoded(conv, _WORKER["tokenizer"], _WORKER["cfg"], _WORKER["end_ids"])
     except LabError as err:
-        return str(err)
+        return err
     return e.ids.tolist(), e.mask.tolist(), e.thought, e.calls
 
 
 def encodings(convs: list[Conversation], tokenizer, cfg: CaptureConfig, end_ids: frozenset[int], show: bool):
     """Yield `encoded` of each conversation in order, with progress where `show`, in `cfg.tokenize_workers`
-    processes where more than one; a LabError names the conversation and stops the rest."""
+    processes where more than one; a LabError names the conversation and stops the rest, but for a
+    TemplateRefusal, yielded in its place to be skipped (raised under `cfg.strict`)."""
+    def refused(e: LabError) -> LabError:
+        if cfg.strict or not isinstance(e, TemplateRefusal):
+            raise e
+        return e
+
     with maybe_progress("tokenize conversations", len(convs), show) as advance:
         if cfg.tokenize_workers <= 1:
             for conv in convs:
-                e = encoded(conv, tokenizer, cfg, end_ids)
+                try:
+                    e = encoded(conv, tokenizer, cfg, end_ids)
+                except LabError as err:
+                    e = refused(err)
                 advance()  # before the yield: a caller that stops after the last one never resumes this
                 yield e
             return
@@ -85,8 +100,10 @@ def encodings(convs: list[Conversation], tokenizer, cfg: CaptureConfig, end_ids:
                                    initializer=_start, initargs=(tokenizer, cfg, end_ids))
         try:
             for out in pool.map(_encode, convs, chunksize=max(1, len(convs) // (16 * cfg.tokenize_workers))):
-                if isinstance(out, str):
-                    raise LabError(out)
+                if isinstance(out, LabError):
+                    advance()
+                    yield refused(out)
+                    continue
                 ids, mask, thought, calls = out
                 advance()
                 yield Encoded(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool), thought, calls)

@@ -238,6 +238,7 @@ def run_eval(args) -> int:
     elif (args.ngram_min, args.ngram_max, args.ngram_across_prompts) != (None, None, False):
         raise LabError("--ngram-min, --ngram-max and --ngram-across-prompts apply to n-gram drafting (--ngram)")
     target = load_target(args.target, device=args.device, dtype=dtype)
+    _pin_template_date(args, target.tokenizer)
     if not args.ngram:
         drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
 
@@ -275,6 +276,16 @@ def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:
 
         plot(results, args.plot)
     return 0
+
+
+def _pin_template_date(args, tokenizer) -> None:
+    """`args.chat_template_kwargs` with the day a template that reads the clock renders every prompt of
+    the eval (chat.pinned): a resumed sweep's, else today's; its results record it."""
+    from drafter_lab.data.chat import pinned
+    from drafter_lab.journal import Journal
+
+    before = Journal.settings_of(f"{args.json}.partial") if args.json else None
+    args.chat_template_kwargs = pinned(tokenizer, args.chat_template_kwargs, [before])
 
 
 def _journal(args, tokenizer, settings: dict):
@@ -327,6 +338,7 @@ def _run_served_eval(args, sets) -> int:
         raise LabError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")
     tokenizer = load_tokenizer(args.target)
+    _pin_template_date(args, tokenizer)
 
     def decode(setting: dict) -> dict[str, dict]:
         cfg = ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server, model=args.model,

@@ -268,13 +268,23 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
             if online is None:
                 return Captured(Path(target_dir), Path(data_dir), cfg.scan_features, d.rank, d.world, target, val)
             return Online(Path(target_dir), Path(data_dir), dataclasses.replace(online, max_length=cfg.max_length),
-                          d.device, cfg.online_val_cache_mb, val, cfg.scan_features, d.rank, d.world)
+                          d.device, cfg.online_val_cache_mb, val, cfg.scan_features, d.rank, d.world,
+                          _rendered_before(Path(out_dir)) if resume else None)
 
         run = _Run(cfg, d, open_source, Path(out_dir), resume, init_from, remap, l2sp, transfer_lr_scale,
                    source_target, vocab, stop_if_behind, watch or WatchConfig())
         result = run.fit()
     d.barrier()  # every rank is done with the run's collectives before any starts what comes next
     return result
+
+
+def _rendered_before(out_dir: Path) -> dict | None:
+    """How the online run an --out holds rendered its conversations (its run.json's features, where they
+    can be read), for a resume to render alike: the day a template that reads the clock wrote."""
+    with contextlib.suppress(LabError):
+        info = atomic.read_json(out_dir / RUN_FILE, "no run.json", out_dir)
+        return info.get("features") if isinstance(info, dict) else None
+    return None
 
 
 def _ids_checked(read, vocab_size: int):

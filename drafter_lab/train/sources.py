@@ -13,7 +13,7 @@ template, loss mask, aux layers and hash split), so a drafter trained either way
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -31,7 +31,7 @@ from drafter_lab.data.capture import (
     tokenize_conversations,
 )
 from drafter_lab.data.capture_config import ENCODED_HASH
-from drafter_lab.data.chat import rendered_with
+from drafter_lab.data.chat import pinned, rendered_with
 from drafter_lab.data.conversations import conversations_sha256, read_conversations
 from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence, SequenceRef
 from drafter_lab.data.vocab import count_train_tokens
@@ -167,7 +167,8 @@ class Online:
 
     def __init__(self, target_dir: Path, conversations: Path, capture: CaptureConfig, device: torch.device,
                  val_cache_mb: float = 0.0, val_data: Path | None = None, scan: bool = True, rank: int = 0,
-                 world: int = 1):
+                 world: int = 1, rendered: dict | None = None):
+        """`rendered`: how the run this one resumes rendered its conversations (its run.json's features)."""
         check_config(capture)
         if capture.regenerate:
             raise LabError("online training does not regenerate: run `data regenerate` first, then train on its output")
@@ -186,6 +187,9 @@ class Online:
                 raise LabError("--val-data holds the same conversations as --conversations: validation would score "
                                "what the drafter trains on", val_data)
         self.target = load_target(target_dir, device=device, dtype=self.dtype)
+        # A template that reads the clock renders one day throughout, recorded in identity(): the resumed run's.
+        self.capture = capture = replace(capture, chat_template_kwargs=pinned(
+            self.target.tokenizer, capture.chat_template_kwargs, [rendered]))
         n = self.target.num_layers
         self.aux_layer_ids = check_aux_layer_ids(
             capture.aux_layer_ids if capture.aux_layer_ids is not None else default_aux_layer_ids(n), n, target_dir)
@@ -229,8 +233,8 @@ class Online:
     def _prompts(self, path: Path, convs: list, skipped: dict) -> list[Prompt]:
         items = tokenize_conversations(self.target, convs, self.capture, path, skipped, self.main)
         if not items:
-            raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length}",
-                           path)
+            raise LabError(f"no conversation keeps an assistant token within max_length={self.capture.max_length} "
+                           f"(skipped: {skipped})", path)
         temps = {c.id: temperature_of([c]) for c in convs} if self.capture.token_exact else {}
         # Only per-turn ids carry a `#turn<k>` of the lab's: a conversation's own id may end so too.
         per_turn = self.capture.turns == "each"

@@ -68,8 +68,9 @@ def test_an_error_in_a_worker_is_one_line_naming_file_and_conversation(random_ll
     template = "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('begin with a user turn') }}{% endif %}"
     target = shutil.copytree(random_llama, tmp_path / "model")
     (target / "chat_template.jinja").write_text(template + (random_llama / "chat_template.jinja").read_text())
+    # --strict: a conversation the template refuses is an error (else skipped and counted: test_review_s62_tooltemplate).
     assert run_cli("data", "prepare", "--target", target, "--conversations", convs, "--out", tmp_path / "o",
-                   "--tokenize-workers", str(workers)) == 2
+                   "--tokenize-workers", str(workers), "--strict") == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"error: {convs}: conversation bad: chat template rejects the conversation: begin with a user turn" in err
 

@@ -196,6 +196,12 @@ def regenerate(
     prompted = rendered_with(target.tokenizer, template_kwargs)
     # A journal from before ids were kept names no sampler in its settings, so it never gets here.
     recorded = {(r["round"], cid): (text, r["token_ids"][cid]) for r in records for cid, text in r["answers"].items()}
+    # A template's refusal (Llama 3.1's of parallel calls, roles out of turn) met in a later round ended the run
+    # after the earlier rounds' generation, which a rerun of the file without that conversation could not
+    # resume: every prompt renders first, with the recorded answers in place of those to come.
+    for c, t in zip(convs, turns):
+        for i in t:
+            _prompt(target.tokenizer, c, i, template_kwargs)
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
         torch.manual_seed(seed)
         if records and temperature > 0:  # replayed batches draw nothing: continue from the last one's state

@@ -41,6 +41,7 @@ has one).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -79,11 +80,15 @@ def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
     except (AttributeError, TypeError, ValueError):
         raise LabError("accept_histogram must map served accept lengths to counts", path) from None
     if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c == int(c)
-               for c in counts.values()):  # int() cut 1.7 to 1
-        raise LabError(f"accept_histogram counts must be whole numbers of verify steps, got {histogram!r}", path)
+               and c >= 0 for c in counts.values()):  # int() cut 1.7 to 1; a negative one read as none
+        raise LabError(f"accept_histogram counts must be whole numbers (>= 0) of verify steps, got {histogram!r}",
+                       path)
+    if counts and min(counts) < 1:
+        raise LabError(f"accept_histogram holds a served accept length of {min(counts)}: each verify step emits at "
+                       "least 1 token (the bonus one)", path)
     counts = {n: int(c) for n, c in counts.items()}
     total = sum(counts.values())
-    if total <= 0 or min(counts) < 1 or min(counts.values()) < 0:
+    if total <= 0:
         raise LabError("accept_histogram holds no verify steps", path)
     bound = (steps if steps is not None else MAX_DRAFT_STEPS) + 1
     if max(counts) > bound:
@@ -114,6 +119,24 @@ def predicted_by_steps(validation: dict, sampled: bool = False) -> list[float]:
     return out
 
 
+PREDICTORS = {"cond_acc_": (0.0, 1.0), "sampled_acc_": (0.0, 1.0), "replay_accept_len_": (0.0, math.inf)}
+"""The validation metrics `predicted_by_steps` reads, by name prefix, and their range."""
+
+
+def _check_predictors(val: dict, step, path: Path) -> None:
+    """Refuse a validation whose predictors are no numbers in range (a hand-edited or foreign file): text
+    in one raised a TypeError, and a null one was priced as NaN after the prediction's log line."""
+    for key, value in val.items():
+        lo, hi = next((b for prefix, b in PREDICTORS.items() if key.startswith(prefix)), (None, None))
+        if lo is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not lo <= value <= hi):
+            shown = "NaN (or null)" if isinstance(value, float) and math.isnan(value) else json.dumps(value)
+            span = f"in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
+            raise LabError(f"its validation at step {step} has {key} {shown}, not a finite number {span}", path)
+
+
 def run_inputs(path: Path, sampled: bool = False) -> dict:
     """`predicted_by_steps` of a training run: a run directory's last validation, or the kept one of
     its best/ (`train --keep-best`)."""
@@ -123,15 +146,18 @@ def run_inputs(path: Path, sampled: bool = False) -> dict:
         if not isinstance(val, dict):
             raise LabError(f"{BEST_FILE} holds no validation: nothing to predict accept lengths from", path)
         step = best.get("step", "?")  # its validation dict is the metrics alone
+        source = path / BEST_FILE
     elif (path / METRICS).exists():
         rows = [r for r in read_metrics(path) if r.get("split") == "val"]
         if not rows:
             raise LabError("the run has not validated yet: nothing to predict accept lengths from", path)
         val = rows[-1]
         step = val.get("step", "?")
+        source = path / METRICS
     else:
         raise LabError(f"neither a training run ({METRICS}) nor its best drafter ({BEST_FILE}): "
                        "no validation to predict accept lengths from", path)
+    _check_predictors(val, step, source)
     if val.get("positions") == 0:  # its accuracies read 0.0: priced as a drafter that never hits
         raise LabError(f"its validation at step {step} scored no position (no val sequence has an "
                        "assistant token past its first two within max_length): nothing to predict accept lengths "

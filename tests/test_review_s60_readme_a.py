@@ -22,12 +22,3 @@ def test_costmodel_names_the_step_of_a_kept_best_drafter(tmp_path, capsys):
     assert run_inputs(best)["accept_by_steps"] == pytest.approx([1.8, 2.2])
     err = " ".join(capsys.readouterr().err.split())
     assert "predicted from the validation at step 480 " in err, err
-
-
-def test_bench_allreduce_refuses_a_json_its_latency_table_would_not_write(tmp_path, capsys):
-    """The latency table is printed only: `--json F` there wrote nothing and said nothing."""
-    from drafter_lab.cli import main
-
-    assert main(["bench", "allreduce", "--json", str(tmp_path / "t.json")]) == 2
-    assert "--json applies to --tp-sim and --gpu-streams" in capsys.readouterr().err
-    assert not (tmp_path / "t.json").exists()

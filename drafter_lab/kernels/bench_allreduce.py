@@ -1,6 +1,7 @@
 """All-reduce benchmark: our shared-memory communicator against torch.distributed in the same run.
 
     python -m drafter_lab.kernels.bench_allreduce                 latency table, 1 KB..1 MB, 2 and 4 ranks
+                                                    (printed; `--json FILE` writes it too)
     python -m drafter_lab.kernels.bench_allreduce --tp-sim        verify-step simulator (JSON for the cost model)
     python -m drafter_lab.kernels.bench_allreduce --gpu-streams   CUDA backends, ranks as streams of one process
 
@@ -30,6 +31,10 @@ runs/bench/allreduce_tp_sim.json):
 
 Beside it, `<stem>.costmodel-<backend>.json` = {"allreduce_us": {"<bytes>": us}} per backend:
 the flat form `drafter-lab costmodel --inputs FILE` reads.
+
+The latency table with `--json FILE` writes {"allreduce_us": {"<N> ranks, <backend>": {"<bytes>": us}},
+"algos": {"<N> ranks, <backend>": {"<bytes>": algorithm}} (ours only), "meta": {...}} and, beside it
+as `--gpu-streams` does, `<stem>.costmodel-<backend>-<N>ranks.json` per backend and rank count.
 """
 
 from __future__ import annotations
@@ -370,13 +375,13 @@ def _fmt_size(n: int) -> str:
 
 
 def latency_table(args) -> dict:
-    all_results = {}
+    all_results, all_algos = {}, {}
     for world in args.ranks:
         wargs = _for_world(args, world)
         ours = [b for b in wargs.backends if b in OURS]
         base = [b for b in wargs.backends if b not in ours]
         results, algos = _run(_latency_worker, world, wargs, len(args.sizes), f"all-reduce, {world} ranks")
-        all_results[world] = results
+        all_results[world], all_algos[world] = results, algos
         tiles = f" ({_ext.cpu_isa()} tiles)" if ours else ""
         print(f"\nall-reduce latency, {args.dtype}, {world} ranks on this host{tiles}: median us per call (max over ranks)")
         head = f"{'size':>8} " + "".join(f"{b:>11}" for b in wargs.backends)
@@ -387,7 +392,30 @@ def latency_table(args) -> dict:
             row += "".join(f"{algos[o][s]:>16}" for o in ours)
             row += "".join(f"{results[bb][s] / results[o][s]:>15.1f}x" for o in ours for bb in base)
             print(row)
+    if args.json is not None:
+        _write_latency_json(args, all_results, all_algos)
     return all_results
+
+
+def _write_latency_json(args, results: dict, algos: dict) -> None:
+    """The latency table keyed as --gpu-streams keys its columns ("<N> ranks, <backend>"), so the cost
+    model refuses it by name and `fastest_tables` gives one flat table per backend and rank count."""
+    def keyed(by_world: dict) -> dict:
+        return {f"{w} ranks, {b}": {str(s): v for s, v in col.items()} for w, cols in by_world.items() for b, col in cols.items()}
+
+    columns = keyed(results)
+    out = Path(args.json)
+    write_json(out, {
+        "allreduce_us": columns,
+        "algos": keyed(algos),
+        "meta": {"dtype": args.dtype, "ranks": list(results), "iters": args.iters, "host": socket.gethostname(),
+                 "cpu_count": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
+                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                 "how": "ranks as processes on this host, median us per call, max over ranks"},
+    })
+    for name, table in fastest_tables(columns).items():
+        write_json(out.with_name(f"{out.stem}.costmodel-{name}.json"), {"allreduce_us": table})
+    log(f"wrote {out} (+ {out.stem}.costmodel-<backend>-<N>ranks.json)")
 
 
 def tp_sim(args) -> dict:
@@ -552,7 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inner", type=int, default=32, help="tp-sim: per-rank shard width of the GEMV stand-in")
     p.add_argument("--sim-reps", type=int, default=5, help="tp-sim: timed verify steps per point")
     p.add_argument("--json", default=None,
-                   help=f"tp-sim and gpu-streams: output JSON (default {DEFAULT_JSON}; the latency table is printed only)")
+                   help=f"output JSON (tp-sim and gpu-streams: default {DEFAULT_JSON}; the latency table is "
+                        "printed, and written only when this is given)")
     return p
 
 
@@ -575,19 +604,21 @@ def main(argv: list[str] | None = None) -> int:
         raise LabError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     itemsize = DTYPES[args.dtype].itemsize  # what is sent: whole elements, at least one, so label those bytes
     args.sizes = list(dict.fromkeys(max(1, s // itemsize) * itemsize for s in args.sizes))
-    if args.json is not None and not (args.tp_sim or args.gpu_streams):  # else silently ignored
-        raise LabError("--json applies to --tp-sim and --gpu-streams: the latency table is printed only")
-    args.json = args.json or DEFAULT_JSON
     if not _ext.available():
         raise LabError(_ext.unavailable_reason())
-    if args.tp_sim:  # both write beside --json after their minutes of timing
+    # each writes beside --json after its minutes of timing; the latency table only when --json is given
+    if args.tp_sim:
+        args.json = args.json or DEFAULT_JSON
         refuse_unwritable(args.json, "--json")
         tp_sim(args)
     elif args.gpu_streams:
+        args.json = args.json or DEFAULT_JSON
         refuse_unwritable(Path(args.json).with_name(f"allreduce_gpu_streams_{args.blocks}ctas.json"), "--json")
         check_sizes(args)
         gpu_streams(args)
     else:
+        if args.json is not None:
+            refuse_unwritable(args.json, "--json")
         check_sizes(args)
         latency_table(args)
     return 0

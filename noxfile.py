@@ -199,7 +199,7 @@ def build_cuda(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """`nox -s bench -- allreduce|draft-forward|verify|replay [ARGS]`: prints tables; `allreduce --tp-sim`,
-    `draft-forward --json FILE` and `verify --json FILE` also write JSON for the cost model."""
+    `allreduce --json FILE`, `draft-forward --json FILE` and `verify --json FILE` also write JSON for the cost model."""
     if not session.posargs:
         session.error("name a benchmark: allreduce | draft-forward | verify | replay")
     install_lab(session, extras="")

@@ -163,6 +163,8 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
     `aux_layer_ids` are SpecForge's ("output of layer k", as in its draft config's
     `eagle_aux_hidden_state_layer_ids`); None means its default for the target's depth."""
     src, out = Path(src_dir), Path(out_dir)
+    if src.is_file():  # one sample given for its directory: "not found" would send the user looking for it
+        raise LabError("is a file, not a directory: give the directory SpecForge's prepare_hidden_states wrote", src)
     if not src.is_dir():
         raise LabError("SpecForge hidden-states directory not found", src)
     # As SpecForge's loader: files only (a directory named *.ckpt is not a sample), and its --compress
@@ -174,12 +176,21 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
         raise LabError(f"need 0 <= val_fraction < 1 and shard_size >= 1, got {val_fraction} and {shard_size}")
     check_out_dir(out)
     target = load_target_head(target_dir)
-    if aux_layer_ids is not None and not all(0 <= i < target.num_layers - 1 for i in aux_layer_ids):
-        # told in SpecForge's ids, as typed, not in the hidden_states indices they become
-        raise LabError(f"aux layer ids {list(aux_layer_ids)} out of range: SpecForge's (the output of layer i) run "
-                       f"0..{target.num_layers - 2} for a target of {target.num_layers} layers", target.path)
-    ours = (default_aux_layer_ids(target.num_layers) if aux_layer_ids is None
-            else check_aux_layer_ids([i + 1 for i in aux_layer_ids], target.num_layers, target.path))
+    ours = default_aux_layer_ids(target.num_layers)
+    if aux_layer_ids is not None:
+        # Refused in SpecForge's ids, as typed, not in the hidden_states indices they become (a user who
+        # typed 3,1,4 was told [4, 2, 5] were out of order). The shift keeps order and repeats: the one
+        # refusal left to check_aux_layer_ids, a repeat, names positions, not ids.
+        typed = [int(i) for i in aux_layer_ids]
+        if len(typed) != 3:
+            raise LabError(f"need exactly 3 aux layer ids, got {typed}", target.path)
+        if not all(0 <= i < target.num_layers - 1 for i in typed):
+            raise LabError(f"aux layer ids {typed} out of range: SpecForge's (the output of layer i) run "
+                           f"0..{target.num_layers - 2} for a target of {target.num_layers} layers", target.path)
+        if typed != sorted(typed) and [i + 1 for i in typed] != ours:
+            raise LabError(f"aux layer ids {typed} are not in layer order: SGLang and vLLM hand the drafter's fc the "
+                           f"states in layer order ({sorted(typed)}), so give them ascending", target.path)
+        ours = check_aux_layer_ids([i + 1 for i in typed], target.num_layers, target.path)
     first = read_sample(files[0], "probe", target.hidden_size, target.vocab_size)
     dtype = next((name for name, dt in DTYPES.items() if dt == first.aux_hidden.dtype), None)
     if dtype is None:

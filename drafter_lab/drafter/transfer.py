@@ -389,7 +389,10 @@ def _lm_head(rows_src, used_src, used_new, as_src, target, drafter, remap, repor
     if rows_src.shape[1] != hidden:
         raise LabError(f"tensor 'lm_head.weight' has width {rows_src.shape[1]}, the drafter needs {hidden}", where)
     if not remap:
-        check_shape("lm_head.weight", rows_src, (len(used_new), hidden), where)
+        if rows_src.shape[0] != len(used_new):  # said as the flags that differ, not as a shape the file has wrong
+            raise LabError(f"--no-remap copies lm_head.weight's rows as they are, but the source drafter has "
+                           f"{rows_src.shape[0]} draft rows and this run's draft vocab {len(used_new)}: train with "
+                           f"--draft-vocab-size {rows_src.shape[0]}, or leave --no-remap out to remap them", where)
         report.rows_copied = len(used_new)
         report.loaded.append({"tensor": "lm_head.weight", "reason": "rows copied as-is (--no-remap): not re-indexed"})
         return rows_src

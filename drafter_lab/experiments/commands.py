@@ -49,6 +49,7 @@ def _probe(args) -> int:
     check_threads(args.threads)
     if args.json:  # written last, after the pilot's minutes
         atomic.refuse_unwritable(args.json, "--json")
+    _directories(("--pilot-dir", args.pilot_dir))  # else refused after the signals, as the pilot's `--out`
     recipe = TrainConfig() if args.pilot_config is None else checked(load_config(args.pilot_config), args.pilot_config)
     if args.threads > 0:
         import torch

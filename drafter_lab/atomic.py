@@ -108,6 +108,31 @@ def refuse_unwritable(path, flag: str) -> None:
         raise LabError(f"{flag}: cannot write a file in {parent}: {e.strerror}", path) from None
 
 
+def same_file(a, b) -> bool:
+    """Whether paths `a` and `b` lead to one file: the same path once links are followed, or (both
+    existing) one inode, a hard link's."""
+    if os.path.realpath(a) == os.path.realpath(b):  # realpath, unlike resolve, takes a link loop as it is
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def refuse_outputs(outputs, inputs=()) -> None:
+    """Refuse, before the work, an output file `refuse_unwritable` refuses, and one that names another
+    output or an input: written last, it would replace the input the run read (a prompt set, a measured
+    sweep) or the other output. Each is a (flag, path) pair; a path of None is a flag not given."""
+    outputs = [(flag, path) for flag, path in outputs if path]
+    for flag, path in outputs:
+        refuse_unwritable(path, flag)
+    named = outputs + [(flag, path) for flag, path in inputs if path]
+    for i, (flag, path) in enumerate(outputs):
+        for other, other_path in named[i + 1:]:
+            if same_file(path, other_path):
+                raise LabError(f"{flag} and {other} name the same file", path)
+
+
 def _through_link(path: Path) -> Path:
     """Where a write of `path` lands: `path`, or where a symbolic link `path` leads (through a chain of
     links). A dangling link's target is written too, if its directory exists."""

@@ -56,7 +56,7 @@ def test_a_write_where_no_file_can_be_made_is_one_line(tmp_path):
 def test_costmodel_json_where_no_file_can_be_made(capsys):
     assert cli(["costmodel", "--json", "/proc/x.json"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: /proc/x.json: cannot write a file here: ") and err.count("\n") == 1
+    assert err.startswith("error: /proc/x.json: --json: cannot write a file in /proc: ") and err.count("\n") == 1
 
 
 def _outputs(tmp_path: Path) -> list[tuple[str, str]]:

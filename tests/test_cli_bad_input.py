@@ -11,11 +11,11 @@ from drafter_lab import cli
 def test_costmodel_output_that_is_a_directory_or_below_a_file(tmp_path, capsys, flag):
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("")
-    for path, says in ((tmp_path / "dir", "is a directory"), (tmp_path / "file" / "out", "lies below a file")):
+    for path, says in ((tmp_path / "dir", f"is a directory: {flag} takes a file to write"),
+                       (tmp_path / "file" / "out", f"{flag} lies below a file, not a directory")):
         assert cli.main(["costmodel", flag, str(path)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err == f"error: {path}: {says}" + (": give the path of a file to write" if says == "is a directory"
-                                                   else ", not a directory")
+        captured = capsys.readouterr()
+        assert captured.err.strip() == f"error: {path}: {says}" and captured.out == ""  # refused before the report
 
 
 def test_reproduce_of_a_file(tmp_path, capsys):

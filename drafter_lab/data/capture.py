@@ -599,7 +599,12 @@ def prepare_features(
     if tp:  # every rank has read the manifest and cache before rank 0 writes anything
         torch.distributed.barrier()
 
-    convs = _conversations(target, convs, cfg, out, settings, main)
+    try:
+        convs = _conversations(target, convs, cfg, out, settings, main)
+    except LabError as e:  # a conversation's refusal to regenerate names it, and this names its file
+        if e.path is not None:
+            raise
+        raise LabError(str(e), conversations_path) from None
     items = tokenize_conversations(target, convs, cfg, conversations_path, skipped, main)
     if not items:
         raise LabError(f"no sequence keeps an assistant token within max_length={cfg.max_length} (skipped: {skipped})",

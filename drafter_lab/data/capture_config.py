@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import re
 from dataclasses import dataclass
 
@@ -80,12 +81,28 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
+def _not_json_number(name: str):
+    """json.loads' parse_constant: NaN, Infinity and -Infinity, which Python's json reads and JSON has not."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """json.loads' parse_float, refusing a number past a double's range (1e999), which would read as inf."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a double's range")
+    return value
+
+
 def template_kwargs_arg(text: str) -> dict:
-    """`--chat-template-kwargs JSON`: a JSON object of chat template variables."""
+    """`--chat-template-kwargs JSON`: a JSON object of chat template variables, its numbers finite: the
+    template would see a NaN that the manifest records as null, and a later run given null would match it."""
     try:
-        kwargs = json.loads(text)
+        kwargs = json.loads(text, parse_constant=_not_json_number, parse_float=_finite_float)
     except json.JSONDecodeError:
         kwargs = None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}: chat template variables take finite numbers, got {text!r}") from None
     if not isinstance(kwargs, dict):
         raise argparse.ArgumentTypeError(f'expected a JSON object like \'{{"enable_thinking": false}}\', got {text!r}')
     if clash := sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys()):

@@ -125,7 +125,7 @@ def _prepare(args) -> int:
 
 
 def _regenerate(args) -> int:
-    from drafter_lab.atomic import refuse_below_file
+    from drafter_lab.atomic import refuse_below_file, same_file
     from drafter_lab.data.conversations import read_conversations, write_conversations
     from drafter_lab.progress import log
 
@@ -134,7 +134,7 @@ def _regenerate(args) -> int:
     if out.is_dir():
         raise LabError("--out is a directory; give the path of the jsonl file to write", out)
     refuse_below_file(out)
-    if out.resolve() == source.resolve():
+    if same_file(out, source):
         raise LabError("--out is the --conversations file: the regenerated turns would replace the recorded ones; "
                        "choose another --out", out)
     convs, skipped = read_conversations(source)
@@ -180,7 +180,12 @@ def _regenerate(args) -> int:
             now["target"]["fingerprint"] = recorded  # begun under the target's legacy name
         settings = as_recorded(before, now, partial)
         with Journal(partial, settings) as journal:
-            result = regenerate(target, convs, journal=journal, **gen)
+            try:
+                result = regenerate(target, convs, journal=journal, **gen)
+            except LabError as e:  # a conversation's refusal names it, and this names its file
+                if e.path is not None:
+                    raise
+                raise LabError(str(e), source) from None
         write_conversations(out, result)
         journal.discard()
     log(f"regenerated {len(convs)} conversations -> {out}" + (f" (skipped: {skipped})" if skipped else ""))

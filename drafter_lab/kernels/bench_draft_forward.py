@@ -262,9 +262,7 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--json", default=None, help="write the cost model's draft tables and every row (meta) here")
     ap.add_argument("--markdown", default=None, help="write the README's table of this run here")
     args = ap.parse_args(argv)
-    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
-        if path:  # written after every shape is timed
-            atomic.refuse_unwritable(path, flag)
+    atomic.refuse_outputs([("--json", args.json), ("--markdown", args.markdown)])  # written after every shape is timed
     if args.device == "auto":  # resolve_device takes it: pick the defaults of the device it means
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu = args.device.partition(":")[0] == "cpu"  # "cpu:0" too

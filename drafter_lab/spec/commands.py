@@ -217,9 +217,8 @@ def run_eval(args) -> int:
     from drafter_lab.threads import check_threads
 
     sets = _prompt_sets(args)
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:  # written last, after the decoding's minutes
-            atomic.refuse_unwritable(path, flag)
+    # written last, after the decoding's minutes
+    atomic.refuse_outputs([("--json", args.json), ("--plot", args.plot)], [("--prompts", p) for p in args.prompts])
     if args.server is not None:
         return _run_served_eval(args, sets)
     if (args.baseline_server is not None or args.concurrency != [1] or args.request_rate != [None]
@@ -450,6 +449,8 @@ def run_costmodel(args) -> int:
     from drafter_lab.spec.costmodel import PRESETS
     from drafter_lab.spec.costreport import format_report, report, settings_table
 
+    # written after the report is printed: refused before it, and before the inputs are read
+    atomic.refuse_outputs([("--json", args.json), ("--plot", args.plot)], [("--inputs", p) for p in args.inputs])
     cfg = PRESETS[args.preset]
     measured = None
     sweeps = []

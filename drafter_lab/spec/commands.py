@@ -456,11 +456,19 @@ def run_costmodel(args) -> int:
     sweeps = []
     if args.sampled and not any(Path(p).is_dir() for p in args.inputs):
         raise LabError("--sampled prices a train run's sampled prediction: give the run's directory with --inputs")
+    measured_by = None  # the input whose accept lengths price the drafter
     for path in args.inputs:
         data = read_inputs(path, args.sampled)
         if "sweep" in data:  # priced row by row below, on the config the other inputs make
             sweeps.append((path, data["sweep"]))
             continue
+        # Two drafters' measurements folded into one deployment priced neither: a later eval's accept
+        # lengths replaced the earlier's, beside its n-gram lookup time and no-match share.
+        if any(k in data for k in ("served_accept_len", "accept_by_steps", "accept_histogram")):
+            if measured_by is not None:
+                raise LabError(f"{measured_by} and {path} each measure a drafter's accept lengths, and one cost model "
+                               "prices one drafter: give one of them (a run each to compare them)", path)
+            measured_by = path
         cfg, latency = fold(cfg, data, path)
         measured = latency if latency is not None else measured
     cfg = labconfig.apply_cli_args(cfg, args)  # a flag given says what the files must not change

@@ -1,4 +1,4 @@
-"""costmodel: one cost model prices one drafter."""
+"""costmodel: one cost model prices one drafter; probe never writes over its recipe."""
 import json
 
 from drafter_lab import cli
@@ -17,3 +17,15 @@ def test_costmodel_refuses_two_drafters_measurements(tmp_path, capsys):
     assert cli.main(["costmodel", "--inputs", str(ev), "--inputs", str(ng)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(ev) in err and str(ng) in err
+
+
+def test_probe_json_naming_its_pilot_config_is_refused_before_any_work(tmp_path, capsys):
+    """probe --json F --pilot-config F would have replaced the recipe with the probe's result."""
+    recipe = tmp_path / "pilot.toml"
+    recipe.write_text("lr = 1e-3\n")
+    missing = tmp_path / "nothing-here"  # never read: the outputs are checked first
+    assert cli.main(["probe", "--drafter", str(missing), "--target", str(missing), "--data", str(missing),
+                     "--pilot-config", str(recipe), "--json", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--json and --pilot-config name the same file") and str(recipe) in err
+    assert recipe.read_text() == "lr = 1e-3\n"

@@ -47,8 +47,8 @@ def _probe(args) -> int:
     if not 0 <= args.transfer_lr_scale < math.inf:  # the pilot refused it only after the signals' minutes
         raise LabError(f"--transfer-lr-scale must be >= 0 and finite, got {args.transfer_lr_scale}")
     check_threads(args.threads)
-    if args.json:  # written last, after the pilot's minutes
-        atomic.refuse_unwritable(args.json, "--json")
+    # written last, after the pilot's minutes (and never over the recipe it read)
+    atomic.refuse_outputs([("--json", args.json)], [("--pilot-config", args.pilot_config)])
     _directories(("--pilot-dir", args.pilot_dir))  # else refused after the signals, as the pilot's `--out`
     recipe = TrainConfig() if args.pilot_config is None else checked(load_config(args.pilot_config), args.pilot_config)
     if args.threads > 0:

@@ -11,6 +11,9 @@ tokens inside it (a `<think>` some tokenizers mark special, harmony's channels) 
 rest. A template that closes a message only once another follows (Kimi-K2-Instruct-0905's, which
 leaves the last one open for prefill) has its stop token right after the turn's own render taken
 as the turn's, and the conversation's last turn closed with the one it writes when asked to go on.
+An answer cut at its token limit (`finish_reason` "length", regenerate.py) ends its mask with its own
+last token: the target had not stopped, so the end-of-turn token the template writes after it is not
+the target's (an answer without a `finish_reason` trains it, as before).
 Role headers, user and system turns stay unmasked. Where the render of the turns before one is not
 a prefix of the whole (GPT-OSS writes a tool call's analysis until a final answer follows), the
 turn starts past the message before it (located by rendering with that message's text replaced by
@@ -86,7 +89,7 @@ from drafter_lab.data.capture_config import (
     template_date,
     template_setting,
 )
-from drafter_lab.data.conversations import SAMPLING_FIELDS
+from drafter_lab.data.conversations import CUT, SAMPLING_FIELDS
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import first_line
 
@@ -707,16 +710,32 @@ def served_text(tokenizer, messages: list[dict], end_ids: frozenset[int], templa
     return _as_served(tokenizer, messages, text, template_kwargs, tools)
 
 
+def _cut_close(text: str, turn: dict, starts: list[int], sampled: list[bool], first: int, close: int, span: Span,
+               begin: int, token_exact: bool) -> int:
+    """The last masked token of `turn`, cut at its token limit (finish_reason "length"), `close` being the
+    last before its end-of-turn token: the target had not stopped, so neither that token nor what the
+    template writes after the answer (Qwen3's `</think>` after a cut thinking) is its. Token-exact, its
+    last sampled token; else the last token that begins within its answer (found, past the turn's start,
+    up to `span.after`, with the whitespace it ends with where the template writes that too)."""
+    if token_exact:
+        return max((t for t in range(first, close + 1) if sampled[t]), default=close)
+    if span.after <= begin:
+        return close
+    trailing = turn["content"][len(turn["content"].rstrip()):]
+    end = span.after + len(trailing) if text.startswith(trailing, span.after) else span.after
+    return min(close, bisect.bisect_left(starts, end) - 1)
+
+
 def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_exact: bool = False,
                         end_ids: frozenset[int] = frozenset(), template_kwargs: dict | None = None,
                         tools: list[dict] | None = None, last_only: bool = False,
                         text: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (LongTensor[T]) and loss mask (BoolTensor[T], True on assistant tokens), T <= max_length;
     `token_exact`: assistant turns as their `token_ids`, less a trailing end token (one of `end_ids`,
-    the tokens the target stops at, which also end a turn's mask), and tool calls the target did not
-    sample left unmasked; `template_kwargs` and `tools` as `render`; `last_only`: the last assistant
-    turn alone is masked, and token-exact alone its `token_ids` (the others are prompt, as served);
-    `text`: `served_text`, where the caller has it."""
+    the tokens the target stops at, which also end a turn's mask, but that of an answer cut at its token
+    limit, `_cut_close`), and tool calls the target did not sample left unmasked; `template_kwargs` and
+    `tools` as `render`; `last_only`: the last assistant turn alone is masked, and token-exact alone its
+    `token_ids` (the others are prompt, as served); `text`: `served_text`, where the caller has it."""
     if text is None:
         text = served_text(tokenizer, messages, end_ids, template_kwargs, tools)
     # `last_only`, the earlier turns are prompt: their text rendered and tokenized, as a server reads a
@@ -740,6 +759,9 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         looked = [t for t in range(first, last) if not sampled[t] and starts[t] >= span.after]
         k = _closer([ids[t] for t in looked], span, end_ids, special)
         close = last - 1 if k is None else looked[k]
+        if m.get("finish_reason") == CUT:
+            close = _cut_close(text, m, starts, sampled, first, close if k is None else close - 1, span, begin,
+                               token_exact)
         mask[first:close + 1] = [True] * (close + 1 - first)
     ids, mask = ids[:max_length], mask[:max_length]
     return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)

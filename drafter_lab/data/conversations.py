@@ -18,7 +18,10 @@ conversation's system prompt: it becomes a leading system turn, so the target se
 An assistant turn the target regenerated also keeps `token_ids`, the tokens it sampled, and
 `temperature`, the temperature it sampled them at (regenerate.py; through a server when the server
 returns ids, which may then end with the end token it stopped at), which a token-exact capture reads
-instead of tokenizing the text again; regenerated locally, also `target_fingerprint`, the target's
+instead of tokenizing the text again, and `finish_reason` (`"length"`: cut at --max-new-tokens, the
+target had not stopped; `"stop"`: it stopped), as the OpenAI API names it, so that a capture leaves
+the end-of-turn token a template writes after a cut answer out of the loss mask (an answer without
+one trains it, as before); regenerated locally, also `target_fingerprint`, the target's
 (targets/hf.py), and `rendered_with`, the chat template's hash and variables its prompt was rendered
 with, so that a token-exact capture with another target, or with prompts rendered otherwise, is
 refused (a server says neither which weights it runs nor which template it applies).
@@ -72,8 +75,12 @@ from drafter_lab.errors import LabError
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 """Where a turn's thinking may be: SGLang's name (and the templates'), vLLM's, GPT-OSS datasets'."""
 
-SAMPLING_FIELDS = ("token_ids", "temperature", "target_fingerprint", "rendered_with")
+SAMPLING_FIELDS = ("token_ids", "temperature", "target_fingerprint", "rendered_with", "finish_reason")
 """What a regenerated answer keeps about how it was sampled: the lab's, not a chat template's."""
+
+CUT = "length"
+"""The `finish_reason` of an answer cut at its token limit (the OpenAI API's, vLLM's and SGLang's): the
+target had not stopped, so the end-of-turn token a template writes after it is not the target's."""
 
 ROLES = {
     "user": "user",
@@ -97,7 +104,7 @@ ROLES = {
 class Conversation:
     """One conversation: its id and its turns as `{"role", "content"}` dicts (roles normalised; an
     assistant turn may hold `reasoning_content` and `tool_calls`; a regenerated one also `token_ids`,
-    `temperature` and, made here, `target_fingerprint` and `rendered_with`; a tool turn
+    `temperature`, `finish_reason` and, made here, `target_fingerprint` and `rendered_with`; a tool turn
     `tool_call_id` and `name`)."""
 
     id: str
@@ -271,6 +278,12 @@ def _parse_turn(turn, where: str, path) -> dict:
             if not isinstance(prompted, dict):
                 raise LabError(f"{where}: rendered_with must be an object", path)
             out["rendered_with"] = prompted
+    reason = turn.get("finish_reason")
+    if reason is not None and out["role"] == "assistant":  # left out as before on other turns, which no server ends
+        reason = reason.get("type") if isinstance(reason, dict) else reason  # SGLang's native {"type": "length", ...}
+        if not isinstance(reason, str):
+            raise LabError(f"{where}: finish_reason must be text (\"stop\", \"length\")", path)
+        out["finish_reason"] = reason
     return out
 
 

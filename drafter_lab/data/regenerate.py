@@ -9,13 +9,15 @@ keeps the token ids the target produced (`token_ids`, its end token left out), t
 sampled them at, the target's fingerprint and how its prompt was rendered (`rendered_with`: the chat
 template's hash and variables) beside its text, so that a capture can use the target's own tokens
 (`data prepare --token-exact`) and refuse another target's, or answers that followed other prompts
-than the capture's. A thinking model's answer
-holds its thinking as the model wrote it (`<think>...</think>` and the answer, which a thinking
-template such as Qwen3's reads apart), so the turn's old `reasoning_content` goes; one in harmony's
-channels (GPT-OSS) is split as a server splits it, and think tags a tokenizer marks special stay
-(`answer_fields`). A turn that makes tool calls stays as recorded (`regenerated_turns`): the tool
-results after it answer those calls, and no tool runs here; the turns around it are the target's. A
-journal (journal.py) records each batch as it finishes, so a killed run resumes.
+than the capture's, and its `finish_reason` ("length" where it ran to `max_new_tokens`, else
+"stop"), so that the end-of-turn token a template writes after a cut answer does not train. A
+thinking model's answer holds its thinking as the model wrote it (`<think>...</think>` and the
+answer, which a thinking template such as Qwen3's reads apart), so the turn's old `reasoning_content`
+goes; one in harmony's channels (GPT-OSS) is split as a server splits it, and think tags a tokenizer
+marks special stay (`answer_fields`). A turn that makes tool calls stays as recorded
+(`regenerated_turns`): the tool results after it answer those calls, and no tool runs here; the turns
+around it are the target's. A journal (journal.py) records each batch as it finishes, so a killed run
+resumes.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ import torch
 
 from drafter_lab.data.capture_config import STOP_IDS, device_setting, without
 from drafter_lab.data.chat import THINK_TAGS, render, rendered_with, special_token_ids
-from drafter_lab.data.conversations import Conversation, conversations_sha256
+from drafter_lab.data.conversations import CUT, Conversation, conversations_sha256
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
-from drafter_lab.progress import maybe_progress
+from drafter_lab.progress import log, maybe_progress
 from drafter_lab.targets.hf import pad_token_id, stop_token_ids
 
 
@@ -226,11 +228,24 @@ def regenerate(
                     for j, (text, token_ids) in zip(chunk, answers):
                         conv, i = jobs[j]
                         conv.messages[i].pop("reasoning_content", None)
+                        conv.messages[i].pop("finish_reason", None)  # an earlier regeneration's; last, as a server's
+                        reason = finish_reason(token_ids, max_new_tokens)
                         conv.messages[i].update(**answer_fields(target.tokenizer, text, token_ids), token_ids=token_ids,
                                                 temperature=temperature, target_fingerprint=target.fingerprint,
-                                                rendered_with=prompted)
+                                                rendered_with=prompted, finish_reason=reason)
                     advance(len(chunk), round=k + 1)
+    cut = sum(convs[c].messages[i].get("finish_reason") == CUT for c, t in enumerate(turns) for i in t)
+    if cut and show_progress:
+        log(f"regenerate: {cut} of {sum(map(len, turns))} answers reached --max-new-tokens {max_new_tokens} before "
+            f"the target stopped (finish_reason {CUT!r}): the end-of-turn token after them does not train")
     return convs
+
+
+def finish_reason(token_ids: list[int], max_new_tokens: int) -> str:
+    """An answer's finish reason, as a server names it: `generate` ran a row to `max_new_tokens` only when
+    it met no end token, which its `token_ids` leave out, so the count alone tells (for a journal's answers
+    too, which record no reason)."""
+    return CUT if len(token_ids) >= max_new_tokens else "stop"
 
 
 def regeneration_settings(target, source: Path, temperature: float, max_new_tokens: int, batch_size: int,

@@ -9,8 +9,9 @@ are back, is appended to the journal `<out>.partial` (see journal.py), so a kill
 where it stopped. The finished file is written atomically in input order, and the partial
 file is removed. Each request asks for plain sampling (servers.py), and where the server
 returns the token ids it sampled, each answer keeps them (`token_ids`, as the server gave them) for
-a token-exact capture. A server with a reasoning parser on returns a thinking model's thinking
-apart from its answer (SGLang `reasoning_content`, vLLM `reasoning`, the answer null when the
+a token-exact capture; it keeps the server's `finish_reason` too ("length": cut at max_tokens, so the
+end-of-turn token a template writes after it does not train). A server with a reasoning parser on
+returns a thinking model's thinking apart from its answer (SGLang `reasoning_content`, vLLM `reasoning`, the answer null when the
 thinking ran past `max_tokens`): the answer keeps it as `reasoning_content`, for the chat template
 to put back. Requests carry role and content, and for tool use the conversation's `tools`, the
 calls (their arguments a JSON string, as the OpenAI API has them) with the thinking that led to
@@ -34,6 +35,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.data.capture_config import template_setting
 from drafter_lab.data.conversations import (
+    CUT,
     REASONING_FIELDS,
     Conversation,
     conversations_sha256,
@@ -92,9 +94,9 @@ CUT_SHORT = ("abort", "error")
 
 def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed: int) -> tuple[dict, list[int] | None]:
     """The server's answer to `messages` (offering `tools`) as a turn's fields (`content`, and
-    `reasoning_content` or `tool_calls` when the server parsed those out), and the token ids it sampled
-    (None from a server that does not return them); a failure that retries do not cure is a LabError
-    naming the URL."""
+    `reasoning_content` or `tool_calls` when the server parsed those out, `finish_reason` when it gives
+    one), and the token ids it sampled (None from a server that does not return them); a failure that
+    retries do not cure is a LabError naming the URL."""
     # return_token_ids: recent vLLM and SGLang answer with choices[0].token_ids, the end token they
     # stopped at included; servers without it ignore the field.
     request = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_new_tokens,
@@ -129,8 +131,11 @@ def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed:
             raise LabError(f"server answer's choices[0].message.tool_calls is not a list: {str(calls)[:200]}",
                            _endpoint(cfg))
         calls = [parse_call(c, "server answer", _endpoint(cfg)) for c in calls]
+    # "length": cut at max_tokens, the target had not stopped (capture leaves the end token after it out of the mask)
+    reason = choice.get("finish_reason")
     return {"content": text, **({"reasoning_content": reasoning} if reasoning else {}),
-            **({"tool_calls": calls} if calls else {})}, ids
+            **({"tool_calls": calls} if calls else {}),
+            **({"finish_reason": reason} if isinstance(reason, str) else {})}, ids
 
 
 SENT = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -163,7 +168,8 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
                       "context is full)") if refused else ""
             raise LabError(f"conversation {conv.id}, turn {i + 1}{advice}: {e}") from None
         sampled = {"token_ids": ids, "temperature": cfg.temperature} if ids is not None else {}
-        out.messages[i] = {"role": "assistant", **turn, **sampled}  # nothing of the old answer stays
+        reason = {"finish_reason": turn.pop("finish_reason")} if "finish_reason" in turn else {}
+        out.messages[i] = {"role": "assistant", **turn, **sampled, **reason}  # nothing of the old answer stays
     return out
 
 
@@ -239,6 +245,11 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     if failure is not None:
         raise failure
     result = [done[c.id] for c in conversations]
+    answers = [c.messages[i] for c in result for i in regenerated_turns(c)]
+    cut = sum(m.get("finish_reason") == CUT for m in answers)
+    if cut and show_progress:
+        log(f"regenerate: {cut} of {len(answers)} answers reached --max-new-tokens {cfg.max_new_tokens} before the "
+            f"target stopped (finish_reason {CUT!r}): the end-of-turn token after them does not train")
     write_conversations(out, result)
     journal.discard()
     return result

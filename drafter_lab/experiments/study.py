@@ -99,6 +99,12 @@ def _source_key(base_feats: Path, cfg: ExperimentConfig) -> str:
     return atomic.sha256_json([base_feats.name, train_cfg])[:16]
 
 
+CUT_ANSWERS = {"cut_answers": "end token untrained"}
+"""In the features' cache key: features captured before answers recorded their finish_reason
+(2026-12-05) trained the end-of-turn token after an answer cut at max_new_tokens, which the target
+never wrote. The same settings capture other masks now, so those are not reused."""
+
+
 def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfig) -> Path:
     """Let the target regenerate its own conversations on the study's device, then capture them (cached
     by settings). Another device type samples from other RNG streams and rounds otherwise, so a non-CPU
@@ -110,7 +116,8 @@ def _features(target_dir: Path, prompts: Path, cache: Path, cfg: ExperimentConfi
                     max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
     prompts_sha = atomic.sha256_file(prompts)
     on = [] if device.type == "cpu" else [device.type]
-    dirs = [cache / "features" / atomic.sha256_json([name(target_dir), prompts_sha, settings, SAMPLER, *on])[:16]
+    dirs = [cache / "features" / atomic.sha256_json([name(target_dir), prompts_sha, settings, SAMPLER, CUT_ANSWERS,
+                                                     *on])[:16]
             for name in (fingerprint, legacy_fingerprint)]
     out = next((d for d in dirs if d.exists()), dirs[0])  # one a lab naming targets the older way began
     with building(out, f"{target_dir.name} features"):

@@ -3,7 +3,8 @@ server in its own process, answering /v1/chat/completions through the lab's own 
 rendering and `generate`, one request at a time. As vLLM does, it answers only to the name it lists
 at /v1/models (the model's path); as vLLM and SGLang do, a sampling knob the request leaves unset
 comes from the model's generation_config.json, with `return_token_ids` the answer carries
-`token_ids`, the end token it stopped at included, and `chat_template_kwargs` and `tools` go to the
+`token_ids`, the end token it stopped at included, its `finish_reason` is "length" for an answer cut
+at max_tokens and "stop" otherwise, and `chat_template_kwargs` and `tools` go to the
 chat template, each call's arguments parsed from their JSON string first, as both servers do. Each
 request is appended to LOG_FILE; the bound port is written to PORT_FILE once the server listens.
 With REASONING_FIELD (SGLang's `reasoning_content`, vLLM's `reasoning`) it parses answers as a
@@ -91,9 +92,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error(400, "frequency and presence penalties are not served here")
             return
         text, ids = generate_texts(target, [prompt], sampling(req))[0]
-        choice = {"index": 0, "message": message(text)}
+        cut = len(ids) >= req["max_tokens"]  # no end token within max_tokens: `generate` ran the answer to it
+        choice = {"index": 0, "message": message(text), "finish_reason": "length" if cut else "stop"}
         if req.get("return_token_ids"):
-            choice["token_ids"] = ids + [END] if len(ids) < req["max_tokens"] else ids
+            choice["token_ids"] = ids if cut else ids + [END]
         self._json({"object": "chat.completion", "choices": [choice]})
 
     def log_message(self, *args):

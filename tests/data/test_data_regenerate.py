@@ -104,14 +104,16 @@ def test_prepare_with_regenerate_captures_the_generations(random_llama, tmp_path
     regenerated = {c.id: c for c in read_conversations(cache[0])[0]}
     target = load_target(random_llama)
     for seq in FeatureSet(out).sequences("train"):
-        answers = [m["content"] for m in regenerated[seq.seq_id].messages if m["role"] == "assistant"]
+        answers = [m for m in regenerated[seq.seq_id].messages if m["role"] == "assistant"]
         masked = target.tokenizer.decode(seq.input_ids[seq.loss_mask])
-        assert masked == "".join(a + "<|im_end|>" for a in answers)
+        # The end token trains after an answer the target stopped, not after one cut at --max-new-tokens.
+        assert masked == "".join(m["content"] + "<|im_end|>" * (m["finish_reason"] == "stop") for m in answers)
 
 
 def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, tmp_path, capsys):
-    """Each answer's loss tokens are the ids the target sampled (then the template's end token), and
-    everything before the first answer is its prompt as a server tokenizes it."""
+    """Each answer's loss tokens are the ids the target sampled (then the template's end token, where
+    the target stopped the answer), and everything before the first answer is its prompt as a server
+    tokenizes it."""
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
     out = tmp_path / "feat"
     args = ("data", "prepare", "--target", random_llama, "--conversations", convs, "--out", out, "--regenerate",
@@ -124,8 +126,10 @@ def test_token_exact_capture_holds_the_tokens_the_target_sampled(random_llama, t
     retokenized = 0
     for seq in FeatureSet(out).sequences("train"):
         messages = regenerated[seq.seq_id]
-        answers = [m["token_ids"] for m in messages if m["role"] == "assistant"]
-        assert seq.input_ids[seq.loss_mask].tolist() == [t for ids in answers for t in [*ids, end]]
+        turns = [m for m in messages if m["role"] == "assistant"]
+        answers = [m["token_ids"] for m in turns]
+        assert seq.input_ids[seq.loss_mask].tolist() == \
+            [t for m in turns for t in [*m["token_ids"], *[end] * (m["finish_reason"] == "stop")]]
         first = int(seq.loss_mask.int().argmax())
         prompt = render(tok, messages[:messages.index(next(m for m in messages if m["role"] == "assistant"))],
                         add_generation_prompt=True)

@@ -249,13 +249,15 @@ def test_server_regeneration_sends_tools_and_calls_and_resumes(hermes_llama, tmp
     answers = []
     for a, b in zip(local, served):
         assert a["tools"] == b["tools"] == TOOLS and a["conversations"][:4] == b["conversations"][:4]
-        answers.append(a["conversations"][4]["token_ids"])
-        assert b["conversations"][4]["token_ids"] in (answers[-1], answers[-1] + end)  # the end token it stopped at
+        mine, theirs = a["conversations"][4], b["conversations"][4]
+        assert theirs["token_ids"] in (mine["token_ids"], mine["token_ids"] + end)  # the end token it stopped at
+        assert theirs["finish_reason"] == mine["finish_reason"]
+        answers.append(mine["token_ids"] + end * (mine["finish_reason"] == "stop"))  # none trains after a cut one
     # Captured token for token: the target's answers train, the recorded calls do not.
     assert run_cli("data", "prepare", "--target", hermes_llama, "--conversations", tmp_path / "served.jsonl",
                    "--out", tmp_path / "feat", "--val-fraction", "0", "--token-exact") == 0
     seqs = list(FeatureSet(tmp_path / "feat").sequences("train"))
-    assert sorted(seq.input_ids[seq.loss_mask].tolist() for seq in seqs) == sorted(ids + end for ids in answers)
+    assert sorted(seq.input_ids[seq.loss_mask].tolist() for seq in seqs) == sorted(answers)
     tok = load_tokenizer(hermes_llama)
     assert all('{"name": "stat", "description"' in tok.decode(seq.input_ids) for seq in seqs)  # rendered with the tools
 

@@ -44,7 +44,8 @@ def _key(cache, fp, prompts, cfg, *on):
     device, which CPU features keep."""
     settings = dict(max_length=cfg.max_length, regenerate=True, temperature=cfg.regen_temperature,
                     max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
-    return cache / "features" / atomic.sha256_json([fp, atomic.sha256_file(prompts), settings, SAMPLER, *on])[:16]
+    return cache / "features" / atomic.sha256_json([fp, atomic.sha256_file(prompts), settings, SAMPLER,
+                                                    study.CUT_ANSWERS, *on])[:16]
 
 
 def test_features_capture_on_the_studys_resolved_device(setup, monkeypatch):
@@ -90,3 +91,16 @@ def test_legacy_named_features_are_found_per_device_type(setup, monkeypatch):
     legacy_cuda = _key(cache, "fp-old", prompts, cfg, "cuda")
     legacy_cuda.mkdir()
     assert study._features(target, prompts, cache, ExperimentConfig(name="t", device="cuda")) == legacy_cuda
+
+
+@pytest.mark.parametrize("fp", ["fp-new", "fp-old"])
+def test_features_cached_before_cut_answers_were_recorded_are_not_reused(setup, fp):
+    """They trained the end token after answers cut at max_new_tokens: the same settings capture other
+    masks now (study.CUT_ANSWERS)."""
+    target, prompts, cache, calls = setup
+    cfg = ExperimentConfig(name="t", device="cpu")
+    settings = dict(max_length=cfg.max_length, regenerate=True, temperature=cfg.regen_temperature,
+                    max_new_tokens=cfg.max_new_tokens, regen_batch_size=cfg.regen_batch_size, seed=cfg.seed)
+    before = cache / "features" / atomic.sha256_json([fp, atomic.sha256_file(prompts), settings, SAMPLER])[:16]
+    before.mkdir(parents=True)
+    assert study._features(target, prompts, cache, cfg) == _key(cache, "fp-new", prompts, cfg) != before

@@ -51,6 +51,8 @@ def regenerated_turns(conv: Conversation) -> list[int]:
 # left unset from that file and then from its own defaults (top_k 50), which would truncate.
 NEUTRAL_SAMPLING = dict(top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
                         repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)
+SAMPLING_ONLY = ("top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+"""Those that act only when sampling: set for a greedy run, transformers warns that they are ignored."""
 
 
 SAMPLER = {"sampler": "plain"}
@@ -70,7 +72,7 @@ def generation_config(target, temperature: float, max_new_tokens: int):
         temperature=temperature if temperature > 0 else 1.0,
         eos_token_id=stop_token_ids(target),
         pad_token_id=pad_token_id(target),  # fed back for finished rows: one past the embeddings fails
-        **NEUTRAL_SAMPLING,
+        **{k: v for k, v in NEUTRAL_SAMPLING.items() if temperature > 0 or k not in SAMPLING_ONLY},
     )
 
 

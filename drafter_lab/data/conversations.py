@@ -353,7 +353,9 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
     convs: list[Conversation] = []
     seen: dict[str, tuple[str, object]] = {}  # id -> where it was first, and as the file wrote it
     skipped: Counter = Counter()
+    rows = 0
     for where, obj in _rows(blob, path):
+        rows += 1
         try:
             json.dumps(obj, ensure_ascii=False).encode()  # json takes a lone UTF-16 surrogate; no tokenizer does
         except UnicodeEncodeError as e:
@@ -386,6 +388,8 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
             continue
         seen[cid] = (where, given)
         convs.append(Conversation(id=cid, messages=messages, tools=tools))
+    if not rows:  # an empty file, blank lines or `[]`: said so, not as "no conversation with an assistant turn"
+        raise LabError("holds no conversations", path)
     return convs, dict(skipped)
 
 

@@ -565,7 +565,8 @@ def gpu_streams(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m drafter_lab.kernels.bench_allreduce", description=__doc__.split("\n\n")[0])
+    # The CLI's name, as bench verify and replay give theirs (`python -m` runs the same parser).
+    p = argparse.ArgumentParser(prog="drafter-lab bench allreduce", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp-sim", action="store_true", help="run the verify-step simulator instead of the latency table")
     p.add_argument("--gpu-streams", action="store_true", help="CUDA backends, ranks as streams of one process")
     p.add_argument("--ranks", type=int, nargs="+", default=None, help="process counts (default 2 4; tp-sim: its first, default 2)")

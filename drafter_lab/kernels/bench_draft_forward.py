@@ -244,7 +244,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def parse(argv) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench_draft_forward", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="drafter-lab bench draft-forward", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES),
                     help="default: llama3.1-8b kimi-k2 on CUDA, tiny small on CPU")

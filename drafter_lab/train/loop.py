@@ -287,6 +287,19 @@ def _rendered_before(out_dir: Path) -> dict | None:
     return None
 
 
+def _val_change(out_dir: Path, had_own: bool, source) -> str:
+    """What a resume changes of the run's validation set (`had_own`: a --val-data of its own, named by its
+    run.json where that can be read, else the data's val split), by --val-data as given then and now."""
+    before = (_rendered_before(out_dir) or {}).get("val_data") if had_own else None
+    now = source.describe().get("val_data")
+    if before and before == now:
+        return f"--val-data {now} holds other data than when the run validated on it: the run would not be the same"
+    then, cure = ((f"--val-data {before}", f"pass --val-data {before}") if before else
+                  ("a --val-data of its own", "pass the --val-data it validated on") if had_own else
+                  ("its data's val split", "leave --val-data out"))
+    return f"the run validated on {then}; this resume gives {f'--val-data {now}' if now else 'none'}: {cure}"
+
+
 def _ids_checked(read, vocab_size: int):
     """`read` (an Examples' reading), each sequence it returns checked to hold ids of the target vocab,
     on the CPU before its batch is on the device: a bad id that --scan-features false let through is a
@@ -369,10 +382,12 @@ class _Run:
                                "or transformers version): finish the run with the version it began with, or begin "
                                "it again", out_dir)
             if saved != self.data:
-                same_training = {k: v for k, v in saved.items() if k != "val"} == \
-                    {k: v for k, v in self.data.items() if k != "val"}
-                which = "validation" if same_training else "training"
-                raise LabError(f"--resume with other {which} data ({saved} there, {self.data} now): "
+                # An online run's encoding hash covers its validation sequences too: another set changes it.
+                same_training = without(saved, ["val", ENCODED_HASH]) == without(self.data, ["val", ENCODED_HASH])
+                if same_training and saved.get("val") != self.data.get("val"):
+                    change = _val_change(out_dir, "val" in saved, source)
+                    raise LabError(f"--resume with other validation data: {change}", out_dir)
+                raise LabError(f"--resume with other training data ({saved} there, {self.data} now): "
                                "the run would not be the same", out_dir)
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)

@@ -120,7 +120,7 @@ def nan_model(root: Path, model: Path) -> Path:
         ("no assistant turn under --strict", "line 1: conversation has no assistant turn (--strict)"),
         ("aux ids out of range", "aux layer id(s) [9] out of range: hidden_states indices run 0..7"),
         ("aux id at the final norm", "aux layer id(s) [8] out of range: hidden_states indices run 0..7 (8 is the final norm's"),
-        ("empty conversations file", "no conversation with an assistant turn"),
+        ("empty conversations file", "holds no conversations"),
         ("target computing NaN", "target produced NaN/inf hidden states on sequence"),
         ("tokenizer past the embedding", "the tokenizer's ids run to 513, past the model's 512-row embedding"),
     ],

@@ -44,7 +44,7 @@ def test_the_smallest_vocab_is_the_tokenizers():
 
 
 def test_a_model_directory_without_a_tokenizer_says_what_is_missing(tmp_path, capsys):
-    """transformers' message is a list introduced by a colon: its first line alone ended on 'from one of:'."""
+    """Named before transformers is asked: its answer was a paragraph on converting slow tokenizers."""
     from transformers import LlamaConfig
 
     d = tmp_path / "no-tokenizer"
@@ -55,5 +55,14 @@ def test_a_model_directory_without_a_tokenizer_says_what_is_missing(tmp_path, ca
 
     with pytest.raises(LabError) as e:
         load_tokenizer(d)
-    assert str(e.value).startswith(f"{d}: cannot load tokenizer: ") and "(1) a `tokenizers` library" in str(e.value)
-    assert len(str(e.value).splitlines()) == 1
+    assert str(e.value) == (f"{d}: no tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model, "
+                            "vocab.json, ...): give the model's own directory, which holds its tokenizer")
+
+
+def test_a_message_whose_first_line_introduces_a_list_keeps_the_list():
+    """transformers' tokenizer message is a list introduced by a colon: its first line alone ended on 'from one of:'."""
+    from drafter_lab.targets.hf import first_line
+
+    e = ValueError("Couldn't instantiate the backend tokenizer from one of:\n(1) a file, (2) a slow tokenizer\n\nmore")
+    assert first_line(e) == "Couldn't instantiate the backend tokenizer from one of: (1) a file, (2) a slow tokenizer more"
+    assert first_line(ValueError("one line\nand the next")) == "one line"

@@ -41,9 +41,9 @@ def test_a_file_without_assistant_turns_says_so_before_the_target_loads(peaked_l
     real = sources.load_target
     monkeypatch.setattr(sources, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
     cases = [
-        ((empty,), empty, "no conversation with an assistant turn (skipped: {})"),
+        ((empty,), empty, "holds no conversations"),
         ((unanswered,), unanswered, "no conversation with an assistant turn (skipped: {'no_assistant_turn': 1})"),
-        ((convs, "--val-data", str(empty)), empty, "no conversation with an assistant turn (skipped: {})"),
+        ((convs, "--val-data", str(empty)), empty, "holds no conversations"),
         ((convs, "--val-data", str(unanswered)), unanswered, "no conversation with an assistant turn"),
     ]
     for (data, *extra), named, message in cases:

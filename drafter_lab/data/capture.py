@@ -115,6 +115,19 @@ def _dist_rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
+def pinned_by_rank0(tokenizer, template_kwargs: dict | None, recorded=()) -> dict | None:
+    """chat.pinned, as rank 0 picked it, on every rank of a torchrun group (each rank calls this): each clock
+    could name its own day (ranks past the pick on either side of midnight, nodes in other time zones), and a
+    rank would render other tokens than rank 0 records (an online rank trained on them, a tensor-parallel
+    capture all-reduced states of two texts)."""
+    kwargs = pinned(tokenizer, template_kwargs, recorded)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        box = [kwargs]
+        torch.distributed.broadcast_object_list(box, src=0)
+        kwargs = box[0]
+    return kwargs
+
+
 def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     """Load with transformers' tensor-parallel plan; torch.distributed starts from torchrun's env."""
     from transformers import AutoConfig
@@ -587,8 +600,8 @@ def prepare_features(
     )
     existing = Manifest.load(out) if (out / MANIFEST).exists() else None
     # A template that reads the clock renders one day in every render of the run, recorded in its settings.
-    cfg = cfglib.replace(cfg, chat_template_kwargs=pinned(target.tokenizer, cfg.chat_template_kwargs,
-                                                          _rendered_before(out, existing, convs)))
+    cfg = cfglib.replace(cfg, chat_template_kwargs=pinned_by_rank0(target.tokenizer, cfg.chat_template_kwargs,
+                                                                   _rendered_before(out, existing, convs)))
     source = _source(cfg, conversations_path, convs, target)
     describe = _described(target, out, existing, aux_ids, cfg.dtype, source)
     earlier = _earlier_settings(out, existing, resume_settings(describe, aux_ids, cfg.dtype, source))

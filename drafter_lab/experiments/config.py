@@ -127,6 +127,15 @@ class ProbeThresholds:
         for f in fields(self):
             if not math.isfinite(getattr(self, f.name)):  # a nan line would compare false either way
                 raise LabError(f"{f.name} must be a finite number, got {getattr(self, f.name)}")
+        # a line no measure reaches silently decides every probe one way ("1" read as one point, "80" as 80%);
+        # reuse_fraction has no such bound: zero-shot accept may exceed home's many times over. Lines below
+        # every measure stay allowed (-1 makes its test always pass)
+        if self.pilot_min_gain > 1:
+            raise LabError(f"pilot_min_gain is a fraction (0.01 = 1 point of cond_acc_0), and a lead is at most 1: "
+                           f"{self.pilot_min_gain:g} is never met")
+        if self.transfer_min_cka > 1:
+            raise LabError(f"transfer_min_cka is a linear CKA, at most 1 (0.8 = 80%): {self.transfer_min_cka:g} is "
+                           "never met")
 
 
 @dataclass

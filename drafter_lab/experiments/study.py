@@ -291,9 +291,54 @@ def check_study(cfg: ExperimentConfig) -> None:
                        f"got {cfg.draft_vocab_size}")
 
 
+RESUME_FREE = ("name", "threads", "arms", "served_eval", "served_prompts", "served_steps", "ngram_baseline")
+"""ExperimentConfig fields a --run-dir resume may change: the name names only a new run directory, threads
+change the speed, an arm added trains and one dropped is left out of the report, and the served
+evaluations are run again on every resume."""
+
+OPTIONAL_STAGES = ("l2sp", "probe_pilot_steps")
+"""Fields whose 0 leaves a stage out (arm d, the probe's pilot): a resume may add the stage or drop it,
+not change one that ran."""
+
+
+def config_changes(recorded: dict, cfg: ExperimentConfig, recorded_device: str | None) -> list[str]:
+    """The fields of `cfg` that make a study other than the one `recorded` (a run's manifest config, made
+    on a `recorded_device` type): a resume with any of them would retrain or refuse in an arm, after the
+    data and probe stages. A field the manifest lacks (a run older than the field) is not judged."""
+    now = to_dict(cfg)
+    changed = [k for k in now if k in recorded and k not in RESUME_FREE and recorded[k] != now[k]]
+    return [k for k in changed if not (
+        (k in OPTIONAL_STAGES and 0 in (recorded[k], now[k]))
+        # each level of a sweep has its own directory: a level added trains, one dropped is left out
+        or (k == "drift_levels" and len(recorded[k]) > 1 and len(now[k]) > 1)
+        # features differ by the device type alone (see _features)
+        or (k == "device" and recorded_device in (None, resolve_device(now[k]).type))
+    )]
+
+
+def check_resume(cfg: ExperimentConfig, run_dir: Path) -> None:
+    """Refuse, before any stage runs, a --run-dir whose manifest records a study `cfg` cannot resume: its
+    arms would refuse `cfg` only after the data and probe stages (minutes), as a --resume never passed."""
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        return
+    recorded = atomic.read_json(path, "manifest not found", run_dir)
+    config = recorded.get("config") if isinstance(recorded, dict) else None
+    if not isinstance(config, dict):
+        raise LabError("manifest.json records no study config: not a study's run directory", run_dir)
+    device = recorded.get("device")
+    changed = config_changes(config, cfg, device.get("type") if isinstance(device, dict) else None)
+    if changed:
+        raise LabError(f"holds a study made with another config ({', '.join(changed)} differ): give another "
+                       f"--run-dir for this one, or resume with the config its manifest.json records "
+                       f"(--config {config.get('name')} and the options it ran with)", run_dir)
+
+
 def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path | None = None,
               command: list[str] | None = None) -> Path:
     check_study(cfg)
+    if run_dir is not None:
+        check_resume(cfg, run_dir)
     run_dir = run_dir or new_run_dir(runs_root, f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     # a second study here (a --run-dir resume beside the run it resumes) would train the same arms at once
@@ -301,9 +346,17 @@ def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path
         return _run_study(cfg, run_dir, cache, command)
 
 
+def _manifest(cfg: ExperimentConfig, command: list[str] | None, code: dict, data: dict) -> dict:
+    return build_manifest(command=command or [], config=to_dict(cfg), seeds={"seed": cfg.seed}, data=data,
+                          device=device_state(cfg.device), git=code)
+
+
 def _run_study(cfg: ExperimentConfig, run_dir: Path, cache: Path, command: list[str] | None) -> Path:
     started = time.time()
     code = git_state()  # the code this process imported: a commit or checkout during the hours it runs is not it
+    if not (run_dir / "manifest.json").exists():
+        # its config now, without data yet: a resume of the run if it is killed is checked against it
+        write_manifest(run_dir, _manifest(cfg, command, code, {}))
     levels = []
     with torch_threads(cfg.threads):
         for i, drift in enumerate(cfg.drift_levels):
@@ -322,17 +375,8 @@ def _run_study(cfg: ExperimentConfig, run_dir: Path, cache: Path, command: list[
     if sweep:
         plots.drift_sweep(sweep, run_dir / "drift_sweep.png")
     atomic.write_text(run_dir / "report.md", report.render(cfg, levels, sweep, elapsed))
-    write_manifest(
-        run_dir,
-        build_manifest(
-            command=command or [],
-            config=to_dict(cfg),
-            seeds={"seed": cfg.seed},
-            data={f"drift-{level_name(lv['drift_knob'])}": data_record(lv) for lv in levels},
-            device=device_state(cfg.device),
-            git=code,
-        ),
-    )
+    write_manifest(run_dir, _manifest(cfg, command, code,
+                                      {f"drift-{level_name(lv['drift_knob'])}": data_record(lv) for lv in levels}))
     atomic.write_json(run_dir / "results.json", report.results_json(levels, sweep, elapsed))
     log(f"[bold green]done[/] in {elapsed / 60:.1f} min: {run_dir / 'report.md'}")
     return run_dir

@@ -25,13 +25,14 @@ from drafter_lab.data.capture import (
     capture_states,
     check_config,
     conversation_of,
+    pinned_by_rank0,
     sampled_at,
     split_of,
     temperature_of,
     tokenize_conversations,
 )
 from drafter_lab.data.capture_config import ENCODED_HASH
-from drafter_lab.data.chat import pinned, rendered_with
+from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import conversations_sha256, read_conversations
 from drafter_lab.data.shards import SPLITS, FeatureSet, Sequence, SequenceRef
 from drafter_lab.data.vocab import count_train_tokens
@@ -188,7 +189,7 @@ class Online:
                                "what the drafter trains on", val_data)
         self.target = load_target(target_dir, device=device, dtype=self.dtype)
         # A template that reads the clock renders one day throughout, recorded in identity(): the resumed run's.
-        self.capture = capture = replace(capture, chat_template_kwargs=pinned(
+        self.capture = capture = replace(capture, chat_template_kwargs=pinned_by_rank0(
             self.target.tokenizer, capture.chat_template_kwargs, [rendered]))
         n = self.target.num_layers
         self.aux_layer_ids = check_aux_layer_ids(

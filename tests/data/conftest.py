@@ -65,3 +65,29 @@ def interrupt_at(monkeypatch):
         return calls
 
     return arm
+
+
+@pytest.fixture(scope="session")
+def stopping_llama(random_llama, tmp_path_factory) -> Path:
+    """The random Llama with its end token's lm_head row made that of a token its greedy answers
+    use: the tie goes to the end token (lower id), so some answers stop short of 6 new tokens and the
+    others are cut there (the random Llama alone never stops)."""
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    from drafter_lab.data.chat import render
+    from drafter_lab.data.regenerate import generate_texts, generation_config
+    from drafter_lab.targets.hf import load_target, stop_token_ids
+
+    out = tmp_path_factory.mktemp("stopping") / "model"
+    shutil.copytree(random_llama, out)
+    target = load_target(random_llama)
+    prompt = render(target.tokenizer, make_conversations(2)[1]["conversations"][:1], add_generation_prompt=True)
+    (_, ids), = generate_texts(target, [prompt], generation_config(target, 0.0, 6))
+    model = LlamaForCausalLM.from_pretrained(random_llama)
+    (end,) = stop_token_ids(target)
+    with torch.no_grad():
+        model.lm_head.weight[end] = model.lm_head.weight[ids[2]]
+    model.save_pretrained(out)
+    return out

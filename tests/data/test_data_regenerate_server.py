@@ -14,14 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 
 from drafter_lab.data import regenerate_server
 from drafter_lab.data.capture import sampled_at
-from drafter_lab.data.chat import render, rendered_with
+from drafter_lab.data.chat import rendered_with
 from drafter_lab.data.conversations import Conversation, read_conversations
-from drafter_lab.data.regenerate import generate_texts, generation_config, regenerated_turns
+from drafter_lab.data.regenerate import regenerated_turns
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.errors import LabError
@@ -48,25 +47,6 @@ def serving(model: Path, tmp_path: Path, *reasoning_field: str):
     finally:
         proc.kill()
         proc.wait()
-
-
-@pytest.fixture(scope="module")
-def stopping_llama(random_llama, tmp_path_factory) -> Path:
-    """The random Llama with its end token's lm_head row made that of a token its greedy answers
-    use: the tie goes to the end token (lower id), so answers stop short of max_new_tokens."""
-    from transformers import LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("stopping") / "model"
-    shutil.copytree(random_llama, out)
-    target = load_target(random_llama)
-    prompt = render(target.tokenizer, make_conversations(2)[1]["conversations"][:1], add_generation_prompt=True)
-    (_, ids), = generate_texts(target, [prompt], generation_config(target, 0.0, 6))
-    model = LlamaForCausalLM.from_pretrained(random_llama)
-    (end,) = stop_token_ids(target)
-    with torch.no_grad():
-        model.lm_head.weight[end] = model.lm_head.weight[ids[2]]
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture

@@ -8,10 +8,8 @@ token after a cut answer out of the mask; an answer without one trains it, as be
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-import torch
 from data_helpers import make_conversations, run_cli, write_jsonl
 from test_data_chat import spans
 from test_data_hidden_thinking import templated
@@ -19,9 +17,9 @@ from test_data_reasoning import THINKING
 from test_data_regenerate_server import serving
 
 from drafter_lab.data.capture import conversation_of
-from drafter_lab.data.chat import encode_conversation, render
+from drafter_lab.data.chat import encode_conversation
 from drafter_lab.data.conversations import Conversation, read_conversations
-from drafter_lab.data.regenerate import generate_texts, generation_config, regenerate
+from drafter_lab.data.regenerate import regenerate
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
@@ -30,32 +28,12 @@ from drafter_lab.targets.hf import load_target, stop_token_ids
 NEW = 6
 
 
-@pytest.fixture(scope="module")
-def halting_llama(random_llama, tmp_path_factory):
-    """The random Llama with its end token's lm_head row made that of a token one greedy answer uses:
-    the tie goes to the end token (the lower id), so some answers stop short of NEW tokens and the
-    others are cut there."""
-    from transformers import LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("halting") / "model"
-    shutil.copytree(random_llama, out)
-    target = load_target(random_llama)
-    prompt = render(target.tokenizer, make_conversations(2)[1]["conversations"][:1], add_generation_prompt=True)
-    (_, ids), = generate_texts(target, [prompt], generation_config(target, 0.0, NEW))
-    model = LlamaForCausalLM.from_pretrained(random_llama)
-    (end,) = stop_token_ids(target)
-    with torch.no_grad():
-        model.lm_head.weight[end] = model.lm_head.weight[ids[2]]
-    model.save_pretrained(out)
-    return out
-
-
 def answers_of(path) -> list[dict]:
     return [m for c in read_conversations(path)[0] for m in c.messages if m["role"] == "assistant"]
 
 
-def test_a_local_regeneration_records_which_answers_it_cut(halting_llama, tmp_path, capsys):
-    target = load_target(halting_llama)
+def test_a_local_regeneration_records_which_answers_it_cut(stopping_llama, tmp_path, capsys):
+    target = load_target(stopping_llama)
     (end,) = stop_token_ids(target)
     convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", make_conversations(6)))
     out = regenerate(target, convs, max_new_tokens=NEW, batch_size=2)
@@ -80,17 +58,17 @@ def test_a_local_regeneration_records_which_answers_it_cut(halting_llama, tmp_pa
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["text", "token-exact"])
-def test_the_end_token_after_a_cut_answer_does_not_train(halting_llama, tmp_path, exact):
+def test_the_end_token_after_a_cut_answer_does_not_train(stopping_llama, tmp_path, exact):
     """`data prepare --regenerate` with a --max-new-tokens that cuts some answers: the mask of a cut
     answer ends with its own last token, that of a finished one with the end token the template writes."""
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(6))
     feat = tmp_path / "feat"
-    assert run_cli("data", "prepare", "--target", halting_llama, "--conversations", convs, "--out", feat,
+    assert run_cli("data", "prepare", "--target", stopping_llama, "--conversations", convs, "--out", feat,
                    "--regenerate", "--max-new-tokens", NEW, "--max-length", 512, "--val-fraction", 0,
                    *(["--token-exact"] if exact else [])) == 0
     (cache,) = feat.glob("regenerated-*.jsonl")
     regenerated = {c.id: [m for m in c.messages if m["role"] == "assistant"] for c in read_conversations(cache)[0]}
-    target = load_target(halting_llama)
+    target = load_target(stopping_llama)
     (end,) = stop_token_ids(target)
     seen = {"stop": 0, "length": 0}
     for seq in FeatureSet(feat).sequences("train"):
@@ -108,12 +86,12 @@ def test_the_end_token_after_a_cut_answer_does_not_train(halting_llama, tmp_path
     assert seen["stop"] and seen["length"]
 
 
-def test_a_server_regeneration_keeps_the_servers_finish_reason(halting_llama, tmp_path):
+def test_a_server_regeneration_keeps_the_servers_finish_reason(stopping_llama, tmp_path):
     convs = write_jsonl(tmp_path / "c.jsonl", make_conversations(4))
-    with serving(halting_llama, tmp_path) as (url, _):
+    with serving(stopping_llama, tmp_path) as (url, _):
         assert run_cli("data", "regenerate", "--conversations", convs, "--out", tmp_path / "served.jsonl",
                        "--server", url, "--max-new-tokens", NEW) == 0
-    (end,) = stop_token_ids(load_target(halting_llama))
+    (end,) = stop_token_ids(load_target(stopping_llama))
     answers = answers_of(tmp_path / "served.jsonl")
     assert {"stop", "length"} <= {m["finish_reason"] for m in answers}
     for m in answers:  # the server's ids end with the end token it stopped at: a cut answer's do not

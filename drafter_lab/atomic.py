@@ -122,15 +122,33 @@ def same_file(a, b) -> bool:
 def refuse_outputs(outputs, inputs=()) -> None:
     """Refuse, before the work, an output file `refuse_unwritable` refuses, and one that names another
     output or an input: written last, it would replace the input the run read (a prompt set, a measured
-    sweep) or the other output. Each is a (flag, path) pair; a path of None is a flag not given."""
+    sweep) or the other output. A file the lab reads inside an input directory (a run's best.json, a
+    drafter's config.json, a target's tokenizer) is refused too; any other file there (an earlier eval's
+    JSON, written again) is not. Each is a (flag, path) pair; a path of None is a flag not given."""
     outputs = [(flag, path) for flag, path in outputs if path]
+    inputs = [(flag, path) for flag, path in inputs if path]
     for flag, path in outputs:
         refuse_unwritable(path, flag)
-    named = outputs + [(flag, path) for flag, path in inputs if path]
+    named = outputs + inputs
     for i, (flag, path) in enumerate(outputs):
         for other, other_path in named[i + 1:]:
             if same_file(path, other_path):
                 raise LabError(f"{flag} and {other} name the same file", path)
+        dest = os.path.realpath(path)  # where the write lands, through links
+        for other, other_path in inputs:
+            if (os.path.isfile(dest) and os.path.isdir(other_path) and _read_in_dirs(Path(dest))
+                    and Path(dest).is_relative_to(os.path.realpath(other_path))):
+                raise LabError(f"{flag} would replace this file, which {other} {other_path} reads", path)
+
+
+READ_IN_DIRS = ("run.json", "best.json", "metrics.jsonl", "manifest.json", "results.json", "config.json",
+                "generation_config.json", "chat_template.jinja", "tokenizer*", "vocab*", "merges.txt", "*.safetensors",
+                "*.index.json", "*.bin", "*.pt", "*.model", "*.tiktoken")
+"""Names of the files the lab reads in a run, drafter or target directory given as an input."""
+
+
+def _read_in_dirs(path: Path) -> bool:
+    return any(path.match(pattern) for pattern in READ_IN_DIRS)
 
 
 def _through_link(path: Path) -> Path:

@@ -207,6 +207,13 @@ def _set_line(name: str, r: dict) -> str:
             f"{r['verify_steps']} verify steps, spec {r['spec_tok_s']:.1f} tok/s{ratio}")
 
 
+def _refuse_plot_suffix(plot) -> None:
+    """--plot draws a PNG, as every plot the lab writes (plotting.save_png): another suffix would name a
+    file of PNG bytes that its viewer reads as something else."""
+    if plot and Path(plot).suffix.lower() != ".png":
+        raise LabError("--plot writes a PNG: name a .png file", plot)
+
+
 def run_eval(args) -> int:
     import torch
 
@@ -218,7 +225,9 @@ def run_eval(args) -> int:
 
     sets = _prompt_sets(args)
     # written last, after the decoding's minutes
-    atomic.refuse_outputs([("--json", args.json), ("--plot", args.plot)], [("--prompts", p) for p in args.prompts])
+    atomic.refuse_outputs([("--json", args.json), ("--plot", args.plot)],
+                          [("--prompts", p) for p in args.prompts] + [("--drafter", args.drafter), ("--target", args.target)])
+    _refuse_plot_suffix(args.plot)
     if args.server is not None:
         return _run_served_eval(args, sets)
     if (args.baseline_server is not None or args.concurrency != [1] or args.request_rate != [None]
@@ -451,6 +460,7 @@ def run_costmodel(args) -> int:
 
     # written after the report is printed: refused before it, and before the inputs are read
     atomic.refuse_outputs([("--json", args.json), ("--plot", args.plot)], [("--inputs", p) for p in args.inputs])
+    _refuse_plot_suffix(args.plot)
     cfg = PRESETS[args.preset]
     measured = None
     sweeps = []

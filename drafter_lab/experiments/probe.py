@@ -40,6 +40,7 @@ from drafter_lab.experiments.pilot import closing, lead_text, pilot_config, run_
 from drafter_lab.progress import log
 from drafter_lab.spec.pairing import check_config
 from drafter_lab.targets.drift import linear_cka
+from drafter_lab.targets.fingerprint import weight_files
 from drafter_lab.targets.hf import Target, check_aux_layer_ids, load_target, load_target_head
 from drafter_lab.targets.hidden import run_capturing
 from drafter_lab.train.config import TrainConfig
@@ -188,6 +189,13 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     # where the two targets' tokenizers differ, an id names another token in each: compare tokens
     # (first: it refuses a --source-target that is not the drafter's, before the signals' minutes)
     tokens, tokens_from = source_tokens(drafter_dir, source_target_dir, target)
+    if source_target_dir is not None:  # its tokenizer was enough so far; the home signal runs the model, late
+        given = Path(source_target_dir)
+        held = ("a tokenizer alone" if not (given / "config.json").is_file() else
+                "no weights" if not weight_files(given) else None)
+        if held:
+            raise LabError(f"--source-target holds {held}: the probe runs the source target (its accept at home), "
+                           "give the model's directory", given)
     lm_head = target.lm_head_weight()
 
     zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size, logit_map=target.logit_map)

@@ -29,6 +29,7 @@ from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, maybe_progress
 from drafter_lab.targets.fingerprint import recorded_name
+from drafter_lab.targets.hf import load_tokenizer
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import (
@@ -300,6 +301,33 @@ def _val_change(out_dir: Path, had_own: bool, source) -> str:
     return f"the run validated on {then}; this resume gives {f'--val-data {now}' if now else 'none'}: {cure}"
 
 
+_ABSENT = object()
+"""A key one of two data identities lacks (a value may be None)."""
+
+
+def _differences(before: dict, now: dict, within: str = "") -> list[str]:
+    """Each key whose value differs between two data identities, as "key X there, Y now" (nested
+    keys dotted), values shortened: the whole dicts, hashes and all, made a paragraph of the error."""
+    out = []
+    for k in [*before, *(k for k in now if k not in before)]:
+        a, b = before.get(k, _ABSENT), now.get(k, _ABSENT)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{within}{k}.")
+        elif a != b:
+            out.append(f"{within}{k} {_short(a)} there, {_short(b)} now")
+    return out
+
+
+def _short(value) -> str:
+    """`value` for one line: a hash by its first 12 digits, anything else long cut to 40 characters."""
+    if value is _ABSENT:
+        return "absent"
+    text = str(value)
+    if isinstance(value, str) and len(value) > 12 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def _ids_checked(read, vocab_size: int):
     """`read` (an Examples' reading), each sequence it returns checked to hold ids of the target vocab,
     on the CPU before its batch is on the device: a bad id that --scan-features false let through is a
@@ -359,6 +387,8 @@ class _Run:
                 raise LabError("tensorboard = true needs the tensorboard package (pip install tensorboard)") from None
 
         # ---- every input, before anything is written ------------------------------------------
+        if init_from is not None and remap and source_target is not None:
+            load_tokenizer(source_target)  # a wrong directory is refused before the features' scan (minutes)
         source = open_source()  # after the checks above: an online run loads the whole target
         target = source.target
         self.cfg = cfg = settled(cfg, target.config)  # before the resume compares it and run.json records it
@@ -387,7 +417,7 @@ class _Run:
                 if same_training and saved.get("val") != self.data.get("val"):
                     change = _val_change(out_dir, "val" in saved, source)
                     raise LabError(f"--resume with other validation data: {change}", out_dir)
-                raise LabError(f"--resume with other training data ({saved} there, {self.data} now): "
+                raise LabError(f"--resume with other training data ({'; '.join(_differences(saved, self.data))}): "
                                "the run would not be the same", out_dir)
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)

@@ -45,31 +45,21 @@ def test_costmodel_writes_a_new_file_inside_its_input_run(tmp_path, capsys):
     assert "would replace" not in capsys.readouterr().err
 
 
-def test_eval_refuses_a_json_over_its_drafter_config(tmp_path, capsys):
+@pytest.mark.parametrize(("flag", "name"), [("--drafter", "config.json"), ("--target", "tokenizer.json")])
+def test_eval_refuses_a_json_over_a_file_of_its_drafter_or_target(tmp_path, capsys, flag, name):
     """`eval --drafter DIR --json DIR/config.json` replaced the drafter's config after the decoding."""
-    drafter = tmp_path / "drafter"
-    drafter.mkdir()
-    (drafter / "config.json").write_text("{}")
+    given = tmp_path / "dir"
+    given.mkdir()
+    out = given / name
+    out.write_text("{}")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"conversations": [{"role": "user", "content": "q"},
                                                      {"role": "assistant", "content": "a"}]}) + "\n")
-    out = drafter / "config.json"
-    assert main(["eval", "--drafter", str(drafter), "--target", str(tmp_path / "missing"), "--prompts", str(prompts),
-                 "--json", str(out)]) == 2
-    assert _refused(capsys) == f"error: {out}: --json would replace this file, which --drafter {drafter} reads"
+    models = ["--drafter", str(given), "--target", str(tmp_path / "missing")] if flag == "--drafter" else \
+        ["--ngram", "--target", str(given)]
+    assert main(["eval", *models, "--prompts", str(prompts), "--json", str(out)]) == 2
+    assert _refused(capsys) == f"error: {out}: --json would replace this file, which {flag} {given} reads"
     assert out.read_text() == "{}"
-
-
-def test_eval_refuses_a_json_over_a_file_of_its_target(tmp_path, capsys):
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "tokenizer.json").write_text("{}")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"conversations": [{"role": "user", "content": "q"},
-                                                     {"role": "assistant", "content": "a"}]}) + "\n")
-    assert main(["eval", "--ngram", "--target", str(target), "--prompts", str(prompts),
-                 "--json", str(target / "tokenizer.json")]) == 2
-    assert "--json would replace this file, which --target" in _refused(capsys)
 
 
 @pytest.mark.parametrize("name", ["out.txt", "out.pdf", "out"])

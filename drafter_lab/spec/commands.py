@@ -454,7 +454,7 @@ def _phase_lines(r: dict) -> list[str]:
 
 
 def run_costmodel(args) -> int:
-    from drafter_lab.spec.costinputs import fold, read_inputs
+    from drafter_lab.spec.costinputs import MEASURED_ACCEPT, fold, read_inputs
     from drafter_lab.spec.costmodel import PRESETS
     from drafter_lab.spec.costreport import format_report, report, settings_table
 
@@ -474,7 +474,7 @@ def run_costmodel(args) -> int:
             continue
         # Two drafters' measurements folded into one deployment priced neither: a later eval's accept
         # lengths replaced the earlier's, beside its n-gram lookup time and no-match share.
-        if any(k in data for k in ("served_accept_len", "accept_by_steps", "accept_histogram")):
+        if any(k in data for k in MEASURED_ACCEPT):
             if measured_by is not None:
                 raise LabError(f"{measured_by} and {path} each measure a drafter's accept lengths, and one cost model "
                                "prices one drafter: give one of them (a run each to compare them)", path)

@@ -174,9 +174,10 @@ def run_inputs(path: Path, sampled: bool = False) -> dict:
     return {"accept_by_steps": by_steps}
 
 
+MEASURED_ACCEPT = ("served_accept_len", "accept_histogram", "accept_by_steps")
+"""Inputs that measure one drafter's accept lengths (an eval, a run's prediction): one cost model takes one."""
 KNOWN_INPUTS = ("allreduce_us", "draft_step_us", "draft_step_us_by_batch", "draft_extend_us_by_batch", "verify_ms",
-                "verify_ms_by_tokens", "deployment", "decode_ms", "no_draft_share", "accept_length",
-                "served_accept_len", "accept_histogram", "accept_by_steps")
+                "verify_ms_by_tokens", "deployment", "decode_ms", "no_draft_share", "accept_length", *MEASURED_ACCEPT)
 DEPLOYMENT_FIELDS = ("num_layers", "hidden_size", "dtype_bytes", "allreduces_per_layer", "cycle_overhead_ms",
                      "decode_overhead_ms")
 OVERHEADS = ("cycle_overhead_ms", "decode_overhead_ms")

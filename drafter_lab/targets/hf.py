@@ -229,9 +229,11 @@ TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges.txt", "*.model", "*.tiktoken"
 SentencePiece and tiktoken models, Mistral's tekken): a directory with none holds no tokenizer."""
 
 
-def _check_tokenizer_dir(path: Path) -> None:
-    """Refuse a directory with no tokenizer file (an empty one, a feature or drafter directory): else
-    transformers answers with a paragraph on converting slow tokenizers ("install sentencepiece")."""
+def check_tokenizer_dir(path: Path) -> None:
+    """Refuse a path that is no directory, or one with no tokenizer file (an empty one, a feature or
+    drafter directory): else transformers takes it for a hub name, or answers with a paragraph on
+    converting slow tokenizers ("install sentencepiece"). Cheap: for a check before long work."""
+    _check_dir(path)
     if any(next(path.glob(g), None) for g in TOKENIZER_FILES):
         return
     missing = "no tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, ...)"
@@ -244,8 +246,7 @@ def load_tokenizer(path):
     from transformers import AutoTokenizer
 
     path = Path(path)
-    _check_dir(path)  # else transformers takes it for a hub name and says it cannot reach the hub
-    _check_tokenizer_dir(path)
+    check_tokenizer_dir(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
     except Exception as e:  # transformers raises many types for a broken dir
@@ -299,7 +300,7 @@ def load_target(
     path, device = Path(path), resolve_device(device)
     _check_model_dir(path)
     if tokenizer:  # before the weights load, which take minutes for a large target
-        _check_tokenizer_dir(path)
+        check_tokenizer_dir(path)
     code = trusts_remote_code()
     try:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=code)

@@ -29,7 +29,7 @@ from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, maybe_progress
 from drafter_lab.targets.fingerprint import recorded_name
-from drafter_lab.targets.hf import load_tokenizer
+from drafter_lab.targets.hf import check_tokenizer_dir
 from drafter_lab.threads import torch_threads
 from drafter_lab.train import distributed, state
 from drafter_lab.train.config import (
@@ -388,7 +388,7 @@ class _Run:
 
         # ---- every input, before anything is written ------------------------------------------
         if init_from is not None and remap and source_target is not None:
-            load_tokenizer(source_target)  # a wrong directory is refused before the features' scan (minutes)
+            check_tokenizer_dir(Path(source_target))  # a wrong directory refused before the features' scan (minutes)
         source = open_source()  # after the checks above: an online run loads the whole target
         target = source.target
         self.cfg = cfg = settled(cfg, target.config)  # before the resume compares it and run.json records it

@@ -208,5 +208,5 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def container(session: nox.Session) -> None:
-    """Build the images with whichever engine exists (docker, podman, buildah); `-- smoke` runs inside."""
+    """Build the images with whichever engine exists (docker, buildah, podman); `-- smoke` runs inside."""
     session.run("python3", "containers/build.py", *session.posargs, external=True)

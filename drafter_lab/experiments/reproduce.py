@@ -63,7 +63,7 @@ def flat_metrics(results: dict) -> dict[str, object]:
     for lv in results["levels"]:
         prefix = f"drift {level_name(lv['drift_knob'])}"
         pair = lv.get("pair") or {}
-        # The corpus is the running interpreter's standard library: another Python, another pair.
+        # The corpus is a pinned snapshot (targets/corpus.py): its hash changes only with the snapshot.
         if "hash" in (pair.get("corpus") or {}):
             out[f"{prefix} / pair / corpus hash"] = pair["corpus"]["hash"]
         for side in ("base", "tuned"):

@@ -266,6 +266,8 @@ def parse(argv) -> argparse.Namespace:
     if args.device == "auto":  # resolve_device takes it: pick the defaults of the device it means
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu = args.device.partition(":")[0] == "cpu"  # "cpu:0" too
+    if args.breakdown and cpu:  # it printed nothing: the per-kernel times are the CUDA profiler's
+        ap.error("--breakdown: per-kernel device times come from the CUDA profiler; not on the CPU")
     args.shapes = args.shapes or (["tiny", "small"] if cpu else ["llama3.1-8b", "kimi-k2"])
     args.batch = args.batch or ([1, 4] if cpu else [1, 8, 32])
     args.context = 128 if cpu and args.context is None else (1024 if args.context is None else args.context)

@@ -9,6 +9,9 @@
 # the last lines printed are the summary. The limits add up to more than one 600 s device call:
 # where a call must be shorter, run `build tests allreduce` first (a warm machine keeps the build).
 set -uo pipefail
+# A relative OUT (or PYTHON path) names a place from where this was called, not from the checkout.
+if [[ -n ${OUT:-} && $OUT != /* ]]; then OUT="$PWD/$OUT"; fi
+if [[ ${PYTHON:-} == */* && $PYTHON != /* ]]; then PYTHON="$PWD/$PYTHON"; fi
 cd "$(dirname "$0")/../.."
 export OUT="${OUT:-runs/device}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 PY="${PYTHON:-python3}"

@@ -255,9 +255,9 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--copies", type=int, default=4, help="weight/KV copies rotated through (defeats L2)")
     ap.add_argument("--reps", type=int, default=None, help="timed calls per measurement (default 200; CPU 10)")
     ap.add_argument("--warmup", type=int, default=None)
-    ap.add_argument("--compile-mode", default="default",
+    ap.add_argument("--compile-mode", default=None,
                     choices=["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead", "none"],
-                    help="torch.compile mode for the reference baseline (none: skip it)")
+                    help="torch.compile mode for the reference baseline on CUDA (default: default; none: skip it)")
     ap.add_argument("--breakdown", action="store_true", help="also print each kernel's device time (CUDA profiler)")
     ap.add_argument("--json", default=None, help="write the cost model's draft tables and every row (meta) here")
     ap.add_argument("--markdown", default=None, help="write the README's table of this run here")
@@ -268,6 +268,9 @@ def parse(argv) -> argparse.Namespace:
     cpu = args.device.partition(":")[0] == "cpu"  # "cpu:0" too
     if args.breakdown and cpu:  # it printed nothing: the per-kernel times are the CUDA profiler's
         ap.error("--breakdown: per-kernel device times come from the CUDA profiler; not on the CPU")
+    if cpu and args.compile_mode not in (None, "none"):  # the header named a mode that never ran
+        ap.error("--compile-mode: the torch.compile baseline is timed on CUDA only")
+    args.compile_mode = args.compile_mode or ("none" if cpu else "default")
     args.shapes = args.shapes or (["tiny", "small"] if cpu else ["llama3.1-8b", "kimi-k2"])
     args.batch = args.batch or ([1, 4] if cpu else [1, 8, 32])
     args.context = 128 if cpu and args.context is None else (1024 if args.context is None else args.context)

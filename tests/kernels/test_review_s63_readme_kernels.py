@@ -25,6 +25,18 @@ def test_breakdown_on_the_cpu_is_refused_not_ignored(device, capsys):
     assert bench.parse(["--device", device]).breakdown is False  # the plain CPU run still parses
 
 
+def test_a_compile_mode_on_the_cpu_is_refused_not_named(capsys):
+    """On the CPU the header said "torch.compile mode default" though the compile baseline only runs on CUDA."""
+    from drafter_lab.kernels import bench_draft_forward as bench
+
+    assert bench.parse(["--device", "cpu"]).compile_mode == "none"
+    assert bench.parse(["--device", "cpu", "--compile-mode", "none"]).compile_mode == "none"
+    assert bench.parse(["--device", "cuda"]).compile_mode == "default"
+    with pytest.raises(SystemExit) as e:
+        bench.parse(["--device", "cpu", "--compile-mode", "max-autotune"])
+    assert e.value.code == 2 and "CUDA only" in capsys.readouterr().err
+
+
 def test_a_relative_out_is_taken_from_where_the_script_is_called(tmp_path):
     """The script cds to the checkout first, so `OUT=out` from another directory wrote the log into the
     checkout's out/; a relative PYTHON path likewise named a file under the checkout."""

@@ -6,7 +6,9 @@ keeps whole lines only, and the first append cuts the file back to them. A journ
 settings is refused with one line naming the file. The file appears with the first record, so a
 run that finished nothing leaves nothing behind. A writing journal holds an flock on its file, so a
 second run writing the same one is refused instead of interleaving its records with the first's (the
-kernel drops the lock when its holder dies).
+kernel drops the lock when its holder dies). Lines are strict JSON, as every file the lab writes
+(atomic.dumps): settings hold finite numbers only (one with a NaN, never equal to itself, would
+refuse every resume), and a record's NaN or infinity reads back as null.
 """
 
 from __future__ import annotations
@@ -17,7 +19,21 @@ import json
 import os
 from pathlib import Path
 
+from drafter_lab.atomic import dumps
 from drafter_lab.errors import LabError
+
+_HEAD = b'{"settings": '
+"""How every journal's first line begins: a file of no whole line that begins otherwise (an input given
+as `<out>.partial`) is no half-written journal, to be cut back to nothing."""
+
+
+def _strict(value) -> bool:
+    """Whether `value` writes as strict JSON (no NaN or infinity in it)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
 
 
 class Journal:
@@ -26,7 +42,15 @@ class Journal:
 
     def __init__(self, path: str | os.PathLike, settings: dict, write: bool = True):
         self.path = Path(path)
-        self._header = {"settings": settings}
+        try:
+            self._head = json.dumps({"settings": settings}, allow_nan=False)
+        except ValueError:
+            bad = [k for k, v in settings.items() if not _strict(v)]
+            raise LabError(f"settings {', '.join(map(str, bad))} hold a number JSON has not (NaN or infinity)",
+                           self.path) from None
+        self._header = json.loads(self._head)  # as it reads back: tuples as lists, keys as text
+        if self.path.is_dir():  # else open's or read's traceback
+            raise LabError("is a directory, not a journal; use another --out", self.path)
         self._write = write
         self._file = None  # binary, and locked, while this run writes
         self._cut = False  # the first append cuts the file back to its whole lines
@@ -67,6 +91,8 @@ class Journal:
             blob = self.path.read_bytes() if self.path.exists() else b""
         lines = blob.split(b"\n")[:-1]  # a last line without its newline is half-written
         if not lines:
+            if not (blob.startswith(_HEAD) or _HEAD.startswith(blob)):
+                raise LabError("is not a journal this lab wrote; move it away or use another --out", self.path)
             return [], None
         try:
             same = json.loads(lines[0]) == self._header
@@ -99,9 +125,9 @@ class Journal:
             self._file.truncate(self._whole_bytes or 0)
             self._file.seek(0, os.SEEK_END)
             if self._whole_bytes is None:
-                self._file.write(json.dumps(self._header).encode() + b"\n")
+                self._file.write(self._head.encode() + b"\n")
             self._cut = True
-        self._file.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+        self._file.write(dumps(record, ensure_ascii=False).encode() + b"\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -81,7 +81,7 @@ def test_regenerate_against_a_stalled_server_fails_at_the_timeout(stalling, tmp_
                         "--server", url, "--timeout", "0.5", "--max-new-tokens", "4")
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1] == (
-        f"error: conversation c0, turn 2: {url}/v1/chat/completions: no answer within 0.5 s; not sent again, as "
+        f"error: {convs}: conversation c0, turn 2: {url}/v1/chat/completions: no answer within 0.5 s; not sent again, as "
         "the server may still be generating it")
     assert got == ["GET /v1/models", "POST /v1/chat/completions"]  # the generation was sent once
     assert not (tmp_path / "out.jsonl").exists()

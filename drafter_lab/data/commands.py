@@ -137,6 +137,9 @@ def _regenerate(args) -> int:
     if same_file(out, source):
         raise LabError("--out is the --conversations file: the regenerated turns would replace the recorded ones; "
                        "choose another --out", out)
+    partial = out.with_name(out.name + ".partial")
+    if same_file(partial, source):  # the journal's lines would go into it
+        raise LabError(f"--out's journal, {partial.name}, is the --conversations file; choose another --out", out)
     convs, skipped = read_conversations(source)
     if not convs:
         raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
@@ -168,7 +171,6 @@ def _regenerate(args) -> int:
             raise LabError(f"need max_new_tokens >= 1, batch_size >= 1 and a finite temperature >= 0, got "
                            f"{args.max_new_tokens}, {batch_size} and {args.temperature}")
         target = load_target(args.target, device=args.device or CaptureConfig.device)
-        partial = out.with_name(out.name + ".partial")
         before = Journal.settings_of(partial)
         # A template that reads the clock renders the day the journal's run began, else today's, throughout.
         gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=batch_size,

@@ -52,7 +52,8 @@ A turn's content may also be the OpenAI API's list of content parts, all of type
 joined with newlines, as vLLM joins them for a template that takes text.
 
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line
-(the item, from 1, of an array).
+(the item, from 1, of an array); so is a NaN or Infinity (which Python's json reads, and JSON has not)
+in what the lab keeps of a row: its id, tools and turns (other columns are not read).
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
 (an error under `strict`).
 """
@@ -169,8 +170,18 @@ def parse_call(call, where: str, path) -> dict:
     args = {} if isinstance(raw, str) and not raw.strip() else _json_or_same(raw)
     if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(args, dict)):
         raise LabError(f"{where}: a tool call needs a name and arguments (an object, or a JSON string of one)", path)
+    if (bad := _non_finite(args)) is not None:  # a server's arguments too, parsed from its JSON text
+        raise LabError(f"{where}: a tool call's arguments hold {json.dumps(bad)}, which is not a JSON number", path)
     out = {"type": "function", "function": {**fn, "arguments": args}}
     return {"id": call["id"], **out} if isinstance(call.get("id"), str) else out
+
+
+def _non_finite(value) -> float | None:
+    """The first NaN or infinity in `value` (at any depth of its dicts and lists), None without one."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((bad for v in items if (bad := _non_finite(v)) is not None), None)
 
 
 def _text_of(content, where: str, path) -> str:
@@ -369,6 +380,10 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
             raise LabError(f"{where}: no `conversations` (or `messages`) list", path)
         messages = [_parse_turn(t, where, path) for t in turns]
         tools = _row_tools(obj, where, path)
+        # Written out (regenerated, journalled) the value would be no JSON; an id NaN named "nan".
+        for what, value in (("id", obj.get("id")), ("tools", tools), *((f"turn {k}", m) for k, m in enumerate(messages, 1))):
+            if (bad := _non_finite(value)) is not None:
+                raise LabError(f"{where}: {what} has {json.dumps(bad)}, which is not a JSON number", path)
         _add_system(messages, obj.get("system"), where, path)
         if not any(m["role"] == "assistant" for m in messages):
             if strict:

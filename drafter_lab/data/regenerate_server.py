@@ -183,7 +183,8 @@ def _settings(cfg: ServerConfig, source: Path) -> dict:
 def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,
                           show_progress: bool = True) -> list[Conversation]:
     """Regenerate every assistant turn of `conversations` (read from `source`) through the server at
-    `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order."""
+    `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order. A conversation's
+    failure names it and `source`, as a local regeneration's does."""
     # retries < 0 would retry a refused connection forever; a NaN temperature would be sent as sampling
     if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.retries < 0 or not 0 <= cfg.temperature < math.inf:
         raise LabError("need concurrency >= 1, max_new_tokens >= 1, retries >= 0 and a finite temperature >= 0")
@@ -243,6 +244,8 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     finally:
         failed.set()  # Ctrl-C: the queue is dropped
     if failure is not None:
+        if isinstance(failure, LabError) and failure.path is None:  # a conversation's: it names that, this its file
+            raise LabError(str(failure), source) from None
         raise failure
     result = [done[c.id] for c in conversations]
     answers = [c.messages[i] for c in result for i in regenerated_turns(c)]

@@ -224,8 +224,9 @@ def run_eval(args) -> int:
     from drafter_lab.threads import check_threads
 
     sets = _prompt_sets(args)
-    # written last, after the decoding's minutes
-    atomic.refuse_outputs([("--json", args.json), ("--plot", args.plot)],
+    # written last, after the decoding's minutes; a sweep's journal (--json's .partial) as it goes
+    journal = f"{args.json}.partial" if args.json else None
+    atomic.refuse_outputs([("--json", args.json), ("--json's journal", journal), ("--plot", args.plot)],
                           [("--prompts", p) for p in args.prompts] + [("--drafter", args.drafter), ("--target", args.target)])
     _refuse_plot_suffix(args.plot)
     if args.server is not None:

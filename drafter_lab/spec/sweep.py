@@ -88,7 +88,7 @@ def format_sweep(results: list[dict]) -> str:
         tpot = r.get("latency", {}).get("tpot_speedup")
         rate = f" {_cell(c.get('request_rate'), 'g'):>5}" if rates else ""
         lines.append(f"{_cell(c['steps']):>5} {_cell(c['topk']):>4} {_cell(c['draft_tokens']):>12} {batch_of(r):>5}{rate} | "
-                     f"{r['served_accept_len']:>13.3f} {r['spec_tok_s']:>10.1f} {_cell(r.get('baseline_tok_s'), '.1f'):>12} "
+                     f"{_cell(r['served_accept_len'], '.3f'):>13} {r['spec_tok_s']:>10.1f} {_cell(r.get('baseline_tok_s'), '.1f'):>12} "
                      f"{_cell(r.get('speedup'), '.2f') + ('x' if 'speedup' in r else ''):>6} "
                      f"{_cell(tpot, '.2f') + ('x' if tpot else ''):>10}")
     if not all("speedup" in r for r in results):

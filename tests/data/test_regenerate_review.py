@@ -84,7 +84,7 @@ def test_a_server_refusal_names_the_conversation(tmp_path, monkeypatch):
     cfg = ServerConfig(url="http://127.0.0.1:9", model="m", concurrency=1, retries=0)
     with pytest.raises(LabError) as e:
         regenerate_via_server(convs, source, tmp_path / "out.jsonl", cfg, show_progress=False)
-    assert str(e.value) == (f"conversation too-long, turn 2: {url}: server answered HTTP 400: This model's maximum "
+    assert str(e.value) == (f"{source}: conversation too-long, turn 2: {url}: server answered HTTP 400: This model's maximum "
                             "context length is 512 tokens")
 
 

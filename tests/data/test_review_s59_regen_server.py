@@ -56,7 +56,7 @@ def test_a_choice_without_a_message_object_is_one_line(tmp_path, monkeypatch, ca
                         lambda url, body, **kw: {"choices": [{"index": 0, "message": message}]})
     assert _cli(tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: conversation ") and "no text at choices[0].message.content" in err
+    assert err.startswith(f"error: {tmp_path / 'c.jsonl'}: conversation ") and "no text at choices[0].message.content" in err
     assert f"'message': {message!r}" in err
 
 

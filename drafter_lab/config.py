@@ -5,17 +5,20 @@ train.config.TrainConfig, ...). This module holds the shared machinery:
 
 - `field_docs(cls)` reads the docstring written under each field, for `--help` and for reports;
 - `from_dict` / `load_toml` build a config and reject unknown keys and values of another type with the file's name;
-- `add_cli_args` / `apply_cli_args` expose every field as `--field-name VALUE`.
+- `add_cli_args` / `apply_cli_args` expose every field as `--field-name VALUE`;
+- `flags_named` has the checks' complaints about a field the command line set name its flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
 import math
+import re
 import textwrap
 import tomllib
 import typing
@@ -192,4 +195,48 @@ def apply_cli_args(cfg, args: argparse.Namespace):
         k[len("cfg__"):]: v for k, v in vars(args).items()
         if k.startswith("cfg__") and v is not None and k[len("cfg__"):] in names
     }
-    return replace(cfg, **overrides) if overrides else cfg
+    # Read here, so that a value that does not read names the flag typed, not the class and field; and the
+    # class's own checks (__post_init__) name the flags given too.
+    typed = {k: _coerce(v, _field_type(type(cfg), k), _flag(k), True) for k, v in overrides.items()}
+    with flags_named({k: _flag(k) for k in typed}):
+        return replace(cfg, **typed) if typed else cfg
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def cli_flags(args: argparse.Namespace, *fields: str) -> dict[str, str]:
+    """Each config field the command line set -> its flag: the `--field-name` options given, and `fields`,
+    the command's own options that set a field of that name (`train --val-fraction`)."""
+    given = [k[len("cfg__"):] for k, v in vars(args).items() if k.startswith("cfg__") and v is not None]
+    return {name: _flag(name) for name in (*given, *fields)}
+
+
+@contextlib.contextmanager
+def flags_named(flags: dict[str, str]):
+    """Within: a LabError from the config checks, which name fields as a --config file spells them, names
+    each field of `flags` (`cli_flags`) as the flag the user typed: `--val-fraction must be in [0, 1)`, not
+    `val_fraction ...`. One naming a file (the --config's own value) is left as it is."""
+    try:
+        yield
+    except LabError as e:
+        if not flags or (e.path is not None and e.path not in flags):
+            raise
+        body = str(e)[len(e.path) + 2:] if e.path is not None else str(e)
+        named = _flags_for_fields(body, flags)
+        if named == body and e.path is None:
+            raise
+        raise LabError(named, flags.get(e.path)) from None
+
+
+def _flags_for_fields(text: str, flags: dict[str, str]) -> str:
+    """`text` with the fields of `flags` it names as their flags: a name with an underscore as a whole word
+    (not inside a quoted value, a path or a longer name, a metric like loss_0); one without (lr, device)
+    only where it begins the text, as elsewhere it may be a word of the sentence ("no CUDA device")."""
+    def alternatives(names) -> str:
+        return "(" + "|".join(map(re.escape, names)) + r")(?![\w'\"/-]|\.\w)"
+
+    text = re.sub("^" + alternatives(flags), lambda m: flags[m[1]], text)
+    joined = [name for name in flags if "_" in name]
+    return re.sub(r"(?<![\w'\"/.-])" + alternatives(joined), lambda m: flags[m[1]], text) if joined else text

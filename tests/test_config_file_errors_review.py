@@ -33,7 +33,7 @@ def test_a_bad_flag_over_a_good_file_is_not_blamed_on_the_file(tmp_path, capsys)
     f.write_text("hidden_size = 64\n")
     assert cli.main(["targets", "build", "--config", str(f), "--out", str(tmp_path / "pair"),
                      "--hidden-size", "0"]) == 2
-    assert capsys.readouterr().err == "error: hidden_size must be >= 1, got 0\n"
+    assert capsys.readouterr().err == "error: --hidden-size must be >= 1, got 0\n"
 
 
 @pytest.mark.parametrize("line, message", [
@@ -54,7 +54,7 @@ def test_train_blames_a_flag_not_the_file_and_reads_both_together(tmp_path, caps
     f = tmp_path / "train.toml"
     f.write_text("lr = 0.001\nbatch_size = 0\n")
     assert cli.main(["train", "--config", str(f), *TRAIN, "--lr", "-1", "--batch-tokens", "256"]) == 2
-    assert capsys.readouterr().err == "error: lr must be >= 0 and finite, got -1.0\n"
+    assert capsys.readouterr().err == "error: --lr must be >= 0 and finite, got -1.0\n"
     assert cli.main(["train", "--config", str(f), *TRAIN, "--batch-tokens", "256"]) == 2
     assert "batch_size" not in capsys.readouterr().err  # the flag's batch_tokens makes the file's batch_size 0 fine
 

@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-from drafter_lab.config import field_docs
+from drafter_lab.config import cli_flags, field_docs, flags_named
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import add_client_args, server_url
 
@@ -86,7 +86,7 @@ def register(subparsers) -> None:
 def _prepare(args) -> int:
     import torch
 
-    from drafter_lab.data.capture import CaptureConfig, prepare_features
+    from drafter_lab.data.capture import CaptureConfig, check_config, prepare_features
 
     if not args.regenerate:  # else sampling settings given for answers that are never sampled, unsaid
         given = [f"--{k.replace('_', '-')}" for k in ("temperature", "max_new_tokens", "regen_batch_size", "seed")
@@ -113,6 +113,8 @@ def _prepare(args) -> int:
         strict=args.strict,
         device=args.device,
     )
+    with flags_named(cli_flags(args, *vars(cfg))):  # each field is the option of its name: the check names it so
+        check_config(cfg)
     with _one_writer(Path(args.out)):
         manifest = prepare_features(args.target, args.conversations, args.out, cfg)
     if torch.distributed.is_initialized():  # under torchrun: rank 0 reports, every rank leaves the group

@@ -104,35 +104,48 @@ def checked(cfg: TrainConfig, path) -> TrainConfig:
 
 
 def run(args) -> int:
-    from drafter_lab.drafter.formats import rope_scaling_from_text
-    from drafter_lab.train.loop import train
-    from drafter_lab.train.watch import stopped_at
+    from drafter_lab.data.capture import check_config as check_capture
+    from drafter_lab.train.config import check_metric
+    from drafter_lab.train.loop import check_transfer, train
+    from drafter_lab.train.watch import check_watch, stopped_at
 
-    if args.cfg__drafter_rope_scaling is not None:  # named as given; check_config names the field (and its file)
-        rope_scaling_from_text(args.cfg__drafter_rope_scaling, "--drafter-rope-scaling")
     cfg = load_config(args.config) if args.config is not None else TrainConfig()
     if args.draft_config:
         cfg = with_draft_config(cfg, args.draft_config, Path(args.target))
-    cfg = checked(labconfig.apply_cli_args(cfg, args), args.config)
-    online = None
-    if args.conversations is not None:
-        online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids, val_fraction=args.val_fraction,
-                               token_exact=args.token_exact, chat_template_kwargs=args.chat_template_kwargs,
-                               turns=args.turns, tokenize_workers=args.tokenize_workers)
-    elif (args.target_dtype, args.aux_layer_ids, args.val_fraction, args.token_exact, args.chat_template_kwargs,
-          args.turns, args.tokenize_workers) != (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False, None,
-                                                 CaptureConfig.turns, CaptureConfig.tokenize_workers):
-        raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs, "
-                       "--turns and --tokenize-workers apply to --conversations (online) runs only")
-    given = [flag for flag, value in (("--no-remap", args.no_remap or None), ("--l2sp", args.l2sp),
-                                      ("--transfer-lr-scale", args.transfer_lr_scale),
-                                      ("--source-target", args.source_target)) if value is not None]
-    if given and not args.init_from:
-        raise LabError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
-    transfer = {k: v for k, v in (("l2sp", args.l2sp), ("transfer_lr_scale", args.transfer_lr_scale)) if v is not None}
-    watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
-    if args.stop_if_behind is None and watch_cfg != WatchConfig():
-        raise LabError("--watch-* settings apply with --stop-if-behind only")
+    # Every setting checked before the run reads its inputs (a long features scan, a whole target); a complaint
+    # about a field the command line set names the flag typed (a --config file's own value, the file).
+    flags = labconfig.cli_flags(args, "val_fraction", "tokenize_workers", "l2sp", "transfer_lr_scale")
+    with labconfig.flags_named(flags):
+        cfg = checked(labconfig.apply_cli_args(cfg, args), args.config)
+        online = None
+        if args.conversations is not None:
+            online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids,
+                                   val_fraction=args.val_fraction, token_exact=args.token_exact,
+                                   chat_template_kwargs=args.chat_template_kwargs, turns=args.turns,
+                                   tokenize_workers=args.tokenize_workers)
+            check_capture(online)
+        elif (args.target_dtype, args.aux_layer_ids, args.val_fraction, args.token_exact, args.chat_template_kwargs,
+              args.turns, args.tokenize_workers) != (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False,
+                                                     None, CaptureConfig.turns, CaptureConfig.tokenize_workers):
+            raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs, "
+                           "--turns and --tokenize-workers apply to --conversations (online) runs only")
+        given = [flag for flag, value in (("--no-remap", args.no_remap or None), ("--l2sp", args.l2sp),
+                                          ("--transfer-lr-scale", args.transfer_lr_scale),
+                                          ("--source-target", args.source_target)) if value is not None]
+        if given and not args.init_from:
+            raise LabError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
+        if args.no_remap and args.source_target is not None:  # else taken and never read
+            raise LabError("--source-target is read for the vocab remap (its tokenizer), and --no-remap turns "
+                           "that off: give one or the other")
+        transfer = {k: v for k, v in (("l2sp", args.l2sp), ("transfer_lr_scale", args.transfer_lr_scale))
+                    if v is not None}
+        check_transfer(**transfer)
+        watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
+        if args.stop_if_behind is None and watch_cfg != WatchConfig():
+            raise LabError("--watch-* settings apply with --stop-if-behind only")
+        if args.stop_if_behind is not None:
+            check_watch(watch_cfg)
+            check_metric(cfg, "watch_metric", watch_cfg.watch_metric)
     result = train(
         cfg, args.target, args.data or args.conversations, args.out, resume=args.resume, init_from=args.init_from,
         remap=not args.no_remap, **transfer,
@@ -172,11 +185,13 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
 
 def watch(args) -> int:
     from drafter_lab.train.metrics_log import METRICS
-    from drafter_lab.train.watch import AXES, comparison_note, judge, read_run, stopped_at
+    from drafter_lab.train.watch import AXES, check_watch, comparison_note, judge, read_run, stopped_at
 
     if not 0 <= args.follow < math.inf:  # else time.sleep's traceback, after the first check
         raise LabError(f"--follow must be a finite number of seconds >= 0, got {args.follow}")
-    cfg = labconfig.apply_cli_args(WatchConfig(), args)
+    with labconfig.flags_named(labconfig.cli_flags(args)):  # before the runs are read (or waited for)
+        cfg = labconfig.apply_cli_args(WatchConfig(), args)
+        check_watch(cfg)
     shown, waiting = 0, False
     while True:
         # a run or baseline still starting up (the two are often started together)

@@ -24,7 +24,7 @@ from drafter_lab.drafter.checkpoint import CONFIG, WEIGHTS, save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.formats import rope_scaling_from_text
 from drafter_lab.drafter.model import Eagle3Drafter
-from drafter_lab.drafter.transfer import TransferReport, source_tokens
+from drafter_lab.drafter.transfer import TransferReport, check_source_target, source_tokens
 from drafter_lab.drafter.transfer import init_from as transfer_init
 from drafter_lab.errors import LabError
 from drafter_lab.progress import console, log, maybe_progress
@@ -356,6 +356,12 @@ def _check_out(out_dir: Path, inputs: dict) -> None:
         raise LabError("--out is not empty and holds no training run: choose a new or empty directory", out_dir)
 
 
+def check_transfer(l2sp: float = 0.0, transfer_lr_scale: float = 1.0) -> None:
+    """Transfer settings that mean nothing (negative, NaN, infinite), refused before anything is read."""
+    if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
+        raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")
+
+
 class _Run:
     """One training run: every input checked in __init__ (nothing written yet), then fit()."""
 
@@ -372,8 +378,7 @@ class _Run:
             judge([], base_rows, watch, None, base_where=baseline)  # a baseline that cannot be read fails now
             self.watch = (baseline, watch)
         self.stop_reason: str | None = None
-        if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
-            raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")
+        check_transfer(l2sp, transfer_lr_scale)
         # The metrics compared (keep_best's by check_config), checked now: the baseline may have no validation
         # yet to check the watch's against; the replay's are checked below.
         compared = {"keep_best": cfg.keep_best, "watch_metric": watch.watch_metric if self.watch else ""}
@@ -388,7 +393,10 @@ class _Run:
 
         # ---- every input, before anything is written ------------------------------------------
         if init_from is not None and remap and source_target is not None:
-            check_tokenizer_dir(Path(source_target))  # a wrong directory refused before the features' scan (minutes)
+            # A wrong directory, or another model than the source's run records, refused before the features'
+            # scan (minutes); both cheap (the fingerprint samples the weights).
+            check_tokenizer_dir(Path(source_target))
+            check_source_target(init_from, source_target)
         source = open_source()  # after the checks above: an online run loads the whole target
         target = source.target
         self.cfg = cfg = settled(cfg, target.config)  # before the resume compares it and run.json records it

@@ -153,17 +153,22 @@ def _at_text(values: list[float], axis: str) -> str:
     return " / ".join(f"{v:,.0f}" for v in values) + " training tokens"
 
 
-def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: float | None,
-          run_where=None, base_where=None) -> Verdict:
-    """The verdict on `run_rows` (a metrics.jsonl, possibly still growing) against `base_rows`.
-    `total`: the run's planned length on the watch's axis (None: unknown, so only a gap that is not
-    closing at all counts). The `*_where` name the files in errors."""
+def check_watch(cfg: WatchConfig) -> None:
+    """Settings that mean nothing, refused before any run is read."""
     if cfg.watch_window < 1:
         raise LabError(f"watch_window must be >= 1, got {cfg.watch_window}")
     if not 0 <= cfg.watch_margin < math.inf:  # nan and inf too
         raise LabError(f"watch_margin must be >= 0, got {cfg.watch_margin}")
     if cfg.watch_axis not in AXES:
         raise LabError(f"watch_axis must be one of {', '.join(AXES)}, got {cfg.watch_axis!r}")
+
+
+def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: float | None,
+          run_where=None, base_where=None) -> Verdict:
+    """The verdict on `run_rows` (a metrics.jsonl, possibly still growing) against `base_rows`.
+    `total`: the run's planned length on the watch's axis (None: unknown, so only a gap that is not
+    closing at all counts). The `*_where` name the files in errors."""
+    check_watch(cfg)
     m, axis = cfg.watch_metric, cfg.watch_axis
     rows = matched(val_curve(run_rows, m, run_where, axis), val_curve(base_rows, m, base_where, axis), m)
     if len(rows) < cfg.watch_window:

@@ -78,4 +78,4 @@ def test_an_error_in_a_worker_is_one_line_naming_file_and_conversation(random_ll
 def test_tokenize_workers_must_be_at_least_one(random_llama, conversations_file, tmp_path, capsys):
     assert run_cli("data", "prepare", "--target", random_llama, "--conversations", conversations_file,
                    "--out", tmp_path / "o", "--tokenize-workers", "0") == 2
-    assert "tokenize_workers must be at least 1, got 0" in capsys.readouterr().err
+    assert "--tokenize-workers must be at least 1, got 0" in capsys.readouterr().err

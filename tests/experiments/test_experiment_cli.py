@@ -23,7 +23,7 @@ def test_an_empty_drift_level_list_is_refused(tmp_path, capsys):
     argv = ["experiment", "--config", "smoke", "--drift-levels", "", "--runs", str(tmp_path / "runs"),
             "--cache", str(tmp_path / "cache")]
     assert main(argv) == 2
-    assert capsys.readouterr().err == "error: drift_levels is empty: give at least one drift level\n"
+    assert capsys.readouterr().err == "error: --drift-levels is empty: give at least one drift level\n"
     assert not (tmp_path / "runs").exists()
 
 
@@ -79,7 +79,7 @@ def test_cli_zero_arm_steps_is_refused_before_anything_is_built(tmp_path, capsys
     argv = ["experiment", "--config", "smoke", "--arm-steps", "0", "--runs", str(tmp_path / "runs"),
             "--cache", str(tmp_path / "cache")]
     assert main(argv) == 2
-    assert capsys.readouterr().err == "error: arm_steps must be >= 1, got 0\n"
+    assert capsys.readouterr().err == "error: --arm-steps must be >= 1, got 0\n"
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
@@ -134,7 +134,7 @@ def test_cli_probe_refuses_a_zero_count_before_loading_anything(tmp_path, capsys
     argv = ["probe", "--drafter", str(tmp_path / "d"), "--target", str(tmp_path / "t"), "--data", str(tmp_path / "f"),
             "--ttt-steps", "0"]
     assert main(argv) == 2
-    assert capsys.readouterr().err == "error: ttt_steps must be >= 1, got 0\n"
+    assert capsys.readouterr().err == "error: --ttt-steps must be >= 1, got 0\n"
 
 
 def test_the_help_names_every_study_config(capsys):

@@ -148,4 +148,4 @@ def test_cli_probe_refuses_a_gain_in_points_before_loading_anything(tmp_path, ca
             "--pilot-min-gain", "2"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: pilot_min_gain is a fraction") and err.count("\n") == 1
+    assert err.startswith("error: --pilot-min-gain is a fraction") and err.count("\n") == 1

@@ -8,16 +8,16 @@ from drafter_lab import cli
 
 
 @pytest.mark.parametrize("flag,value,says", [
-    ("--threads", "-1", "threads must be >= 0 and finite, got -1"),
-    ("--hidden-size", "0", "hidden_size must be >= 1, got 0"),
-    ("--num-kv-heads", "0", "num_kv_heads must be >= 1, got 0"),
-    ("--batch-size", "0", "batch_size must be >= 1, got 0"),
-    ("--base-lr", "nan", "base_lr must be >= 0 and finite, got nan"),
-    ("--base-steps", "-1", "base_steps must be >= 0 and finite, got -1"),
-    ("--drift", "inf", "drift must be >= 0 and finite, got inf"),
-    ("--drift-conversations", "0", "drift_conversations must be >= 1, got 0"),
+    ("--threads", "-1", "--threads must be >= 0 and finite, got -1"),
+    ("--hidden-size", "0", "--hidden-size must be >= 1, got 0"),
+    ("--num-kv-heads", "0", "--num-kv-heads must be >= 1, got 0"),
+    ("--batch-size", "0", "--batch-size must be >= 1, got 0"),
+    ("--base-lr", "nan", "--base-lr must be >= 0 and finite, got nan"),
+    ("--base-steps", "-1", "--base-steps must be >= 0 and finite, got -1"),
+    ("--drift", "inf", "drift must be >= 0 and finite, got inf"),  # build_pair's own option, checked there
+    ("--drift-conversations", "0", "--drift-conversations must be >= 1, got 0"),
     # the trainer made its smallest vocabulary instead, and the build exited 0
-    ("--vocab-size", "0", "vocab_size must be >= 259 (the 256 bytes and the special tokens), got 0"),
+    ("--vocab-size", "0", "--vocab-size must be >= 259 (the 256 bytes and the special tokens), got 0"),
 ])
 def test_nonsense_settings_are_one_line(tmp_path, capsys, flag, value, says):
     out = tmp_path / "pair"

@@ -27,11 +27,11 @@ def _build(tmp_path, *flags, out=None):
 
 @pytest.mark.parametrize("flags,says", [
     # a negative share of each fine-tune batch: torch's "negative dimension" traceback after training base
-    (("--tune-shifted-fraction", "1.5"), "tune_shifted_fraction must be between 0 and 1, got 1.5"),
-    (("--tune-shifted-fraction", "nan"), "tune_shifted_fraction must be between 0 and 1, got nan"),
-    (("--shifted-share", "2"), "shifted_share must be between 0 and 1, got 2.0"),
+    (("--tune-shifted-fraction", "1.5"), "--tune-shifted-fraction must be between 0 and 1, got 1.5"),
+    (("--tune-shifted-fraction", "nan"), "--tune-shifted-fraction must be between 0 and 1, got nan"),
+    (("--shifted-share", "2"), "--shifted-share must be between 0 and 1, got 2.0"),
     # trained on windows longer than the saved config says the model takes
-    (("--seq-len", "128", "--max-position-embeddings", "64"), "seq_len 128 exceeds max_position_embeddings 64"),
+    (("--seq-len", "128", "--max-position-embeddings", "64"), "--seq-len 128 exceeds --max-position-embeddings 64"),
 ])
 def test_settings_refused_before_any_work(tmp_path, capsys, no_training, flags, says):
     assert _build(tmp_path, *flags) == 2

@@ -132,5 +132,5 @@ def test_a_bad_accumulation_is_one_line(tmp_path, peaked_llama, features, capsys
     code = main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "bad"),
                  "--accumulation-steps", "0", "--max-steps", "1"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err.count("\n") == 0 and "accumulation_steps must be >= 1" in err
+    assert code == 2 and err.count("\n") == 0 and "--accumulation-steps must be >= 1" in err
     assert not (tmp_path / "bad").exists()

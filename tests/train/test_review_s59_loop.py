@@ -20,5 +20,5 @@ def test_a_keep_best_that_is_no_metric_names_the_config_file(tmp_path, capsys):
     # The same value from the flag is the flag's: no file named.
     code = main(["train", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o"),
                  "--keep-best", "accept_len"])
-    assert code == 2 and capsys.readouterr().err.startswith("error: keep_best: 'accept_len' is not a validation metric")
+    assert code == 2 and capsys.readouterr().err.startswith("error: --keep-best: 'accept_len' is not a validation metric")
     assert not (tmp_path / "o").exists()

@@ -16,7 +16,7 @@ def _train(target, data, out, *extra) -> int:
 
 def test_negative_threads(peaked_llama, features, tmp_path, capsys):
     assert _train(peaked_llama, features, tmp_path / "run", "--threads", "-1") == 2
-    assert capsys.readouterr().err.strip() == "error: threads must be >= 0 and finite, got -1"
+    assert capsys.readouterr().err.strip() == "error: --threads must be >= 0 and finite, got -1"
     assert not (tmp_path / "run").exists()
 
 

@@ -161,6 +161,13 @@ def check_counts(cfg, at_least_one: tuple[str, ...], at_least_zero: tuple[str, .
             raise LabError(f"{name} must be >= 0 and finite, got {getattr(cfg, name)}")
 
 
+def check_seed(seed: int, name: str = "seed") -> None:
+    """A seed torch's generators take (64 bits): a larger one was a ValueError traceback where the first
+    generator was seeded, after the model loaded."""
+    if not -(2**63) <= seed < 2**64:
+        raise LabError(f"{name} must be in -2**63..2**64-1 (torch's 64-bit seeds), got {seed}")
+
+
 def replace(cfg, **overrides):
     """dataclasses.replace with strings (the command line's) read as their fields' types, and a clear error
     for unknown names."""

@@ -172,6 +172,7 @@ def check_config(cfg: CaptureConfig) -> None:
         raise LabError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
     if not 0 <= cfg.temperature < math.inf:  # nan too, which sampling would meet as a traceback
         raise LabError(f"temperature must be a finite number >= 0, got {cfg.temperature}")
+    cfglib.check_seed(cfg.seed)
     if cfg.turns not in TURNS:
         raise LabError(f"unknown turns {cfg.turns!r}; choose one of {', '.join(TURNS)}")
 

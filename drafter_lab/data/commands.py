@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 from pathlib import Path
 
@@ -142,9 +141,6 @@ def _regenerate(args) -> int:
     partial = out.with_name(out.name + ".partial")
     if same_file(partial, source):  # the journal's lines would go into it
         raise LabError(f"--out's journal, {partial.name}, is the --conversations file; choose another --out", out)
-    convs, skipped = read_conversations(source)
-    if not convs:
-        raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
     # A flag of the other mode would be ignored: the run would not be the one asked for.
     other = (("--batch-size", "--device") if args.server is not None
              else ("--model", "--concurrency", "--retries", "--timeout"))
@@ -152,26 +148,38 @@ def _regenerate(args) -> int:
     if given:
         mode, other_mode = ("--server", "--target") if args.server is not None else ("--target", "--server")
         raise LabError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for {other_mode}, not {mode}")
+    # The settings, refused before the conversations are read, naming the flags that set them
+    flags = {**cli_flags(args, "max_new_tokens", "temperature", "concurrency", "retries", "seed"),
+             "regen_batch_size": "--batch-size"}
     if args.server is not None:
-        from drafter_lab.data.regenerate_server import ServerConfig, regenerate_via_server
+        from drafter_lab.data.regenerate_server import ServerConfig, check_settings, regenerate_via_server
 
         served = {k: v for k, v in (("concurrency", args.concurrency), ("retries", args.retries),
                                     ("timeout_s", args.timeout)) if v is not None}
         cfg = ServerConfig(url=args.server, model=args.model, temperature=args.temperature,
                            max_new_tokens=args.max_new_tokens, seed=args.seed,
                            chat_template_kwargs=args.chat_template_kwargs, **served)
+        with flags_named(flags):
+            check_settings(cfg)
+    else:
+        from drafter_lab.data.capture import check_config
+        from drafter_lab.data.capture_config import CaptureConfig, as_recorded
+
+        batch_size = CaptureConfig.regen_batch_size if args.batch_size is None else args.batch_size
+        with flags_named(flags):
+            check_config(CaptureConfig(max_new_tokens=args.max_new_tokens, regen_batch_size=batch_size,
+                                       temperature=args.temperature, seed=args.seed))
+    convs, skipped = read_conversations(source)
+    if not convs:
+        raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
+    if args.server is not None:
         regenerate_via_server(convs, source, out, cfg)
     else:
-        from drafter_lab.data.capture_config import CaptureConfig, as_recorded
         from drafter_lab.data.chat import pinned
         from drafter_lab.data.regenerate import regenerate, regeneration_settings
         from drafter_lab.journal import Journal
         from drafter_lab.targets.hf import load_target
 
-        batch_size = CaptureConfig.regen_batch_size if args.batch_size is None else args.batch_size
-        if args.max_new_tokens < 1 or batch_size < 1 or not 0 <= args.temperature < math.inf:
-            raise LabError(f"need max_new_tokens >= 1, batch_size >= 1 and a finite temperature >= 0, got "
-                           f"{args.max_new_tokens}, {batch_size} and {args.temperature}")
         target = load_target(args.target, device=args.device or CaptureConfig.device)
         before = Journal.settings_of(partial)
         # A template that reads the clock renders the day the journal's run began, else today's, throughout.
@@ -197,8 +205,10 @@ def _regenerate(args) -> int:
 
 
 def _import_specforge(args) -> int:
-    from drafter_lab.data.specforge import import_specforge
+    from drafter_lab.data.specforge import check_settings, import_specforge
 
+    with flags_named(cli_flags(args, "val_fraction", "shard_size")):  # options of the fields' names
+        check_settings(args.val_fraction, args.shard_size)
     with _one_writer(Path(args.out)):
         manifest = import_specforge(args.hidden_states, args.target, args.out, aux_layer_ids=args.aux_layer_ids,
                                     val_fraction=args.val_fraction, shard_size=args.shard_size)

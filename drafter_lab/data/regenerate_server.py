@@ -180,14 +180,24 @@ def _settings(cfg: ServerConfig, source: Path) -> dict:
             "conversations_sha256": conversations_sha256(source)}
 
 
+def check_settings(cfg: ServerConfig) -> None:
+    """Refuse, one field at a time (`data regenerate` names them as its flags), what would never finish or
+    ask for nonsense: retries < 0 retried a refused connection forever; a NaN temperature was sent as sampling."""
+    for name in ("concurrency", "max_new_tokens"):
+        if getattr(cfg, name) < 1:
+            raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.retries < 0:
+        raise LabError(f"retries must be >= 0, got {cfg.retries}")
+    if not 0 <= cfg.temperature < math.inf:
+        raise LabError(f"temperature must be a finite number >= 0, got {cfg.temperature}")
+
+
 def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,
                           show_progress: bool = True) -> list[Conversation]:
     """Regenerate every assistant turn of `conversations` (read from `source`) through the server at
     `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order. A conversation's
     failure names it and `source`, as a local regeneration's does."""
-    # retries < 0 would retry a refused connection forever; a NaN temperature would be sent as sampling
-    if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or cfg.retries < 0 or not 0 <= cfg.temperature < math.inf:
-        raise LabError("need concurrency >= 1, max_new_tokens >= 1, retries >= 0 and a finite temperature >= 0")
+    check_settings(cfg)
     if cfg.model is None:
         cfg = replace(cfg, model=served_model(cfg.url, cfg.timeout_s, cfg.retries))
     journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source))

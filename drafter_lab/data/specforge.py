@@ -32,6 +32,8 @@ import torch
 
 from drafter_lab.data.capture import (
     DTYPES,
+    CaptureConfig,
+    check_config,
     check_out_dir,
     check_resumable,
     plan_shards,
@@ -156,12 +158,19 @@ def read_sample(path: Path, seq_id: str, hidden: int, vocab: int, dtype: torch.d
     return Sequence(seq_id=seq_id, input_ids=ids.long(), loss_mask=mask.bool(), aux_hidden=aux, final_hidden=final)
 
 
+def check_settings(val_fraction: float, shard_size: int) -> None:
+    """The split and shard size, refused as `data prepare` refuses them (in words that name the fields, which
+    `data import-specforge` names as its flags), before a file is read."""
+    check_config(CaptureConfig(val_fraction=val_fraction, shard_size=shard_size))
+
+
 def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] | None = None,
                      val_fraction: float = 0.1, shard_size: int = 256) -> Manifest:
     """Convert every `*.ckpt` (or `*.ckpt.gz`) under `src_dir` (made from `target_dir`) into shards under `out_dir`.
 
     `aux_layer_ids` are SpecForge's ("output of layer k", as in its draft config's
     `eagle_aux_hidden_state_layer_ids`); None means its default for the target's depth."""
+    check_settings(val_fraction, shard_size)
     src, out = Path(src_dir), Path(out_dir)
     if src.is_file():  # one sample given for its directory: "not found" would send the user looking for it
         raise LabError("is a file, not a directory: give the directory SpecForge's prepare_hidden_states wrote", src)
@@ -172,8 +181,6 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
     files = sorted(p for p in src.rglob("*.ckpt*") if p.name.endswith((".ckpt", ".ckpt.gz")) and not p.is_dir())
     if not files:
         raise LabError("no *.ckpt files (SpecForge offline hidden states) below it", src)
-    if not 0.0 <= val_fraction < 1.0 or shard_size < 1:
-        raise LabError(f"need 0 <= val_fraction < 1 and shard_size >= 1, got {val_fraction} and {shard_size}")
     check_out_dir(out)
     target = load_target_head(target_dir)
     ours = default_aux_layer_ids(target.num_layers)

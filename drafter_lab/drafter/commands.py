@@ -63,6 +63,8 @@ def _export(args) -> int:
 
     if args.format != "speculators" and (args.speculative_tokens is not None or args.verifier is not None):
         raise LabError("--speculative-tokens and --verifier apply to --format speculators")
+    if args.speculative_tokens is not None and args.speculative_tokens < 1:  # export refused it once the drafter was read
+        raise LabError(f"--speculative-tokens must be at least 1, got {args.speculative_tokens}")
     dtype, target = (args.dtype, None) if args.dtype else _target_dtype(args.target, args.drafter)
     out = export(args.drafter, args.format, args.out, getattr(torch, dtype) if dtype else None,
                  args.speculative_tokens, args.verifier)

@@ -83,9 +83,9 @@ class ExperimentConfig:
             raise LabError("drift_levels is empty: give at least one drift level")
         bad = [d for d in self.drift_levels if not 0 <= d < math.inf]
         if bad:
-            raise LabError(f"drift levels must be >= 0 and finite, got {', '.join(map(str, bad))}")
+            raise LabError(f"drift_levels must be >= 0 and finite, got {', '.join(map(str, bad))}")
         if len(set(self.drift_levels)) < len(self.drift_levels):  # one directory, two studies
-            raise LabError(f"drift levels repeat: {', '.join(map(level_name, self.drift_levels))}")
+            raise LabError(f"drift_levels repeat: {', '.join(map(level_name, self.drift_levels))}")
         # source_steps or arm_steps 0 would be TrainConfig's max_steps 0, "no limit": 10,000 epochs
         check_counts(self, ("max_length", "max_new_tokens", "regen_batch_size", "draft_vocab_size", "source_steps",
                       "arm_steps", "batch_size", "ttt_steps", "served_prompts", "served_steps"),

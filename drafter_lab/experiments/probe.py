@@ -33,7 +33,7 @@ import torch
 from drafter_lab.data.shards import FeatureSet, Sequence
 from drafter_lab.data.vocab import build_vocab, compare_vocabs, vocab_of_drafter
 from drafter_lab.drafter.checkpoint import load_drafter, read_config
-from drafter_lab.drafter.transfer import source_tokens
+from drafter_lab.drafter.transfer import check_source_target, source_tokens
 from drafter_lab.errors import LabError
 from drafter_lab.experiments.config import ProbeConfig, ProbeThresholds
 from drafter_lab.experiments.pilot import closing, lead_text, pilot_config, run_pilot
@@ -41,7 +41,13 @@ from drafter_lab.progress import log
 from drafter_lab.spec.pairing import check_config
 from drafter_lab.targets.drift import linear_cka
 from drafter_lab.targets.fingerprint import weight_files
-from drafter_lab.targets.hf import Target, check_aux_layer_ids, load_target, load_target_head
+from drafter_lab.targets.hf import (
+    Target,
+    check_aux_layer_ids,
+    check_tokenizer_dir,
+    load_target,
+    load_target_head,
+)
 from drafter_lab.targets.hidden import run_capturing
 from drafter_lab.train.config import TrainConfig
 from drafter_lab.train.metrics import evaluate
@@ -157,6 +163,17 @@ def _at_home(drafter_dir, source_target_dir, theirs: list[Sequence], ours: list[
     return home, aux_cka(src, ours, 3, cfg.cka_tokens)
 
 
+def _check_source_target(drafter_dir, given: Path) -> None:
+    """Refuse a --source-target that is no model directory (the home signal runs the model, after the other
+    signals' minutes) or holds other weights than the drafter's run records (transfer.check_source_target)."""
+    check_tokenizer_dir(given)
+    held = "a tokenizer alone" if not (given / "config.json").is_file() else "no weights" if not weight_files(given) else None
+    if held:
+        raise LabError(f"--source-target holds {held}: the probe runs the source target (its accept at home), "
+                       "give the model's directory", given)
+    check_source_target(drafter_dir, given)
+
+
 def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: ProbeConfig | None = None,
           thresholds: ProbeThresholds | None = None, device="cpu", pilot_recipe: TrainConfig | None = None,
           pilot_dir=None, transfer_lr_scale: float = 1.0, val_data=None) -> dict:
@@ -166,6 +183,8 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     signal, the pilot's validations included."""
     cfg = cfg or ProbeConfig()
     th = thresholds or ProbeThresholds()
+    if source_target_dir is not None:  # cheap, so refused before the val features are read and the drafter loaded
+        _check_source_target(drafter_dir, Path(source_target_dir))
     target = load_target_head(target_dir, device=device)  # features are given: no layer runs
     features = FeatureSet(data_dir)
     features.check_target(target)
@@ -187,15 +206,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
                        f"capture them at the drafter's (data prepare --aux-layer-ids {','.join(map(str, aux))})",
                        drafter_dir)
     # where the two targets' tokenizers differ, an id names another token in each: compare tokens
-    # (first: it refuses a --source-target that is not the drafter's, before the signals' minutes)
     tokens, tokens_from = source_tokens(drafter_dir, source_target_dir, target)
-    if source_target_dir is not None:  # its tokenizer was enough so far; the home signal runs the model, late
-        given = Path(source_target_dir)
-        held = ("a tokenizer alone" if not (given / "config.json").is_file() else
-                "no weights" if not weight_files(given) else None)
-        if held:
-            raise LabError(f"--source-target holds {held}: the probe runs the source target (its accept at home), "
-                           "give the model's directory", given)
     lm_head = target.lm_head_weight()
 
     zero = evaluate(drafter, lm_head, val, cfg.ttt_steps, cfg.batch_size, logit_map=target.logit_map)

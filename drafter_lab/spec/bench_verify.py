@@ -32,6 +32,7 @@ import time
 import torch
 
 from drafter_lab import atomic
+from drafter_lab.config import check_seed
 from drafter_lab.errors import LabError, run_module
 from drafter_lab.progress import log, progress
 from drafter_lab.spec.commands import int_list
@@ -62,6 +63,7 @@ def parse(argv) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if min(args.context, args.reps, args.extend_tokens) < 1 or min(args.warmup, args.threads) < 0:
         raise LabError("--context, --reps and --extend-tokens must be >= 1, --warmup and --threads >= 0")
+    check_seed(args.seed, "--seed")  # before the target loads
     check_threads(args.threads)
     if args.json:  # written after every pass is timed
         atomic.refuse_unwritable(args.json, "--json")

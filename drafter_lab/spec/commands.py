@@ -223,6 +223,7 @@ def run_eval(args) -> int:
     from drafter_lab.targets.hf import load_target
     from drafter_lab.threads import check_threads
 
+    _check_decoding(args)
     sets = _prompt_sets(args)
     # written last, after the decoding's minutes; a sweep's journal (--json's .partial) as it goes
     journal = f"{args.json}.partial" if args.json else None
@@ -241,7 +242,8 @@ def run_eval(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    settings = grid(args.steps, args.topk, args.draft_tokens, args.batch)  # refused before the target loads
+    with labconfig.flags_named(labconfig.cli_flags(args, "draft_tokens")):  # refused before the target loads
+        settings = grid(args.steps, args.topk, args.draft_tokens, args.batch)
     if args.ngram:
         drafter = _ngram_drafter(args)  # its flags are checked before the target loads
     elif (args.ngram_min, args.ngram_max, args.ngram_across_prompts) != (None, None, False):
@@ -264,6 +266,17 @@ def run_eval(args) -> int:
         return results
 
     return _run_settings(settings, decode, format_eval, args, lambda: _sweep_journal(args, target, drafter, sets))
+
+
+def _check_decoding(args) -> None:
+    """The settings every eval decodes with, refused as the engine refuses them but naming the flags, and
+    before the prompts are read (a served eval's were refused at its first request)."""
+    from drafter_lab.spec.engine import SpecConfig
+
+    with labconfig.flags_named(labconfig.cli_flags(args, "max_new_tokens", "temperature")):
+        SpecConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    if args.server is None:  # it seeds torch's generators here (a server's, the request arrivals)
+        labconfig.check_seed(args.seed, "--seed")
 
 
 def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:
@@ -335,7 +348,8 @@ def _ngram_drafter(args):
     if given:
         raise LabError(f"{', '.join(given)} apply to an EAGLE-3 drafter, not to n-gram drafting (--ngram)")
     sizes = {k: v for k, v in (("min_n", args.ngram_min), ("max_n", args.ngram_max)) if v is not None}
-    return NgramDrafter(NgramConfig(**sizes, across_prompts=args.ngram_across_prompts))
+    with labconfig.flags_named({"min_n": "--ngram-min", "max_n": "--ngram-max"}):  # the flags that set them
+        return NgramDrafter(NgramConfig(**sizes, across_prompts=args.ngram_across_prompts))
 
 
 def _run_served_eval(args, sets) -> int:
@@ -456,13 +470,16 @@ def _phase_lines(r: dict) -> list[str]:
 
 def run_costmodel(args) -> int:
     from drafter_lab.spec.costinputs import MEASURED_ACCEPT, fold, read_inputs
-    from drafter_lab.spec.costmodel import PRESETS
+    from drafter_lab.spec.costmodel import PRESETS, check_fields
     from drafter_lab.spec.costreport import format_report, report, settings_table
 
     # written after the report is printed: refused before it, and before the inputs are read
     atomic.refuse_outputs([("--json", args.json), ("--plot", args.plot)], [("--inputs", p) for p in args.inputs])
     _refuse_plot_suffix(args.plot)
     cfg = PRESETS[args.preset]
+    flags = labconfig.cli_flags(args)
+    with labconfig.flags_named(flags):  # a flag's value is final (no input replaces it): refused before they are read
+        check_fields(labconfig.apply_cli_args(cfg, args))
     measured = None
     sweeps = []
     if args.sampled and not any(Path(p).is_dir() for p in args.inputs):
@@ -492,7 +509,8 @@ def run_costmodel(args) -> int:
                        "the decode step: leave one out")
     priced = args.cfg__verify_allreduce_us is None  # the flag's all-reduce, and a file's only as a what-if row
     try:
-        r = report(cfg, measured, priced)
+        with labconfig.flags_named(flags):  # "lower verify_allreduce_us": the flag, where one set it
+            r = report(cfg, measured, priced)
     except LabError as e:  # the deployment the inputs made is inconsistent: say which inputs made it
         if e.path is not None or not args.inputs:
             raise

@@ -148,7 +148,7 @@ POSITIVE_LISTS = ("accept_lengths", "whatif_allreduce_us", "batches", "accept_by
 
 def check_fields(cfg: CostModelConfig) -> None:
     """Every count and time a finite number on its side of zero (a flag's NaN or negative overhead
-    printed nonsense tables)."""
+    printed nonsense tables), each field on its own: what the fields make together is CostModel's to judge."""
     def number(v) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
@@ -167,14 +167,14 @@ def check_fields(cfg: CostModelConfig) -> None:
                            f"got {getattr(cfg, name)!r}")
     if not cfg.accept_lengths:  # the main table would have no row
         raise LabError("accept_lengths is empty: give at least one served accept length")
+    if not 0 <= cfg.no_draft_share < 1:  # nan too
+        raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
 
 
 class CostModel:
     def __init__(self, cfg: CostModelConfig):
         self.cfg = cfg
         check_fields(cfg)
-        if not 0 <= cfg.no_draft_share < 1:
-            raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
         if self._layer_base_us <= 0:
             raise LabError(f"the measured verify_ms {cfg.measured_verify_ms:g} is shorter than its {self.n_allreduce} "
                            f"all-reduces of {cfg.verify_allreduce_us:g} us: lower verify_allreduce_us")

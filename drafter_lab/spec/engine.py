@@ -66,11 +66,9 @@ class SpecConfig:
     """End a row at the target's eos token (the eos is kept in the output)."""
 
     def __post_init__(self):
-        if self.steps < 1 or self.topk < 1 or self.max_new_tokens < 1:
-            raise LabError(
-                f"need steps >= 1, topk >= 1, max_new_tokens >= 1 (got {self.steps}, {self.topk}, "
-                f"{self.max_new_tokens})"
-            )
+        for name in ("steps", "topk", "max_new_tokens"):  # one each: `eval` names the one its flag set
+            if getattr(self, name) < 1:
+                raise LabError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.temperature < math.inf:  # nan too, which torch.multinomial meets as a traceback
             raise LabError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.topk == 1 and self.draft_tokens not in (None, self.steps):  # it was ignored, the S verified

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from drafter_lab.config import add_cli_args, apply_cli_args, load_toml
+from drafter_lab.config import add_cli_args, apply_cli_args, cli_flags, flags_named, load_toml, replace
 from drafter_lab.targets.presets import PRESETS, TargetConfig, resolve
 
 
@@ -38,6 +38,9 @@ def _build(args) -> int:
 
     cfg = load_toml(TargetConfig, args.config) if args.config is not None else resolve(args.preset)
     overridden = apply_cli_args(cfg, args)
+    if args.drift is not None:  # build_pair applies it (pair.json names the preset it varies): checked here as typed
+        with flags_named(cli_flags(args, "drift")):
+            replace(overridden, drift=args.drift)
     target = args.preset if overridden is cfg and args.config is None else overridden
     pair = build_pair(target, args.out, drift=args.drift, force=args.force, cache_dir=args.cache_dir)
     print_drift(pair)

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from drafter_lab.config import check_seed
 from drafter_lab.errors import LabError, run_module
 from drafter_lab.targets.hf import resolve_device
 from drafter_lab.train.ttt import replay_roots, replay_roots_reference
@@ -43,6 +44,7 @@ def parse(argv) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if min(args.steps, args.reps) < 1:
         raise LabError("--steps and --reps must be >= 1")
+    check_seed(args.seed, "--seed")
     args.device = resolve_device(args.device)  # no GPU, or a typo: was torch's traceback, not one line
     return args
 

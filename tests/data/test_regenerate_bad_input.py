@@ -6,24 +6,27 @@ import pytest
 from data_helpers import run_cli
 
 
-@pytest.mark.parametrize("flag,value", [("--max-new-tokens", "0"), ("--batch-size", "0"), ("--temperature", "nan"),
-                                        ("--temperature", "-1")])
-def test_local_settings(random_llama, conversations_file, tmp_path, capsys, flag, value):
+@pytest.mark.parametrize("flag,value,said", [
+    ("--max-new-tokens", "0", "--max-new-tokens must be at least 1, got 0"),
+    ("--batch-size", "0", "--batch-size must be at least 1, got 0"),
+    ("--temperature", "nan", "--temperature must be a finite number >= 0, got nan"),
+    ("--temperature", "-1", "--temperature must be a finite number >= 0, got -1.0"),
+])
+def test_local_settings(random_llama, conversations_file, tmp_path, capsys, flag, value, said):
     out = tmp_path / "regen.jsonl"
     assert run_cli("data", "regenerate", "--conversations", conversations_file, "--out", out, "--target", random_llama,
                    flag, value) == 2
-    assert capsys.readouterr().err.strip().startswith(
-        "error: need max_new_tokens >= 1, batch_size >= 1 and a finite temperature >= 0, got ")
+    assert capsys.readouterr().err.strip() == f"error: {said}"
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flag,value", [("--retries", "-1"), ("--temperature", "nan")])
-def test_server_settings(conversations_file, tmp_path, capsys, flag, value):
+@pytest.mark.parametrize("flag,value,said", [("--retries", "-1", "--retries must be >= 0, got -1"),
+                                             ("--temperature", "nan", "--temperature must be a finite number >= 0, got nan")])
+def test_server_settings(conversations_file, tmp_path, capsys, flag, value, said):
     """Refused before the first request: retries -1 retried a refused connection forever."""
     assert run_cli("data", "regenerate", "--conversations", conversations_file, "--out", tmp_path / "regen.jsonl",
                    "--server", "http://127.0.0.1:9", "--model", "m", "--retries", "0", flag, value) == 2
-    assert capsys.readouterr().err.strip() == \
-        "error: need concurrency >= 1, max_new_tokens >= 1, retries >= 0 and a finite temperature >= 0"
+    assert capsys.readouterr().err.strip() == f"error: {said}"
 
 
 @pytest.mark.parametrize("url", ["", "localhost:30000", "notaurl"])

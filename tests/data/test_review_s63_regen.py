@@ -129,7 +129,7 @@ def test_a_served_conversations_failure_names_the_file_as_a_local_ones_does(tmp_
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"error: {convs}: conversation ") and "no text at choices[0].message.content" in err
     assert _served(tmp_path, monkeypatch, {}, convs, "--concurrency", "0") == 2  # not about the file: unnamed
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: need concurrency >= 1")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --concurrency must be >= 1, got 0"
 
 
 def test_a_servers_nan_arguments_are_refused(tmp_path, monkeypatch, capsys):

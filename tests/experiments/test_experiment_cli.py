@@ -34,10 +34,10 @@ def test_an_empty_drift_level_list_is_refused(tmp_path, capsys):
     ({"served_prompts": -1}, "served_prompts must be >= 1, got -1"),  # convs[:-1]: one prompt dropped
     ({"served_steps": 0}, "served_steps must be >= 1, got 0"),
     ({"probe_pilot_steps": -3}, "probe_pilot_steps must be >= 0 and finite, got -3"),
-    ({"drift_levels": [0.5, math.inf]}, "drift levels must be >= 0 and finite, got inf"),
-    ({"drift_levels": [math.nan]}, "drift levels must be >= 0 and finite, got nan"),
-    ({"drift_levels": [-1.0]}, "drift levels must be >= 0 and finite, got -1.0"),
-    ({"drift_levels": [1.0, 0.5, 1.0]}, "drift levels repeat: 1, 0.5, 1"),  # one run directory, two studies
+    ({"drift_levels": [0.5, math.inf]}, "drift_levels must be >= 0 and finite, got inf"),
+    ({"drift_levels": [math.nan]}, "drift_levels must be >= 0 and finite, got nan"),
+    ({"drift_levels": [-1.0]}, "drift_levels must be >= 0 and finite, got -1.0"),
+    ({"drift_levels": [1.0, 0.5, 1.0]}, "drift_levels repeat: 1, 0.5, 1"),  # one run directory, two studies
     ({"lr": math.nan}, "lr must be >= 0 and finite, got nan"),
     ({"transfer_lr_scale": math.inf}, "transfer_lr_scale must be >= 0 and finite, got inf"),
     ({"regen_temperature": -1.0}, "regen_temperature must be >= 0 and finite, got -1.0"),

@@ -112,15 +112,15 @@ def test_verify_ms_input_sets_compute(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, value, match", [
-    ("--cycle-overhead-ms", "-100", "cycle_overhead_ms must be a finite number >= 0"),
-    ("--decode-ms", "nan", "decode_ms must be a finite number > 0"),
-    ("--num-layers", "0", "num_layers must be a finite number > 0"),
-    ("--accept-lengths", "0", "accept_lengths must hold finite numbers > 0"),
-    ("--accept-lengths", "", "accept_lengths is empty"),  # printed a table with no row
-    ("--batches", "1,,8", "batches: an empty item in '1,,8'"),  # was read as 1,8
-    ("--steps", "0", "steps must be a finite number > 0"),
-    ("--draft-step-us", "-5", "draft_step_us must be a finite number > 0"),
-    ("--verify-allreduce-us", "inf", "verify_allreduce_us must be a finite number >= 0"),
+    ("--cycle-overhead-ms", "-100", "--cycle-overhead-ms must be a finite number >= 0"),
+    ("--decode-ms", "nan", "--decode-ms must be a finite number > 0"),
+    ("--num-layers", "0", "--num-layers must be a finite number > 0"),
+    ("--accept-lengths", "0", "--accept-lengths must hold finite numbers > 0"),
+    ("--accept-lengths", "", "--accept-lengths is empty"),  # printed a table with no row
+    ("--batches", "1,,8", "--batches: an empty item in '1,,8'"),  # was read as 1,8
+    ("--steps", "0", "--steps must be a finite number > 0"),
+    ("--draft-step-us", "-5", "--draft-step-us must be a finite number > 0"),
+    ("--verify-allreduce-us", "inf", "--verify-allreduce-us must be a finite number >= 0"),
 ])
 def test_a_flag_out_of_range_is_refused(flag, value, match, capsys):
     """Each printed tables of negative or NaN tok/s."""

@@ -90,8 +90,8 @@ def test_an_accept_histogram_deeper_than_its_steps_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, given, message", [
-    (["--accept-by-steps", "0.5"], None, "accept_by_steps must be at least 1"),
-    (["--accept-lengths", "0.5,2"], None, "accept_lengths must be at least 1"),
+    (["--accept-by-steps", "0.5"], None, "--accept-by-steps must be at least 1"),
+    (["--accept-lengths", "0.5,2"], None, "--accept-lengths must be at least 1"),
     ([], {"accept_length": 0.5}, "accept_length must be at least 1"),
     ([], {"accept_by_steps": [1.5, 0.9]}, r"accept_by_steps\[1\] must be at least 1"),
     ([], {"served_accept_len": 0.8, "config": {"steps": 3}}, "served_accept_len must be at least 1"),

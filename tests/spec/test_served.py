@@ -117,7 +117,8 @@ def test_served_eval_bad_use_is_one_line(random_llama, drafter_dir, prompts_file
     assert "apply to a served eval" in error(["eval", "--drafter", str(drafter_dir), "--baseline-server", base,
                                               *common[:-2]])
     # nan passed `temperature < 0` and went to the server
-    assert "a finite temperature >= 0" in error(["eval", "--server", spec, "--temperature", "nan", *common])
+    assert "--temperature must be a finite number >= 0" in error(["eval", "--server", spec, "--temperature", "nan",
+                                                                  *common])
 
 
 def test_accept_length_leaves_out_the_prefill_token():

@@ -14,7 +14,7 @@ from drafter_lab import cli
     ("--batch-size", "0", "--batch-size must be >= 1, got 0"),
     ("--base-lr", "nan", "--base-lr must be >= 0 and finite, got nan"),
     ("--base-steps", "-1", "--base-steps must be >= 0 and finite, got -1"),
-    ("--drift", "inf", "drift must be >= 0 and finite, got inf"),  # build_pair's own option, checked there
+    ("--drift", "inf", "--drift must be >= 0 and finite, got inf"),  # the command's own option, applied by build_pair
     ("--drift-conversations", "0", "--drift-conversations must be >= 1, got 0"),
     # the trainer made its smallest vocabulary instead, and the build exited 0
     ("--vocab-size", "0", "--vocab-size must be >= 259 (the 256 bytes and the special tokens), got 0"),

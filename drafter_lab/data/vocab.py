@@ -168,11 +168,18 @@ def count_train_tokens(feature_dir) -> torch.Tensor:
     return counts
 
 
+def check_size(size: int, vocab_size: int | None, name: str = "draft vocab size") -> None:
+    """A draft vocab of `size` tokens: at least one, and no more than the target's `vocab_size` (None: not
+    known yet, so that a bad `vocab build --size` is refused before the features are opened)."""
+    if size < 1 or (vocab_size is not None and size > vocab_size):
+        bounds = ">= 1" if vocab_size is None else f"in 1..{vocab_size} (the target vocab size)"
+        raise LabError(f"{name} must be {bounds}, got {size}")
+
+
 def vocab_from_counts(counts: torch.Tensor, size: int) -> DraftVocab:
     """Top `size` tokens by count (ties: lower id first), padded with the lowest unused ids."""
     vocab_size = int(counts.numel())
-    if not 0 < size <= vocab_size:
-        raise LabError(f"draft vocab size {size} must be in 1..{vocab_size} (the target vocab size)")
+    check_size(size, vocab_size)
     order = torch.sort(counts, descending=True, stable=True).indices
     seen = order[counts[order] > 0][:size]
     if seen.numel() < size:

@@ -102,10 +102,14 @@ def _build(args) -> int:
     from rich.console import Console
 
     from drafter_lab import atomic
-    from drafter_lab.data.vocab import check_replaceable, count_train_tokens, vocab_from_counts
+    from drafter_lab.data.shards import FeatureSet
+    from drafter_lab.data.vocab import check_replaceable, check_size, count_train_tokens, vocab_from_counts
 
+    check_size(args.size, None, "--size")  # before anything is read
     atomic.refuse_unwritable(args.out, "--out")
     check_replaceable(args.out)  # before the counting, as well as when it is written
+    # past the target's vocab: refused from the manifest, before the count reads every train shard
+    check_size(args.size, int(FeatureSet(args.data).manifest.target["vocab_size"]), "--size")
     counts = count_train_tokens(args.data)
     vocab = vocab_from_counts(counts, args.size)
     vocab.save(args.out)

@@ -592,15 +592,15 @@ def main(argv: list[str] | None = None) -> int:
     # a value given twice was timed twice and printed as two rows (as --sizes is, each once)
     args.backends = list(dict.fromkeys(args.backends or default_backends()))
     args.ranks, args.tokens = list(dict.fromkeys(args.ranks)), list(dict.fromkeys(args.tokens))
-    if not all(1 <= r <= MAX_RANKS for r in args.ranks):
-        raise LabError(f"--ranks must be in 1..{MAX_RANKS}, got {' '.join(map(str, args.ranks))}")
+    if bad := [r for r in args.ranks if not 1 <= r <= MAX_RANKS]:  # only those out of range: "got 2 17" hid which
+        raise LabError(f"--ranks must be in 1..{MAX_RANKS}, got {' '.join(map(str, bad))}")
     if unknown := sorted(set(args.backends) - set(BACKENDS)):
         raise LabError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
     counts = {"--iters": [args.iters], "--sizes": args.sizes, "--tokens": args.tokens, "--layers": [args.layers],
               "--inner": [args.inner], "--sim-reps": [args.sim_reps], "--blocks": [args.blocks]}
     for flag, values in counts.items():  # each was a rank's traceback, a silent 2-byte message or a 0-byte row
-        if min(values) < 1:
-            raise LabError(f"{flag} must be at least 1, got {' '.join(map(str, values))}")
+        if bad := [v for v in values if v < 1]:  # those below one, not the list they were typed in
+            raise LabError(f"{flag} must be at least 1, got {' '.join(map(str, bad))}")
     if not 0 < args.timeout < float("inf"):
         raise LabError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     itemsize = DTYPES[args.dtype].itemsize  # what is sent: whole elements, at least one, so label those bytes

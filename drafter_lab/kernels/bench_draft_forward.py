@@ -277,10 +277,11 @@ def parse(argv) -> argparse.Namespace:
     args.dtype = args.dtype or ("fp32" if cpu else "bf16")
     args.reps = 10 if cpu and args.reps is None else (200 if args.reps is None else args.reps)
     args.warmup = args.warmup if args.warmup is not None else (2 if cpu else 20)
-    bad = [f"--{k} {getattr(args, k)}" for k in ("context", "topk", "copies", "reps") if getattr(args, k) < 1]
-    bad += [f"--batch {b}" for b in args.batch if b < 1] + ([f"--warmup {args.warmup}"] if args.warmup < 0 else [])
-    if bad:  # each was a traceback deep in the op, or silently replaced by its default
-        ap.error(f"{', '.join(bad)}: must be >= 1 (--warmup >= 0)")
+    counts = [(f"--{k}", getattr(args, k), 1) for k in ("context", "topk", "copies", "reps")]
+    counts += [("--batch", b, 1) for b in args.batch] + [("--warmup", args.warmup, 0)]
+    for flag, value, least in counts:  # each was a traceback deep in the op, or silently replaced by its default
+        if value < least:
+            ap.error(f"{flag} {value}: must be >= {least}")
     # Both were a traceback deep in the op: past the draft vocab, or past what the CUDA kernels take.
     most = min([SHAPES[s]["draft_vocab_size"] for s in args.shapes] + ([] if cpu else [ds.CUDA_MAX_TOPK]))
     if args.topk > most:

@@ -61,8 +61,9 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the cost-model inputs here")
     args = ap.parse_args(argv)
-    if min(args.context, args.reps, args.extend_tokens) < 1 or min(args.warmup, args.threads) < 0:
-        raise LabError("--context, --reps and --extend-tokens must be >= 1, --warmup and --threads >= 0")
+    for name, least in (("context", 1), ("reps", 1), ("extend_tokens", 1), ("warmup", 0), ("threads", 0)):
+        if getattr(args, name) < least:  # the flag typed and its value, not every count's bound at once
+            raise LabError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     check_seed(args.seed, "--seed")  # before the target loads
     check_threads(args.threads)
     if args.json:  # written after every pass is timed

@@ -273,10 +273,20 @@ def _check_decoding(args) -> None:
     before the prompts are read (a served eval's were refused at its first request)."""
     from drafter_lab.spec.engine import SpecConfig
 
-    with labconfig.flags_named(labconfig.cli_flags(args, "max_new_tokens", "temperature")):
+    flags = labconfig.cli_flags(args, "max_new_tokens", "temperature", "retries")
+    with labconfig.flags_named(flags):
         SpecConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     if args.server is None:  # it seeds torch's generators here (a server's, the request arrivals)
         labconfig.check_seed(args.seed, "--seed")
+        return
+    from drafter_lab.spec.served import ServedConfig, check_settings
+
+    # as each setting's decode checks them (--concurrency and --request-rate, which vary, by their argparse
+    # types), but before the prompts are read: a negative --retries was refused once the tokenizer had loaded
+    with labconfig.flags_named(flags):
+        check_settings(ServedConfig(url=args.server, engine=args.engine, baseline_url=args.baseline_server,
+                                    max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    **({} if args.retries is None else {"retries": args.retries})))
 
 
 def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:

@@ -406,21 +406,29 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
     return tokens / verify, verify, hist
 
 
-def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, template_kwargs: dict | None = None) -> dict:
-    """Decode every conversation's prompt on the server (and the baseline server); returns the numbers.
-    The prompts are rendered here (`template_kwargs`: the chat template's variables) and sent as ids."""
+def check_settings(cfg: ServedConfig) -> None:
+    """`cfg`'s settings, refused before any request, one each with its value (`eval` names the flags that set
+    them, before it reads the prompts)."""
     if cfg.engine not in ENGINES:
         raise LabError(f"unknown engine {cfg.engine!r}: use {' or '.join(ENGINES)}")
     if cfg.retries < 0:  # a refused connection would be retried forever
-        raise LabError(f"--retries must be >= 0, got {cfg.retries}")
-    if cfg.concurrency < 1 or cfg.max_new_tokens < 1 or not 0 <= cfg.temperature < math.inf:  # nan too
-        raise LabError(f"need concurrency >= 1, max_new_tokens >= 1 and a finite temperature >= 0, got concurrency "
-                       f"{cfg.concurrency}, max_new_tokens {cfg.max_new_tokens}, temperature {cfg.temperature}")
+        raise LabError(f"retries must be >= 0, got {cfg.retries}")
+    for name in ("concurrency", "max_new_tokens"):  # one each, with its value, as SpecConfig words them
+        if getattr(cfg, name) < 1:
+            raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if not 0 <= cfg.temperature < math.inf:  # nan too
+        raise LabError(f"temperature must be a finite number >= 0, got {cfg.temperature}")
     if cfg.request_rate is not None and not 0 < cfg.request_rate < math.inf:
         raise LabError(f"the request rate must be a positive number of requests per second, got {cfg.request_rate}")
     if cfg.baseline_url is not None and _same_url(cfg.url, cfg.baseline_url):
         raise LabError(f"--baseline-server {cfg.baseline_url} is the --server itself: pass the same target served "
                        "without speculation")
+
+
+def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, template_kwargs: dict | None = None) -> dict:
+    """Decode every conversation's prompt on the server (and the baseline server); returns the numbers.
+    The prompts are rendered here (`template_kwargs`: the chat template's variables) and sent as ids."""
+    check_settings(cfg)
     engine = {"sglang": SGLang, "vllm": VLLM}[cfg.engine]
     prompts = render_prompts(tokenizer, conversations, where, template_kwargs)
     names = [c.id for c in conversations]

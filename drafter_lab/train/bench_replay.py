@@ -42,8 +42,9 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=9, help="timed calls per shape and path (median)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if min(args.steps, args.reps) < 1:
-        raise LabError("--steps and --reps must be >= 1")
+    for name in ("steps", "reps"):  # the flag typed and its value
+        if getattr(args, name) < 1:
+            raise LabError(f"--{name} must be >= 1, got {getattr(args, name)}")
     check_seed(args.seed, "--seed")
     args.device = resolve_device(args.device)  # no GPU, or a typo: was torch's traceback, not one line
     return args

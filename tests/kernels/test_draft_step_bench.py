@@ -59,13 +59,18 @@ def test_bench_rejects_missing_gpu(monkeypatch):
         bench.main(["--device", "cuda"])
 
 
-@pytest.mark.parametrize("argv", [["--batch", "0"], ["--batch", "1", "-1"], ["--topk", "0"], ["--copies", "0"],
-                                  ["--context", "0"], ["--reps", "0"], ["--warmup", "-1"]])
-def test_bench_refuses_counts_below_one(argv, capsys):
+@pytest.mark.parametrize("argv,message", [(["--batch", "0"], "--batch 0: must be >= 1"),
+                                          (["--batch", "1", "-1"], "--batch -1: must be >= 1"),
+                                          (["--topk", "0"], "--topk 0: must be >= 1"),
+                                          (["--copies", "0"], "--copies 0: must be >= 1"),
+                                          (["--context", "0"], "--context 0: must be >= 1"),
+                                          (["--reps", "0"], "--reps 0: must be >= 1"),
+                                          (["--warmup", "-1"], "--warmup -1: must be >= 0")])
+def test_bench_refuses_counts_below_one(argv, message, capsys):
     """Each was a traceback deep in the op (batch, topk, copies) or silently its default (context, reps)."""
     with pytest.raises(SystemExit) as e:
         bench.parse(["--device", "cpu", *argv])
-    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(f" error: {message}\n")
 
 
 @pytest.mark.parametrize("argv,most", [(["--device", "cpu", "--shapes", "tiny", "--topk", "2001"], 2000),

@@ -47,5 +47,5 @@ def test_a_drift_past_any_step_count_is_refused_before_base_trains(tmp_path, cap
             "--cache-dir", str(tmp_path / "cache"), "--drift", "1e308"]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: drift 1e+308 x tune_steps 6 is past any number of fine-tune steps")
+        "error: --drift 1e+308 x tune_steps 6 is past any number of fine-tune steps")
     assert not (tmp_path / "pair").exists()

@@ -168,15 +168,52 @@ def _fill_vocab(ckpt: Checkpoint) -> None:
     t["d2t"], t["t2d"] = vocab.d2t, vocab.t2d
 
 
+def _under_prefix(tensors: dict, name: str) -> str:
+    """Where the file holds `name` under a wrapper's prefix (`module.` of DDP, `_orig_mod.` of torch.compile, a
+    training framework's own), said so: else "lacks 'fc.weight'" reads as a drafter without its fc."""
+    for key in sorted(tensors):
+        for i in (i for i, c in enumerate(key) if c == "."):
+            if formats.canonical_name(key[i + 1:]) == name:
+                return f" (it holds {key!r}: save the drafter's own state dict, without the {key[:i + 1]!r} prefix)"
+    return ""
+
+
+QUANT_TENSORS = ("weight_scale", "weight_scale_inv", "input_scale", "k_scale", "v_scale", "weight_zero_point",
+                 "weight_packed", "weight_shape", "qweight", "qzeros", "scales", "g_idx")
+"""Last name parts of what quantizers save beside or for a weight (ModelOpt and FP8-block scales,
+compressed-tensors, GPTQ/AWQ)."""
+
+
+def _refuse_quantized(ckpt: Checkpoint) -> None:
+    """A quantized drafter (ModelOpt FP8, compressed-tensors, GPTQ) is one line, not "not part of a
+    midlayer" for its scales or a traceback from torch for its FP8 weights: the lab does not apply the
+    scales, without which those weights mean nothing."""
+    quant = json.loads((ckpt.path / CONFIG).read_text()).get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    for name in sorted(ckpt.tensors):
+        t = ckpt.tensors[name]
+        if t.is_floating_point() and t.element_size() == 1:
+            why = f"is {str(t.dtype).removeprefix('torch.')}"
+        elif name.rsplit(".", 1)[-1] in QUANT_TENSORS:
+            why = "belongs to a quantized layer"
+        else:
+            continue
+        raise LabError(f"tensor {formats.export_name(name, ckpt.format)!r} {why}: a quantized drafter"
+                       f"{f' ({method})' if isinstance(method, str) else ''}, which the lab does not dequantize; "
+                       "give its bf16, fp16 or fp32 checkpoint", ckpt.where[name])
+
+
 def read_checkpoint(path) -> Checkpoint:
     """Read config and tensors of any supported layout; names come back in our layout."""
     path = Path(path)
     _check_dir(path)
     ckpt = _open(path)
     cfg, fmt, tensors, where = ckpt.config, ckpt.format, ckpt.tensors, ckpt.where
+    _refuse_quantized(ckpt)  # first: a GPTQ layer's `qweight` would read as a lost `weight`
     for name in formats.REQUIRED_TENSORS:
         if name not in tensors:
-            raise LabError(f"checkpoint lacks tensor {formats.export_name(name, fmt)!r}", ckpt.weights_file())
+            raise LabError(f"checkpoint lacks tensor {formats.export_name(name, fmt)!r}{_under_prefix(tensors, name)}",
+                           ckpt.weights_file())
     for name in sorted(tensors):  # what a Llama EAGLE-3 drafter lacks: dropped if it changes nothing, else refused
         part = name.removeprefix("midlayer.")
         if name.endswith(".bias") and not tensors[name].any() or part in formats.MIDLAYER_BUFFERS:
@@ -404,7 +441,7 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
                                           Path(src) / CONFIG, unset) if ckpt.format == formats.SPECULATORS else {}
         architecture = run.get("target", {}).get("architecture")
         serving = {"speculative_tokens": speculative_tokens or own.get("speculative_tokens")
-                   or run.get("config", {}).get("ttt_steps") or formats.SPECULATIVE_TOKENS,
+                   or _recorded_depth(run, src) or formats.SPECULATIVE_TOKENS,
                    "verifier": verifier or own.get("verifier"),
                    "verifier_architectures": ((architecture,) if architecture else ()) if verifier
                    else own.get("verifier_architectures", ())}
@@ -429,6 +466,14 @@ def run_record(src) -> dict:
             not isinstance(run.get("target", {}), dict):
         raise LabError("not a run record (a JSON object with config and target objects)", path)
     return run
+
+
+def _recorded_depth(run: dict, src) -> int | None:
+    """The TTT depth a run record holds, checked: a hand-edited "5" (or NaN) went into vLLM's config as is."""
+    depth = run.get("config", {}).get("ttt_steps")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+        raise LabError(f"'ttt_steps' is {depth!r}, not a positive integer", Path(src) / "run.json")
+    return depth
 
 
 def recorded_fingerprint(drafter_dir) -> str | None:

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from drafter_lab.data.chat import render, rendered_with
+from drafter_lab.data.chat import TemplateRefusal, render, rendered_with
 from drafter_lab.errors import LabError
 from drafter_lab.progress import progress
 from drafter_lab.spec.accept import accept_summary
@@ -35,15 +35,24 @@ WARMUP_TOKENS = 8
 
 
 def render_prompts(tokenizer, conversations, where=None, template_kwargs: dict | None = None) -> list[list[int]]:
-    """Token ids of each conversation's first prompt (turns before the first assistant turn), rendered
-    with the chat template's extra variables `template_kwargs` (chat.render)."""
+    """Token ids of each conversation's first prompt (turns before the first assistant turn; in one
+    without an answer, as an eval prompt set such as MT-bench's, the turns through its first user turn,
+    as its later questions follow an answer), rendered with the chat template's extra variables
+    `template_kwargs` (chat.render)."""
     out = []
     for conv in conversations:
         roles = [m["role"] for m in conv.messages]
-        head = conv.messages[: roles.index("assistant")] if "assistant" in roles else conv.messages
+        if "assistant" in roles:
+            head = conv.messages[: roles.index("assistant")]
+        else:
+            head = conv.messages[: roles.index("user") + 1] if "user" in roles else []
         if not any(m["role"] == "user" for m in head):
-            raise LabError(f"conversation {conv.id} has no user turn before its first assistant turn", where)
-        text = render(tokenizer, head, True, template_kwargs, conv.tools)
+            before = " before its first assistant turn" if "assistant" in roles else ""
+            raise LabError(f"conversation {conv.id} has no user turn{before}", where)
+        try:
+            text = render(tokenizer, head, True, template_kwargs, conv.tools)
+        except TemplateRefusal as e:  # names neither the prompts file nor the conversation
+            raise LabError(f"conversation {conv.id}: {e} (the chat template of {tokenizer.name_or_path})", where) from None
         out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     if not out:
         raise LabError("no prompts to decode", where)

@@ -229,6 +229,10 @@ TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges.txt", "*.model", "*.tiktoken"
 SentencePiece and tiktoken models, Mistral's tekken): a directory with none holds no tokenizer."""
 
 
+VOCABULARY_FILES = ("tokenizer.json", "vocab*", "merges.txt", "*.model", "*.tiktoken", "tekken.json")
+"""TOKENIZER_FILES less the configs: the files that hold the vocabulary itself."""
+
+
 def check_tokenizer_dir(path: Path) -> None:
     """Refuse a path that is no directory, or one with no tokenizer file (an empty one, a feature or
     drafter directory): else transformers takes it for a hub name, or answers with a paragraph on
@@ -250,8 +254,12 @@ def load_tokenizer(path):
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
     except Exception as e:  # transformers raises many types for a broken dir
-        raise remote_code_refusal(e, path, "tokenizer") or LabError(f"cannot load tokenizer: {first_line(e)}",
-                                                                    path) from None
+        if refusal := remote_code_refusal(e, path, "tokenizer"):
+            raise refusal from None
+        if not any(next(path.glob(g), None) for g in VOCABULARY_FILES):  # else "install sentencepiece", which won't help
+            raise LabError("cannot load tokenizer: no tokenizer.json (nor tokenizer.model, vocab.json or another "
+                           "vocabulary file) beside its tokenizer_config.json: a partial download?", path) from None
+        raise LabError(f"cannot load tokenizer: {first_line(e)}", path) from None
     if not getattr(tok, "chat_template", None):
         warnings.warn(f"{path}: no chat template; using the default ChatML template", stacklevel=2)
         tok.chat_template = DEFAULT_CHAT_TEMPLATE
@@ -299,17 +307,20 @@ def load_target(
 
     path, device = Path(path), resolve_device(device)
     _check_model_dir(path)
+    _check_shards(path)
     if tokenizer:  # before the weights load, which take minutes for a large target
         check_tokenizer_dir(path)
     code = trusts_remote_code()
     try:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=code)
         with quiet_transformers():
-            model = model_class(config).from_pretrained(str(path), dtype=dtype, local_files_only=True,
-                                                        trust_remote_code=code)
+            model, info = model_class(config).from_pretrained(
+                str(path), dtype=dtype, local_files_only=True, trust_remote_code=code, output_loading_info=True,
+                ignore_mismatched_sizes=True)  # refused below by name, not as "see the report above"
     except Exception as e:
         raise remote_code_refusal(e, path, "model") or LabError(f"cannot load model: {first_line(e)}",
                                                                 path) from None
+    _check_loading_info(info, path)
     model.to(device).eval()
     model.requires_grad_(False)
     tok = load_tokenizer(path) if tokenizer else None
@@ -322,11 +333,39 @@ def load_target(
     return Target(path=path, model=model, tokenizer=tok, fingerprint=fingerprint(path))
 
 
+def _check_loading_info(info: dict, path: Path) -> None:
+    """Refuse what from_pretrained only logs: a weight the files lack or hold at another shape, which it fills
+    with random values. A partial download, tensors under other names or a hand-edited config would
+    otherwise decode, and capture features, from noise. Unexpected tensors are fine (an MTP layer, say)."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise LabError(f"the weight files lack {missing[0]}{more}, which transformers would fill with random values "
+                       "(a partial download, or tensors under other names?)", path)
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: m[0])
+    if mismatched:
+        name, stored, wanted = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise LabError(f"tensor {name} has shape {tuple(stored)} in the weight files, config.json gives "
+                       f"{tuple(wanted)}{more}", path)
+
+
 def _check_dir(path: Path) -> None:
     if path.is_file():  # a weights or config file given for its model, say
         raise LabError("is a file, not a model directory: give the directory that holds the model", path)
     if not path.is_dir():
         raise LabError("model directory not found", path)
+
+
+def _check_shards(path: Path) -> None:
+    """The shard index transformers will load by, checked (else it says only "'weight_map'"), and every shard
+    it names there: a lost one is named before the others load, which takes minutes for a large target."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file() and not (path / "model.safetensors").exists():
+        missing = sorted({f.name for f in _shard_map(index).values() if not f.is_file()})
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise LabError(f"{index.name} names shard {missing[0]}{more}, which is missing: a partial download?", path)
 
 
 def _check_model_dir(path: Path) -> None:
@@ -354,6 +393,15 @@ def _safetensors(f: Path):
         raise LabError(f"cannot read safetensors file: {first_line(e)}", f) from None
 
 
+def _shard_map(index: Path) -> dict[str, Path]:
+    """Tensor name -> shard file, from a shard index (`model.safetensors.index.json`), checked."""
+    data = atomic.read_json(index, "shard index is missing", index.parent)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise LabError("not a shard index (an object whose weight_map names a file per tensor)", index)
+    return {name: index.parent / f for name, f in weight_map.items()}
+
+
 def _tensor_files(path: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it: model.safetensors where there is one (as transformers
     loads it, whatever shard index an earlier sharded save left beside it), else the shard index."""
@@ -362,11 +410,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
         with _safetensors(single) as fh:
             return dict.fromkeys(fh.keys(), single)
     if index.exists():
-        data = atomic.read_json(index, "shard index is missing", path)
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-            raise LabError("not a shard index (an object whose weight_map names a file per tensor)", index)
-        return {name: path / f for name, f in weight_map.items()}
+        return _shard_map(index)
     out = {}
     for f in weight_files(path):
         if f.suffix == ".safetensors":

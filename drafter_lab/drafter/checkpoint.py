@@ -408,6 +408,11 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
     architecture from run.json)."""
     if fmt not in FORMATS:
         raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
+    if fmt == formats.SPECULATORS:  # before the drafter is read
+        if speculative_tokens is not None and speculative_tokens < 1:
+            raise LabError(f"speculative_tokens must be at least 1, got {speculative_tokens}")
+        if verifier is not None and not verifier.strip():  # vLLM would be told to serve a model named ""
+            raise LabError("--verifier is empty: give the target's name or path, or leave it out")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise LabError("output is a file: choose a directory", out)
@@ -431,10 +436,6 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
     serving = {}
     if fmt == formats.SPECULATORS:
         run = run_record(src)
-        if speculative_tokens is not None and speculative_tokens < 1:
-            raise LabError(f"speculative_tokens must be at least 1, got {speculative_tokens}")
-        if verifier is not None and not verifier.strip():  # vLLM would be told to serve a model named ""
-            raise LabError("--verifier is empty: give the target's name or path, or leave it out")
         # a speculators source's own settings carry over where no flag sets them (re-exporting lost them)
         unset = tuple(k for k, v in (("speculative_tokens", speculative_tokens), ("verifier", verifier)) if v is None)
         own = formats.speculators_serving(atomic.read_json(Path(src) / CONFIG, "config.json is missing", src),

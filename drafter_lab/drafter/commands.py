@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from drafter_lab.config import flags_named
 from drafter_lab.data.capture_config import DTYPE_NAMES
 from drafter_lab.drafter.config import FORMATS
 
@@ -63,11 +64,10 @@ def _export(args) -> int:
 
     if args.format != "speculators" and (args.speculative_tokens is not None or args.verifier is not None):
         raise LabError("--speculative-tokens and --verifier apply to --format speculators")
-    if args.speculative_tokens is not None and args.speculative_tokens < 1:  # export refused it once the drafter was read
-        raise LabError(f"--speculative-tokens must be at least 1, got {args.speculative_tokens}")
     dtype, target = (args.dtype, None) if args.dtype else _target_dtype(args.target, args.drafter)
-    out = export(args.drafter, args.format, args.out, getattr(torch, dtype) if dtype else None,
-                 args.speculative_tokens, args.verifier)
+    with flags_named({"speculative_tokens": "--speculative-tokens"}):  # checked before the drafter is read
+        out = export(args.drafter, args.format, args.out, getattr(torch, dtype) if dtype else None,
+                     args.speculative_tokens, args.verifier)
     log(f"exported {args.drafter} as {args.format} -> {out}" + (f" in {dtype}, {target}'s dtype" if target else ""))
     return 0
 

@@ -77,8 +77,12 @@ from drafter_lab.journal import Journal
 from drafter_lab.progress import log, maybe_progress
 from drafter_lab.targets.fingerprint import fingerprint
 from drafter_lab.targets.hf import (
+    MODEL_JSON,
     Target,
+    broken_file,
     check_aux_layer_ids,
+    check_loading_info,
+    check_shards,
     default_aux_layer_ids,
     first_line,
     load_target,
@@ -139,6 +143,7 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
     except ImportError:  # transformers 4.x takes the plan directly
         tp = {"tp_plan": "auto"}
     fp = fingerprint(path)  # one-line error for a directory without config.json
+    check_shards(path)
     try:
         whole = AutoConfig.from_pretrained(str(path), trust_remote_code=trusts_remote_code())
     except Exception as e:
@@ -153,11 +158,13 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
                        "run tensor-parallel capture on a divisor of both", path)
     try:
         with quiet_transformers():
-            model = model_class(whole).from_pretrained(str(path), dtype=dtype, local_files_only=True,
-                                                       trust_remote_code=trusts_remote_code(), **tp)
+            model, info = model_class(whole).from_pretrained(
+                str(path), dtype=dtype, local_files_only=True, trust_remote_code=trusts_remote_code(),
+                output_loading_info=True, ignore_mismatched_sizes=True, **tp)  # refused by name, as load_target does
     except Exception as e:
-        raise remote_code_refusal(e, path, "model") or LabError(f"cannot load model tensor-parallel: {first_line(e)}",
-                                                                path) from None
+        raise (remote_code_refusal(e, path, "model") or broken_file(path, MODEL_JSON, weights=True)
+               or LabError(f"cannot load model tensor-parallel: {first_line(e)}", path)) from None
+    check_loading_info(info, path)
     model.eval().requires_grad_(False)
     return Target(path=path, model=model, tokenizer=load_tokenizer(path), fingerprint=fp)
 

@@ -55,7 +55,8 @@ A line that is not JSON, or not shaped like a conversation, is an error naming t
 (the item, from 1, of an array); so is a NaN or Infinity (which Python's json reads, and JSON has not)
 in what the lab keeps of a row: its id, tools and turns (other columns are not read).
 A conversation without an assistant turn has nothing to train on: it is skipped and counted
-(an error under `strict`).
+(an error under `strict`), except where the file holds prompts (`prompts=True`: eval's prompt sets,
+MT-bench's among them, hold user turns alone).
 """
 
 from __future__ import annotations
@@ -345,9 +346,10 @@ def _rows(blob: bytes, path):
                 raise LabError(f"line {lineno} is not valid JSON ({e})", path) from None
 
 
-def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], dict]:
+def read_conversations(path, strict: bool = False, prompts: bool = False) -> tuple[list[Conversation], dict]:
     """Read a jsonl file (or a JSON array, gzip-compressed or not); returns (conversations, skipped
-    counts by reason)."""
+    counts by reason). `prompts`: the file is decoded from, not trained on, so a conversation without
+    an assistant turn is kept (its turns are the prompt)."""
     path = Path(path)
     try:
         blob = path.read_bytes()
@@ -385,7 +387,7 @@ def read_conversations(path, strict: bool = False) -> tuple[list[Conversation], 
             if (bad := _non_finite(value)) is not None:
                 raise LabError(f"{where}: {what} has {json.dumps(bad)}, which is not a JSON number", path)
         _add_system(messages, obj.get("system"), where, path)
-        if not any(m["role"] == "assistant" for m in messages):
+        if not prompts and not any(m["role"] == "assistant" for m in messages):
             if strict:
                 raise LabError(f"{where}: conversation has no assistant turn (--strict)", path)
             skipped["no_assistant_turn"] += 1

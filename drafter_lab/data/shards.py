@@ -268,14 +268,16 @@ class ShardReader:
         except Exception as e:
             raise _corrupt(e, path) from None
 
-    def read(self, ref: SequenceRef, max_length: int | None = None) -> Sequence:
-        """One sequence, its first `max_length` tokens; NaN/inf hidden states are a LabError naming
-        the shard."""
+    def read(self, ref: SequenceRef, max_length: int | None = None, vocab_size: int | None = None) -> Sequence:
+        """One sequence, its first `max_length` tokens; NaN/inf hidden states, or with `vocab_size` a token
+        id outside it, are a LabError naming the shard."""
         end = ref.end if max_length is None else min(ref.end, ref.start + max_length)
         t = {k: self.rows(ref.shard, k, ref.start, end) for k in SEQUENCE_KEYS}
         for key in HIDDEN_KEYS:
             if not torch.isfinite(t[key]).all():
                 raise LabError(f"NaN or inf in {key} of sequence {ref.seq_id}: refusing to train on it", ref.shard)
+        if vocab_size is not None:  # a pass over [T] ids, beside the one over [T, 4H] states above
+            check_token_ids(t["input_ids"], vocab_size, ref.shard, f" of sequence {ref.seq_id}")
         return Sequence(ref.seq_id, t["input_ids"].long(), t["loss_mask"].bool(), t["aux_hidden"], t["final_hidden"])
 
     def index(self, path: Path, hidden_size: int) -> list[SequenceRef]:
@@ -393,7 +395,11 @@ class FeatureSet:
         return refs
 
     def read(self, refs: list[SequenceRef]) -> list[Sequence]:
-        return [self.reader.read(r) for r in refs]
+        """The sequences `refs` locate, their token ids checked against the capturing target's vocab (the
+        probe embeds them: else an IndexError in the drafter's embedding)."""
+        vocab = self.manifest.target.get("vocab_size")
+        vocab = vocab if type(vocab) is int else None  # a manifest that does not record it: unchecked, as before
+        return [self.reader.read(r, vocab_size=vocab) for r in refs]
 
     def sequences(self, split: str) -> list[Sequence]:
         """All of `split` in memory: for small sets and tests; training reads per batch."""

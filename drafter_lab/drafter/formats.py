@@ -397,6 +397,9 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
                            f"i, hidden_states {aux}) and the top-level {top} (hidden_states)", path)
         aux = aux or top
         norm_before_residual = _flag(data, "norm_before_residual", path)
+    if aux and len(aux) != 3:  # else export passed it, and only eval (check_aux_layer_ids) refused it
+        raise LabError(f"config's eagle_aux_hidden_state_layer_ids has {len(aux)} ids: an EAGLE-3 drafter's fc fuses "
+                       "the hidden states of exactly 3 layers (fc.weight is [hidden, 3 x target_hidden_size])", path)
     hidden = _positive(layer, "hidden_size", path)
     heads = _positive(layer, "num_attention_heads", path)
     scaling = rope_scaling_of(layer, path)

@@ -143,7 +143,7 @@ def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path
     target = load_target(target_dir, device=cfg.device)  # the study's device, as its arms trained on
     drafter = (NgramDrafter(drafter) if isinstance(drafter, NgramConfig)
                else load_drafter(drafter, target=target, device=target.device))
-    convs, _ = read_conversations(prompts)
+    convs, _ = read_conversations(prompts, prompts=True)
     return served_eval(
         target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,
         draft_tokens=cfg.served_steps, batch=1, max_new_tokens=cfg.max_new_tokens, temperature=0.0,

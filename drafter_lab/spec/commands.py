@@ -80,7 +80,8 @@ def register(sub) -> None:
     e.add_argument("--target", required=True, help="target model directory (any local HF causal LM; with "
                                                     "--server only its tokenizer and chat template are read)")
     e.add_argument("--prompts", required=True, action="append",
-                   help="ShareGPT/SpecForge jsonl conversations; repeat for several prompt sets (chat, code, "
+                   help="ShareGPT/SpecForge jsonl conversations, each decoded from its first prompt (user turns "
+                        "without answers, as MT-bench's, will do); repeat for several prompt sets (chat, code, "
                         "math, ...): each is decoded and reported apart, then pooled")
     e.add_argument("--baseline-server", metavar="URL", type=server_url, default=None,
                    help="with --server: the same target served without speculation")
@@ -170,7 +171,7 @@ def _prompt_sets(args) -> dict[str, tuple[str, list]]:
 
     sets = {}
     for path in args.prompts:
-        convs, skipped = read_conversations(path)
+        convs, skipped = read_conversations(path, prompts=True)
         if skipped:
             log(f"{path}: skipped {skipped}")
         convs = convs[: args.max_prompts] if args.max_prompts is not None else convs

@@ -259,7 +259,7 @@ def load_tokenizer(path):
         if not any(next(path.glob(g), None) for g in VOCABULARY_FILES):  # else "install sentencepiece", which won't help
             raise LabError("cannot load tokenizer: no tokenizer.json (nor tokenizer.model, vocab.json or another "
                            "vocabulary file) beside its tokenizer_config.json: a partial download?", path) from None
-        raise LabError(f"cannot load tokenizer: {first_line(e)}", path) from None
+        raise broken_file(path, TOKENIZER_JSON) or LabError(f"cannot load tokenizer: {first_line(e)}", path) from None
     if not getattr(tok, "chat_template", None):
         warnings.warn(f"{path}: no chat template; using the default ChatML template", stacklevel=2)
         tok.chat_template = DEFAULT_CHAT_TEMPLATE
@@ -307,7 +307,7 @@ def load_target(
 
     path, device = Path(path), resolve_device(device)
     _check_model_dir(path)
-    _check_shards(path)
+    check_shards(path)
     if tokenizer:  # before the weights load, which take minutes for a large target
         check_tokenizer_dir(path)
     code = trusts_remote_code()
@@ -318,9 +318,9 @@ def load_target(
                 str(path), dtype=dtype, local_files_only=True, trust_remote_code=code, output_loading_info=True,
                 ignore_mismatched_sizes=True)  # refused below by name, not as "see the report above"
     except Exception as e:
-        raise remote_code_refusal(e, path, "model") or LabError(f"cannot load model: {first_line(e)}",
-                                                                path) from None
-    _check_loading_info(info, path)
+        raise (remote_code_refusal(e, path, "model") or broken_file(path, MODEL_JSON, weights=True)
+               or LabError(f"cannot load model: {first_line(e)}", path)) from None
+    check_loading_info(info, path)
     model.to(device).eval()
     model.requires_grad_(False)
     tok = load_tokenizer(path) if tokenizer else None
@@ -333,7 +333,7 @@ def load_target(
     return Target(path=path, model=model, tokenizer=tok, fingerprint=fingerprint(path))
 
 
-def _check_loading_info(info: dict, path: Path) -> None:
+def check_loading_info(info: dict, path: Path) -> None:
     """Refuse what from_pretrained only logs: a weight the files lack or hold at another shape, which it fills
     with random values. A partial download, tensors under other names or a hand-edited config would
     otherwise decode, and capture features, from noise. Unexpected tensors are fine (an MTP layer, say)."""
@@ -350,6 +350,36 @@ def _check_loading_info(info: dict, path: Path) -> None:
                        f"{tuple(wanted)}{more}", path)
 
 
+MODEL_JSON = ("config.json", "generation_config.json", "model.safetensors.index.json")
+"""The JSON files transformers reads to load a model."""
+
+TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json",
+                  "tokenizer.json", "config.json")
+"""The JSON files transformers reads to load a tokenizer."""
+
+
+def broken_file(path: Path, names, weights: bool = False) -> LabError | None:
+    """Why transformers failed to load `path`, where one of its files is at fault: a JSON file of `names`
+    that is no object (transformers says "'list' object has no attribute 'get'"), or with `weights`, a
+    safetensors file truncated or corrupt ("Error while deserializing header", naming none). Asked only
+    after a failure: it reads every weight file's header."""
+    for f in (path / name for name in names):
+        try:
+            data = atomic.read_json(f, "", path) if f.is_file() else {}
+        except LabError as e:  # not JSON
+            return e
+        if not isinstance(data, dict):
+            return LabError(f"is a JSON {type(data).__name__}, not the object transformers reads", f)
+    for f in weight_files(path) if weights else ():
+        if f.suffix == ".safetensors":
+            try:
+                with _safetensors(f):
+                    pass
+            except LabError as e:
+                return e
+    return None
+
+
 def _check_dir(path: Path) -> None:
     if path.is_file():  # a weights or config file given for its model, say
         raise LabError("is a file, not a model directory: give the directory that holds the model", path)
@@ -357,7 +387,7 @@ def _check_dir(path: Path) -> None:
         raise LabError("model directory not found", path)
 
 
-def _check_shards(path: Path) -> None:
+def check_shards(path: Path) -> None:
     """The shard index transformers will load by, checked (else it says only "'weight_map'"), and every shard
     it names there: a lost one is named before the others load, which takes minutes for a large target."""
     index = path / "model.safetensors.index.json"

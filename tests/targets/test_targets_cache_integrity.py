@@ -127,12 +127,12 @@ def no_corpus(monkeypatch):
 
 @pytest.mark.parametrize("flags,says", [
     # each was "corpus too small: the base slice has 0 conversations", which raising corpus_max_files never fixes
-    (("--max-source-chars", "0"), "max_source_chars must be >= 1, got 0"),
-    (("--max-source-chars", "-5"), "max_source_chars must be >= 1, got -5"),
-    (("--shifted-share", "0"), "shifted_share 0.0 leaves the shifted slice empty; it must be above 0 and below 1"),
-    (("--shifted-share", "1"), "shifted_share 1.0 leaves the base slice empty; it must be above 0 and below 1"),
+    (("--max-source-chars", "0"), "--max-source-chars must be >= 1, got 0"),
+    (("--max-source-chars", "-5"), "--max-source-chars must be >= 1, got -5"),
+    (("--shifted-share", "0"), "--shifted-share 0.0 leaves the shifted slice empty; it must be above 0 and below 1"),
+    (("--shifted-share", "1"), "--shifted-share 1.0 leaves the base slice empty; it must be above 0 and below 1"),
     # rotary embeddings' "size of tensor a (3) must match ... (4)" traceback after the corpus and tokenizer
-    (("--hidden-size", "12"), "hidden_size / num_heads (the head size) must be even, got 12/4 = 3"),
+    (("--hidden-size", "12"), "--hidden-size / num_heads (the head size) must be even, got 12/4 = 3"),
 ])
 def test_settings_that_fail_after_the_corpus_are_refused_first(tmp_path, capsys, no_corpus, flags, says):
     out = tmp_path / "pair"

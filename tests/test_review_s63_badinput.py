@@ -214,3 +214,29 @@ def test_a_gptq_drafter_is_named_as_quantized_not_as_lacking_its_weights(drafter
     with pytest.raises(LabError, match=f"tensor '{name}.qweight' belongs to a quantized layer: a quantized drafter "
                                        r"\(gptq\)"):
         read_checkpoint(drafter_dir)
+
+
+def test_the_refusal_of_a_missing_weight_stands_alone(target_copy, monkeypatch):
+    """transformers' LOAD REPORT said the weight was "newly initialized ... consider training" right above the
+    lab's refusal of it; the lab's check replaces it, and only for that load."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("transformers.modeling_utils")
+    monkeypatch.setattr(logger, "handlers", [handler])
+    was = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()  # whatever the suite set: the report is a warning
+    try:
+        _rewrite(target_copy, lambda t: {k: v for k, v in t.items() if k != "model.layers.0.mlp.up_proj.weight"})
+        with pytest.raises(LabError, match="lack model.layers.0.mlp.up_proj.weight"):
+            load_target(target_copy, tokenizer=False)
+    finally:
+        hf_logging.set_verbosity(was)
+    assert not [m for m in seen if "LOAD REPORT" in m]
+    assert not logger.filters
+    logger.warning("LOAD REPORT after the load")  # the filter went with the load
+    assert seen == ["LOAD REPORT after the load"]

@@ -157,7 +157,7 @@ def _load_tp_target(path: Path, dtype: torch.dtype) -> Target:
         raise LabError(f"{world} ranks do not divide the target's {heads} attention heads and {kv} key/value heads: "
                        "run tensor-parallel capture on a divisor of both", path)
     try:
-        with quiet_transformers():
+        with quiet_transformers(load_report=False):
             model, info = model_class(whole).from_pretrained(
                 str(path), dtype=dtype, local_files_only=True, trust_remote_code=trusts_remote_code(),
                 output_loading_info=True, ignore_mismatched_sizes=True, **tp)  # refused by name, as load_target does

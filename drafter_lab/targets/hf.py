@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -313,7 +314,7 @@ def load_target(
     code = trusts_remote_code()
     try:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=code)
-        with quiet_transformers():
+        with quiet_transformers(load_report=False):
             model, info = model_class(config).from_pretrained(
                 str(path), dtype=dtype, local_files_only=True, trust_remote_code=code, output_loading_info=True,
                 ignore_mismatched_sizes=True)  # refused below by name, not as "see the report above"
@@ -585,18 +586,30 @@ def _plain_config(fields: dict):
 
 
 @contextlib.contextmanager
-def quiet_transformers():
+def quiet_transformers(load_report: bool = True):
     """Hide transformers' own progress bars (one per load or save) while loading or saving models:
-    the lab shows its own progress, and the bars flood logs without a terminal."""
+    the lab shows its own progress, and the bars flood logs without a terminal. `load_report=False`
+    hides its LOAD REPORT too, where check_loading_info judges the same keys: the report told of
+    missing weights "newly initialized" right above the lab's refusal of them."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    report = logging.getLogger("transformers.modeling_utils")
+    drop = _NoLoadReport()
+    if not load_report:
+        report.addFilter(drop)
     try:
         yield
     finally:
+        report.removeFilter(drop)
         if was:
             hf_logging.enable_progress_bar()
+
+
+class _NoLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
 
 
 def pad_token_id(target) -> int:

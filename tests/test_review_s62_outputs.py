@@ -140,13 +140,15 @@ def test_template_kwargs_nan_is_a_usage_error(tmp_path, capsys):
 
 ALTERNATE = ("{% for m in messages %}{% if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] %}"
              "{{ raise_exception('Conversation roles must alternate') }}{% endif %}{% endfor %}")
-TWICE = {"id": "twice", "conversations": [{"role": "user", "content": "q"}, {"role": "user", "content": "again"},
-                                          {"role": "assistant", "content": "a"}]}
+# Two answers in a row: two user turns in a row get an answer between them, which the template takes.
+TWICE = {"id": "twice", "conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                                          {"role": "assistant", "content": "again"}, {"role": "user", "content": "q2"},
+                                          {"role": "assistant", "content": "a2"}]}
 
 
 @pytest.fixture
 def refusing_target(monkeypatch, random_llama):
-    """The random Llama, loaded with a chat template that refuses two user turns in a row."""
+    """The random Llama, loaded with a chat template that refuses two turns of one role in a row."""
     from drafter_lab.data import capture
     from drafter_lab.targets import hf
 
@@ -165,14 +167,14 @@ def refusing_target(monkeypatch, random_llama):
 @pytest.mark.parametrize("command", [["data", "regenerate", "--out", "regen.jsonl"],
                                      ["data", "prepare", "--regenerate", "--out", "feat"]])
 def test_a_regeneration_refusal_names_the_conversations_file(refusing_target, tmp_path, capsys, monkeypatch, command):
-    """`error: conversation twice, turn 3: chat template rejects the conversation: ...` named no file."""
+    """`error: conversation twice, turn 5: chat template rejects the conversation: ...` named no file."""
     monkeypatch.chdir(tmp_path)
     convs = _jsonl(tmp_path / "c.jsonl", [*CONVERSATIONS, TWICE])
     assert main([*command, "--conversations", str(convs), "--target", str(refusing_target),
                  "--max-new-tokens", "2"]) == 2
     # the last line: transformers' warning may go before it, to a handler holding an earlier test's stderr
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: {convs}: conversation twice, turn 3: chat template rejects the conversation: "
+        f"error: {convs}: conversation twice, turn 5: chat template rejects the conversation: "
         "Conversation roles must alternate")
 
 

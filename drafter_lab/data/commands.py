@@ -169,9 +169,14 @@ def _regenerate(args) -> int:
         with flags_named(flags):
             check_config(CaptureConfig(max_new_tokens=args.max_new_tokens, regen_batch_size=batch_size,
                                        temperature=args.temperature, seed=args.seed))
-    convs, skipped = read_conversations(source)
+    # A file of prompts (user turns alone) is SpecForge's input for regenerating: the target writes the answers.
+    convs, skipped = read_conversations(source, prompts=True)
+    answerable = [c for c in convs if any(m["role"] in ("user", "assistant") for m in c.messages)]
+    if len(answerable) < len(convs):
+        skipped["no_user_or_assistant_turn"] = len(convs) - len(answerable)
+        convs = answerable
     if not convs:
-        raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", source)
+        raise LabError(f"no conversation with a user or assistant turn (skipped: {skipped})", source)
     if args.server is not None:
         regenerate_via_server(convs, source, out, cfg)
     else:

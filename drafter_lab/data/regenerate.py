@@ -16,8 +16,10 @@ answer, which a thinking template such as Qwen3's reads apart), so the turn's ol
 goes; one in harmony's channels (GPT-OSS) is split as a server splits it, and think tags a tokenizer
 marks special stay (`answer_fields`). A turn that makes tool calls stays as recorded
 (`regenerated_turns`): the tool results after it answer those calls, and no tool runs here; the turns
-around it are the target's. A journal (journal.py) records each batch as it finishes, so a killed run
-resumes.
+around it are the target's. A user turn that no assistant turn follows (a file of prompts alone,
+SpecForge's usual input for regenerating data, or a chat that ends on a question) gets an answer
+written after it (`answer_slots`): [user, user] becomes [user, answer, user, answer]. A journal
+(journal.py) records each batch as it finishes, so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def regenerated_turns(conv: Conversation) -> list[int]:
     """The assistant turns a regeneration writes anew: all but those making tool calls, which stay as
     recorded, since the tool results after them answer those calls and no tool runs here."""
     return [i for i in conv.assistant_turns() if "tool_calls" not in conv.messages[i]]
+
+
+def answer_slots(messages: list[dict]) -> list[dict]:
+    """A copy of `messages` with an empty assistant turn after each user turn that no assistant turn
+    follows, for the target to write: a prompt is answered as a recorded answer is rewritten."""
+    out = []
+    for j, m in enumerate(messages):
+        out.append(copy.deepcopy(m))
+        if m["role"] == "user" and (j + 1 == len(messages) or messages[j + 1]["role"] != "assistant"):
+            out.append({"role": "assistant", "content": ""})
+    return out
 
 
 # Every knob a model's generation_config.json may set that reshapes the distribution (Qwen2.5 ships
@@ -184,7 +197,8 @@ def regenerate(
     show_progress: bool = True,
     journal: Journal | None = None,
 ) -> list[Conversation]:
-    """Copies of `conversations` whose assistant turns the target wrote (temperature 0 = greedy).
+    """Copies of `conversations` whose assistant turns the target wrote (temperature 0 = greedy), one
+    added after each user turn without an answer (`answer_slots`).
 
     With a `journal`, each batch's answers are recorded as it finishes (with the RNG state after
     it when sampling), and the batches an earlier run recorded are replayed instead of generated:
@@ -193,7 +207,7 @@ def regenerate(
     `show_progress=False` keeps tensor-parallel ranks other than 0 quiet.
     """
     gen_config = generation_config(target, temperature, max_new_tokens)
-    convs = [replace(c, messages=copy.deepcopy(c.messages)) for c in conversations]
+    convs = [replace(c, messages=answer_slots(c.messages)) for c in conversations]
     turns = [regenerated_turns(c) for c in convs]
     rounds = max((len(t) for t in turns), default=0)
     records = journal.records if journal is not None else []

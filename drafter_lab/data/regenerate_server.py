@@ -17,14 +17,14 @@ to put back. Requests carry role and content, and for tool use the conversation'
 calls (their arguments a JSON string, as the OpenAI API has them) with the thinking that led to
 them (`reasoning_content`, as interleaved-thinking clients send it back: templates such as Qwen3's
 show it for the turns after the last user turn, which a tool loop's are) and the results' ids; a
-turn that makes calls stays as recorded (regenerate.regenerated_turns), and an answer in which the
-server's tool parser found calls keeps them. Other answers are sent without their thinking: in a
+turn that makes calls stays as recorded (regenerate.regenerated_turns), a user turn without an answer
+gets one (regenerate.answer_slots), and an answer in which the server's tool parser found calls keeps
+them. Other answers are sent without their thinking: in a
 plain chat each precedes the last user turn, where those templates show none.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import queue
@@ -42,7 +42,7 @@ from drafter_lab.data.conversations import (
     parse_call,
     write_conversations,
 )
-from drafter_lab.data.regenerate import SAMPLER, regenerated_turns
+from drafter_lab.data.regenerate import SAMPLER, answer_slots, regenerated_turns
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import HTTPStatusError, request_json
 from drafter_lab.journal import Journal
@@ -158,7 +158,7 @@ def _wire(messages: list[dict]) -> list[dict]:
 
 
 def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
-    out = Conversation(id=conv.id, messages=copy.deepcopy(conv.messages), tools=conv.tools)
+    out = Conversation(id=conv.id, messages=answer_slots(conv.messages), tools=conv.tools)
     for i in regenerated_turns(out):
         try:
             turn, ids = ask(cfg, _wire(out.messages[:i]), out.tools, request_seed(cfg.seed, conv.id, i))
@@ -194,9 +194,9 @@ def check_settings(cfg: ServerConfig) -> None:
 
 def regenerate_via_server(conversations: list[Conversation], source: Path, out: Path, cfg: ServerConfig,
                           show_progress: bool = True) -> list[Conversation]:
-    """Regenerate every assistant turn of `conversations` (read from `source`) through the server at
-    `cfg.url`, into `out` (jsonl); returns the regenerated conversations in input order. A conversation's
-    failure names it and `source`, as a local regeneration's does."""
+    """Regenerate every assistant turn of `conversations` (read from `source`), and answer each user turn
+    without one, through the server at `cfg.url`, into `out` (jsonl); returns the regenerated conversations
+    in input order. A conversation's failure names it and `source`, as a local regeneration's does."""
     check_settings(cfg)
     if cfg.model is None:
         cfg = replace(cfg, model=served_model(cfg.url, cfg.timeout_s, cfg.retries))

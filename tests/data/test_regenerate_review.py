@@ -49,19 +49,21 @@ ALTERNATE = ("{% for m in messages %}{% if not loop.first and m['role'] == messa
 
 
 def test_a_template_refusal_names_the_conversation(random_llama, tmp_path):
-    """Two user turns in a row (as ShareGPT rows are once a turn of another speaker is dropped), under a
-    template that enforces alternation: the one-line error named no conversation, so nothing told which
-    of thousands to mend."""
+    """Two assistant turns in a row (as ShareGPT rows are once a turn of another speaker is dropped; two
+    user turns in a row now get an answer between them), under a template that enforces alternation: the
+    one-line error named no conversation, so nothing told which of thousands to mend."""
     target = load_target(random_llama)
     target.tokenizer.chat_template = ALTERNATE + target.tokenizer.chat_template
     rows = make_conversations(3)
     rows.append({"id": "twice", "conversations": [{"role": "user", "content": "q"},
-                                                  {"role": "user", "content": "and another"},
-                                                  {"role": "assistant", "content": "a"}]})
+                                                  {"role": "assistant", "content": "a"},
+                                                  {"role": "assistant", "content": "and another"},
+                                                  {"role": "user", "content": "q2"},
+                                                  {"role": "assistant", "content": "a2"}]})
     convs, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", rows))
     with pytest.raises(LabError) as e:
         regenerate(target, convs, max_new_tokens=2, show_progress=False)
-    assert str(e.value) == ("conversation twice, turn 3: chat template rejects the conversation: Conversation roles "
+    assert str(e.value) == ("conversation twice, turn 5: chat template rejects the conversation: Conversation roles "
                             "must alternate user/assistant/user/assistant/...")
 
 

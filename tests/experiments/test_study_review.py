@@ -147,7 +147,7 @@ def test_served_evaluation_runs_on_the_studys_device(tmp_path, monkeypatch):
     monkeypatch.setattr("drafter_lab.targets.hf.load_target", lambda path, device="cpu": seen.update(target=device) or target)
     monkeypatch.setattr("drafter_lab.drafter.checkpoint.load_drafter",
                         lambda path, target=None, device="cpu": seen.update(drafter=device) or "drafter")
-    monkeypatch.setattr("drafter_lab.data.conversations.read_conversations", lambda path: ([], {}))
+    monkeypatch.setattr("drafter_lab.data.conversations.read_conversations", lambda path, **kw: ([], {}))
     monkeypatch.setattr(spec_eval, "evaluate", lambda *a, **k: {"served": True})
     cfg = dataclasses.replace(get_config("smoke"), device="cuda:3", served_eval=True)
     assert study._served(cfg, tmp_path / "drafter", tmp_path / "target", tmp_path / "prompts.jsonl") == {"served": True}

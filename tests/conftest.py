@@ -114,3 +114,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """Run the CLI on argv, expecting a refusal: exit 2 and one line on stderr, which it returns."""
+    from drafter_lab import cli
+
+    def run(argv) -> str:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err.strip()
+
+    return run

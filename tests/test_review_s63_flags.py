@@ -11,17 +11,9 @@ import shutil
 
 import pytest
 
-from drafter_lab import cli
 from drafter_lab.data.shards import FeatureSet
 from drafter_lab.errors import LabError
 from drafter_lab.experiments import probe as probe_mod
-
-
-def _err(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    return err.strip()
 
 
 @pytest.fixture
@@ -77,14 +69,14 @@ REGEN = ["data", "regenerate", "--conversations", "no.jsonl", "--out", "regen.js
       for argv in (EVAL, ["bench", "verify", "--target", "no-target"], ["bench", "replay"], [*REGEN, "--target", "t"],
                    ["data", "prepare", "--target", "t", "--conversations", "c", "--out", "o", "--regenerate"])],
 ])
-def test_a_refused_setting_names_the_flag_before_the_inputs_are_read(tmp_path, capsys, monkeypatch, no_build,
-                                                                     argv, message):
+def test_a_refused_setting_names_the_flag_before_the_inputs_are_read(tmp_path, monkeypatch, no_build,
+                                                                     argv, message, cli_error):
     monkeypatch.chdir(tmp_path)
-    assert _err(capsys, argv) == f"error: {message}"
+    assert cli_error(argv) == f"error: {message}"
 
 
-def test_a_costmodel_flag_that_makes_the_deployment_inconsistent_is_named(capsys):
-    assert _err(capsys, ["costmodel", "--measured-verify-ms", "1", "--verify-allreduce-us", "1000"]).endswith(
+def test_a_costmodel_flag_that_makes_the_deployment_inconsistent_is_named(cli_error):
+    assert cli_error(["costmodel", "--measured-verify-ms", "1", "--verify-allreduce-us", "1000"]).endswith(
         "all-reduces of 1000 us: lower --verify-allreduce-us")
 
 
@@ -92,9 +84,9 @@ def test_a_costmodel_flag_that_makes_the_deployment_inconsistent_is_named(capsys
     (["--draft-tokens", "50", "--topk", "2"], "--draft-tokens must be in 1..14 for steps=4, topk=2, got 50"),
     (["--ngram-min", "0"], "n-gram sizes need 1 <= --ngram-min <= --ngram-max, got --ngram-min=0, --ngram-max=4"),
 ])
-def test_eval_settings_checked_before_the_target_loads_name_their_flags(prompts, capsys, argv, message):
+def test_eval_settings_checked_before_the_target_loads_name_their_flags(prompts, argv, message, cli_error):
     drafting = ["--ngram"] if argv[0].startswith("--ngram") else ["--drafter", "no-drafter"]
-    assert _err(capsys, ["eval", *drafting, "--target", "no-target", "--prompts", str(prompts), *argv]) == \
+    assert cli_error(["eval", *drafting, "--target", "no-target", "--prompts", str(prompts), *argv]) == \
         f"error: {message}"
 
 

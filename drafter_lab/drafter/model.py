@@ -186,10 +186,11 @@ class Eagle3Drafter(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     # -- training-time test ---------------------------------------------------------------------
-    def ttt_step(self, embeds, hidden, positions, cache: list, pad_mask: torch.Tensor | None = None):
+    def ttt_step(self, embeds, hidden, positions, cache: list):
         """One TTT step over whole sequences.
 
-        embeds, hidden: [B, T, H]; positions: [B, T]; pad_mask: [B, T] bool, True for real tokens.
+        embeds, hidden: [B, T, H]; positions: [B, T]. Padding needs no key mask: the loss never reads a padded
+        position, and causal attention keeps real positions from seeing the padding after them.
         `cache` holds (k, v) of the earlier steps and is extended with this step's.
         Returns the new pre-norm hidden state [B, T, H].
         """
@@ -203,7 +204,6 @@ class Eagle3Drafter(nn.Module):
         k0, v0 = attn.expand_kv(cache[0][0]), attn.expand_kv(cache[0][1])
         scores = [torch.matmul(q, k0.transpose(-1, -2)) * scale]  # [B, nh, T, T]
         allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        allowed = allowed[None, None] if pad_mask is None else allowed[None, None] & pad_mask[:, None, None, :]
         scores[0] = scores[0].masked_fill(~allowed, torch.finfo(scores[0].dtype).min)
         diag_v = []
         for kj, vj in cache[1:]:

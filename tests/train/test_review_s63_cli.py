@@ -10,7 +10,6 @@ import shutil
 
 import pytest
 
-from drafter_lab import cli
 from drafter_lab import config as labconfig
 from drafter_lab.errors import LabError
 from drafter_lab.train import sources
@@ -21,12 +20,6 @@ CFG = TrainConfig(draft_vocab_size=64, max_steps=1, batch_size=8, ttt_steps=2, l
                   eval_batch_size=8, threads=1, max_length=64)
 
 
-def _err(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    return err.strip()
-
 
 @pytest.fixture
 def no_training(monkeypatch):
@@ -36,11 +29,11 @@ def no_training(monkeypatch):
     monkeypatch.setattr("drafter_lab.train.loop.train", trained)
 
 
-def test_source_target_with_no_remap_is_refused(tmp_path, capsys, no_training):
+def test_source_target_with_no_remap_is_refused(tmp_path, no_training, cli_error):
     """--no-remap copies lm_head rows by id, so --source-target's tokenizer was never read: silently unused."""
     argv = ["train", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o"),
             "--init-from", str(tmp_path / "src"), "--no-remap", "--source-target", str(tmp_path / "st")]
-    assert _err(capsys, argv) == ("error: --source-target is read for the vocab remap (its tokenizer), and "
+    assert cli_error(argv) == ("error: --source-target is read for the vocab remap (its tokenizer), and "
                                   "--no-remap turns that off: give one or the other")
     assert not (tmp_path / "o").exists()
 
@@ -94,19 +87,19 @@ ONLINE = ["train", "--target", "no-target", "--conversations", "no.jsonl", "--ou
     (["data", "prepare", "--target", "t", "--conversations", "c", "--out", "o", "--regenerate", "--temperature", "-1"],
      "--temperature must be a finite number >= 0, got -1.0"),
 ])
-def test_a_refused_setting_names_the_flag_typed(tmp_path, capsys, monkeypatch, no_training, argv, message):
+def test_a_refused_setting_names_the_flag_typed(tmp_path, monkeypatch, no_training, argv, message, cli_error):
     monkeypatch.chdir(tmp_path)
-    assert _err(capsys, argv).startswith(f"error: {message}")
+    assert cli_error(argv).startswith(f"error: {message}")
 
 
-def test_a_config_files_own_value_names_the_file_and_field(tmp_path, capsys, no_training):
+def test_a_config_files_own_value_names_the_file_and_field(tmp_path, no_training, cli_error):
     f = tmp_path / "train.toml"
     f.write_text("min_lr_ratio = 2\n")
-    assert _err(capsys, [*TRAIN, "--config", str(f), "--lr", "0.1"]) == (
+    assert cli_error([*TRAIN, "--config", str(f), "--lr", "0.1"]) == (
         f"error: {f}: min_lr_ratio must be in [0, 1] and adam_beta2 in [0, 1), got 2.0 and 0.95")
     # the flag's value over the file's good one: the flag named, the file's field as the file spells it
     f.write_text("adam_beta2 = 0.9\n")
-    assert _err(capsys, [*TRAIN, "--config", str(f), "--min-lr-ratio", "2"]) == (
+    assert cli_error([*TRAIN, "--config", str(f), "--min-lr-ratio", "2"]) == (
         "error: --min-lr-ratio must be in [0, 1] and adam_beta2 in [0, 1), got 2.0 and 0.9")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sysconfig
 from pathlib import Path
 
@@ -128,3 +129,20 @@ def cli_error(capsys):
         return err.strip()
 
     return run
+
+
+@pytest.fixture
+def foreign_source_target(random_llama, tmp_path) -> tuple[Path, Path]:
+    """(drafter, other): a drafter directory whose run.json records `random_llama`, and a copy of that target
+    with another config, so another fingerprint: a --source-target that is not the drafter's."""
+    from drafter_lab.targets.fingerprint import fingerprint
+
+    other = tmp_path / "other"
+    shutil.copytree(random_llama, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5 + config["rms_norm_eps"]}))
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "run.json").write_text(json.dumps({"target": {"path": str(random_llama),
+                                                             "fingerprint": fingerprint(random_llama)}}))
+    return drafter, other

@@ -114,17 +114,8 @@ def test_probe_refuses_a_source_target_that_is_no_model_before_the_signals(rando
         probe_mod.probe(tmp_path / "drafter", random_llama, stdlib_features, tokenizer_only)
 
 
-def test_probe_refuses_another_source_target_before_the_signals(random_llama, stdlib_features, tmp_path,
-                                                              no_signals):
-    from drafter_lab.targets.fingerprint import fingerprint
-
-    other = tmp_path / "other"  # the same tokenizer and weights, another config: another fingerprint
-    shutil.copytree(random_llama, other)
-    config = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5 + config["rms_norm_eps"]}))
-    drafter = tmp_path / "drafter"
-    drafter.mkdir()
-    (drafter / "run.json").write_text(json.dumps({"target": {"path": str(random_llama),
-                                                             "fingerprint": fingerprint(random_llama)}}))
+def test_probe_refuses_another_source_target_before_the_signals(random_llama, stdlib_features, no_signals,
+                                                              foreign_source_target):
+    drafter, other = foreign_source_target
     with pytest.raises(LabError, match=f"--source-target {other} is not the target this drafter was trained on"):
         probe_mod.probe(drafter, random_llama, stdlib_features, other)

@@ -5,9 +5,6 @@ own value keeps naming the file and field), in train, watch, probe and data prep
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
 from drafter_lab import config as labconfig
@@ -38,18 +35,10 @@ def test_source_target_with_no_remap_is_refused(tmp_path, no_training, cli_error
     assert not (tmp_path / "o").exists()
 
 
-def test_another_source_target_is_refused_before_the_scan(random_llama, stdlib_features, tmp_path, monkeypatch):
+def test_another_source_target_is_refused_before_the_scan(random_llama, stdlib_features, tmp_path, monkeypatch,
+                                                          foreign_source_target):
     """check_source_target ran in source_tokens, after the features' scan (minutes on a real set)."""
-    from drafter_lab.targets.fingerprint import fingerprint
-
-    other = tmp_path / "other"  # the same tokenizer and weights, another config: another fingerprint
-    shutil.copytree(random_llama, other)
-    config = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5 + config["rms_norm_eps"]}))
-    drafter = tmp_path / "drafter"
-    drafter.mkdir()
-    (drafter / "run.json").write_text(json.dumps({"target": {"path": str(random_llama),
-                                                             "fingerprint": fingerprint(random_llama)}}))
+    drafter, other = foreign_source_target
 
     def scan(*args, **kwargs):
         raise AssertionError("the features were scanned before --source-target was checked")

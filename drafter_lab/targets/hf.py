@@ -225,13 +225,13 @@ class TargetHead(_TargetFacts):
         return self.lm_head
 
 
-TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges.txt", "*.model", "*.tiktoken", "tekken.json")
-"""Globs of the files tokenizers read (a fast tokenizer's json and config, BPE and WordPiece vocabularies,
-SentencePiece and tiktoken models, Mistral's tekken): a directory with none holds no tokenizer."""
-
-
 VOCABULARY_FILES = ("tokenizer.json", "vocab*", "merges.txt", "*.model", "*.tiktoken", "tekken.json")
-"""TOKENIZER_FILES less the configs: the files that hold the vocabulary itself."""
+"""Globs of the files that hold a vocabulary itself (a fast tokenizer's json, BPE and WordPiece
+vocabularies, SentencePiece and tiktoken models, Mistral's tekken)."""
+
+TOKENIZER_FILES = ("tokenizer*", *VOCABULARY_FILES[1:])
+"""Globs of the files tokenizers read (the vocabulary files, and a tokenizer's configs): a directory
+with none holds no tokenizer."""
 
 
 def check_tokenizer_dir(path: Path) -> None:

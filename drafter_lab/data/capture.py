@@ -11,6 +11,8 @@ exactly the shards the manifest does not list and skips the rest. A manifest mad
 target, chat template or settings is refused. Regenerated conversations are cached beside the shards
 (`regenerated-<hash>.jsonl`, named by what decides the answers and journalled batch by batch while
 they are generated), so a resumed run, or one with other capture settings, does not generate again.
+A user turn without an answer gets the target's there (regenerate.answer_slots; a file of prompts alone,
+SpecForge's input, is read as prompts), so the capture is that of `data regenerate` then `data prepare`.
 Memory holds one batch of hidden states: each sequence is written into its shard (laid out from the
 planned lengths) as its batch finishes.
 
@@ -61,7 +63,7 @@ from drafter_lab.data.conversations import (
     write_conversations,
 )
 from drafter_lab.data.encodings import encodings
-from drafter_lab.data.regenerate import SAMPLER, regenerate
+from drafter_lab.data.regenerate import SAMPLER, answerable, answers_prompts, regenerate
 from drafter_lab.data.shards import (
     MANIFEST,
     SPLITS,
@@ -469,7 +471,8 @@ def _source(cfg: CaptureConfig, conversations_path: Path, convs: list[Conversati
         "val_fraction": cfg.val_fraction,
         "shard_size": cfg.shard_size,
         "batch_size": cfg.batch_size,  # padding inside a batch moves the low bits of the states
-        "regenerate": {**{k: getattr(cfg, k) for k in regen}, **SAMPLER} if cfg.regenerate else None,
+        "regenerate": ({**{k: getattr(cfg, k) for k in regen}, **SAMPLER, **answers_prompts(convs)}
+                       if cfg.regenerate else None),
         **({"token_exact": True} if cfg.token_exact else {}),  # absent otherwise: older manifests still resume
         **({"turns": cfg.turns} if cfg.turns != "all" else {}),  # likewise
         **rendered_with(target.tokenizer, cfg.chat_template_kwargs),
@@ -594,9 +597,14 @@ def prepare_features(
     check_config(cfg)
     out, conversations_path = Path(out_dir), Path(conversations_path)
     check_out_dir(out)
-    convs, skipped = read_conversations(conversations_path, strict=cfg.strict)
+    # Regenerating, a user turn without an answer gets the target's, as `data regenerate` writes it (a file of
+    # prompts alone is SpecForge's input for that); else such a conversation has nothing to train.
+    convs, skipped = read_conversations(conversations_path, strict=cfg.strict, prompts=cfg.regenerate)
+    if cfg.regenerate:
+        convs = answerable(convs, skipped, conversations_path, cfg.strict)
     if not convs:
-        raise LabError(f"no conversation with an assistant turn (skipped: {skipped})", conversations_path)
+        turn = "a user or assistant" if cfg.regenerate else "an assistant"
+        raise LabError(f"no conversation with {turn} turn (skipped: {skipped})", conversations_path)
     dtype = DTYPES[cfg.dtype]
     tp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     target = _load_tp_target(Path(target_path), dtype) if tp else load_target(target_path, device=cfg.device, dtype=dtype)

@@ -33,7 +33,8 @@ class CaptureConfig:
     val_fraction: float = 0.1
     """Fraction of sequences held out for validation, chosen by a hash of the sequence id."""
     regenerate: bool = False
-    """Replace assistant turns with the target's own generations before capture."""
+    """Replace assistant turns with the target's own generations before capture, and answer each user turn
+    without one (a file of prompts alone, SpecForge's input for regenerating), as `data regenerate` does."""
     temperature: float = 0.0
     """Sampling temperature for regeneration (0 = greedy)."""
     max_new_tokens: int = 128
@@ -67,8 +68,9 @@ class CaptureConfig:
     a conversation's turns, so long agent traces cost more here than in the target); 1: this one.
     Under torchrun, per rank."""
     strict: bool = False
-    """Treat a conversation without an assistant turn, or one the chat template refuses (or writes so that
-    a turn cannot be placed: DeepSeek-V3's, a second turn of tool calls), as an error instead of skipping it."""
+    """Treat a conversation without an assistant turn (with `regenerate`, without a user or assistant turn),
+    or one the chat template refuses (or writes so that a turn cannot be placed: DeepSeek-V3's, a second
+    turn of tool calls), as an error instead of skipping it."""
     device: str = "cpu"
     """Device for the target (ignored under torchrun, where each rank takes its own)."""
 

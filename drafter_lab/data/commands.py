@@ -169,19 +169,18 @@ def _regenerate(args) -> int:
         with flags_named(flags):
             check_config(CaptureConfig(max_new_tokens=args.max_new_tokens, regen_batch_size=batch_size,
                                        temperature=args.temperature, seed=args.seed))
+    from drafter_lab.data.regenerate import answerable
+
     # A file of prompts (user turns alone) is SpecForge's input for regenerating: the target writes the answers.
     convs, skipped = read_conversations(source, prompts=True)
-    answerable = [c for c in convs if any(m["role"] in ("user", "assistant") for m in c.messages)]
-    if len(answerable) < len(convs):
-        skipped["no_user_or_assistant_turn"] = len(convs) - len(answerable)
-        convs = answerable
+    convs = answerable(convs, skipped, source)
     if not convs:
         raise LabError(f"no conversation with a user or assistant turn (skipped: {skipped})", source)
     if args.server is not None:
         regenerate_via_server(convs, source, out, cfg)
     else:
         from drafter_lab.data.chat import pinned
-        from drafter_lab.data.regenerate import regenerate, regeneration_settings
+        from drafter_lab.data.regenerate import refuse_unanswering_journal, regenerate, regeneration_settings
         from drafter_lab.journal import Journal
         from drafter_lab.targets.hf import load_target
 
@@ -190,7 +189,8 @@ def _regenerate(args) -> int:
         # A template that reads the clock renders the day the journal's run began, else today's, throughout.
         gen = dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
                    seed=args.seed, template_kwargs=pinned(target.tokenizer, args.chat_template_kwargs, [before]))
-        now = regeneration_settings(target, source, **gen)
+        now = regeneration_settings(target, source, **gen, conversations=convs)
+        refuse_unanswering_journal(before, now, partial)
         if "path" in (before or {}).get("target", {}):  # begun when the path counted: resumed from any path now
             now["target"]["path"] = before["target"]["path"]
         if target.known_as(recorded := (before or {}).get("target", {}).get("fingerprint")):

@@ -48,15 +48,57 @@ def regenerated_turns(conv: Conversation) -> list[int]:
     return [i for i in conv.assistant_turns() if "tool_calls" not in conv.messages[i]]
 
 
+def unanswered(messages: list[dict]) -> list[int]:
+    """The indices of the user turns of `messages` that no assistant turn follows."""
+    return [j for j, m in enumerate(messages)
+            if m["role"] == "user" and (j + 1 == len(messages) or messages[j + 1]["role"] != "assistant")]
+
+
 def answer_slots(messages: list[dict]) -> list[dict]:
     """A copy of `messages` with an empty assistant turn after each user turn that no assistant turn
     follows, for the target to write: a prompt is answered as a recorded answer is rewritten."""
+    gaps = set(unanswered(messages))
     out = []
     for j, m in enumerate(messages):
         out.append(copy.deepcopy(m))
-        if m["role"] == "user" and (j + 1 == len(messages) or messages[j + 1]["role"] != "assistant"):
+        if j in gaps:
             out.append({"role": "assistant", "content": ""})
     return out
+
+
+ANSWERS_PROMPTS = {"user_turns_without_answer": "answered"}
+"""In a regeneration's settings where a conversation has a user turn without an answer (`answer_slots`).
+A lab before answer slots (2026-12-05) answered none: its journal records a row [user, user, answer]'s
+answer as round 0, which is now the first user turn's, and its output (or `data prepare --regenerate`'s
+cache, which also dropped rows of prompts alone) lacks those answers; neither is resumed or reused.
+Absent where every user turn has its answer, so such files' journals and caches are found as before."""
+
+
+def answers_prompts(conversations: list[Conversation]) -> dict:
+    """ANSWERS_PROMPTS where a user turn of `conversations` has no answer yet, else nothing."""
+    return ANSWERS_PROMPTS if any(unanswered(c.messages) for c in conversations) else {}
+
+
+def answerable(conversations: list[Conversation], skipped: dict, path: Path, strict: bool = False) -> list[Conversation]:
+    """`conversations` (read as prompts) less those with no user or assistant turn, nothing to answer or
+    rewrite, counted in `skipped` as `no_user_or_assistant_turn` (under `strict`, an error naming `path`)."""
+    kept, bare = [], []
+    for c in conversations:
+        (kept if any(m["role"] in ("user", "assistant") for m in c.messages) else bare).append(c)
+    if bare and strict:
+        raise LabError(f"conversation {bare[0].id} has no user or assistant turn (--strict)", path)
+    if bare:
+        skipped["no_user_or_assistant_turn"] = skipped.get("no_user_or_assistant_turn", 0) + len(bare)
+    return kept
+
+
+def refuse_unanswering_journal(before: dict | None, now: dict, journal: Path) -> None:
+    """Refuse a journal (settings `before`) begun without ANSWERS_PROMPTS where `now` holds it: a lab
+    before answer slots recorded a row's answers by other rounds, which would now fill other turns."""
+    key = next(iter(ANSWERS_PROMPTS))
+    if before is not None and key in now and key not in before:
+        raise LabError("begun before the lab recorded that it answers user turns without an answer: its answers "
+                       "may be those of other turns than they would fill now; delete it to start over", journal)
 
 
 # Every knob a model's generation_config.json may set that reshapes the distribution (Qwen2.5 ships
@@ -265,12 +307,14 @@ def finish_reason(token_ids: list[int], max_new_tokens: int) -> str:
 
 
 def regeneration_settings(target, source: Path, temperature: float, max_new_tokens: int, batch_size: int,
-                          seed: int, template_kwargs: dict | None = None) -> dict:
+                          seed: int, template_kwargs: dict | None = None,
+                          conversations: list[Conversation] = ()) -> dict:
     """Everything that decides a local regeneration's output: a journal made with other settings is refused.
     The target counts by what it is, not by where: its path spelled otherwise, or moved, resumes. Its
     device type counts (a GPU rounds otherwise, so even greedy answers can differ), where not the CPU:
-    journals begun on the CPU before it counted still resume."""
+    journals begun on the CPU before it counted still resume. `conversations`, those read from `source`,
+    say whether prompts are answered (ANSWERS_PROMPTS)."""
     return {"target": without(target.describe(), ["path"]), "conversations_sha256": conversations_sha256(source),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
             **SAMPLER, **rendered_with(target.tokenizer, template_kwargs), STOP_IDS: stop_token_ids(target),
-            **device_setting(target.device)}
+            **device_setting(target.device), **answers_prompts(conversations)}

@@ -42,7 +42,7 @@ from drafter_lab.data.conversations import (
     parse_call,
     write_conversations,
 )
-from drafter_lab.data.regenerate import SAMPLER, answer_slots, regenerated_turns
+from drafter_lab.data.regenerate import SAMPLER, answer_slots, answers_prompts, regenerated_turns
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import HTTPStatusError, request_json
 from drafter_lab.journal import Journal
@@ -173,11 +173,13 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
     return out
 
 
-def _settings(cfg: ServerConfig, source: Path) -> dict:
+def _settings(cfg: ServerConfig, source: Path, conversations: list[Conversation] = ()) -> dict:
+    """What decides a server regeneration's output; with `conversations`, whether prompts are answered: a
+    journal from before (ANSWERS_PROMPTS) holds such rows with their prompts unanswered, and is refused."""
     skip = ("url", "concurrency", "timeout_s", "retries", "chat_template_kwargs")
     keep = {k: v for k, v in asdict(cfg).items() if k not in skip}
     return {**keep, **template_setting(cfg.chat_template_kwargs), **SAMPLER, "request_seeds": "per turn",
-            "conversations_sha256": conversations_sha256(source)}
+            "conversations_sha256": conversations_sha256(source), **answers_prompts(conversations)}
 
 
 def check_settings(cfg: ServerConfig) -> None:
@@ -200,7 +202,7 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     check_settings(cfg)
     if cfg.model is None:
         cfg = replace(cfg, model=served_model(cfg.url, cfg.timeout_s, cfg.retries))
-    journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source))
+    journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source, conversations))
     done = {r["id"]: Conversation.of(r) for r in journal.records}
     todo = [c for c in conversations if c.id not in done]
     waiting, finished, failed = queue.SimpleQueue(), queue.SimpleQueue(), threading.Event()

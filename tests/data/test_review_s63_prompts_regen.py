@@ -12,7 +12,7 @@ from test_data_regenerate_server import requests, serving
 
 from drafter_lab.data import regenerate_server
 from drafter_lab.data.chat import rendered_with
-from drafter_lab.data.conversations import Conversation
+from drafter_lab.data.conversations import Conversation, read_conversations
 from drafter_lab.data.regenerate import regenerated_turns
 from drafter_lab.data.regenerate_server import ServerConfig, _settings
 from drafter_lab.journal import Journal
@@ -149,7 +149,13 @@ def test_prompts_through_a_server_equal_the_local_answers_and_resume(stopping_ll
         # Killed after the first 2 conversations: the resume asks only for the rest, and ends the same.
         partial = tmp_path / "resumed.jsonl.partial"
         cfg = ServerConfig(url=url, model=str(stopping_llama), max_new_tokens=6, seed=0)
+        # A journal begun before prompts were answered holds its rows unanswered: refused, not resumed.
         with Journal(partial, _settings(cfg, source)) as journal:
+            journal.append(read_rows(tmp_path / "served.jsonl")[0])
+        assert run_cli("data", "regenerate", "--conversations", source, "--out", tmp_path / "resumed.jsonl",
+                       "--server", url, *GEN) == 2
+        partial.unlink()
+        with Journal(partial, _settings(cfg, source, read_conversations(source, prompts=True)[0])) as journal:
             for row in read_rows(tmp_path / "served.jsonl")[:2]:
                 journal.append(row)
         log.unlink()

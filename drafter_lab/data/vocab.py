@@ -151,8 +151,9 @@ def vocab_of_drafter(drafter) -> DraftVocab:
 
 
 def count_train_tokens(feature_dir) -> torch.Tensor:
-    """Per target token, how often it sits at a loss-masked position of the train split (int64 [V])."""
-    features = FeatureSet(feature_dir)
+    """Per target token, how often it sits at a loss-masked position of the train split (int64 [V]).
+    `feature_dir` may be a FeatureSet opened already (its manifest read once, not again here)."""
+    features = feature_dir if isinstance(feature_dir, FeatureSet) else FeatureSet(feature_dir)
     vocab_size = int(features.manifest.target["vocab_size"])
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     features.index("train")  # each shard as its manifest row says (headers only), before its rows are counted
@@ -164,7 +165,7 @@ def count_train_tokens(feature_dir) -> torch.Tensor:
         check_token_ids(ids, vocab_size, path)
         counts += torch.bincount(ids, minlength=vocab_size)
     if not counts.any():
-        raise LabError("no loss-masked tokens in the train split: nothing to build a vocabulary from", feature_dir)
+        raise LabError("no loss-masked tokens in the train split: nothing to build a vocabulary from", features.dir)
     return counts
 
 

@@ -109,8 +109,9 @@ def _build(args) -> int:
     atomic.refuse_unwritable(args.out, "--out")
     check_replaceable(args.out)  # before the counting, as well as when it is written
     # past the target's vocab: refused from the manifest, before the count reads every train shard
-    check_size(args.size, int(FeatureSet(args.data).manifest.target["vocab_size"]), "--size")
-    counts = count_train_tokens(args.data)
+    features = FeatureSet(args.data)
+    check_size(args.size, int(features.manifest.target["vocab_size"]), "--size")
+    counts = count_train_tokens(features)  # the same manifest: one read, as the check saw it
     vocab = vocab_from_counts(counts, args.size)
     vocab.save(args.out)
     covered = int(counts[vocab.used].sum())

@@ -362,8 +362,10 @@ TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "added_tok
 def broken_file(path: Path, names, weights: bool = False) -> LabError | None:
     """Why transformers failed to load `path`, where one of its files is at fault: a JSON file of `names`
     that is no object (transformers says "'list' object has no attribute 'get'"), or with `weights`, a
-    safetensors file truncated or corrupt ("Error while deserializing header", naming none). Asked only
-    after a failure: it reads every weight file's header."""
+    safetensors file truncated or corrupt ("Error while deserializing header", naming none), or where no
+    safetensors file is there (transformers then loads the .bin files), a pytorch_model*.bin one (torch's
+    "failed finding central directory", naming none). Asked only after a failure: it reads every weight
+    file's header, and a .bin's pickled index."""
     for f in (path / name for name in names):
         try:
             data = atomic.read_json(f, "", path) if f.is_file() else {}
@@ -371,14 +373,40 @@ def broken_file(path: Path, names, weights: bool = False) -> LabError | None:
             return e
         if not isinstance(data, dict):
             return LabError(f"is a JSON {type(data).__name__}, not the object transformers reads", f)
-    for f in weight_files(path) if weights else ():
-        if f.suffix == ".safetensors":
-            try:
+    files = weight_files(path) if weights else []
+    bins = not any(f.suffix == ".safetensors" for f in files)  # else a stray .bin beside them, never read
+    for f in files:
+        try:
+            if f.suffix == ".safetensors":
                 with _safetensors(f):
                     pass
-            except LabError as e:
-                return e
+            elif bins:
+                _torch_weights(f)
+        except LabError as e:
+            return e
     return None
+
+
+def _torch_weights(f: Path) -> None:
+    """A pytorch_model*.bin read as transformers reads it (weights_only), its tensors on the meta device (no
+    data read): a truncated or corrupt one as a one-line error naming it (torch's own error may name nothing,
+    or say only "[Errno 22] Invalid argument")."""
+    import zipfile
+
+    try:
+        with open(f, "rb") as fh:
+            zipped = fh.read(4) == b"PK\x03\x04"  # torch's format since 1.6; before, a pickle
+        if zipped and not zipfile.is_zipfile(f):  # the directory at a zip's end is missing
+            raise LabError("truncated torch weights file: its zip archive has no end (a partial download?)", f)
+        torch.load(f, map_location="meta", weights_only=True, mmap=zipped)  # mmap: zip files only
+    except OSError as e:
+        raise LabError(f"cannot read torch weights file: {e.strerror or first_line(e)}", f) from None
+    except LabError:
+        raise
+    except Exception as e:
+        said = first_line(e).split(". ")[0]  # torch's advice after it (weights_only=False...) is not for a corrupt file
+        said = said if said == type(e).__name__ else f"{type(e).__name__}: {said}"
+        raise LabError(f"cannot read torch weights file (corrupt?): {said}", f) from None
 
 
 def _check_dir(path: Path) -> None:

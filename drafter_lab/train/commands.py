@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -88,19 +89,41 @@ def load_config(path) -> TrainConfig:
 
 def checked(cfg: TrainConfig, path) -> TrainConfig:
     """`cfg`, made from the --config file `path` (None: no file) and the flags, through check_config. A
-    complaint that the file's own values draw as well names the file: the value came from there."""
+    complaint the file's values draw names the file: the value came from there."""
     try:
         check_config(cfg)
     except LabError as e:
-        if path is None:
-            raise
-        try:
-            check_config(load_config(path))
-        except LabError as own:
-            if str(own) == str(e):
-                raise LabError(str(e), path) from None
+        if path is not None and _drawn_by_file(e, cfg, load_config(path)):
+            raise LabError(str(e), path) from None
         raise
     return cfg
+
+
+def _drawn_by_file(e: LabError, cfg: TrainConfig, own: TrainConfig) -> bool:
+    """Whether the --config file's values (`own`: the file's config) draw `cfg`'s complaint `e`, asked of the
+    other values alone (each field the file set put back to its default): where they pass, the file's draw
+    it; where they draw this same complaint, not; where another, the file's if the file alone is refused
+    (its complaint checked first). Not `e` compared with the file's own complaint: a flag mending the file's
+    first bad value left its second one named by no file."""
+    def same(a, b) -> bool:
+        return a == b or (a != a and b != b)  # nan, which a file and a flag may both give
+
+    default = TrainConfig()
+    from_file = {f.name for f in dataclasses.fields(cfg) if same(getattr(cfg, f.name), getattr(own, f.name))
+                 and not same(getattr(own, f.name), getattr(default, f.name))}
+    others = _complaint(dataclasses.replace(cfg, **{name: getattr(default, name) for name in from_file}))
+    if others is None:
+        return True
+    return others != str(e) and _complaint(own) is not None
+
+
+def _complaint(cfg: TrainConfig) -> str | None:
+    """check_config's complaint about `cfg`, None where it passes."""
+    try:
+        check_config(cfg)
+    except LabError as e:
+        return str(e)
+    return None
 
 
 def run(args) -> int:
@@ -134,12 +157,9 @@ def run(args) -> int:
                                           ("--source-target", args.source_target)) if value is not None]
         if given and not args.init_from:
             raise LabError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
-        if args.no_remap and args.source_target is not None:  # else taken and never read
-            raise LabError("--source-target is read for the vocab remap (its tokenizer), and --no-remap turns "
-                           "that off: give one or the other")
         transfer = {k: v for k, v in (("l2sp", args.l2sp), ("transfer_lr_scale", args.transfer_lr_scale))
                     if v is not None}
-        check_transfer(**transfer)
+        check_transfer(**transfer, remap=not args.no_remap, source_target=args.source_target)
         watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
         if args.stop_if_behind is None and watch_cfg != WatchConfig():
             raise LabError("--watch-* settings apply with --stop-if-behind only")

@@ -250,14 +250,15 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     seeds' naive path), with `l2sp` pulling transferred weights toward their initial values and
     `transfer_lr_scale` scaling their learning rate; `source_target`, the target the source was trained
     for, lets the remap match tokens by string where the two tokenizers differ (default: the one the
-    source's run.json names, if it is still there). `vocab` (d2t/t2d) defaults to
-    the top cfg.draft_vocab_size tokens of the train split.
+    source's run.json names, if it is still there; refused with `remap=False`, which never reads it).
+    `vocab` (d2t/t2d) defaults to the top cfg.draft_vocab_size tokens of the train split.
 
     `stop_if_behind` (a baseline run directory, which may still be training) turns on the watch
     (train.watch, settings `watch`): after each validation the run stops, checkpointed, when it has
     fallen behind the baseline at equal steps and is not catching up.
     """
     check_config(cfg)  # before torch_threads meets cfg.threads
+    check_transfer(l2sp, transfer_lr_scale, remap, source_target)
     val = None if val_data is None else Path(val_data)
     if val is not None and val.resolve() == Path(data_dir).resolve():  # its train split would score itself
         raise LabError("--val-data is the --data path: validation would score what the drafter trains on", val)
@@ -356,10 +357,15 @@ def _check_out(out_dir: Path, inputs: dict) -> None:
         raise LabError("--out is not empty and holds no training run: choose a new or empty directory", out_dir)
 
 
-def check_transfer(l2sp: float = 0.0, transfer_lr_scale: float = 1.0) -> None:
-    """Transfer settings that mean nothing (negative, NaN, infinite), refused before anything is read."""
+def check_transfer(l2sp: float = 0.0, transfer_lr_scale: float = 1.0, remap: bool = True,
+                   source_target=None) -> None:
+    """Transfer settings that mean nothing (negative, NaN, infinite; a source target with no remap to read
+    it), refused before anything is read."""
     if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
         raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")
+    if not remap and source_target is not None:  # else taken and never read
+        raise LabError("--source-target is read for the vocab remap (its tokenizer), and --no-remap turns "
+                       "that off: give one or the other")
 
 
 class _Run:
@@ -378,7 +384,6 @@ class _Run:
             judge([], base_rows, watch, None, base_where=baseline)  # a baseline that cannot be read fails now
             self.watch = (baseline, watch)
         self.stop_reason: str | None = None
-        check_transfer(l2sp, transfer_lr_scale)
         # The metrics compared (keep_best's by check_config), checked now: the baseline may have no validation
         # yet to check the watch's against; the replay's are checked below.
         compared = {"keep_best": cfg.keep_best, "watch_metric": watch.watch_metric if self.watch else ""}

@@ -193,10 +193,12 @@ def read_inputs(path, sampled: bool = False) -> dict:
     if isinstance(data, dict) and "sweep" in data:
         rows = data["sweep"]
         if not (isinstance(rows, list) and rows and all(isinstance(r, dict) and "served_accept_len" in r
-                                                        and isinstance((r.get("config") or {}).get("steps"), int)
+                                                        and isinstance(r.get("config"), dict)
+                                                        and isinstance(r["config"].get("steps"), int)
                                                         for r in rows)):
             raise LabError("sweep must be a list of `eval --json` results (served_accept_len, config.steps)", path)
         for r in rows:
+            _eval_config(r, path)  # before batch_of reads its batch: "x" raised a ValueError
             batch_of(r, path)
         return data
     if isinstance(data, dict) and (isinstance(data.get("verify_ms"), dict) or (
@@ -226,6 +228,18 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
         if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < 1:
             raise LabError(f"no_draft_share must be a number in [0, 1), got {z!r}", path)
         over["no_draft_share"] = float(z)
+    conf = _eval_config(data, path)
+    if "served_accept_len" in data and conf.get("steps") is not None:
+        over["steps"] = conf["steps"]
+        over["batch"] = batch_of(data, path)
+        over["topk"] = conf.get("topk") or 1
+        over["verify_tokens"] = (conf.get("draft_tokens") or conf["steps"]) + 1
+    return dataclasses.replace(cfg, **over)
+
+
+def _eval_config(data: dict, path) -> dict:
+    """An input's eval settings (`config`, {} without one), each that prices its accept length a
+    positive integer."""
     conf = data.get("config") or {}
     if not isinstance(conf, dict):
         raise LabError(f"config must be an object (an eval's settings), got {conf!r}", path)
@@ -233,12 +247,7 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
         if conf.get(key) is not None and (isinstance(conf[key], bool) or not isinstance(conf[key], int)
                                           or conf[key] < 1):
             raise LabError(f"config.{key} must be a positive integer, got {conf[key]!r}", path)
-    if "served_accept_len" in data and conf.get("steps") is not None:
-        over["steps"] = conf["steps"]
-        over["batch"] = batch_of(data, path)
-        over["topk"] = conf.get("topk") or 1
-        over["verify_tokens"] = (conf.get("draft_tokens") or conf["steps"]) + 1
-    return dataclasses.replace(cfg, **over)
+    return conf
 
 
 def batch_of(result: dict, path=None) -> int:

@@ -362,7 +362,6 @@ def build_drafter(ckpt: Checkpoint, device="cpu", dtype: torch.dtype = torch.flo
     drafter = drafter.to(device)
     for p in drafter.parameters():
         p.data = p.data.to(dtype)
-    drafter.embed_tokens.weight.requires_grad_(False)
     return drafter
 
 

@@ -313,6 +313,7 @@ def stopped_at(out_dir: Path) -> int | None:
     if not path.exists():
         return None
     verdict = atomic.read_json(path, "")
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("step"), int):
+    step = verdict.get("step") if isinstance(verdict, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):  # true is an int to Python, not a step
         raise LabError("not the watch's verdict (a JSON object with the step it stopped at)", path)
-    return verdict["step"]
+    return step

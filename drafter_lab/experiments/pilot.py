@@ -62,8 +62,8 @@ def run_pilot(drafter_dir, target_dir, data_dir, cfg: TrainConfig, out_dir=None,
         curves = {}
         for name, transfer in ARMS.items():
             train(cfg, target_dir, data_dir, root / name, resume=True,
-                  init_from=drafter_dir if transfer else None, transfer_lr_scale=transfer_lr_scale, target=target,
-                  val_data=val_data, source_target=source_target if transfer else None)
+                  init_from=drafter_dir if transfer else None, transfer_lr_scale=transfer_lr_scale if transfer else 1.0,
+                  target=target, val_data=val_data, source_target=source_target if transfer else None)
             curves[name] = _curve(root / name)
     steps = sorted(set(curves["scratch"]) & set(curves["transfer"]))
     curve = [{"step": s, **{f"{name}_{key}": curves[name][s][key] for name in ARMS

@@ -199,7 +199,7 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
         arm.final = train(
             _train_config(cfg, cfg.arm_steps), pair_dir / "tuned", tuned_feats, out, resume=True,
             init_from=source_dir if arm.init_from else None, remap=arm.remap, l2sp=arm.l2sp,
-            transfer_lr_scale=cfg.transfer_lr_scale,
+            transfer_lr_scale=cfg.transfer_lr_scale if arm.init_from else 1.0,  # scratch has no transferred weight
         )
         arm.history = _read_history(out / "metrics.jsonl")
         if (out / "transfer.json").exists():

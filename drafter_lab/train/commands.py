@@ -152,14 +152,10 @@ def run(args) -> int:
                                                      None, CaptureConfig.turns, CaptureConfig.tokenize_workers):
             raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs, "
                            "--turns and --tokenize-workers apply to --conversations (online) runs only")
-        given = [flag for flag, value in (("--no-remap", args.no_remap or None), ("--l2sp", args.l2sp),
-                                          ("--transfer-lr-scale", args.transfer_lr_scale),
-                                          ("--source-target", args.source_target)) if value is not None]
-        if given and not args.init_from:
-            raise LabError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
+        # Flags given at their defaults count too: a flag given is one the user meant to take effect.
+        check_transfer(args.l2sp, args.transfer_lr_scale, not args.no_remap, args.source_target, args.init_from)
         transfer = {k: v for k, v in (("l2sp", args.l2sp), ("transfer_lr_scale", args.transfer_lr_scale))
                     if v is not None}
-        check_transfer(**transfer, remap=not args.no_remap, source_target=args.source_target)
         watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
         if args.stop_if_behind is None and watch_cfg != WatchConfig():
             raise LabError("--watch-* settings apply with --stop-if-behind only")

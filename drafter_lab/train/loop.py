@@ -258,7 +258,9 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     fallen behind the baseline at equal steps and is not catching up.
     """
     check_config(cfg)  # before torch_threads meets cfg.threads
-    check_transfer(l2sp, transfer_lr_scale, remap, source_target)
+    # A call cannot tell its defaults from values given: the neutral ones (no pull, the rate unscaled) pass.
+    check_transfer(None if l2sp == 0 else l2sp, None if transfer_lr_scale == 1 else transfer_lr_scale, remap,
+                   source_target, init_from)
     val = None if val_data is None else Path(val_data)
     if val is not None and val.resolve() == Path(data_dir).resolve():  # its train split would score itself
         raise LabError("--val-data is the --data path: validation would score what the drafter trains on", val)
@@ -357,10 +359,17 @@ def _check_out(out_dir: Path, inputs: dict) -> None:
         raise LabError("--out is not empty and holds no training run: choose a new or empty directory", out_dir)
 
 
-def check_transfer(l2sp: float = 0.0, transfer_lr_scale: float = 1.0, remap: bool = True,
-                   source_target=None) -> None:
-    """Transfer settings that mean nothing (negative, NaN, infinite; a source target with no remap to read
-    it), refused before anything is read."""
+def check_transfer(l2sp: float | None = None, transfer_lr_scale: float | None = None, remap: bool = True,
+                   source_target=None, init_from=None) -> None:
+    """Transfer settings that mean nothing (negative, NaN, infinite; any given without `init_from`, the
+    source they shape; a source target with no remap to read it), refused before anything is read. None:
+    not given (0 and 1)."""
+    given = [flag for flag, value in (("--no-remap", None if remap else True), ("--l2sp", l2sp),
+                                      ("--transfer-lr-scale", transfer_lr_scale),
+                                      ("--source-target", source_target)) if value is not None]
+    if given and init_from is None:  # else taken and silently ignored: there is no transferred weight
+        raise LabError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
+    l2sp, transfer_lr_scale = 0.0 if l2sp is None else l2sp, 1.0 if transfer_lr_scale is None else transfer_lr_scale
     if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
         raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")
     if not remap and source_target is not None:  # else taken and never read

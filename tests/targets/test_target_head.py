@@ -16,13 +16,18 @@ from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import load_target, load_target_head, load_tokenizer, stop_token_ids
 
 
-def _llama(out, tie=False, **save_kw):
+def _llama(out, tie=False, as_bin=False, **save_kw):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(len(str(out)))
     cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
-    LlamaForCausalLM(cfg).save_pretrained(out, **save_kw)
+    model = LlamaForCausalLM(cfg)
+    if as_bin:  # transformers 5 writes safetensors whatever save_pretrained is asked: saved as older tools did
+        model.config.save_pretrained(out)
+        torch.save(model.state_dict(), out / "pytorch_model.bin")
+    else:
+        model.save_pretrained(out, **save_kw)
     return out
 
 
@@ -42,7 +47,9 @@ def test_head_equals_the_loaded_models(tmp_path):
     _same_as_loaded(sharded)
     tied = _same_as_loaded(_llama(tmp_path / "tied", tie=True))
     assert tied.lm_head_weight() is tied.embed_weight()
-    _same_as_loaded(_llama(tmp_path / "bin", safe_serialization=False))
+    as_bin = _llama(tmp_path / "bin", as_bin=True)
+    assert (as_bin / "pytorch_model.bin").is_file() and not list(as_bin.glob("*.safetensors*"))  # only .bin to read
+    _same_as_loaded(as_bin)
 
 
 def test_names_are_found_under_a_wrapper_prefix(tmp_path):

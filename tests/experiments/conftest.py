@@ -1,4 +1,5 @@
-"""Fixtures of the experiment tests: captured features of the session's random Llama."""
+"""Fixtures of the experiment tests: captured features of the session's random Llama, and a study stopped
+at its first stage."""
 
 from __future__ import annotations
 
@@ -60,3 +61,25 @@ def next_version(random_llama, features, tmp_path_factory) -> tuple[Path, Path]:
     prepare_features(root / "model", features.parent / "convs.jsonl", root / "features", max_length=64,
                      val_fraction=0.25, batch_size=12)
     return root / "model", root / "features"
+
+
+class Levels(list):
+    """The level directories a study began (`levels`); `Reached`, what beginning one raises."""
+
+    class Reached(Exception):
+        """The study got past its checks to its first stage."""
+
+
+@pytest.fixture
+def levels(monkeypatch) -> Levels:
+    """study.run_level stood in by one that records its level directory and raises Levels.Reached."""
+    from drafter_lab.experiments import study
+
+    seen = Levels()
+
+    def level(cfg, drift, level_dir, cache):
+        seen.append(level_dir)
+        raise Levels.Reached
+
+    monkeypatch.setattr(study, "run_level", level)
+    return seen

@@ -16,22 +16,6 @@ from drafter_lab.experiments import study
 from drafter_lab.experiments.config import get_config
 
 
-class _Stop(Exception):
-    """Raised by a stand-in run_level: the study got past its checks to its first stage."""
-
-
-@pytest.fixture
-def levels(monkeypatch):
-    seen = []
-
-    def level(cfg, drift, level_dir, cache):
-        seen.append(level_dir)
-        raise _Stop
-
-    monkeypatch.setattr(study, "run_level", level)
-    return seen
-
-
 def _recorded(run_dir, cfg, device="cpu"):
     run_dir.mkdir(parents=True)
     (run_dir / "manifest.json").write_text(json.dumps({"config": to_dict(cfg), "device": {"type": device}}))
@@ -62,7 +46,7 @@ def test_changes_a_resume_takes_still_resume(tmp_path, levels, change):
     cfg = dataclasses.replace(get_config("smoke"), device="cpu")
     run_dir = tmp_path / "d"
     _recorded(run_dir, cfg)
-    with pytest.raises(_Stop):
+    with pytest.raises(levels.Reached):
         study.run_study(dataclasses.replace(cfg, **change), tmp_path / "runs", tmp_path / "c", run_dir=run_dir)
     assert levels == [run_dir]
 
@@ -70,7 +54,7 @@ def test_changes_a_resume_takes_still_resume(tmp_path, levels, change):
 def test_a_sweep_resumes_with_levels_added(tmp_path, levels):
     cfg = dataclasses.replace(get_config("drift-sweep"), device="cpu")
     _recorded(tmp_path / "d", cfg)
-    with pytest.raises(_Stop):
+    with pytest.raises(levels.Reached):
         study.run_study(dataclasses.replace(cfg, drift_levels=[0.0, 0.5, 1.0, 4.0]), tmp_path / "runs",
                         tmp_path / "c", run_dir=tmp_path / "d")
     assert levels == [tmp_path / "d" / "drift-0"]
@@ -101,12 +85,12 @@ def test_changes_an_arm_would_refuse_are_refused_first(tmp_path, levels, monkeyp
 
 def test_a_killed_study_is_checked_against_the_config_it_began_with(tmp_path, levels):
     cfg = get_config("smoke")
-    with pytest.raises(_Stop):  # killed in its first stage
+    with pytest.raises(levels.Reached):  # killed in its first stage
         study.run_study(cfg, tmp_path / "runs", tmp_path / "c", run_dir=tmp_path / "d")
     with pytest.raises(LabError, match=r"another config \(arm_steps differ\)"):
         study.run_study(dataclasses.replace(cfg, arm_steps=30), tmp_path / "runs", tmp_path / "c",
                         run_dir=tmp_path / "d")
-    with pytest.raises(_Stop):
+    with pytest.raises(levels.Reached):
         study.run_study(cfg, tmp_path / "runs", tmp_path / "c", run_dir=tmp_path / "d")
     assert len(levels) == 2
 
@@ -116,7 +100,7 @@ def test_a_field_older_runs_lack_is_not_judged(tmp_path, levels):
     old = {k: v for k, v in to_dict(cfg).items() if k not in ("transfer_lr_scale", "ngram_baseline")}
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "manifest.json").write_text(json.dumps({"config": old}))
-    with pytest.raises(_Stop):
+    with pytest.raises(levels.Reached):
         study.run_study(dataclasses.replace(cfg, transfer_lr_scale=0.5), tmp_path / "runs", tmp_path / "c",
                         run_dir=tmp_path / "d")
 

@@ -17,22 +17,6 @@ from drafter_lab.experiments.config import get_config
 from drafter_lab.experiments.probe import ProbeThresholds
 
 
-class _Stop(Exception):
-    """Raised by a stand-in run_level: the study got past its checks to its first stage."""
-
-
-@pytest.fixture
-def stopped(monkeypatch):
-    seen = []
-
-    def level(cfg, drift, level_dir, cache):
-        seen.append(level_dir)
-        raise _Stop
-
-    monkeypatch.setattr(study, "run_level", level)
-    return seen
-
-
 def test_arm_d_is_the_remapped_transfer_regularised():
     cfg = dataclasses.replace(get_config("tiny-cpu"), l2sp=0.25)
     got = {a.key: (a.init_from, a.remap, a.l2sp) for a in study.arms_for(cfg)}
@@ -65,27 +49,27 @@ def test_the_served_evaluation_decodes_the_first_served_prompts(tmp_path, monkey
     assert study._served(dataclasses.replace(cfg, served_eval=False), tmp_path, tmp_path, tmp_path) is None
 
 
-def test_a_manifest_without_a_device_record_is_not_judged_on_its_device(tmp_path, stopped):
+def test_a_manifest_without_a_device_record_is_not_judged_on_its_device(tmp_path, levels):
     """A run older than the manifest's device record: its features' device type is unknown, so the
     device field is not judged (as a field an older run lacks)."""
     cfg = dataclasses.replace(get_config("smoke"), device="cpu")
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "manifest.json").write_text(json.dumps({"config": {**to_dict(cfg), "device": "cuda"}}))
-    with pytest.raises(_Stop):
+    with pytest.raises(levels.Reached):
         study.run_study(cfg, tmp_path / "runs", tmp_path / "c", run_dir=tmp_path / "d")
-    assert stopped == [tmp_path / "d"]
+    assert levels == [tmp_path / "d"]
 
 
 @pytest.mark.parametrize("config", [["arm_steps", "seed"], "smoke", 3])
-def test_a_manifest_whose_config_is_no_object_is_refused_in_one_line(tmp_path, stopped, config):
+def test_a_manifest_whose_config_is_no_object_is_refused_in_one_line(tmp_path, levels, config):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "manifest.json").write_text(json.dumps({"config": config}))
     with pytest.raises(LabError, match="records no study config: not a study's run directory"):
         study.run_study(get_config("smoke"), tmp_path / "runs", tmp_path / "c", run_dir=tmp_path / "d")
-    assert stopped == []
+    assert levels == []
 
 
-def test_a_resume_leaves_the_manifest_it_began_with(tmp_path, stopped):
+def test_a_resume_leaves_the_manifest_it_began_with(tmp_path, levels):
     """The manifest written as a study begins records the command and code it began with: a resume
     (here with other threads) does not overwrite them before it finishes."""
     cfg = dataclasses.replace(get_config("smoke"), device="cpu")
@@ -93,7 +77,7 @@ def test_a_resume_leaves_the_manifest_it_began_with(tmp_path, stopped):
     began = json.dumps({"config": to_dict(cfg), "device": {"type": "cpu"}, "command": ["first"],
                         "git": {"sha": "abc", "dirty": False}})
     (tmp_path / "d" / "manifest.json").write_text(began)
-    with pytest.raises(_Stop):
+    with pytest.raises(levels.Reached):
         study.run_study(dataclasses.replace(cfg, threads=2), tmp_path / "runs", tmp_path / "c",
                         run_dir=tmp_path / "d", command=["second"])
     assert (tmp_path / "d" / "manifest.json").read_text() == began

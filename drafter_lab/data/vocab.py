@@ -111,6 +111,8 @@ class DraftVocab:
         if t2d.dim() != 1 or t2d.dtype.is_floating_point or (t2d.dtype != torch.bool and t2d.numel()
                                                              and not 0 <= t2d.min() <= t2d.max() <= 1):
             raise LabError(f"t2d must be a 1-D bool mask, got {t2d.dtype} {list(t2d.shape)}", where)
+        if not d2t.numel():  # else a drafter built on it has an lm_head of 0 rows, proposing nothing
+            raise LabError("d2t is empty: a draft vocabulary of 0 tokens", where)
         vocab = cls(d2t=d2t.to(torch.int64), t2d=t2d.bool())
         used, v = vocab.used, vocab.target_vocab_size
         if used.numel() and (used.min() < 0 or used.max() >= v):

@@ -147,12 +147,15 @@ def _vocab_kind(tokenizer) -> str | None:
     """"byte_level" (GPT-2's byte alphabet), "metaspace" (sentencepiece's '▁' and <0xNN> tokens), or None
     (tokens are their own text), as the tokenizer's pre-tokenizer and decoder say. A python tokenizer
     (remote code, or a slow one) has no such pipeline: a GPT-2 `byte_decoder` (Kimi K2's tiktoken one)
-    says byte-level, a sentencepiece `sp_model` (slow Llama's, Baichuan's) says its pieces are sentencepiece's."""
+    says byte-level, a sentencepiece `sp_model` (slow Llama's, Baichuan's; ChatGLM2/3's one level down, in
+    the `SPTokenizer` at `tokenizer.tokenizer`, whose IdToPiece is its get_vocab()) says its pieces are
+    sentencepiece's."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         if getattr(tokenizer, "byte_decoder", None) == _byte_level_alphabet():
             return "byte_level"
-        return "metaspace" if getattr(tokenizer, "sp_model", None) is not None else None
+        held = (tokenizer, getattr(tokenizer, "tokenizer", None))
+        return "metaspace" if any(getattr(t, "sp_model", None) is not None for t in held) else None
     spec = json.loads(backend.to_str())
     types = {o.get("type") for o in _json_objects([spec.get("pre_tokenizer"), spec.get("decoder")])}
     if "ByteLevel" in types:

@@ -65,7 +65,10 @@ def speed_by_depth(drafters: list[dict], baselines: dict[float, float], path: Pa
 
 
 def drift_sweep(points: list[dict], path: Path) -> None:
-    """Transfer gain ((b) - (a) at equal budget) against measured drift (1 - mean aux CKA)."""
+    """Transfer gain ((b) - (a) at equal budget) against measured drift (1 - mean aux CKA); a level
+    whose probe measured no CKA (drift None) has no place on the axis and is left out, as the title says."""
+    unknown = sum(p["drift"] is None for p in points)
+    points = [p for p in points if p["drift"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [p["drift"] for p in points]
     ys = [100 * p["gain"] for p in points]
@@ -80,6 +83,7 @@ def drift_sweep(points: list[dict], path: Path) -> None:
         ax.scatter([], [], c=color, label=text)
     ax.legend(fontsize=7, loc="lower left")
     ax.set(xlabel="measured drift: 1 - mean aux-layer CKA (base vs tuned)",
-           ylabel="transfer gain, points of val cond_acc_0", title="When does transferring a drafter pay?")
+           ylabel="transfer gain, points of val cond_acc_0", title="When does transferring a drafter pay?"
+           + (f"\n({unknown} level(s) without an aux CKA not shown)" if unknown else ""))
     ax.grid(alpha=0.3)
     save_png(fig, path)

@@ -243,11 +243,11 @@ def sweep_points(levels: list[dict]) -> list[dict]:
     points = []
     for lv in levels:
         outcome, gain = measured_outcome(lv)
-        ckas = lv["probe"].get("aux_cka") or [1.0]
+        ckas = lv["probe"].get("aux_cka")  # None without a home signal: unknown, not zero drift
         points.append({
             "drift_knob": lv["drift_knob"],
-            "drift": 1.0 - sum(ckas) / len(ckas),
-            "min_cka": min(ckas),
+            "drift": 1.0 - sum(ckas) / len(ckas) if ckas else None,
+            "min_cka": min(ckas) if ckas else None,
             "zero_shot_accept": lv["probe"]["zero_shot"]["simulated_accept_len"],
             "gain": gain,
             "pilot_gain": (lv["probe"].get("pilot") or {}).get("gain"),
@@ -259,6 +259,11 @@ def sweep_points(levels: list[dict]) -> list[dict]:
     return points
 
 
+def _measured(x: float | None) -> str:
+    """A CKA figure of the sweep table; n/a where the probe measured none."""
+    return "n/a" if x is None else f"{x:.4f}"
+
+
 def sweep_table(points: list[dict]) -> list[str]:
     lines = [
         "| drift knob | 1 - mean aux CKA | min aux CKA | zero-shot sim. accept | pilot gain, points "
@@ -268,7 +273,8 @@ def sweep_table(points: list[dict]) -> list[str]:
     for p in points:
         pilot = "-" if p.get("pilot_gain") is None else points_text(p["pilot_gain"], p["pilot_min_gain"])
         lines.append(
-            f"| {level_name(p['drift_knob'])} | {p['drift']:.4f} | {p['min_cka']:.4f} | {p['zero_shot_accept']:.2f} | "
+            f"| {level_name(p['drift_knob'])} | {_measured(p['drift'])} | {_measured(p['min_cka'])} | "
+            f"{p['zero_shot_accept']:.2f} | "
             f"{pilot} | {points_text(p['gain'], GAIN_MARGIN)} | {p['verdict']} | {p['outcome']} | "
             f"{'yes' if p['verdict_matches'] else 'no'} |"
         )

@@ -73,7 +73,8 @@ MAX_DRAFT_STEPS = 64
 
 def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
     """Served accept length at depths 1..S from a chain eval's accept histogram at S steps
-    ({served length n: verify steps}, n = 1..S+1; see the module docstring). A longer length than
+    ({served length n: verify steps}, n = 1..S+1; see the module docstring), as deep as the longest
+    length it lists less the bonus token (deeper adds nothing), and at least depth 1. A longer length than
     `steps` (else MAX_DRAFT_STEPS) allows is refused: it drove the table that deep (a huge one hung)."""
     try:
         counts = {int(n): c for n, c in histogram.items()}
@@ -95,7 +96,10 @@ def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
         limit = (f"config.steps + 1 = {bound} (the drafts and the bonus token)" if steps is not None
                  else f"{bound}: no engine drafts more than {MAX_DRAFT_STEPS} steps (+ the bonus token)")
         raise LabError(f"accept_histogram holds a served accept length of {max(counts)}, above {limit}", path)
-    return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, max(counts))]
+    # no draft ever accepted ({1: n}) is accept 1.0 at every depth: a loss the table shows, where an
+    # empty list dropped the table (and the study report's best depth was None)
+    depths = max(max(counts) - 1, 1)
+    return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, depths + 1)]
 
 
 def predicted_by_steps(validation: dict, sampled: bool = False) -> list[float]:

@@ -212,9 +212,9 @@ def _clock_at(tokenizer, day):
             chat_template_utils.datetime = real
 
 
-# A template that concatenates a tool call's arguments as text (DeepSeek-V3's, R1's, V3.1's): Python's
-# TypeError for str + dict, either way round.
-_CONCATENATED_DICT = re.compile(r"""concatenate str \(not "dict"\)|for \+: 'dict' and 'str'""")
+# A template that concatenates a tool call's arguments as text (DeepSeek-V3's, R1's, V3.1's; jinja's
+# `indent` filter, which appends to its input): Python's TypeError for str + dict, either way round.
+_CONCATENATED_DICT = re.compile(r"""concatenate str \(not "dict"\)|for \+=?: 'dict' and 'str'""")
 _TEXT_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

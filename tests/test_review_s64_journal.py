@@ -14,8 +14,10 @@ from drafter_lab.errors import LabError
 from drafter_lab.journal import _HEAD, Journal
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _holding(path) -> int:
+    """How many of this process's open files are `path` (others' come and go in threads of their own)."""
+    fds = "/proc/self/fd"
+    return sum(os.path.realpath(os.path.join(fds, fd)) == str(path.resolve()) for fd in os.listdir(fds))
 
 
 def test_settings_a_journal_cannot_write_are_named(tmp_path):
@@ -47,15 +49,14 @@ def test_a_refused_journal_lets_its_file_go(tmp_path):
     path = tmp_path / "j"
     with Journal(path, {"seed": 1}) as journal:
         journal.append({"n": 1})
-    before = _open_fds()
     with pytest.raises(LabError, match="other settings") as refused:
         Journal(path, {"seed": 2})
-    assert _open_fds() == before
+    assert _holding(path) == 0
     with Journal(path, {"seed": 1}) as journal:  # not "another run is writing": nothing holds the lock
         assert journal.records == [{"n": 1}]
         with pytest.raises(LabError, match="another run is writing") as refused:
             Journal(path, {"seed": 1})
-        assert _open_fds() == before + 1  # this journal's file only
+        assert _holding(path) == 1  # this journal's own
     del refused
 
 

@@ -42,7 +42,13 @@ from drafter_lab.data.conversations import (
     parse_call,
     write_conversations,
 )
-from drafter_lab.data.regenerate import SAMPLER, answer_slots, answers_prompts, regenerated_turns
+from drafter_lab.data.regenerate import (
+    SAMPLER,
+    answer_slots,
+    answers_prompts,
+    refuse_unanswering_journal,
+    regenerated_turns,
+)
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import HTTPStatusError, request_json
 from drafter_lab.journal import Journal
@@ -202,7 +208,9 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     check_settings(cfg)
     if cfg.model is None:
         cfg = replace(cfg, model=served_model(cfg.url, cfg.timeout_s, cfg.retries))
-    journal = Journal(out.with_name(out.name + ".partial"), _settings(cfg, source, conversations))
+    partial, settings = out.with_name(out.name + ".partial"), _settings(cfg, source, conversations)
+    refuse_unanswering_journal(Journal.settings_of(partial), settings, partial)  # named, as a local one is
+    journal = Journal(partial, settings)
     done = {r["id"]: Conversation.of(r) for r in journal.records}
     todo = [c for c in conversations if c.id not in done]
     waiting, finished, failed = queue.SimpleQueue(), queue.SimpleQueue(), threading.Event()

@@ -124,7 +124,7 @@ def test_a_killed_prompt_regeneration_resumes_as_if_whole(random_llama, tmp_path
                if m["role"] == "assistant")
 
 
-def test_prompts_through_a_server_equal_the_local_answers_and_resume(stopping_llama, tmp_path):
+def test_prompts_through_a_server_equal_the_local_answers_and_resume(stopping_llama, tmp_path, capsys):
     rows = [*prompt_rows(3), *prompt_rows(2, turns=2), mixed_row()]
     source = write_jsonl(tmp_path / "p.jsonl", rows)
     local = regenerate_locally(stopping_llama, source, tmp_path / "local.jsonl", "--batch-size", "1", *GEN)
@@ -154,6 +154,8 @@ def test_prompts_through_a_server_equal_the_local_answers_and_resume(stopping_ll
             journal.append(read_rows(tmp_path / "served.jsonl")[0])
         assert run_cli("data", "regenerate", "--conversations", source, "--out", tmp_path / "resumed.jsonl",
                        "--server", url, *GEN) == 2
+        said = capsys.readouterr().err.splitlines()[-1]  # after the local run's progress above
+        assert said.startswith(f"error: {partial}: begun before the lab recorded that it answers")
         partial.unlink()
         with Journal(partial, _settings(cfg, source, read_conversations(source, prompts=True)[0])) as journal:
             for row in read_rows(tmp_path / "served.jsonl")[:2]:

@@ -133,11 +133,18 @@ def flat_data(manifest: dict) -> dict[str, object]:
     return out
 
 
+def _record(manifest: dict, key: str) -> dict | None:
+    """The manifest's `key` record, or None where it holds none or one of another shape (a hand edit): the
+    notes are read after the whole re-run, which a TypeError there would throw away."""
+    value = manifest.get(key)
+    return value if isinstance(value, dict) and value else None
+
+
 def machine_note(original: dict, again: dict) -> str | None:
     """One line when two manifests name different devices (CPU against GPU, two GPU models), else
     different CPUs or torch CPU instruction sets (digits may then differ for that reason alone); None
     when they agree or the original predates the record."""
-    da, db = original.get("device"), again.get("device")
+    da, db = _record(original, "device"), _record(again, "device")
     if da and db and da != db:
         def device(d, cuda=False):
             return " ".join(filter(None, (d.get("type"), d.get("name") and f"({d['name']})",
@@ -147,7 +154,7 @@ def machine_note(original: dict, again: dict) -> str | None:
         return (f"the original ran on {device(da, same)}, this run on {device(db, same)}: kernels round differently on "
                 "another device and regeneration samples from its own random streams, so data and metrics "
                 "may differ for that reason alone")
-    a, b = original.get("cpu"), again.get("cpu")
+    a, b = _record(original, "cpu"), _record(again, "cpu")
     if not a or not b or a == b:
         return None
 
@@ -176,7 +183,7 @@ def code_note(original: dict, again: dict) -> str | None:
 def package_note(original: dict, again: dict) -> str | None:
     """One line naming the recorded packages whose versions differ between two manifests; None when
     none does (a package only one of them recorded is not a difference)."""
-    a, b = original.get("packages") or {}, again.get("packages") or {}
+    a, b = _record(original, "packages") or {}, _record(again, "packages") or {}
     moved = [f"{name} {a[name]} -> {b[name]}" for name in sorted(set(a) & set(b)) if a[name] != b[name]]
     if not moved:
         return None

@@ -273,6 +273,8 @@ def parse(argv) -> argparse.Namespace:
     args.compile_mode = args.compile_mode or ("none" if cpu else "default")
     args.shapes = args.shapes or (["tiny", "small"] if cpu else ["llama3.1-8b", "kimi-k2"])
     args.batch = args.batch or ([1, 4] if cpu else [1, 8, 32])
+    # a value given twice was timed twice and printed as two rows (bench allreduce keeps each once too)
+    args.shapes, args.batch = list(dict.fromkeys(args.shapes)), list(dict.fromkeys(args.batch))
     args.context = 128 if cpu and args.context is None else (1024 if args.context is None else args.context)
     args.dtype = args.dtype or ("fp32" if cpu else "bf16")
     args.reps = 10 if cpu and args.reps is None else (200 if args.reps is None else args.reps)

@@ -66,11 +66,16 @@ def clear_stale_temps(path: Path) -> None:
         for entry in path.parent.iterdir():
             m = own.fullmatch(entry.name)
             if m and _gone(int(m.group(1)), entry.name):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        entry.unlink()
+                _remove(entry)
+
+
+def _remove(path: Path) -> None:
+    """Delete a temp, a directory or a file (the old version of a file that `atomic_dir` replaced)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def refuse_below_file(out: Path, flag: str = "--out") -> Path:
@@ -260,6 +265,9 @@ def _fsync_tree(root: Path) -> None:
 def _discard(old: Path, path: Path) -> None:
     """Delete `old`, moved first to a temp of `path`'s writers: a delete killed midway then leaves a temp
     that the next write clears, never part of `old` under its own name, which would be restored."""
+    if not old.is_dir() or old.is_symlink():  # a file, which `path` was: deleted in one step
+        old.unlink()
+        return
     trash = tempfile.mkdtemp(prefix=_owner_prefix(path), suffix=".tmp", dir=path.parent)
     os.replace(old, trash)  # over the empty temp directory
     shutil.rmtree(trash, ignore_errors=True)
@@ -320,7 +328,7 @@ def write_json(path, obj) -> None:
 
 def read_json(path, missing: str, owner=None):
     """The JSON value in `path`. A missing file is LabError(`missing`) naming `owner` (the directory
-    the file belongs to; default the file); a file that does not parse is one naming the file."""
+    the file belongs to; default the file); a file that cannot be read or does not parse is one naming the file."""
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -328,6 +336,8 @@ def read_json(path, missing: str, owner=None):
         raise LabError(missing, owner if owner is not None else path) from None
     except IsADirectoryError:
         raise LabError("is a directory, not a JSON file", path) from None
+    except OSError as e:  # another user's 0600 file, a read error
+        raise LabError(f"cannot read it: {e.strerror}", path) from None
     except ValueError as e:  # not JSON, or not UTF-8 text
         raise LabError(f"not valid JSON ({e})", path) from None
 
@@ -483,7 +493,7 @@ def atomic_dir(path: str | os.PathLike):
             _fsync_dir(path.parent)
             os.replace(old, tmp)  # to go with tmp below
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)  # the old version is a file where `path` was one
         _done(tmp)
 
 

@@ -134,13 +134,18 @@ def _open(url: str, data: bytes | None, timeout_s: float, retries: int, whole: b
         time.sleep(pause)
 
 
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
 def request_json(url: str, body: dict | None = None, *, timeout_s: float = 600.0, retries: int = 3):
     """POST `body` as JSON to `url` (GET without one); returns the decoded answer."""
     raw = _open(url, None if body is None else json.dumps(body).encode(), timeout_s, retries, whole=True)
     try:
         return json.loads(raw)
     except ValueError:  # not JSON, or not UTF-8 (a proxy's Latin-1 page)
-        if raw.lstrip().startswith(b"data:"):  # a gateway or server that always streams
+        # a gateway or server that always streams: its first line an SSE field (a keep-alive comment
+        # `: ping` or an `event:` line may come ahead of the first `data:`)
+        if raw.lstrip().startswith(_SSE_FIELDS):
             raise LabError('server answered a stream of server-sent events, not JSON: it (or a proxy before it) '
                            'ignores "stream": false; point --server at the engine itself', url) from None
         raise LabError("server answer is not JSON", url) from None

@@ -144,3 +144,13 @@ def test_a_stream_that_stalls_after_it_began_is_one_line_and_not_sent_again():
         for conn in held:
             conn.close()
     assert events == [{"n": 1}] and len(got) == 1
+
+
+@pytest.mark.parametrize("first", [b": ping\n\n", b"event: message\n", b"id: 1\n", b"retry: 3000\n"])
+def test_an_always_streaming_answer_that_opens_with_another_sse_field_is_named_as_a_stream(limited, monkeypatch, first):
+    """A stream's keep-alive comment or event line ahead of its first `data:` (a proxy's keep-alive
+    `: ping`): the advice to point --server at the engine, not "not JSON"."""
+    url, _, _ = limited
+    monkeypatch.setattr(httpjson, "_open", lambda *a, **k: first + b'data: {"n": 1}\n\ndata: [DONE]\n\n')
+    with pytest.raises(LabError, match="server answered a stream of server-sent events, not JSON"):
+        httpjson.request_json(url + "/generate", {"text": "x"})

@@ -71,8 +71,14 @@ def _read_dir(root: Path) -> list[SourceFile]:
         found += [Path(dirpath, f) for f in filenames if f.endswith(".py")]
     if not found:
         raise LabError("no Python sources found for the corpus", root)
-    files = [SourceFile(p.relative_to(root).as_posix(), p.read_bytes()) for p in found]
-    return sorted(files, key=lambda f: f.relpath)
+    return sorted((SourceFile(p.relative_to(root).as_posix(), _read_bytes(p)) for p in found), key=lambda f: f.relpath)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:  # a dangling link, another user's 0600 file
+        raise LabError(f"cannot read this corpus source: {e.strerror}", path) from None
 
 
 def _read_snapshot(path: Path) -> list[SourceFile]:
@@ -192,11 +198,12 @@ def _base_conversation(module, qualname, signature, doc, source) -> list[dict]:
     ]
 
 
-def _shifted_conversation(module, qualname, bare, doc, max_source_chars) -> list[dict]:
+def _shifted_conversation(module, qualname, bare, doc) -> list[dict]:
+    """The whole docstring answers: it is part of a source within max_source_chars, so no cap binds."""
     ask = f"What does this function from `{module}` do?\n\n```python\n{bare}\n```"
     return [
         {"role": "user", "content": ask},
-        {"role": "assistant", "content": _paragraphs_within(doc, max_source_chars)},
+        {"role": "assistant", "content": doc},
     ]
 
 
@@ -247,7 +254,7 @@ def build_corpus(
         for module, qualname, signature, doc, source, bare in _examples_in(f, max_source_chars, too_long):
             name = f"{module}.{qualname}"
             if _unit(seed, "slice", name) < shifted_share:
-                kind, conv = "shifted", _shifted_conversation(module, qualname, bare, doc, max_source_chars)
+                kind, conv = "shifted", _shifted_conversation(module, qualname, bare, doc)
             else:
                 kind, conv = "base", _base_conversation(module, qualname, signature, doc, source)
             record = {"id": f"{kind}:{name}", "slice": kind, "conversations": conv}

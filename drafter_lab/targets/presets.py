@@ -26,7 +26,7 @@ class TargetConfig:
     corpus_max_files: int = 0
     """Use this many stdlib files, evenly spread over the sorted list (0 = all of them)."""
     max_source_chars: int = 1200
-    """Skip functions whose source is longer than this; also caps docstring answers."""
+    """Skip functions whose source (docstring included) is longer than this."""
     shifted_share: float = 0.35
     """Fraction of functions that go to the SHIFTED ("explain code") slice instead of BASE."""
     vocab_size: int = 4096

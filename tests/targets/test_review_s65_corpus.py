@@ -161,3 +161,11 @@ def test_the_micro_presets_corpus_is_pinned():
     assert (c.FORMAT_VERSION, hashlib.sha256(json.dumps(parts).encode()).hexdigest()) == (1, MICRO_CORPUS_SHA256)
     assert corpus.summary()["conversations"] == {"base": 107, "shifted": 53, "heldout_base": 14,
                                                  "heldout_shifted": 14}
+
+
+def test_a_source_directory_with_a_dangling_link_is_one_line_naming_it(tmp_path):
+    """A `.py` link whose file is gone (a half-removed checkout): the error names it, not an OSError traceback."""
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    (tmp_path / "gone.py").symlink_to(tmp_path / "nowhere.py")
+    with pytest.raises(c.LabError, match=r"gone\.py: cannot read this corpus source: No such file"):
+        c.source_files(source=tmp_path)

@@ -493,7 +493,11 @@ def _same_url(a: str, b: str) -> bool:
     def key(url: str):
         parts = urllib.parse.urlsplit(url.rstrip("/"))
         host = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}.get(parts.hostname or "", parts.hostname)
-        return parts.scheme.lower(), host, parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower()), parts.path
+        try:
+            port = parts.port
+        except ValueError as e:  # out of range or not a number: urllib's traceback otherwise
+            raise LabError(f"not a server's base URL: {e}", url) from None
+        return parts.scheme.lower(), host, port or {"http": 80, "https": 443}.get(parts.scheme.lower()), parts.path
     return key(a) == key(b)
 
 

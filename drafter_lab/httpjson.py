@@ -41,6 +41,10 @@ def server_url(text: str) -> str:
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise argparse.ArgumentTypeError(f"expected a base URL like http://localhost:30000, got {text!r}")
+    try:
+        parts.port  # noqa: B018 -- urllib checks the port only when it is read
+    except ValueError as e:  # out of range, or not a number
+        raise argparse.ArgumentTypeError(f"expected a base URL like http://localhost:30000, got {text!r} ({e})") from None
     return text
 
 

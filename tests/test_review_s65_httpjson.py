@@ -154,3 +154,11 @@ def test_an_always_streaming_answer_that_opens_with_another_sse_field_is_named_a
     monkeypatch.setattr(httpjson, "_open", lambda *a, **k: first + b'data: {"n": 1}\n\ndata: [DONE]\n\n')
     with pytest.raises(LabError, match="server answered a stream of server-sent events, not JSON"):
         httpjson.request_json(url + "/generate", {"text": "x"})
+
+
+@pytest.mark.parametrize("url", ["http://localhost:99999", "http://localhost:x", "https://[::1]:65536/v1"])
+def test_a_server_url_whose_port_is_no_port_is_refused_as_a_flag(url):
+    """Refused where the flag is read, not after a model loaded as "cannot reach the server (InvalidURL)"."""
+    with pytest.raises(argparse.ArgumentTypeError, match=r"expected a base URL like .*\(Port"):
+        httpjson.server_url(url)
+    assert httpjson.server_url("http://localhost:65535") == "http://localhost:65535"

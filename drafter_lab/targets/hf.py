@@ -424,7 +424,8 @@ def check_shards(path: Path) -> None:
         missing = sorted({f.name for f in _shard_map(index).values() if not f.is_file()})
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            raise LabError(f"{index.name} names shard {missing[0]}{more}, which is missing: a partial download?", path)
+            are = "are" if more else "is"
+            raise LabError(f"{index.name} names shard {missing[0]}{more}, which {are} missing: a partial download?", path)
 
 
 def _check_model_dir(path: Path) -> None:

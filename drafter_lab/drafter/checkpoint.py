@@ -128,7 +128,8 @@ def _check_shards(path: Path, files: list[Path]) -> None:
         missing = sorted({v for v in weight_map.values() if isinstance(v, str) and v.endswith(kind)} - have)
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            raise LabError(f"{index.name} names shard {missing[0]}{more}, which is missing: a save cut short or a "
+            are = "are" if more else "is"
+            raise LabError(f"{index.name} names shard {missing[0]}{more}, which {are} missing: a save cut short or a "
                            "partial download", path)
 
 

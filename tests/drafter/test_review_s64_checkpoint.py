@@ -118,7 +118,7 @@ def test_several_missing_shards_are_counted(saved):
     with pytest.raises(LabError) as e:
         read_checkpoint(path)
     assert str(e.value) == (f"{path}: model.safetensors.index.json names shard model-00002-of-00002.safetensors and "
-                            "1 more, which is missing: a save cut short or a partial download")
+                            "1 more, which are missing: a save cut short or a partial download")
 
 
 def test_a_d2t_of_two_dims_is_refused_for_its_shape(saved):

@@ -174,9 +174,7 @@ def _prompt_sets(args) -> dict[str, tuple[str, list]]:
         convs, skipped = read_conversations(path, prompts=True)
         if skipped:
             log(f"{path}: skipped {skipped}")
-        convs = convs[: args.max_prompts] if args.max_prompts is not None else convs
-        if not convs:
-            raise LabError("no conversations to decode", path)
+        convs = convs[: args.max_prompts] if args.max_prompts is not None else convs  # never empty: one is kept
         name = Path(path).stem
         sets[name if name not in sets else str(path)] = (path, convs)
     return sets

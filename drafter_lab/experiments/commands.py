@@ -17,6 +17,11 @@ def _cache_root(args) -> Path:
     return Path(args.cache or os.environ.get("DRAFTER_LAB_CACHE") or Path.home() / ".cache" / "drafter_lab")
 
 
+def _cache_given_by(args) -> str:
+    """What set the cache root, for a refusal to name: not --cache where the user typed none."""
+    return "$DRAFTER_LAB_CACHE" if not args.cache and os.environ.get("DRAFTER_LAB_CACHE") else "--cache"
+
+
 def _directories(*flags: tuple[str, str | Path | None]) -> None:
     """Refuse, before a study's minutes of work, a directory option (flag, path) that names a file or lies
     below one (mkdir's traceback for --runs and --run-dir; for --cache, an error minutes in)."""
@@ -94,7 +99,7 @@ def _experiment(args) -> int:
 
     cfg = apply_cli_args(get_config(args.config), args)
     cache = _cache_root(args)
-    _directories(("--runs", args.runs), ("--run-dir", args.run_dir), ("--cache", cache))
+    _directories(("--runs", args.runs), ("--run-dir", args.run_dir), (_cache_given_by(args), cache))
     run_dir = run_study(cfg, Path(args.runs), cache, Path(args.run_dir) if args.run_dir else None,
                         command=["drafter-lab", *sys.argv[1:]])
     print(json.dumps({"run_dir": str(run_dir), "report": str(run_dir / "report.md")}))
@@ -142,7 +147,7 @@ def _reproduce(args) -> int:
     from drafter_lab.experiments.reproduce import code_note, machine_note, package_note, reproduce
 
     cache = _cache_root(args)
-    _directories(("--runs", args.runs), ("--cache", cache))
+    _directories(("--runs", args.runs), (_cache_given_by(args), cache))
     reused = cache.is_dir() and any(cache.iterdir())
     new_dir, diffs = reproduce(args.run_dir, Path(args.runs), cache, args.rel_tol)
     con = Console()

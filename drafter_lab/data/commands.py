@@ -15,9 +15,12 @@ from drafter_lab.httpjson import add_client_args, server_url
 
 def aux_ids_arg(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 2,4,5, got {text!r}") from None
+        ids = []
+    if not ids:  # an empty one was refused only after the target loaded
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 2,4,5, got {text!r}")
+    return ids
 
 
 def register(subparsers) -> None:

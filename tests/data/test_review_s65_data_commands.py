@@ -117,3 +117,11 @@ def test_a_local_regeneration_loads_the_target_on_the_device_given(conversations
     assert run_cli("data", "regenerate", "--conversations", conversations_file, "--out", tmp_path / "r.jsonl",
                    "--target", tmp_path / "t", *flags) == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"error: loaded on {device}"
+
+
+@pytest.mark.parametrize("text", ["", " , "])
+def test_empty_aux_layer_ids_are_refused_as_the_flag_is_read(text):
+    """`--aux-layer-ids ""` read as no ids, which passed the early config check and was refused only after
+    the target loaded."""
+    with pytest.raises(argparse.ArgumentTypeError, match="expected comma-separated integers like 2,4,5"):
+        commands.aux_ids_arg(text)

@@ -82,7 +82,7 @@ def read_metrics(path) -> list[dict]:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # also an integer of over 4300 digits, or nesting too deep
             raise LabError(f"line {i} is not valid JSON ({e})", path) from None
         if not isinstance(row, dict):
             raise LabError(f"line {i} is not a metrics record (a JSON object)", path)

@@ -338,7 +338,7 @@ def read_json(path, missing: str, owner=None):
         raise LabError("is a directory, not a JSON file", path) from None
     except OSError as e:  # another user's 0600 file, a read error
         raise LabError(f"cannot read it: {e.strerror}", path) from None
-    except ValueError as e:  # not JSON, or not UTF-8 text
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8 text, or nested too deep
         raise LabError(f"not valid JSON ({e})", path) from None
 
 

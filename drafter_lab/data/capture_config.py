@@ -101,7 +101,7 @@ def template_kwargs_arg(text: str) -> dict:
     template would see a NaN that the manifest records as null, and a later run given null would match it."""
     try:
         kwargs = json.loads(text, parse_constant=_not_json_number, parse_float=_finite_float)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # the latter: nesting too deep
         kwargs = None
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{e}: chat template variables take finite numbers, got {text!r}") from None

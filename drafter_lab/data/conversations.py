@@ -140,7 +140,7 @@ def _json_or_same(value):
         return value
     try:
         return json.loads(value)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None  # not JSON: the caller's shape check names it
 
 

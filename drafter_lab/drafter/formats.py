@@ -358,7 +358,7 @@ def rope_scaling_from_text(text: str, where) -> dict | None:
         return None
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:  # also an integer of over 4300 digits, or nesting too deep
         raise LabError(f"rope scaling is not JSON: {text!r} ({e})", where) from None
     return rope_scaling_of({"rope_scaling": value}, where)
 

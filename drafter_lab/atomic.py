@@ -14,6 +14,7 @@ content. Renamed over, the link would be replaced by a file, and its target keep
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import errno
@@ -379,6 +380,7 @@ class SafetensorsWriter:
         blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
         self._head = len(blob).to_bytes(8, "little") + blob
         self._unwritten = offset
+        self._rows: dict[str, list[list[int]]] = {}  # key -> sorted, disjoint [start, end) row ranges written
 
     def __enter__(self) -> SafetensorsWriter:
         self._tmp, self._dest = _temp_beside(self.path)
@@ -394,8 +396,21 @@ class SafetensorsWriter:
         data = tensor.detach().to(device="cpu", dtype=self._dtype[key]).contiguous().reshape(-1).view(torch.uint8)
         if row < 0 or row * row_bytes + data.numel() > rows * row_bytes or data.numel() % max(row_bytes, 1):
             raise ValueError(f"{key}: {tuple(tensor.shape)} at row {row} does not fit its layout")
+        self._claim(key, row, row + data.numel() // max(row_bytes, 1))
         self._put(memoryview(data.numpy()), len(self._head) + base + row * row_bytes)
         self._unwritten -= data.numel()
+
+    def _claim(self, key: str, start: int, end: int) -> None:
+        """Mark rows [start, end) of `key` written: a row written twice would leave another never written
+        that the byte count alone takes for written (its zeros committed as data)."""
+        spans = self._rows.setdefault(key, [])
+        i = bisect.bisect_left(spans, [start])
+        if start < end and ((i < len(spans) and spans[i][0] < end) or (i and spans[i - 1][1] > start)):
+            raise ValueError(f"{key}: rows {start}..{end - 1} overlap rows written before")
+        if i and spans[i - 1][1] == start:  # adjacent blocks merge: a capture writes its rows in order
+            spans[i - 1][1] = end
+        elif start < end:
+            spans.insert(i, [start, end])
 
     def _put(self, data: memoryview, offset: int) -> None:
         while data:  # one pwrite moves at most ~2 GB

@@ -217,3 +217,26 @@ def test_an_output_is_refused_inside_an_input_directory_only_over_a_file_the_lab
     atomic.refuse_outputs([("--json", run / "eval.json")], [("--inputs", run)])
     with pytest.raises(LabError, match=f"^{run}/best.json: --json would replace this file, which --inputs {run} reads$"):
         atomic.refuse_outputs([("--json", run / "best.json")], [("--inputs", run)])
+
+
+def test_a_row_written_twice_is_refused_where_another_would_stay_zero(tmp_path):
+    """The byte count alone took rows 0,0,2 of three for all three: row 1's zeros committed as data."""
+    import torch
+    from safetensors.torch import load_file
+
+    layout = {"h": (torch.float32, (3, 2)), "s": (torch.int64, ())}
+    with pytest.raises(ValueError, match=r"h: rows 0\.\.0 overlap rows written before"), \
+            atomic.SafetensorsWriter(tmp_path / "a.safetensors", layout) as w:
+        w.write("s", 0, torch.tensor(7))
+        w.write("h", 0, torch.ones(1, 2))
+        w.write("h", 2, torch.ones(1, 2))
+        w.write("h", 0, torch.ones(1, 2))
+    assert not (tmp_path / "a.safetensors").exists()
+    with pytest.raises(ValueError, match=r"h: rows 1\.\.2 overlap"), atomic.SafetensorsWriter(tmp_path / "b.safetensors", layout) as w:
+        w.write("h", 2, torch.ones(1, 2))
+        w.write("h", 1, torch.ones(2, 2))
+    with atomic.SafetensorsWriter(tmp_path / "c.safetensors", layout) as w:  # any order, each row once
+        w.write("h", 2, torch.full((1, 2), 2.0))
+        w.write("h", 0, torch.zeros(2, 2))
+        w.write("s", 0, torch.tensor(7))
+    assert load_file(tmp_path / "c.safetensors")["h"].tolist() == [[0, 0], [0, 0], [2, 2]]

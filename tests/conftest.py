@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sysconfig
+import threading
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,34 @@ def foreign_source_target(random_llama, tmp_path) -> tuple[Path, Path]:
     (drafter / "run.json").write_text(json.dumps({"target": {"path": str(random_llama),
                                                              "fingerprint": fingerprint(random_llama)}}))
     return drafter, other
+
+
+@pytest.fixture
+def raw_server():
+    """start(answer) -> (base URL, requests it got): a socket server that reads each request, sends
+    `answer`'s bytes (None: nothing) and holds the connection open until the test ends, as a hung engine."""
+    listeners: list[socket.socket] = []
+    held: list[socket.socket] = []
+
+    def start(answer: bytes | None = None) -> tuple[str, list[bytes]]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+        got: list[bytes] = []
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # closed: the test ended
+                    return
+                held.append(conn)
+                got.append(conn.recv(65536))
+                if answer is not None:
+                    conn.sendall(answer)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"http://127.0.0.1:{listener.getsockname()[1]}", got
+
+    yield start
+    for sock in listeners + held:
+        sock.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import email.utils
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -115,34 +114,15 @@ def test_metrics_text_that_is_not_utf8_is_read_not_a_traceback(monkeypatch):
     assert httpjson.request_text("http://127.0.0.1:9/metrics") == 'vllm:x{model="caf\ufffd"} 3.0\n'
 
 
-def test_a_stream_that_stalls_after_it_began_is_one_line_and_not_sent_again():
+def test_a_stream_that_stalls_after_it_began_is_one_line_and_not_sent_again(raw_server):
     """The server sent an event, then nothing for longer than the timeout (a hung engine): a TimeoutError
     traceback, where a stream that broke off is one line."""
-    got: list[bytes] = []
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def serve():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed: the test ended
-                return
-            held.append(conn)
-            got.append(conn.recv(65536))
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" b'data: {"n": 1}\n\n')
-
-    threading.Thread(target=serve, daemon=True).start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/generate"
+    base, got = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" b'data: {"n": 1}\n\n')
+    url = base + "/generate"
     events = []
-    try:
-        with pytest.raises(LabError, match=rf"^{url}: the stream broke off \("):
-            for _, event in httpjson.stream_json(url, {"stream": True}, timeout_s=0.3, retries=3):
-                events.append(event)
-    finally:
-        listener.close()
-        for conn in held:
-            conn.close()
+    with pytest.raises(LabError, match=rf"^{url}: the stream broke off \("):
+        for _, event in httpjson.stream_json(url, {"stream": True}, timeout_s=0.3, retries=3):
+            events.append(event)
     assert events == [{"n": 1}] and len(got) == 1
 
 

@@ -17,26 +17,9 @@ from drafter_lab.spec import served
 
 
 @pytest.fixture
-def silent():
+def silent(raw_server):
     """(base URL, requests it got): a server that reads each request and never answers."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    got: list[bytes] = []
-    held: list[socket.socket] = []
-
-    def serve():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed: the test ended
-                return
-            held.append(conn)
-            got.append(conn.recv(65536))
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}", got
-    listener.close()
-    for conn in held:
-        conn.close()
+    return raw_server()
 
 
 @pytest.fixture

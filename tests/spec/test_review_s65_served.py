@@ -23,12 +23,14 @@ def test_a_url_whose_port_is_no_port_is_one_line(url, problem):
     assert str(e.value).startswith(f"{url}: ")
 
 
-def test_eval_with_a_bad_port_and_a_baseline_server_is_one_line(tmp_path, capsys):
+def test_eval_with_a_bad_port_and_a_baseline_server_is_refused_as_the_flag_is_read(tmp_path, capsys):
     argv = ["eval", "--server", "http://localhost:99999", "--baseline-server", "http://localhost:30000",
             "--target", str(tmp_path / "t"), "--prompts", str(tmp_path / "missing.jsonl")]
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: http://localhost:99999: ") and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert "argument --server: expected a base URL like http://localhost:30000, got 'http://localhost:99999' " \
+           "(Port out of range 0-65535)" in capsys.readouterr().err
 
 
 def _vllm(before: dict, after: dict) -> served.VLLM:

@@ -824,8 +824,11 @@ def _kept_best(out_dir: Path, metric: str) -> dict | None:
     if not metric or not path.exists():
         return None
     kept = atomic.read_json(path, "")
-    if not isinstance(kept, dict) or not isinstance(kept.get("step"), int):
-        raise LabError("not the record of a kept drafter (a JSON object with its step)", path)
+    value = kept.get("value") if isinstance(kept, dict) else None
+    # each validation is compared with the value: one missing or not a number fails later, as a traceback
+    if (not isinstance(kept, dict) or not isinstance(kept.get("step"), int) or isinstance(value, bool)
+            or not isinstance(value, (int, float))):
+        raise LabError("not the record of a kept drafter (a JSON object with its step and value)", path)
     return kept if kept.get("metric") == metric else None
 
 

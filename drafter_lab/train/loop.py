@@ -556,7 +556,8 @@ class _Run:
 
     def record(self, event: str, values: dict) -> None:
         c = self.cfg
-        lr = c.lr * lr_factor(max(self.step - 1, 0), c.warmup_steps, self.total, c.min_lr_ratio)  # of the last step
+        # the last step's rate for weights trained from scratch; transferred ones ran at transfer_lr_scale x it
+        lr = c.lr * lr_factor(max(self.step - 1, 0), c.warmup_steps, self.total, c.min_lr_ratio)
         row = {"event": event, "split": "val" if event == "val" else "train", "step": self.step,
                "epoch": self.epoch, "train_tokens": self.tokens, "lr": lr, "elapsed_s": round(time.time() - self.t0, 3), **values}
         self.metrics.write(row)

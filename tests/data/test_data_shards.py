@@ -63,6 +63,13 @@ def test_a_shard_lands_only_with_every_sequence_in_its_slot(features, tmp_path):
     (lambda m: {**m, "shards": {**m["shards"], "train": [{**m["shards"]["train"][0], "file": 7}]}},
      "a 'train' shard row lacks a string 'file' or integer sequences, tokens, loss_tokens"),
     (lambda m: {**m, "shards": {"train": "train-00000.safetensors"}}, "shards of 'train' are not a list of objects"),
+    (lambda m: {**m, "format": "drafter_lab.features/2"},
+     "unknown feature format 'drafter_lab.features/2' (want drafter_lab.features/1)"),
+    (lambda m: {**m, "aux_layer_ids": [1, "2", 3]}, "'aux_layer_ids' holds a non-integer"),
+    (lambda m: {**m, "shards": {**m["shards"], "val": [{**m["shards"]["train"][0], "tokens": 5.0}]}},
+     "a 'val' shard row lacks a string 'file' or integer sequences, tokens, loss_tokens"),
+    (lambda m: {**m, "shards": {**m["shards"], "train": [{**m["shards"]["train"][0], "loss_tokens": None}]}},
+     "a 'train' shard row lacks a string 'file' or integer sequences, tokens, loss_tokens"),
 ])
 def test_a_manifest_of_another_shape_is_one_line_naming_it(features, tmp_path, edit, message):
     manifest = json.loads((features / MANIFEST).read_text())

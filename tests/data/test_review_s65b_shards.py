@@ -34,23 +34,6 @@ def test_written_manifest_counts_match_its_shards(features):
     assert data["counts"]["train"]["loss_tokens"] < data["counts"]["train"]["tokens"]
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda m: {**m, "format": "drafter_lab.features/2"},
-     "unknown feature format 'drafter_lab.features/2' (want drafter_lab.features/1)"),
-    (lambda m: {**m, "aux_layer_ids": [1, "2", 3]}, "'aux_layer_ids' holds a non-integer"),
-    (lambda m: {**m, "shards": {**m["shards"], "val": [{**m["shards"]["train"][0], "tokens": 5.0}]}},
-     "a 'val' shard row lacks a string 'file' or integer sequences, tokens, loss_tokens"),
-    (lambda m: {**m, "shards": {**m["shards"], "train": [{**m["shards"]["train"][0], "loss_tokens": None}]}},
-     "a 'train' shard row lacks a string 'file' or integer sequences, tokens, loss_tokens"),
-])
-def test_a_manifest_field_of_another_kind_is_one_line_naming_it(features, tmp_path, edit, message):
-    manifest = json.loads((features / MANIFEST).read_text())
-    (tmp_path / MANIFEST).write_text(json.dumps(edit(manifest)))
-    with pytest.raises(LabError) as e:
-        FeatureSet(tmp_path)
-    assert str(e.value) == f"{tmp_path / MANIFEST}: {message}"
-
-
 def test_a_shard_the_manifest_lists_but_is_gone_is_named_missing(features, tmp_path):
     copy = tmp_path / "feat"
     shutil.copytree(features, copy)

@@ -35,16 +35,23 @@ class HTTPStatusError(LabError):
         self.status = status
 
 
-def server_url(text: str) -> str:
-    """argparse type of a server's base URL: a scheme-less "localhost:30000" would otherwise be retried
-    as an unknown URL type, and an empty or bare word be urllib's traceback."""
+def url_problem(text: str) -> str | None:
+    """Why `text` is no server's base URL (None: it is one): a scheme-less "localhost:30000" would otherwise
+    be retried as an unknown URL type, and an empty or bare word, or a port out of range, be urllib's traceback."""
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise argparse.ArgumentTypeError(f"expected a base URL like http://localhost:30000, got {text!r}")
+        return f"expected a base URL like http://localhost:30000, got {text!r}"
     try:
         parts.port  # noqa: B018 -- urllib checks the port only when it is read
     except ValueError as e:  # out of range, or not a number
-        raise argparse.ArgumentTypeError(f"expected a base URL like http://localhost:30000, got {text!r} ({e})") from None
+        return f"expected a base URL like http://localhost:30000, got {text!r} ({e})"
+    return None
+
+
+def server_url(text: str) -> str:
+    """argparse type of a server's base URL (`url_problem`)."""
+    if problem := url_problem(text):
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from drafter_lab.data.chat import rendered_with
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import HTTPStatusError, request_json, request_text, stream_json
+from drafter_lab.httpjson import HTTPStatusError, request_json, request_text, stream_json, url_problem
 from drafter_lab.progress import log, progress
 from drafter_lab.servers import PLAIN, served_model
 from drafter_lab.spec.eval import WARMUP_TOKENS, add_request, first_difference, latency, render_prompts
@@ -420,6 +420,9 @@ def check_settings(cfg: ServedConfig) -> None:
         raise LabError(f"temperature must be a finite number >= 0, got {cfg.temperature}")
     if cfg.request_rate is not None and not 0 < cfg.request_rate < math.inf:
         raise LabError(f"the request rate must be a positive number of requests per second, got {cfg.request_rate}")
+    for url in filter(None, (cfg.url, cfg.baseline_url)):  # the library's callers pass no argparse type
+        if problem := url_problem(url):
+            raise LabError(problem, url)
     if cfg.baseline_url is not None and _same_url(cfg.url, cfg.baseline_url):
         raise LabError(f"--baseline-server {cfg.baseline_url} is the --server itself: pass the same target served "
                        "without speculation")
@@ -493,11 +496,7 @@ def _same_url(a: str, b: str) -> bool:
     def key(url: str):
         parts = urllib.parse.urlsplit(url.rstrip("/"))
         host = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}.get(parts.hostname or "", parts.hostname)
-        try:
-            port = parts.port
-        except ValueError as e:  # out of range or not a number: urllib's traceback otherwise
-            raise LabError(f"not a server's base URL: {e}", url) from None
-        return parts.scheme.lower(), host, port or {"http": 80, "https": 443}.get(parts.scheme.lower()), parts.path
+        return parts.scheme.lower(), host, parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower()), parts.path
     return key(a) == key(b)
 
 

@@ -379,7 +379,6 @@ class SafetensorsWriter:
         blob = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
         self._head = len(blob).to_bytes(8, "little") + blob
-        self._unwritten = offset
         self._rows: dict[str, list[list[int]]] = {}  # key -> sorted, disjoint [start, end) row ranges written
 
     def __enter__(self) -> SafetensorsWriter:
@@ -398,7 +397,6 @@ class SafetensorsWriter:
             raise ValueError(f"{key}: {tuple(tensor.shape)} at row {row} does not fit its layout")
         self._claim(key, row, row + data.numel() // max(row_bytes, 1))
         self._put(memoryview(data.numpy()), len(self._head) + base + row * row_bytes)
-        self._unwritten -= data.numel()
 
     def _claim(self, key: str, start: int, end: int) -> None:
         """Mark rows [start, end) of `key` written: a row written twice would leave another never written
@@ -420,8 +418,10 @@ class SafetensorsWriter:
     def __exit__(self, kind, *_) -> None:
         os.close(self._fd)
         try:
-            if kind is None and self._unwritten:
-                raise ValueError(f"{self._unwritten} bytes of {self.path.name} were never written")
+            unwritten = sum(row_bytes * (rows - sum(end - start for start, end in self._rows.get(k, ())))
+                            for k, (_, row_bytes, rows) in self._span.items())
+            if kind is None and unwritten:
+                raise ValueError(f"{unwritten} bytes of {self.path.name} were never written")
             if kind is None:
                 _commit(self._tmp, self._dest)
         finally:

@@ -269,7 +269,9 @@ class VLLM:
 
     def acceptance(self, answers: list[Answer]) -> tuple[float, int, dict | None]:
         after, before = self._counters(), self.before
-        if after["drafts"] is None or after["drafts"] < before["drafts"] or after["accepted"] < before["accepted"]:
+        # a per-position counter gone back (or gone) would be a negative bar in the histogram
+        if after["drafts"] is None or after["drafts"] < before["drafts"] or after["accepted"] < before["accepted"] \
+                or any(after["per_pos"].get(j, 0.0) < n for j, n in before["per_pos"].items()):
             raise LabError("the speculative counters went back during the eval (the server restarted?), so the "
                            "accept length cannot be told: run the eval again", self.url + "/metrics")
         drafts = round(after["drafts"] - before["drafts"])

@@ -166,7 +166,7 @@ def _reproduce(args) -> int:
     for col in ("metric", "original", "reproduced"):
         table.add_column(col)
     for key, a, b in diffs:
-        table.add_row(key, *("absent" if v is None else str(v) for v in (a, b)))  # compare's None: not in that run
+        table.add_row(key, *("null" if v is None else str(v) for v in (a, b)))
     con.print(table)
     return 1
 

@@ -100,13 +100,24 @@ def _metrics(results: dict, path: Path) -> dict[str, object]:
         raise LabError(f"not a study's results ({type(e).__name__}: {e})", path) from None
 
 
+class _Absent:
+    """`compare`'s value for a key that one run does not hold: None is a metric recorded as null."""
+
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT = _Absent()
+
+
 def compare(a: dict, b: dict, rel_tol: float = 0.0) -> list[tuple[str, object, object]]:
-    """Every key whose values differ. `rel_tol` is for rounding, so it applies where a value is a float:
-    counts (ints: steps, verify steps, tokens, accept histogram bins) and strings must be equal."""
+    """Every key whose values differ (ABSENT where one run lacks it). `rel_tol` is for rounding, so it
+    applies where a value is a float: counts (ints: steps, verify steps, tokens, accept histogram bins)
+    and strings must be equal."""
     diffs = []
     for key in sorted(set(a) | set(b)):
-        x, y = a.get(key), b.get(key)
-        if key in a and key in b and _undefined(x) and _undefined(y):  # undefined in both runs (NaN or null)
+        x, y = a.get(key, ABSENT), b.get(key, ABSENT)
+        if _undefined(x) and _undefined(y):  # undefined in both runs (NaN or null)
             continue
         if _real(x) and _real(y) and (isinstance(x, float) or isinstance(y, float)):
             x, y = float(x), float(y)

@@ -76,13 +76,15 @@ def test_reproduce_lists_the_metrics_that_differ_and_exits_1(tmp_path, monkeypat
     for d in (orig, new):
         d.mkdir()
         (d / "manifest.json").write_text("{}")
-    diffs = [("level 1/arm a/cond_acc_0", 0.5, 0.25), ("level 1/ngram", None, 1.5)]
+    diffs = [("level 1/arm a/cond_acc_0", 0.5, 0.25), ("level 1/ngram", reproduce_mod.ABSENT, 1.5),
+             ("level 1/probe", None, reproduce_mod.ABSENT)]
     monkeypatch.setattr(reproduce_mod, "reproduce", lambda *a, **k: (new, diffs))
     assert main(["reproduce", str(orig), "--runs", str(tmp_path), "--cache", str(cache)]) == 1
     out = capsys.readouterr().out
-    assert "metrics that differ (2)" in out and "identical" not in out
+    assert "metrics that differ (3)" in out and "identical" not in out
     rows = [line.replace("│", " ").split() for line in out.splitlines() if "level 1/" in line]
-    assert rows == [["level", "1/arm", "a/cond_acc_0", "0.5", "0.25"], ["level", "1/ngram", "absent", "1.5"]]
+    assert rows == [["level", "1/arm", "a/cond_acc_0", "0.5", "0.25"], ["level", "1/ngram", "absent", "1.5"],
+                    ["level", "1/probe", "null", "absent"]]  # a metric recorded as null is not one never written
 
 
 @pytest.mark.parametrize("over, message", [

@@ -11,7 +11,7 @@ import pytest
 
 from drafter_lab.errors import LabError
 from drafter_lab.experiments import reproduce as reproduce_mod
-from drafter_lab.experiments.reproduce import code_note, compare, flat_metrics, package_note
+from drafter_lab.experiments.reproduce import ABSENT, code_note, compare, flat_metrics, package_note
 
 
 def _served(accept: float) -> dict:
@@ -81,7 +81,7 @@ def test_a_baseline_whose_acceptance_moved_is_a_difference(part, label):
 def test_a_metric_undefined_in_one_run_and_absent_in_the_other_is_a_difference():
     """NaN on both sides is the same result; NaN against a metric the other run never wrote is not."""
     [(key, x, y)] = compare({"x": math.nan}, {})
-    assert key == "x" and math.isnan(x) and y is None
+    assert key == "x" and math.isnan(x) and y is ABSENT
     assert [k for k, _, _ in compare({}, {"x": math.nan})] == ["x"]
 
 

@@ -325,7 +325,8 @@ class ShardReader:
                 tokens, width = f.get_slice(key).get_shape()
             except Exception as e:  # no such tensor, or not rows of states
                 raise _corrupt(e, path) from None
-            step = max(1, chunk_bytes // (4 * width))
+            # rows are read as stored: a bf16 shard's row is half a float32 one's
+            step = max(1, chunk_bytes // (self.rows(path, key, 0, 1, f).element_size() * width))
             for a in range(0, tokens, step):
                 if not torch.isfinite(self.rows(path, key, a, a + step, f)).all():
                     raise LabError(f"NaN or inf in {key}: refusing to train on it", path)

@@ -64,7 +64,17 @@ def _export(args) -> int:
 
     if args.format != "speculators" and (args.speculative_tokens is not None or args.verifier is not None):
         raise LabError("--speculative-tokens and --verifier apply to --format speculators")
-    dtype, target = (args.dtype, None) if args.dtype else _target_dtype(args.target, args.drafter)
+    # --target is read even beside --dtype, so that a mistyped path is refused, not passed over
+    named, target = _target_dtype(args.target, args.drafter) if args.target or not args.dtype else (None, None)
+    if args.dtype:
+        dtype, target = args.dtype, None
+    elif named in DTYPE_NAMES:
+        dtype = named
+    else:
+        if named is not None:
+            log(f"note: {target}'s config.json names dtype {named}, which export does not write: the weights "
+                "keep the drafter's own dtype (--dtype picks one)")
+        dtype, target = None, None
     with flags_named({"speculative_tokens": "--speculative-tokens"}):  # checked before the drafter is read
         out = export(args.drafter, args.format, args.out, getattr(torch, dtype) if dtype else None,
                      args.speculative_tokens, args.verifier)
@@ -73,7 +83,8 @@ def _export(args) -> int:
 
 
 def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
-    """The dtype the target's config.json names, and the target (None, None where none is known).
+    """The dtype the target's config.json names (None where it names none), and the target (None, None
+    where none is known).
 
     SGLang's `--dtype auto` loads each model in its own config's dtype, a float32 one as float16: a
     float32 drafter beside a bfloat16 target then runs in another dtype than the hidden states it is
@@ -95,7 +106,7 @@ def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
     text = text_model_fields(config) or {}
     # transformers 5 writes `dtype`, 4 `torch_dtype`
     name = next((c.get(k) for c in (config, text) for k in ("dtype", "torch_dtype") if c.get(k) is not None), None)
-    return (name, Path(target)) if name in DTYPE_NAMES else (None, None)
+    return (name if isinstance(name, str) else None), Path(target)
 
 
 def _build(args) -> int:

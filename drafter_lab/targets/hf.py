@@ -93,13 +93,17 @@ def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
     return ids
 
 
+LOGITS_SCALING_MULTIPLIES = ("hyperclovax",)
+"""Model types whose `logits_scaling` multiplies the logits (HyperCLOVA X's MuP): Granite's divides them."""
+
+
 @dataclass(frozen=True)
 class LogitMap:
     """How a target turns `final_hidden @ lm_head.T` into its logits: Granite divides them
-    (`logits_scaling`), Cohere and Falcon-H1 multiply them (`logit_scale`, `lm_head_multiplier`), Gemma 2
-    caps them (`final_logit_softcapping`). Read off the (text) config, since training holds the head
-    alone; without it the teacher and the sampled validation would take another distribution than
-    the one the target samples from (16x sharper for a Granite of scaling 16)."""
+    (`logits_scaling`, which HyperCLOVA X multiplies by), Cohere and Falcon-H1 multiply them (`logit_scale`,
+    `lm_head_multiplier`), Gemma 2 caps them (`final_logit_softcapping`). Read off the (text) config, since
+    training holds the head alone; without it the teacher and the sampled validation would take another
+    distribution than the one the target samples from (16x sharper for a Granite of scaling 16)."""
 
     scale: float = 1.0
     """Multiplies the raw logits."""
@@ -109,7 +113,8 @@ class LogitMap:
     @classmethod
     def of(cls, config) -> LogitMap:
         scale = 1.0
-        for key, invert in (("logits_scaling", True), ("logit_scale", False), ("lm_head_multiplier", False),
+        divides = getattr(config, "model_type", None) not in LOGITS_SCALING_MULTIPLIES
+        for key, invert in (("logits_scaling", divides), ("logit_scale", False), ("lm_head_multiplier", False),
                             ("output_multiplier", False)):
             value = getattr(config, key, None)
             if isinstance(value, int | float) and not isinstance(value, bool) and value not in (0, 1):

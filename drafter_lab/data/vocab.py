@@ -103,14 +103,15 @@ class DraftVocab:
         return cls.checked(d2t, t2d, path)
 
     @classmethod
-    def checked(cls, d2t: torch.Tensor, t2d: torch.Tensor, where) -> DraftVocab:
-        """The pair read from a file, refused (naming `where`) unless t2d marks exactly the target
-        tokens d2t maps to, each once. Order is d2t's own: engines index lm_head rows through it."""
+    def checked(cls, d2t: torch.Tensor, t2d: torch.Tensor, where, t2d_where=None) -> DraftVocab:
+        """The pair read from a file, refused (naming `where`, or `t2d_where` for t2d alone: a sharded
+        drafter's other file) unless t2d marks exactly the target tokens d2t maps to, each once. Order
+        is d2t's own: engines index lm_head rows through it."""
         if d2t.dim() != 1 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
             raise LabError(f"d2t must be a 1-D integer tensor, got {d2t.dtype} {list(d2t.shape)}", where)
         if t2d.dim() != 1 or t2d.dtype.is_floating_point or (t2d.dtype != torch.bool and t2d.numel()
                                                              and not 0 <= t2d.min() <= t2d.max() <= 1):
-            raise LabError(f"t2d must be a 1-D bool mask, got {t2d.dtype} {list(t2d.shape)}", where)
+            raise LabError(f"t2d must be a 1-D bool mask, got {t2d.dtype} {list(t2d.shape)}", t2d_where or where)
         if not d2t.numel():  # else a drafter built on it has an lm_head of 0 rows, proposing nothing
             raise LabError("d2t is empty: a draft vocabulary of 0 tokens", where)
         vocab = cls(d2t=d2t.to(torch.int64), t2d=t2d.bool())
@@ -127,7 +128,7 @@ class DraftVocab:
 
     @classmethod
     def of_drafter_file(cls, d2t: torch.Tensor | None, t2d: torch.Tensor | None, size: int,
-                        target_vocab_size: int, where) -> DraftVocab:
+                        target_vocab_size: int, where, t2d_where=None) -> DraftVocab:
         """A drafter checkpoint's mapping, read as SGLang and vLLM read it: they map draft ids through
         d2t alone, as the identity when a file has none (so only a whole-vocabulary drafter may leave
         it out), and never read t2d (derived from d2t here when a file has none)."""
@@ -140,11 +141,11 @@ class DraftVocab:
             used = d2t.to(torch.int64) + torch.arange(d2t.numel(), dtype=torch.int64)
             t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
             t2d[used[(used >= 0) & (used < target_vocab_size)]] = True
-        for name, t, want, key in (("d2t", d2t, size, "draft_vocab_size"),
-                                   ("t2d", t2d, target_vocab_size, "vocab_size")):
+        for name, t, want, key, file in (("d2t", d2t, size, "draft_vocab_size", where),
+                                         ("t2d", t2d, target_vocab_size, "vocab_size", t2d_where or where)):
             if t.numel() != want:
-                raise LabError(f"{name} has {t.numel()} entries, the config's {key} is {want}", where)
-        return cls.checked(d2t, t2d, where)
+                raise LabError(f"{name} has {t.numel()} entries, the config's {key} is {want}", file)
+        return cls.checked(d2t, t2d, where, t2d_where)
 
 
 def vocab_of_drafter(drafter) -> DraftVocab:

@@ -164,7 +164,8 @@ def _fill_vocab(ckpt: Checkpoint) -> None:
     """d2t and t2d checked against each other and the config, and filled in where the file left them out."""
     t = ckpt.tensors
     vocab = DraftVocab.of_drafter_file(t.get("d2t"), t.get("t2d"), ckpt.config.draft_vocab_size,
-                                       ckpt.config.target_vocab_size, ckpt.where.get("d2t", ckpt.weights_file()))
+                                       ckpt.config.target_vocab_size, ckpt.where.get("d2t", ckpt.weights_file()),
+                                       ckpt.where.get("t2d"))
     ckpt.filled = tuple(k for k in ("d2t", "t2d") if k not in t)
     t["d2t"], t["t2d"] = vocab.d2t, vocab.t2d
 

@@ -99,11 +99,12 @@ LOGITS_SCALING_MULTIPLIES = ("hyperclovax",)
 
 @dataclass(frozen=True)
 class LogitMap:
-    """How a target turns `final_hidden @ lm_head.T` into its logits: Granite divides them
-    (`logits_scaling`, which HyperCLOVA X multiplies by), Cohere and Falcon-H1 multiply them (`logit_scale`,
-    `lm_head_multiplier`), Gemma 2 caps them (`final_logit_softcapping`). Read off the (text) config, since
-    training holds the head alone; without it the teacher and the sampled validation would take another
-    distribution than the one the target samples from (16x sharper for a Granite of scaling 16)."""
+    """How a target turns `final_hidden @ lm_head.T` into its logits: Granite and Inkling divide them
+    (`logits_scaling`, which HyperCLOVA X multiplies by; `logits_mup_width_multiplier`), Cohere and
+    Falcon-H1 multiply them (`logit_scale`, `lm_head_multiplier`), Gemma 2 caps them
+    (`final_logit_softcapping`). Read off the (text) config, since training holds the head alone;
+    without it the teacher and the sampled validation would take another distribution than the one the
+    target samples from (16x sharper for a Granite of scaling 16)."""
 
     scale: float = 1.0
     """Multiplies the raw logits."""
@@ -115,7 +116,7 @@ class LogitMap:
         scale = 1.0
         divides = getattr(config, "model_type", None) not in LOGITS_SCALING_MULTIPLIES
         for key, invert in (("logits_scaling", divides), ("logit_scale", False), ("lm_head_multiplier", False),
-                            ("output_multiplier", False)):
+                            ("output_multiplier", False), ("logits_mup_width_multiplier", True)):
             value = getattr(config, key, None)
             if isinstance(value, int | float) and not isinstance(value, bool) and value not in (0, 1):
                 scale = scale / value if invert else scale * value

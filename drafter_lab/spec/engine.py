@@ -66,7 +66,7 @@ class SpecConfig:
     """End a row at the target's eos token (the eos is kept in the output)."""
 
     def __post_init__(self):
-        for name in ("steps", "topk", "max_new_tokens"):  # one each: `eval` names the one its flag set
+        for name in ("steps", "topk", "sample_topk", "max_new_tokens"):  # one each: `eval` names the one its flag set
             if getattr(self, name) < 1:
                 raise LabError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.temperature < math.inf:  # nan too, which torch.multinomial meets as a traceback
@@ -87,9 +87,8 @@ class SpecConfig:
 
     @property
     def tree_tokens(self) -> int:
-        if self.topk == 1:
-            return self.steps
-        return self.draft_tokens or min(self.steps * self.topk, self.max_candidates)
+        # a chain's draft_tokens is None (refused above); steps * topk never passes max_candidates
+        return self.draft_tokens or self.steps * self.topk
 
     @property
     def sampled_chain(self) -> bool:
@@ -213,7 +212,7 @@ class SpecEngine:
         c = self.cfg
         # Every row's drafter cache holds the longest prompt, so rows join the batch by a concat.
         batch = _Batch(eagle=speculative and self.drafter is not None, ngram=speculative and self.ngram is not None,
-                       drafter_len=max(map(len, prompts)) + c.max_new_tokens + 2 * (c.steps + 1))
+                       drafter_len=max(map(len, prompts), default=0) + c.max_new_tokens + 2 * (c.steps + 1))
         if batch.ngram:
             self.ngram.reset(0)
         out: list[list[int]] = [[] for _ in prompts]

@@ -233,9 +233,10 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
             raise LabError(f"no_draft_share must be a number in [0, 1), got {z!r}", path)
         over["no_draft_share"] = float(z)
     conf = _eval_config(data, path)
+    if "served_accept_len" in data and conf:  # an eval's batch, even from a server that did not say its steps
+        over["batch"] = batch_of(data, path)
     if "served_accept_len" in data and conf.get("steps") is not None:
         over["steps"] = conf["steps"]
-        over["batch"] = batch_of(data, path)
         over["topk"] = conf.get("topk") or 1
         over["verify_tokens"] = (conf.get("draft_tokens") or conf["steps"]) + 1
     return dataclasses.replace(cfg, **over)

@@ -56,13 +56,13 @@ def progress(description: str, total: int | None, every_s: float = 30.0):
         start = last = time.monotonic()
         done = 0
         status = ""  # the fields last given, kept (as the live bar keeps them) until others come
-        written = None  # the last line's status
+        written = (0, "")  # the count and status of the last line: work never advanced writes none
 
         def line(status: str) -> None:
             nonlocal written
             of = f"/{total}" if total is not None else ""
             log(f"{description} {done}{of} [{time.monotonic() - start:.0f} s] {status}".rstrip())
-            written = status
+            written = (done, status)
 
         def advance(n: int = 1, **fields) -> None:
             nonlocal done, last, status
@@ -76,7 +76,9 @@ def progress(description: str, total: int | None, every_s: float = 30.0):
                 line(status)
 
         yield advance
-        if not live and written is not None and status != written:  # fields given after the last step's line
+        # Steps or fields since the last line: work that stopped short of its total (a run the watch
+        # stopped) or has none, or fields given after the last step's line.
+        if not live and (done, status) != written:
             line(status)
 
 

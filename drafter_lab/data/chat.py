@@ -422,12 +422,28 @@ def _located(tokenizer, messages: list[dict], j: int, text: str, template_kwargs
     """(Where message j's text begins in `text`, the conversation's render, its length there): from the
     render with that text replaced by MARK, if that render is `text` with this one replacement (the
     length is the difference, so text the template escapes, as GPT-OSS's `tojson` does tool results,
-    is placed too); None for a template that writes it twice, or otherwise. Looking for the text itself
+    is placed too), `text` perhaps going on with the stop token that closes an open last turn
+    (`_closing`); None for a template that writes it twice, or otherwise. Looking for the text itself
     would stop at a short message ("Thanks") that an answer before it contains."""
     marked = render(tokenizer, [*messages[:j], {**messages[j], "content": MARK}, *messages[j + 1:]], False,
                     template_kwargs, tools)
     at, n = marked.find(MARK), len(text) - len(marked) + len(MARK)
-    return (at, n) if at >= 0 and marked[:at] == text[:at] and marked[at + len(MARK):] == text[at + n:] else None
+    if at < 0 or marked[:at] != text[:at]:
+        return None
+    tail = marked[at + len(MARK):]
+    if text[at + n:] == tail:
+        return at, n
+    # A last turn the template leaves open ends `text` with the stop token `_closing` adds, which this
+    # render lacks: taken for part of message j, no message before that turn was placed (nor bounded one).
+    closers = [t for t in _added_tokens(tokenizer)
+               if text.endswith(t) and n >= len(t) and text.startswith(tail, at + n - len(t))]
+    return (at, n - len(max(closers, key=len))) if closers else None  # the longest: one ending another is not it
+
+
+def _added_tokens(tokenizer) -> set[str]:
+    """The text of each token the tokenizer never splits (its added and special tokens)."""
+    added = {tok.content for tok in getattr(tokenizer, "added_tokens_decoder", {}).values()}
+    return {t for t in added | set(tokenizer.all_special_tokens) if t}
 
 
 def _turn_start(tokenizer, messages: list[dict], i: int, text: str, template_kwargs: dict | None,

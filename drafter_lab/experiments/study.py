@@ -310,7 +310,8 @@ def config_changes(recorded: dict, cfg: ExperimentConfig, recorded_device: str |
     return [k for k in changed if not (
         (k in OPTIONAL_STAGES and 0 in (recorded[k], now[k]))
         # each level of a sweep has its own directory: a level added trains, one dropped is left out
-        or (k == "drift_levels" and len(recorded[k]) > 1 and len(now[k]) > 1)
+        # (a hand-edited manifest's levels that are no list differ: len() of one was a TypeError, or a string's)
+        or (k == "drift_levels" and isinstance(recorded[k], list) and len(recorded[k]) > 1 and len(now[k]) > 1)
         # features differ by the device type alone (see _features)
         or (k == "device" and recorded_device in (None, resolve_device(now[k]).type))
     )]

@@ -39,8 +39,9 @@ def git_state(root: Path | None = None) -> dict:
         sha = git("rev-parse", "HEAD")
         if sha.returncode != 0:
             return _image_git_state()
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
-        return {"sha": sha.stdout.strip(), "dirty": dirty}
+        status = git("status", "--porcelain", "--untracked-files=no")
+        # a status git could not tell (an index it cannot read) is unknown, not clean
+        return {"sha": sha.stdout.strip(), "dirty": status.stdout.strip() != "" if status.returncode == 0 else None}
     except (OSError, subprocess.TimeoutExpired):
         return _image_git_state()
 

@@ -96,13 +96,20 @@ def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
 LOGITS_SCALING_MULTIPLIES = ("hyperclovax",)
 """Model types whose `logits_scaling` multiplies the logits (HyperCLOVA X's MuP): Granite's divides them."""
 
+LOGIT_SCALE_UNUSED = ("mpt",)
+"""Model types whose config carries a `logit_scale` their transformers class never applies (MPT's; real
+checkpoints leave it null): Cohere's multiplies the logits by it."""
+
+SOFTCAP_KEYS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+"""Config fields that cap the logits: Gemma 2's and most since, RecurrentGemma's, xLSTM's."""
+
 
 @dataclass(frozen=True)
 class LogitMap:
     """How a target turns `final_hidden @ lm_head.T` into its logits: Granite and Inkling divide them
     (`logits_scaling`, which HyperCLOVA X multiplies by; `logits_mup_width_multiplier`), Cohere and
-    Falcon-H1 multiply them (`logit_scale`, `lm_head_multiplier`), Gemma 2 caps them
-    (`final_logit_softcapping`). Read off the (text) config, since training holds the head alone;
+    Falcon-H1 multiply them (`logit_scale`, `lm_head_multiplier`), Gemma 2, RecurrentGemma and xLSTM cap
+    them (SOFTCAP_KEYS). Read off the (text) config, since training holds the head alone;
     without it the teacher and the sampled validation would take another distribution than the one the
     target samples from (16x sharper for a Granite of scaling 16)."""
 
@@ -114,14 +121,18 @@ class LogitMap:
     @classmethod
     def of(cls, config) -> LogitMap:
         scale = 1.0
-        divides = getattr(config, "model_type", None) not in LOGITS_SCALING_MULTIPLIES
+        model_type = getattr(config, "model_type", None)
+        divides = model_type not in LOGITS_SCALING_MULTIPLIES
         for key, invert in (("logits_scaling", divides), ("logit_scale", False), ("lm_head_multiplier", False),
                             ("output_multiplier", False), ("logits_mup_width_multiplier", True)):
             value = getattr(config, key, None)
+            if key == "logit_scale" and model_type in LOGIT_SCALE_UNUSED:
+                continue
             if isinstance(value, int | float) and not isinstance(value, bool) and value not in (0, 1):
                 scale = scale / value if invert else scale * value
-        cap = getattr(config, "final_logit_softcapping", None)
-        return cls(float(scale), float(cap) if isinstance(cap, int | float) and cap else None)
+        cap = next((c for c in (getattr(config, k, None) for k in SOFTCAP_KEYS)
+                    if isinstance(c, int | float) and not isinstance(c, bool) and c), None)
+        return cls(float(scale), None if cap is None else float(cap))
 
     def __call__(self, raw: torch.Tensor) -> torch.Tensor:
         x = raw * self.scale if self.scale != 1.0 else raw

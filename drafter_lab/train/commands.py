@@ -24,12 +24,13 @@ def register(sub) -> None:
     data.add_argument("--data", help="feature directory captured from that target (`data prepare`)")
     data.add_argument("--conversations", metavar="FILE",
                       help="train online: ShareGPT/SpecForge jsonl whose states the whole target computes per batch")
-    p.add_argument("--target-dtype", choices=DTYPE_NAMES, default=CaptureConfig.dtype,
-                   help="with --conversations: dtype the target runs in")
+    p.add_argument("--target-dtype", choices=DTYPE_NAMES,
+                   help=f"with --conversations: dtype the target runs in (default {CaptureConfig.dtype})")
     p.add_argument("--aux-layer-ids", type=aux_ids_arg, metavar="I,J,K",
                    help="with --conversations: three HF hidden_states indices (default 2,L//2,L-3)")
-    p.add_argument("--val-fraction", type=float, default=CaptureConfig.val_fraction,
-                   help="with --conversations: fraction held out for validation (capture's hash split)")
+    p.add_argument("--val-fraction", type=float,
+                   help="with --conversations: fraction held out for validation (capture's hash split; default "
+                        f"{CaptureConfig.val_fraction})")
     p.add_argument("--token-exact", action="store_true",
                    help="with --conversations: keep each answer as the token_ids it carries (`data regenerate`), as "
                         "data prepare --token-exact does; val answers all sampled at --val-temperature then replay "
@@ -37,10 +38,12 @@ def register(sub) -> None:
     p.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
                    help="with --conversations: variables for the target's chat template, as data prepare takes them "
                         "(e.g. '{\"enable_thinking\": false}')")
-    p.add_argument("--turns", choices=TURNS, default=CaptureConfig.turns,
-                   help="with --conversations: which assistant turns train, as data prepare's --turns")
-    p.add_argument("--tokenize-workers", type=int, default=CaptureConfig.tokenize_workers,
-                   help="with --conversations: processes that render and tokenize them, as data prepare's")
+    p.add_argument("--turns", choices=TURNS,
+                   help="with --conversations: which assistant turns train, as data prepare's --turns (default "
+                        f"{CaptureConfig.turns})")
+    p.add_argument("--tokenize-workers", type=int,
+                   help="with --conversations: processes that render and tokenize them, as data prepare's (default "
+                        f"{CaptureConfig.tokenize_workers})")
     p.add_argument("--val-data", metavar="PATH",
                    help="validate on this set instead of the data's val split: every sequence of a feature directory "
                         "captured from the same target, or (with --conversations) of a conversations file")
@@ -126,6 +129,16 @@ def _complaint(cfg: TrainConfig) -> str | None:
     return None
 
 
+ONLINE_FLAGS = {"dtype": "--target-dtype", "aux_layer_ids": "--aux-layer-ids", "val_fraction": "--val-fraction",
+                "token_exact": "--token-exact", "chat_template_kwargs": "--chat-template-kwargs", "turns": "--turns",
+                "tokenize_workers": "--tokenize-workers"}
+"""train's flags that set the online capture (CaptureConfig field -> flag)."""
+
+
+def _listed(flags: list[str]) -> str:
+    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
+
+
 def run(args) -> int:
     from drafter_lab.data.capture import check_config as check_capture
     from drafter_lab.train.config import check_metric
@@ -140,25 +153,24 @@ def run(args) -> int:
     flags = labconfig.cli_flags(args, "val_fraction", "tokenize_workers", "l2sp", "transfer_lr_scale")
     with labconfig.flags_named(flags):
         cfg = checked(labconfig.apply_cli_args(cfg, args), args.config)
-        online = None
-        if args.conversations is not None:
-            online = CaptureConfig(dtype=args.target_dtype, aux_layer_ids=args.aux_layer_ids,
-                                   val_fraction=args.val_fraction, token_exact=args.token_exact,
-                                   chat_template_kwargs=args.chat_template_kwargs, turns=args.turns,
-                                   tokenize_workers=args.tokenize_workers)
-            check_capture(online)
-        elif (args.target_dtype, args.aux_layer_ids, args.val_fraction, args.token_exact, args.chat_template_kwargs,
-              args.turns, args.tokenize_workers) != (CaptureConfig.dtype, None, CaptureConfig.val_fraction, False,
-                                                     None, CaptureConfig.turns, CaptureConfig.tokenize_workers):
-            raise LabError("--target-dtype, --aux-layer-ids, --val-fraction, --token-exact, --chat-template-kwargs, "
-                           "--turns and --tokenize-workers apply to --conversations (online) runs only")
         # Flags given at their defaults count too: a flag given is one the user meant to take effect.
+        online, given = None, {field: value for field, value in (
+            ("dtype", args.target_dtype), ("aux_layer_ids", args.aux_layer_ids), ("val_fraction", args.val_fraction),
+            ("token_exact", args.token_exact or None), ("chat_template_kwargs", args.chat_template_kwargs),
+            ("turns", args.turns), ("tokenize_workers", args.tokenize_workers)) if value is not None}
+        if args.conversations is not None:
+            online = CaptureConfig(**given)
+            check_capture(online)
+        elif given:
+            raise LabError(f"{_listed([ONLINE_FLAGS[f] for f in given])} appl{'ies' if len(given) == 1 else 'y'} "
+                           "to --conversations (online) runs only")
         check_transfer(args.l2sp, args.transfer_lr_scale, not args.no_remap, args.source_target, args.init_from)
         transfer = {k: v for k, v in (("l2sp", args.l2sp), ("transfer_lr_scale", args.transfer_lr_scale))
                     if v is not None}
         watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
-        if args.stop_if_behind is None and watch_cfg != WatchConfig():
-            raise LabError("--watch-* settings apply with --stop-if-behind only")
+        typed = [flag for field, flag in labconfig.cli_flags(args).items() if field in WatchConfig.__dataclass_fields__]
+        if args.stop_if_behind is None and typed:
+            raise LabError(f"{_listed(typed)} appl{'ies' if len(typed) == 1 else 'y'} with --stop-if-behind only")
         if args.stop_if_behind is not None:
             check_watch(watch_cfg)
             check_metric(cfg, "watch_metric", watch_cfg.watch_metric)

@@ -162,7 +162,7 @@ def test_bad_variables_are_one_line(text, says, capsys):
 def test_offline_training_refuses_them(tmp_path, capsys):
     assert run_cli("train", "--target", tmp_path, "--data", tmp_path, "--out", tmp_path / "d",
                    "--chat-template-kwargs", json.dumps(OFF)) == 2
-    assert "--chat-template-kwargs, --turns and --tokenize-workers apply to --conversations (online) runs only" in capsys.readouterr().err
+    assert "error: --chat-template-kwargs applies to --conversations (online) runs only" in capsys.readouterr().err
 
 
 def test_the_eval_renders_its_prompts_with_them(random_llama):

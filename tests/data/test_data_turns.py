@@ -250,4 +250,4 @@ def test_turns_is_a_choice_and_online_only_in_train(random_llama, tmp_path, caps
     assert e.value.code == 2 and "invalid choice: 'first'" in capsys.readouterr().err
     assert run_cli("train", "--target", random_llama, "--data", tmp_path / "f", "--out", tmp_path / "d",
                    "--turns", "each") == 2
-    assert "--turns and --tokenize-workers apply to --conversations" in " ".join(capsys.readouterr().err.split())
+    assert "error: --turns applies to --conversations (online) runs only" in capsys.readouterr().err

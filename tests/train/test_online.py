@@ -203,7 +203,7 @@ def test_online_bad_input(peaked_llama, features, tmp_path, capsys):
         train(CFG, peaked_llama, convs, tmp_path / "x", online=CaptureConfig(aux_layer_ids=[2, 4, 9]))
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "x"),
                  "--target-dtype", "bfloat16"]) == 2
-    assert "apply to --conversations (online) runs only" in capsys.readouterr().err
+    assert "--target-dtype applies to --conversations (online) runs only" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
@@ -287,6 +287,6 @@ def test_online_token_exact_needs_the_ids(peaked_llama, features, tmp_path, caps
     assert str(convs) in str(e.value)
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "x"),
                  "--token-exact"]) == 2
-    said = "--token-exact, --chat-template-kwargs, --turns and --tokenize-workers apply to --conversations (online)"
+    said = "error: --token-exact applies to --conversations (online) runs only"
     assert said in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

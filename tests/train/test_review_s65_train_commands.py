@@ -30,7 +30,7 @@ def test_a_watch_metric_the_run_never_logs_is_refused_before_train(tmp_path, no_
 def test_tokenize_workers_on_a_features_run_is_refused(tmp_path, no_training, cli_error):
     """Features are already tokenized: the flag alone was silently unused."""
     assert cli_error(_train(tmp_path, "--tokenize-workers", "3")).endswith(
-        "apply to --conversations (online) runs only")
+        "applies to --conversations (online) runs only")
 
 
 def _runs(tmp_path, run: dict[int, float], base: dict[int, float]) -> list[str]:

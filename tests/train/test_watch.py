@@ -330,7 +330,7 @@ def test_bad_watch_input_is_one_line(baseline, peaked_llama, features, tmp_path,
     assert "no metrics.jsonl" in capsys.readouterr().err
     assert main(["train", "--target", str(peaked_llama), "--data", str(features), "--out", str(tmp_path / "y"),
                  "--watch-margin", "0.05"]) == 2
-    assert "apply with --stop-if-behind only" in capsys.readouterr().err
+    assert "--watch-margin applies with --stop-if-behind only" in capsys.readouterr().err
 
 
 def test_a_mistyped_watch_metric_is_refused_before_the_baseline_validates(tmp_path):

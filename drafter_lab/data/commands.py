@@ -34,10 +34,11 @@ def register(subparsers) -> None:
     p.add_argument("--conversations", required=True, help="SpecForge/ShareGPT jsonl")
     p.add_argument("--out", required=True, help="feature directory (resumes if it holds a manifest)")
     p.add_argument("--regenerate", action="store_true", help=docs["regenerate"])
-    p.add_argument("--temperature", type=float, default=d.temperature, help=docs["temperature"])
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=docs["max_new_tokens"])
-    p.add_argument("--regen-batch-size", type=int, default=d.regen_batch_size, help=docs["regen_batch_size"])
-    p.add_argument("--seed", type=int, default=d.seed, help=docs["seed"])
+    # None until typed: a sampling flag typed without --regenerate is refused, at its default too
+    p.add_argument("--temperature", type=float, help=f"{docs['temperature']} (default {d.temperature})")
+    p.add_argument("--max-new-tokens", type=int, help=f"{docs['max_new_tokens']} (default {d.max_new_tokens})")
+    p.add_argument("--regen-batch-size", type=int, help=f"{docs['regen_batch_size']} (default {d.regen_batch_size})")
+    p.add_argument("--seed", type=int, help=f"{docs['seed']} (default {d.seed})")
     p.add_argument("--token-exact", action="store_true", help=docs["token_exact"])
     p.add_argument("--chat-template-kwargs", type=template_kwargs_arg, metavar="JSON",
                    help=docs["chat_template_kwargs"])
@@ -90,12 +91,12 @@ def _prepare(args) -> int:
 
     from drafter_lab.data.capture import CaptureConfig, check_config, prepare_features
 
-    if not args.regenerate:  # else sampling settings given for answers that are never sampled, unsaid
-        given = [f"--{k.replace('_', '-')}" for k in ("temperature", "max_new_tokens", "regen_batch_size", "seed")
-                 if getattr(args, k) != getattr(CaptureConfig, k)]
-        if given:
-            raise LabError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} with --regenerate (the target's own answers); without it the "
-                           "recorded answers are captured as they are")
+    sampling = {k: getattr(args, k) for k in ("temperature", "max_new_tokens", "regen_batch_size", "seed")
+                if getattr(args, k) is not None}
+    if sampling and not args.regenerate:  # else sampling settings given for answers that are never sampled, unsaid
+        given = [f"--{k.replace('_', '-')}" for k in sampling]
+        raise LabError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} with --regenerate (the "
+                       "target's own answers); without it the recorded answers are captured as they are")
     cfg = CaptureConfig(
         aux_layer_ids=args.aux_layer_ids,
         max_length=args.max_length,
@@ -104,10 +105,7 @@ def _prepare(args) -> int:
         shard_size=args.shard_size,
         val_fraction=args.val_fraction,
         regenerate=args.regenerate,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        regen_batch_size=args.regen_batch_size,
-        seed=args.seed,
+        **sampling,
         token_exact=args.token_exact,
         chat_template_kwargs=args.chat_template_kwargs,
         turns=args.turns,

@@ -91,3 +91,16 @@ def stopping_llama(random_llama, tmp_path_factory) -> Path:
         model.lm_head.weight[end] = model.lm_head.weight[ids[2]]
     model.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A 4-layer Llama of hidden size 8 and 100 tokens, for SpecForge samples of that size: the default aux
+    ids repeat and run backwards there ([2, 2, 1])."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny") / "target"
+    LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=4,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(out)
+    return out

@@ -118,18 +118,6 @@ def test_a_gzipped_sample_reads_as_its_plain_copy_and_a_bad_one_is_named(tmp_pat
         _read(tmp_path, [1])
 
 
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
-    """A 4-layer Llama of hidden size 8: the default aux ids repeat and run backwards there ([2, 2, 1])."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny") / "target"
-    LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=4,
-                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(out)
-    return out
-
-
 def _sf_dir(root, n=2):
     root.mkdir(parents=True)
     for k in range(n):

@@ -46,18 +46,6 @@ def test_a_sample_lacking_one_key_is_one_line_naming_it(tmp_path, key):
     assert str(e.value) == f"{tmp_path / 's.ckpt'}: SpecForge sample lacks [{key!r}]"
 
 
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
-    """A 4-layer Llama of hidden size 8 and 100 tokens: the samples above fit it."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny") / "target"
-    LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=4,
-                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(out)
-    return out
-
-
 def _sf_dir(root, n=2, **over):
     root.mkdir(parents=True)
     for k in range(n):

@@ -27,14 +27,6 @@ from .test_formats import _foreign, _serving_target, _whole_vocab_drafter
 from .test_model import random_drafter, small_config
 
 
-@pytest.fixture
-def saved(tmp_path):
-    """A drafter saved by the lab (SGLang layout, one model.safetensors): (directory, its state)."""
-    drafter = random_drafter(small_config(), seed=5, dtype=torch.float32)
-    path = save_drafter(drafter, tmp_path / "d")
-    return path, load_file(str(path / "model.safetensors"))
-
-
 def _edit_config(path, **over):
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, **over}))

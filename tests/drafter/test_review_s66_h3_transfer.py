@@ -21,6 +21,7 @@ from drafter_lab.errors import LabError
 
 from .test_model import random_drafter, small_config
 from .test_transfer import USED_NEW, USED_SRC, V, fresh, source, target_head, vocab
+from .test_transfer_review import _resized
 
 
 def test_a_token_remap_counts_a_draft_token_at_source_id_0_as_present(tmp_path):
@@ -45,17 +46,7 @@ def test_a_token_remap_counts_a_draft_token_at_source_id_0_as_present(tmp_path):
 def test_a_resized_target_without_a_tokenizer_at_hand_is_noted_and_keeps_rows_by_id(tmp_path, own_embedding):
     """101 -> 111 tokens, no tokenizer of the source's target found: the report says ids are taken as the
     same tokens; an embedding the drafter owns (of another row count) starts fresh, said why."""
-    over = {"hidden_size": 40} if own_embedding else {}
-    cfg = small_config(target_vocab_size=101, draft_vocab_size=10, target_hidden_size=48, **over)
-    src = random_drafter(cfg, seed=4, dtype=torch.float32)
-    save_drafter(src, tmp_path / "src")
-    used = src.d2t + torch.arange(10)
-    torch.manual_seed(5)
-    drafter = Eagle3Drafter(dataclasses.replace(cfg, target_vocab_size=111))
-    before = drafter.embed_tokens.weight.detach().clone()
-    head = torch.randn(111, 48)
-    report = init_from(drafter, tmp_path / "src", SimpleNamespace(lm_head_weight=lambda: head),
-                       DraftVocab.from_used(used, 111))
+    src, drafter, before, report = _resized(tmp_path, own_embedding)
     assert report.notes == ["the source's target has 101 tokens, this one 111, and no tokenizer of the source's "
                             "target is at hand: ids are taken to name the same tokens (pass --source-target to "
                             "remap by token)"]

@@ -91,11 +91,9 @@ def test_compare_by_token_finds_a_byte_level_token_in_a_sentencepiece_vocab(sp_p
     assert (r["shared_tokens"], r["only_a_count"], r["only_b_count"]) == (len(SINGLE), 0, 0)
 
 
-@pytest.mark.parametrize("own_embedding", [False, True])
-def test_the_same_tokenizer_over_a_larger_vocab_keeps_rows_by_id(tmp_path, own_embedding):
-    """The new target pads its vocab (101 -> 111 rows), its tokenizer the same as the source's (found, so
-    token_map gave None): the report says so, not that no tokenizer is at hand, and an embedding the
-    drafter owns keeps the source's rows by id, as the head does."""
+def _resized(tmp_path, own_embedding: bool, **tokens):
+    """A source drafter over 101 tokens transferred to a new one over 111 (with `tokens`, init_from's token
+    map and where it came from): (source, new drafter, its embedding before, the report)."""
     over = {"hidden_size": 40} if own_embedding else {}  # H != H_target 48: the drafter owns its embedding
     cfg = small_config(target_vocab_size=101, draft_vocab_size=10, target_hidden_size=48, **over)
     src = random_drafter(cfg, seed=4, dtype=torch.float32)
@@ -106,7 +104,16 @@ def test_the_same_tokenizer_over_a_larger_vocab_keeps_rows_by_id(tmp_path, own_e
     before = drafter.embed_tokens.weight.detach().clone()
     head = torch.randn(111, 48)
     report = init_from(drafter, tmp_path / "src", SimpleNamespace(lm_head_weight=lambda: head),
-                       DraftVocab.from_used(used, 111), tokens=None, tokens_from="--source-target")
+                       DraftVocab.from_used(used, 111), **tokens)
+    return src, drafter, before, report
+
+
+@pytest.mark.parametrize("own_embedding", [False, True])
+def test_the_same_tokenizer_over_a_larger_vocab_keeps_rows_by_id(tmp_path, own_embedding):
+    """The new target pads its vocab (101 -> 111 rows), its tokenizer the same as the source's (found, so
+    token_map gave None): the report says so, not that no tokenizer is at hand, and an embedding the
+    drafter owns keeps the source's rows by id, as the head does."""
+    src, drafter, before, report = _resized(tmp_path, own_embedding, tokens=None, tokens_from="--source-target")
     assert report.rows_copied == 10 and torch.equal(drafter.lm_head.weight, src.lm_head.weight)
     assert report.notes == ["the source's target has 101 tokens, this one 111, with the same tokenizer (found "
                             "through --source-target): ids name the same tokens"]

@@ -61,6 +61,23 @@ def test_vllm_counters_that_went_back_are_refused_even_where_drafts_grew_again()
         _vllm(before, after).acceptance(ANSWERS)
 
 
+@pytest.mark.parametrize("after_per_pos", [{0: 6.0, 1: 9.0}, {0: 16.0}], ids=["went-back", "gone"])
+def test_a_per_position_counter_that_went_back_is_refused(after_per_pos):
+    """The totals grew, but position 0 counted fewer accepted drafts than before (or position 1 vanished):
+    the histogram would hold a negative count of steps."""
+    before = {"drafts": 10.0, "accepted": 20.0, "per_pos": {0: 8.0, 1: 5.0}}
+    after = {"drafts": 20.0, "accepted": 32.0, "per_pos": after_per_pos}
+    with pytest.raises(LabError, match="went back during the eval"):
+        _vllm(before, after).acceptance(ANSWERS)
+
+
+def test_a_position_first_counted_during_the_eval_counts_from_zero():
+    """A position the server had not counted before the eval (absent from the first read) starts at 0."""
+    before = {"drafts": 10.0, "accepted": 8.0, "per_pos": {0: 8.0}}
+    after = {"drafts": 20.0, "accepted": 20.0, "per_pos": {0: 16.0, 1: 4.0}}
+    assert _vllm(before, after).acceptance(ANSWERS) == (pytest.approx(2.2), 10, {"1": 2, "2": 4, "3": 4})
+
+
 class _Recorder:
     """A server that answers every request at once, recording the tokens each asked for."""
 

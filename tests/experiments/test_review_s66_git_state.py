@@ -7,19 +7,20 @@ import subprocess
 from drafter_lab.experiments import manifest
 
 
-def test_an_unreadable_index_leaves_dirty_unknown(tmp_path, monkeypatch):
+def test_a_status_git_cannot_tell_leaves_dirty_unknown(tmp_path, monkeypatch):
+    """`git status` failing (an index it cannot read) while HEAD reads: its empty output meant "clean".
+    git is faked: the image the smoke tests run in has none."""
     for name in ("DRAFTER_LAB_GIT_SHA", "DRAFTER_LAB_GIT_DIRTY"):
         monkeypatch.delenv(name, raising=False)
+    answers = {"--show-toplevel": (0, f"{tmp_path}\n"), "HEAD": (0, "abc123\n"), "status": (128, "")}
 
-    def git(*args):
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
-                              check=True, capture_output=True, text=True).stdout.strip()
+    def git(cmd, **kwargs):
+        code, out = next(answer for arg, answer in answers.items() if arg in cmd)
+        return subprocess.CompletedProcess(cmd, code, out, "fatal: index file corrupt" if code else "")
 
-    git("init", "-q")
-    (tmp_path / "f").write_text("x")
-    git("add", "f")
-    git("commit", "-qm", "one")
-    sha = git("rev-parse", "HEAD")
-    assert manifest.git_state(tmp_path) == {"sha": sha, "dirty": False}
-    (tmp_path / ".git" / "index").write_bytes(b"DIRC broken")  # `git status` fails on it; HEAD still reads
-    assert manifest.git_state(tmp_path) == {"sha": sha, "dirty": None}
+    monkeypatch.setattr(manifest.subprocess, "run", git)
+    assert manifest.git_state(tmp_path) == {"sha": "abc123", "dirty": None}
+    answers["status"] = (0, " M f\n")
+    assert manifest.git_state(tmp_path) == {"sha": "abc123", "dirty": True}
+    answers["status"] = (0, "")
+    assert manifest.git_state(tmp_path) == {"sha": "abc123", "dirty": False}

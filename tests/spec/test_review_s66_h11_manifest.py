@@ -7,6 +7,7 @@ git state and device it is given."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,6 +23,10 @@ def no_image_record(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+NEEDS_GIT = pytest.mark.skipif(shutil.which("git") is None, reason="needs git (the image has none)")
+
+
+@NEEDS_GIT
 def test_git_state_by_default_names_the_checkout_holding_the_package(no_image_record):
     root = Path(drafter_lab.__file__).resolve().parent.parent
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
@@ -30,6 +35,7 @@ def test_git_state_by_default_names_the_checkout_holding_the_package(no_image_re
     assert manifest.git_state()["sha"] == head.stdout.strip()
 
 
+@NEEDS_GIT
 def test_a_checkout_without_a_commit_records_no_sha(tmp_path, no_image_record):
     # `git rev-parse HEAD` there prints "HEAD" and fails: that is no commit
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)

@@ -207,14 +207,16 @@ def test_an_integer_embedding_is_refused(saved):
                             "floating-point weight")
 
 
-def test_a_wrapper_prefix_before_the_model_prefix_is_named_alone(saved):
-    """`module.model.fc.weight`: the lab reads `model.fc.weight`, so only `module.` is to be dropped."""
+@pytest.mark.parametrize("prefix, drop", [("module.model.", "module."), ("module._orig_mod.", "module._orig_mod.")])
+def test_a_prefix_is_named_as_the_part_to_drop(saved, prefix, drop):
+    """`module.model.fc.weight`: the lab reads `model.fc.weight`, so only `module.` is to be dropped. DDP over
+    torch.compile saves `module._orig_mod.fc.weight`: the hint names both parts."""
     path, state = saved
-    save_file({f"module.model.{k}": v for k, v in state.items()}, str(path / "model.safetensors"))
+    save_file({f"{prefix}{k}": v for k, v in state.items()}, str(path / "model.safetensors"))
     with pytest.raises(LabError) as e:
         read_checkpoint(path)
-    assert str(e.value).endswith("checkpoint lacks tensor 'fc.weight' (it holds 'module.model.fc.weight': save the "
-                                 "drafter's own state dict, without the 'module.' prefix)")
+    assert str(e.value).endswith(f"checkpoint lacks tensor 'fc.weight' (it holds '{prefix}fc.weight': save the "
+                                 f"drafter's own state dict, without the '{drop}' prefix)")
 
 
 def test_a_shard_index_without_a_weight_map_is_passed_over(saved):
@@ -232,16 +234,6 @@ def test_a_speculators_drafter_lacking_a_midlayer_tensor_names_it_as_its_file_wo
     with pytest.raises(LabError) as e:
         read_checkpoint(path)
     assert str(e.value) == f"{path / 'model.safetensors'}: checkpoint lacks tensor 'layers.0.mlp.up_proj.weight'"
-
-
-def test_a_prefix_of_two_parts_is_named_whole(saved):
-    """DDP over torch.compile saves `module._orig_mod.fc.weight`: the hint names both parts to drop."""
-    path, state = saved
-    save_file({f"module._orig_mod.{k}": v for k, v in state.items()}, str(path / "model.safetensors"))
-    with pytest.raises(LabError) as e:
-        read_checkpoint(path)
-    assert str(e.value).endswith("(it holds 'module._orig_mod.fc.weight': save the drafter's own state dict, without "
-                                 "the 'module._orig_mod.' prefix)")
 
 
 def test_a_drafter_with_its_own_embedding_beside_a_resized_target_is_one_line_naming_it(saved):

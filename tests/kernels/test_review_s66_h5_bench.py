@@ -19,6 +19,16 @@ class _Queue(list):
     put = list.append
 
 
+
+def _run_worker(worker, tmp_path, args) -> list:
+    """Rank 0 of 1 run in this process (its messages, in order); the worker sets torch's threads: kept here."""
+    queue, threads = _Queue(), torch.get_num_threads()
+    try:
+        worker(0, 1, str(tmp_path / "store"), args, queue)
+    finally:
+        torch.set_num_threads(threads)
+    return queue
+
 def test_the_latency_table_times_messages_of_the_bytes_it_labels(tmp_path, monkeypatch):
     """Each backend's message holds size / itemsize elements of the run's dtype (a float16 row labelled
     1 KB sends 512 halves), timed for `_iters` calls after 20 warm-up ones, and rank 0 reports every
@@ -37,12 +47,7 @@ def test_the_latency_table_times_messages_of_the_bytes_it_labels(tmp_path, monke
     monkeypatch.setattr(bar, "_median_us", median_us)
     sizes = [2, 1024, 1 << 20]
     args = argparse.Namespace(backends=["cpu", "gloo"], sizes=sizes, dtype="float16", iters=2000, timeout=30.0)
-    queue = _Queue()
-    threads = torch.get_num_threads()
-    try:
-        bar._latency_worker(0, 1, str(tmp_path / "store"), args, queue)
-    finally:
-        torch.set_num_threads(threads)
+    queue = _run_worker(bar._latency_worker, tmp_path, args)
     assert sent == [(b, torch.float16, s) for s in sizes for b in ("cpu", "gloo")]
     assert timed == [(b, n, 20) for n in (2000, 2000, 125) for b in ("cpu", "gloo")]
     assert queue[:3] == [("progress", s) for s in sizes]
@@ -131,12 +136,7 @@ def test_a_simulator_rank_reports_latencies_and_steps_under_their_own_keys(tmp_p
     monkeypatch.setattr(bar.statistics, "median", lambda samples: 250.0 + len(samples))
     args = argparse.Namespace(backends=["cpu"], tokens=[1, 2], dtype="bfloat16", iters=5, inner=4, layers=3,
                               sim_reps=2, timeout=30.0)
-    queue = _Queue()
-    threads = torch.get_num_threads()
-    try:
-        bar._tp_sim_worker(0, 1, str(tmp_path / "store"), args, queue)
-    finally:
-        torch.set_num_threads(threads)
+    queue = _run_worker(bar._tp_sim_worker, tmp_path, args)
     assert steps == [(b, 3) for _ in range(2 * 3) for b in ("none", "cpu")]
     assert queue == [("progress", 1), ("progress", 2),
                      ("done", {"cpu": {bar.HIDDEN * 2: 7.0, 2 * bar.HIDDEN * 2: 7.0}},

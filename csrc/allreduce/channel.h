@@ -2,6 +2,7 @@
 // spin-then-yield waits with timeout/abort/dead-peer detection, and the host barrier.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "allreduce/layout.h"
@@ -43,6 +44,11 @@ class Channel {
   Layout layout() const { return layout_; }
   Segment& segment() { return seg_; }
   double timeout_s() const { return timeout_s_; }
+  // For the device's waits, saturated: a cast out of uint64's range is undefined, and inf (no timeout)
+  // came out 0 on x86, a timeout at the first poll.
+  uint64_t timeout_ns() const {
+    return timeout_s_ * 1e9 >= 18446744073709551616.0 ? UINT64_MAX : static_cast<uint64_t>(timeout_s_ * 1e9);
+  }
   uint32_t next_generation() { return ++gen_; }
   // The next call is generation `gen` + 1 (tests of wrap-around; every rank sets the same).
   void set_generation(uint32_t gen) { gen_ = gen; }

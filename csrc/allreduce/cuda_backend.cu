@@ -812,7 +812,7 @@ CudaBackend::CudaBackend(uint32_t backend, int device, Channel& ch) : impl_(new 
   p.layout = ch.layout();
   p.rank = ch.rank();
   p.world = ch.world();
-  p.timeout_ns = (uint64_t)(ch.timeout_s() * 1e9);
+  p.timeout_ns = ch.timeout_ns();
   DL_CUDA_CHECK(cudaMalloc(&p.counters, kMaxBlocks * sizeof(uint32_t)));
   DL_CUDA_CHECK(cudaMemset(p.counters, 0, kMaxBlocks * sizeof(uint32_t)));
   DL_CUDA_CHECK(cudaMalloc(&p.claim, sizeof(int32_t)));

@@ -191,6 +191,24 @@ def test_cuda_a_late_rank_is_waited_for(backend, algo, late, full):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_no_timeout_waits_for_a_late_rank(backend):
+    """timeout_s=inf is "no timeout": its nanoseconds were cast out of range (0 on x86), so a kernel
+    timed out at its first poll of a peer ~50 ms late."""
+    comms = _group(2, backend, timeout_s=float("inf"))
+    ins = [torch.full((3001,), r + 1.0, device=c.device) for r, c in enumerate(comms)]
+
+    def call(r):
+        if r == 1:
+            torch.cuda._sleep(100_000_000)
+        comms[r].all_reduce(ins[r])
+
+    _on_streams(comms, [partial(call, r) for r in range(2)])
+    assert all(torch.equal(x.cpu(), torch.full((3001,), 3.0)) for x in ins)
+    for c in comms:
+        c.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_ll_packets_do_not_alias_2_to_the_32_calls_later(backend):
     """An LL packet left by a large call, under a run of smaller calls, would match its generation
     again 2^32 calls later and be summed before the peer's fresh one lands; the refresh every 2^30

@@ -154,6 +154,9 @@ class ProbeConfig:
     """Optimizer steps of each pilot arm (scratch, transfer with remap) on the new target's train
     split (48: about a minute on one core for the tiny pair); 0 skips the pilot and the transfer
     verdict falls back to aux CKA."""
+    device: str = "auto"
+    """Where every signal and the pilot run: auto (CUDA when visible), cpu, cuda or cuda:N. The pilot's
+    recipe (--pilot-config) trains here too."""
 
     def __post_init__(self):
         check_counts(self, ("max_sequences", "ttt_steps", "batch_size"), ("pilot_steps",))

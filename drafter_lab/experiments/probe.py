@@ -47,6 +47,7 @@ from drafter_lab.targets.hf import (
     check_tokenizer_dir,
     load_target,
     load_target_head,
+    resolve_device,
 )
 from drafter_lab.targets.hidden import run_capturing
 from drafter_lab.train.config import TrainConfig
@@ -175,7 +176,7 @@ def _check_source_target(drafter_dir, given: Path) -> None:
 
 
 def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: ProbeConfig | None = None,
-          thresholds: ProbeThresholds | None = None, device="cpu", pilot_recipe: TrainConfig | None = None,
+          thresholds: ProbeThresholds | None = None, pilot_recipe: TrainConfig | None = None,
           pilot_dir=None, transfer_lr_scale: float = 1.0, val_data=None) -> dict:
     """All signals and the verdict. The pilot (cfg.pilot_steps > 0) trains with `pilot_recipe`
     (default TrainConfig()) cut to the pilot's steps, keeping its arms in `pilot_dir` if given.
@@ -183,6 +184,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
     signal, the pilot's validations included."""
     cfg = cfg or ProbeConfig()
     th = thresholds or ProbeThresholds()
+    device = resolve_device(cfg.device)
     if source_target_dir is not None:  # cheap, so refused before the val features are read and the drafter loaded
         _check_source_target(drafter_dir, Path(source_target_dir))
     target = load_target_head(target_dir, device=device)  # features are given: no layer runs
@@ -229,7 +231,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
 
     pilot = None
     if cfg.pilot_steps > 0:
-        recipe = pilot_config(pilot_recipe or TrainConfig(), cfg.pilot_steps, drafter.config)
+        recipe = replace(pilot_config(pilot_recipe or TrainConfig(), cfg.pilot_steps, drafter.config), device=cfg.device)
         pilot = run_pilot(drafter_dir, target_dir, data_dir, recipe, pilot_dir, transfer_lr_scale, target, val_data,
                           source_target_dir)
 

@@ -184,7 +184,7 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     probe_result = probe(
         source_dir, pair_dir / "tuned", tuned_feats, pair_dir / "base",
         # The arms' recipe; the probe cuts it to the pilot's steps.
-        cfg=ProbeConfig(pilot_steps=cfg.probe_pilot_steps, ttt_steps=cfg.ttt_steps),
+        cfg=ProbeConfig(pilot_steps=cfg.probe_pilot_steps, ttt_steps=cfg.ttt_steps, device=cfg.device),
         pilot_recipe=_train_config(cfg, cfg.arm_steps),
         pilot_dir=level_dir / "probe-pilot", transfer_lr_scale=cfg.transfer_lr_scale,
     )

@@ -209,7 +209,17 @@ class Target(_TargetFacts):
         return self.model.get_input_embeddings().weight
 
     def lm_head_weight(self) -> torch.Tensor:
-        return self.model.get_output_embeddings().weight
+        return output_embeddings(self.model).weight
+
+
+def output_embeddings(model) -> torch.nn.Module | None:
+    """The model's lm_head: its own, else its language model's (Nemotron-H Omni's wrapper keeps the head
+    there and answers None for itself)."""
+    head = model.get_output_embeddings()
+    inner = getattr(model, "language_model", None)
+    if head is None and isinstance(inner, torch.nn.Module) and callable(getattr(inner, "get_output_embeddings", None)):
+        return output_embeddings(inner)
+    return head
 
 
 def _config_architectures(path: Path) -> list | None:
@@ -511,7 +521,7 @@ def _vocab_names(whole, config, files: dict[str, Path]) -> tuple[str | None, str
             warnings.simplefilter("ignore")
             # the flag, as from_pretrained gets it: without it a model class of its own code asks on a terminal
             model = model_class(whole).from_config(whole, trust_remote_code=trusts_remote_code())
-        embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+        embed, head = model.get_input_embeddings(), output_embeddings(model)
         modules = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         params, tied = (f"{modules[embed]}.weight", f"{modules[head]}.weight"), head.weight is embed.weight
     except Exception:  # a config transformers has no class for, or one that builds otherwise

@@ -138,7 +138,18 @@ def _run_hooked(model, layout, indices, final: bool, forward_kwargs: dict) -> tu
     if odd:
         raise LabError(f"hidden state {odd[0]} was seen {len(got[odd[0]])} times in one forward of "
                        f"{type(model).__name__}: its decoder does not run its layers once each in order")
-    return out, HiddenStates({i: xs[0] for i, xs in got.items()}, count)
+    return out, _checked(model, {i: xs[0] for i, xs in got.items()}, count)
+
+
+def _checked(model, states: dict[int, torch.Tensor], count: int) -> HiddenStates:
+    """EAGLE-3 reads one [batch, tokens, hidden] state per layer; Gemma 3n's decoder carries its AltUp
+    streams stacked in front ([streams, batch, tokens, hidden]), which would be read as the batch."""
+    odd = next((i for i in sorted(states) if states[i].dim() != 3), None)
+    if odd is not None:
+        raise LabError(f"hidden state {odd} of {type(model).__name__} is {tuple(states[odd].shape)}, not "
+                       "[batch, tokens, hidden], the one state per layer an EAGLE-3 drafter reads (Gemma 3n's decoder "
+                       "stacks its AltUp streams in front)")
+    return HiddenStates(states, count)
 
 
 def _wanted(indices, final: bool, count: int) -> set[int]:
@@ -156,4 +167,4 @@ def _run_whole(model, indices, final: bool, forward_kwargs: dict) -> tuple[objec
     hs = out.hidden_states
     states = {i: hs[i] for i in _wanted(indices, final, len(hs))}
     out["hidden_states"] = None  # the whole tuple goes as soon as the caller has its states
-    return out, HiddenStates(states, len(hs))
+    return out, _checked(model, states, len(hs))

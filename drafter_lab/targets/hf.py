@@ -19,6 +19,7 @@ import torch
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
 from drafter_lab.targets.fingerprint import fingerprint, legacy_fingerprint, weight_files
+from drafter_lab.targets.hidden import state_layers
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
@@ -147,7 +148,7 @@ class _TargetFacts:
 
     @property
     def num_layers(self) -> int:
-        return int(self.config.num_hidden_layers)
+        return state_layers(self.config)
 
     @property
     def hidden_size(self) -> int:

@@ -41,6 +41,26 @@ class HiddenStates(Mapping):
         return len(self._states)
 
 
+def _recorder(model_class):
+    """transformers 5's record of where a model class's hidden_states come from (None: not recorded)."""
+    return (getattr(model_class, "_can_record_outputs", None) or {}).get("hidden_states")
+
+
+def state_layers(config) -> int:
+    """How many layers `output_hidden_states` returns the outputs of (its tuple holds one more): the config
+    field transformers' recorder counts them by, where it names one other than num_hidden_layers
+    (LongCat-Flash's num_hidden_layers counts two sublayers in each of its num_layers layers)."""
+    key = "num_hidden_layers"
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+        cls = MODEL_MAPPING[type(config)]
+        key = getattr(_recorder(cls[0] if isinstance(cls, tuple) else cls), "num_hidden_layers_key", None) or key
+    except Exception:  # a config transformers has no class for (remote code), or one without the registry
+        pass
+    return int(getattr(config, key))
+
+
 def decoder_layout(model) -> tuple[torch.nn.Module, torch.nn.ModuleList] | None:
     """The text decoder whose hidden states `model` returns, and its decoder layers; None where the
     layout is not the one hooks can read HF's hidden states off (no `layers` list of
@@ -54,14 +74,15 @@ def decoder_layout(model) -> tuple[torch.nn.Module, torch.nn.ModuleList] | None:
         if dec is None:
             return None
     layers = dec.layers
-    n = getattr(getattr(dec, "config", None), "num_hidden_layers", None)
-    if not isinstance(n, int) or len(layers) != n or n < 1:
-        return None
     # transformers 5 records hidden_states by a hook on a layer class (`_can_record_outputs`); where that
     # is not every one of these layers, or the last state is not last_hidden_state, its tuple is built
     # otherwise. A model without the registry (remote code) appends before each layer and after the
     # norm, which is the same.
-    spec = (getattr(type(dec), "_can_record_outputs", None) or {}).get("hidden_states")
+    spec = _recorder(type(dec))
+    key = getattr(spec, "num_hidden_layers_key", None) or "num_hidden_layers"
+    n = getattr(getattr(dec, "config", None), key, None)
+    if not isinstance(n, int) or len(layers) != n or n < 1:
+        return None
     if spec is not None:
         cls = getattr(spec, "target_class", spec)
         plain = (getattr(spec, "index", 0) == 0 and getattr(spec, "layer_name", None) is None

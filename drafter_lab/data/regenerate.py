@@ -179,7 +179,9 @@ def answer_fields(tokenizer, text: str, ids: list[int]) -> dict:
     the thinking apart from the answer."""
     channel = tokenizer.convert_tokens_to_ids(HARMONY_CHANNEL)
     if channel is None or channel == tokenizer.unk_token_id or channel not in ids:
-        tags = {i for i in tokenizer.convert_tokens_to_ids([*chain(*THINK_TAGS)]) if i in special_token_ids(tokenizer)}
+        # A tag the vocabulary lacks converts to the unknown token, itself special: not a tag to keep
+        tags = {i for i in tokenizer.convert_tokens_to_ids([*chain(*THINK_TAGS)])
+                if i != tokenizer.unk_token_id and i in special_token_ids(tokenizer)}
         return {"content": _decoded_keeping(tokenizer, ids, tags) if tags & set(ids) else text}
     messages = HARMONY_MESSAGE.findall(tokenizer.decode(ids, skip_special_tokens=False))
     analysis = "".join(t for c, t in messages if c == "analysis")

@@ -117,7 +117,9 @@ def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed:
             raise TypeError
         reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
         calls = message.get("tool_calls") or None
-        text = message["content"] if message["content"] is not None or (reasoning, calls) == (None, None) else ""
+        # A null content may be left out (a gateway writing without nulls, as LiteLLM's proxy does)
+        content = message.get("content")
+        text = content if content is not None or (reasoning, calls) == (None, None) else ""
         if not isinstance(text, str) or not isinstance(reasoning, (str, type(None))):
             raise TypeError
     except (KeyError, IndexError, TypeError):

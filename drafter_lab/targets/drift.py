@@ -20,6 +20,10 @@ class CkaMoments:
     def __init__(self):
         self.n = 0
         self.sx = self.sy = self.xx = self.yy = self.xy = None
+        # Whether x (y) has had two different rows, tracked exactly: the centred moments of constant rows
+        # keep a rounding residue (rows of 0.1, say), which read as a CKA of 1 or 0 instead of nan.
+        self.x0 = self.y0 = None
+        self.x_varies = self.y_varies = False
 
     def update(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
@@ -27,6 +31,11 @@ class CkaMoments:
                 f"need paired rows [N, D1] and [N, D2], got {tuple(x.shape)} and {tuple(y.shape)}"
             )
         x, y = x.double(), y.double()
+        if len(x):
+            if self.x0 is None:
+                self.x0, self.y0 = x[0], y[0]
+            self.x_varies = self.x_varies or bool((x != self.x0).any())
+            self.y_varies = self.y_varies or bool((y != self.y0).any())
         parts = (x.sum(0), y.sum(0), x.T @ x, y.T @ y, x.T @ y)
         if self.n == 0:
             self.sx, self.sy, self.xx, self.yy, self.xy = parts
@@ -42,7 +51,7 @@ class CkaMoments:
         cyy = self.yy - torch.outer(self.sy, self.sy) / n
         cxy = self.xy - torch.outer(self.sx, self.sy) / n
         denom = torch.linalg.matrix_norm(cxx) * torch.linalg.matrix_norm(cyy)
-        if denom.item() <= 0:
+        if not (self.x_varies and self.y_varies) or denom.item() <= 0:
             return float("nan")
         return float((cxy.square().sum() / denom).item())
 

@@ -170,7 +170,10 @@ def _prompt_sets(args) -> dict[str, tuple[str, list]]:
     from drafter_lab.progress import log
 
     sets = {}
-    for path in args.prompts:
+    for i, path in enumerate(args.prompts):
+        # decoded again and pooled twice, and a fourth `p.jsonl` replaced the second's set
+        if any(atomic.same_file(path, earlier) for earlier in args.prompts[:i]):
+            raise LabError("--prompts names this file twice: give each prompt set once", path)
         convs, skipped = read_conversations(path, prompts=True)
         if skipped:
             log(f"{path}: skipped {skipped}")
@@ -494,7 +497,9 @@ def run_costmodel(args) -> int:
     if args.sampled and not any(Path(p).is_dir() for p in args.inputs):
         raise LabError("--sampled prices a train run's sampled prediction: give the run's directory with --inputs")
     measured_by = None  # the input whose accept lengths price the drafter
-    for path in args.inputs:
+    for i, path in enumerate(args.inputs):
+        if any(atomic.same_file(path, earlier) for earlier in args.inputs[:i]):  # a sweep's rows came twice
+            raise LabError("--inputs names this file twice: give each input once", path)
         data = read_inputs(path, args.sampled)
         if "sweep" in data:  # priced row by row below, on the config the other inputs make
             sweeps.append((path, data["sweep"]))

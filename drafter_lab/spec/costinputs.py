@@ -48,13 +48,13 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
-from drafter_lab.spec.costmodel import CostModelConfig, Latency
+from drafter_lab.spec.costmodel import CostModelConfig, Latency, finite
 from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
 
 
 def positive(value, key: str, path) -> float:
     """`value` as a float; a LabError naming `key` and the file unless it is a finite number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not finite(value) or value <= 0:
         raise LabError(f"{key} must be a positive number, got {value!r}", path)
     return float(value)
 
@@ -80,8 +80,8 @@ def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
         counts = {int(n): c for n, c in histogram.items()}
     except (AttributeError, TypeError, ValueError):
         raise LabError("accept_histogram must map served accept lengths to counts", path) from None
-    if not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c == int(c)
-               and c >= 0 for c in counts.values()):  # int() cut 1.7 to 1; a negative one read as none
+    # int() cut 1.7 to 1; a negative one read as none
+    if not all(finite(c) and c == int(c) and c >= 0 for c in counts.values()):
         raise LabError(f"accept_histogram counts must be whole numbers (>= 0) of verify steps, got {histogram!r}",
                        path)
     if counts and min(counts) < 1:
@@ -134,8 +134,7 @@ def _check_predictors(val: dict, step, path: Path) -> None:
         lo, hi = next((b for prefix, b in PREDICTORS.items() if key.startswith(prefix)), (None, None))
         if lo is None:
             continue
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not lo <= value <= hi):
+        if not finite(value) or not lo <= value <= hi:
             shown = "NaN (or null)" if isinstance(value, float) and math.isnan(value) else json.dumps(value)
             span = f"in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
             raise LabError(f"its validation at step {step} has {key} {shown}, not a finite number {span}", path)
@@ -171,6 +170,11 @@ def run_inputs(path: Path, sampled: bool = False) -> dict:
         missing = ("sampled_acc_k: train with --val-temperature T to predict a sampled chain" if sampled
                    else "cond_acc_k: nothing to predict accept lengths from")
         raise LabError(f"its validation has no {missing}", path)
+    if short := [k for k, a in enumerate(by_steps) if a < 1]:  # a replay's (greedy ones start at 1)
+        k = short[0]
+        raise LabError(f"its validation at step {step} has replay_accept_len_{k} {by_steps[k]:g}, below 1 "
+                       "(train writes 0 where the replay ran no verify step at that depth): no accept length "
+                       "to price", source)
     chain = ("sampled chain, replayed over the target's own tokens" if sampled and "replay_accept_len_0" in val
              else "sampled chain" if sampled else "greedy chain")
     log(f"{path}: served accept lengths predicted from the validation at step {step} "
@@ -245,13 +249,13 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
 def _eval_config(data: dict, path) -> dict:
     """An input's eval settings (`config`, {} without one), each that prices its accept length a
     positive integer."""
-    conf = data.get("config") or {}
+    conf = {} if data.get("config") is None else data["config"]  # `or {}` took [], 0 and "" for none
     if not isinstance(conf, dict):
         raise LabError(f"config must be an object (an eval's settings), got {conf!r}", path)
     for key in ("steps", "topk", "draft_tokens", "batch", "concurrency"):  # what prices the accept length
-        if conf.get(key) is not None and (isinstance(conf[key], bool) or not isinstance(conf[key], int)
-                                          or conf[key] < 1):
-            raise LabError(f"config.{key} must be a positive integer, got {conf[key]!r}", path)
+        value = conf.get(key)
+        if value is not None and (not isinstance(value, int) or not finite(value) or value < 1):
+            raise LabError(f"config.{key} must be a positive integer, got {value!r}", path)
     return conf
 
 
@@ -261,7 +265,7 @@ def batch_of(result: dict, path=None) -> int:
     c = result["config"]
     if c.get("request_rate") is not None:
         spec = (result.get("in_flight") or {}).get("spec") if isinstance(result.get("in_flight"), dict) else None
-        if isinstance(spec, bool) or not isinstance(spec, (int, float)) or not 0 < spec < math.inf:
+        if not finite(spec) or spec <= 0:
             raise LabError("a served eval at a request rate needs in_flight.spec, the requests it carried "
                            f"(a positive number), got {spec!r}", path)
         return max(1, round(spec))
@@ -273,7 +277,7 @@ def _batch_table(table, key: str, path) -> dict[int, float]:
         out = {int(b): positive(us, f"{key}[{b}]", path) for b, us in table.items()}
     except (AttributeError, ValueError):
         raise LabError(f"{key} must map batch sizes to microseconds", path) from None
-    if not out or min(out) < 1:
+    if not out or min(out) < 1 or not finite(max(out)):  # float() of a 400-digit batch overflowed when read
         raise LabError(f"{key} must map batch sizes (>= 1) to microseconds", path)
     return out
 
@@ -347,7 +351,7 @@ def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
             over[key] = value
         elif key in OVERHEADS:
             over[key] = positive(value, f"deployment.{key}", path)
-        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        elif isinstance(value, int) and finite(value) and value > 0:
             over[key] = value
         else:
             raise LabError(f"deployment.{key} must be a positive integer, got {value!r}", path)
@@ -360,6 +364,8 @@ def _pass_table(table, path) -> dict[int, dict[int, float]]:
                for b, row in table.items()}
     except (AttributeError, ValueError):
         raise LabError("verify_ms_by_tokens must map batch sizes to {tokens per row: ms}", path) from None
-    if not out or not all(out.values()) or min(out) < 1 or min(t for row in out.values() for t in row) < 1:
+    tokens = [t for row in out.values() for t in row]
+    if (not out or not all(out.values()) or min(out) < 1 or min(tokens) < 1
+            or not finite(max([*out, *tokens]))):  # float() of a 400-digit key overflowed when read
         raise LabError("verify_ms_by_tokens must map batch sizes (>= 1) to {tokens per row (>= 1): ms}", path)
     return out

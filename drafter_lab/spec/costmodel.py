@@ -146,20 +146,28 @@ NON_NEGATIVE = ("allreduces_per_layer", "verify_allreduce_us", "decode_allreduce
 POSITIVE_LISTS = ("accept_lengths", "whatif_allreduce_us", "batches", "accept_by_steps")
 
 
+def finite(v) -> bool:
+    """Whether `v` is a number (not a bool) that is finite as a float: an integer past float's range (a flag's
+    or a JSON file's 400 digits) is not, where math.isfinite raised an OverflowError traceback."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def check_fields(cfg: CostModelConfig) -> None:
     """Every count and time a finite number on its side of zero (a flag's NaN or negative overhead
     printed nonsense tables), each field on its own: what the fields make together is CostModel's to judge."""
-    def number(v) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-
     for name in POSITIVE:
-        if not (number(v := getattr(cfg, name)) and v > 0):
+        if not (finite(v := getattr(cfg, name)) and v > 0):
             raise LabError(f"{name} must be a finite number > 0, got {v!r}")
     for name in NON_NEGATIVE:
-        if not (number(v := getattr(cfg, name)) and v >= 0):
+        if not (finite(v := getattr(cfg, name)) and v >= 0):
             raise LabError(f"{name} must be a finite number >= 0, got {v!r}")
     for name in POSITIVE_LISTS:
-        if not all(number(v) and v > 0 for v in getattr(cfg, name)):
+        if not all(finite(v) and v > 0 for v in getattr(cfg, name)):
             raise LabError(f"{name} must hold finite numbers > 0, got {getattr(cfg, name)!r}")
     for name in ("accept_lengths", "accept_by_steps"):
         if any(a < 1 for a in getattr(cfg, name)):

@@ -153,17 +153,30 @@ def vllm_answer(events, sent: list[float], endpoint: str) -> Answer:
             try:
                 text.append(str(event["choices"][0].get("text") or ""))
                 aborted = event["choices"][0].get("finish_reason") == "abort"
-            except (AttributeError, TypeError):
+            except (AttributeError, TypeError, KeyError):  # KeyError: choices an object, not a list
                 raise LabError(f"streamed event has no choices[0].text: {str(event)[:200]}", endpoint) from None
             if aborted:  # vLLM streams an abort as a finish reason, not an error event
                 raise LabError("the server aborted the request (finish_reason 'abort')", endpoint)
             stamps.append(at)
         if isinstance(event.get("usage"), dict) and "completion_tokens" in event["usage"]:
-            tokens = int(event["usage"]["completion_tokens"])
+            tokens = _count(event["usage"]["completion_tokens"], "usage.completion_tokens", endpoint)
     if tokens is None:
         raise LabError("the stream ended without usage.completion_tokens (asked for with "
                        "stream_options.include_usage)", endpoint)
     return _answer("".join(text), tokens, {}, sent, stamps, endpoint)
+
+
+def _count(value, name: str, endpoint: str) -> int:
+    """A count the server sent, as an int: a LabError naming it unless it is a whole number >= 0 (a null
+    or text one raised a TypeError or ValueError traceback)."""
+    try:
+        whole = (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+                 and value == int(value))
+    except (OverflowError, ValueError):  # int() of inf, NaN
+        whole = False
+    if not whole:
+        raise LabError(f"the server sent {name} {repr(value)[:200]}, not a whole number >= 0", endpoint)
+    return int(value)
 
 
 class SGLang:
@@ -209,15 +222,21 @@ _DRAFTS, _ACCEPTED, _PER_POS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_
                                 "vllm:spec_decode_num_accepted_tokens_per_pos_total")
 
 
-def vllm_counters(text: str) -> dict:
+def vllm_counters(text: str, where=None) -> dict:
     """{"drafts", "accepted", "per_pos": {position: accepted}} summed over label sets; drafts None
-    where /metrics has no such counter (no --speculative-config, or --disable-log-stats)."""
+    where /metrics (`where`) has no such counter (no --speculative-config, or --disable-log-stats)."""
     out = {"drafts": None, "accepted": 0.0, "per_pos": {}}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None or m.group(1) not in (_DRAFTS, _ACCEPTED, _PER_POS):  # a non-Prometheus page: values float() refuses
             continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        name, labels = m.group(1), m.group(2) or ""
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            value = math.nan
+        if not 0 <= value < math.inf:  # a counter: NaN (or text) would be priced as NaN drafts
+            raise LabError(f"{name} is {m.group(3)[:50]}, not a count (a number >= 0)", where)
         if name == _DRAFTS:
             out["drafts"] = (out["drafts"] or 0.0) + value
         elif name == _ACCEPTED:
@@ -252,7 +271,7 @@ class VLLM:
 
     def _counters(self) -> dict:
         return vllm_counters(request_text(self.url + "/metrics", timeout_s=self.cfg.timeout_s,
-                                          retries=self.cfg.retries))
+                                          retries=self.cfg.retries), self.url + "/metrics")
 
     def speculates(self) -> bool | None:
         """Whether /metrics has the speculative counters (None: no /metrics to tell)."""
@@ -338,7 +357,9 @@ def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bo
 
         # Daemon threads: a failure (or Ctrl-C) abandons the requests in flight, which would
         # otherwise hold the exit for as long as the longest generation.
-        for _ in range(cfg.concurrency):
+        # No more slots than prompts: the rest would find none waiting, yet each is started before the
+        # answers are read, so the wall seconds (tok/s, requests in flight) counted every start.
+        for _ in range(min(cfg.concurrency, len(prompts))):
             threading.Thread(target=slot, name="drafter-lab-eval", daemon=True).start()
         try:
             for _ in prompts:
@@ -392,14 +413,16 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
                        "it with --speculative-algorithm EAGLE3 and a draft model", endpoint)
     # Recent SGLang writes the speculative fields only for a request that ran a verify step: one that
     # ended at its first token (an eos at once) has none.
-    verified = [m for m in metas if int(m.get("spec_verify_ct") or 0) > 0]
+    verified = [m for m in metas
+                if _count(m.get("spec_verify_ct") or 0, "meta_info.spec_verify_ct", endpoint) > 0]
     verify = sum(int(m["spec_verify_ct"]) for m in verified)
     if verify == 0:
         raise LabError("the server ran no verify step: raise --max-new-tokens", endpoint)
     hist = None
     if all(isinstance(m.get("spec_accept_histogram"), list) for m in verified):
         width = max(len(m["spec_accept_histogram"]) for m in verified)
-        counts = [sum(int(m["spec_accept_histogram"][i]) for m in verified if i < len(m["spec_accept_histogram"]))
+        counts = [sum(_count(m["spec_accept_histogram"][i], "meta_info.spec_accept_histogram", endpoint)
+                      for m in verified if i < len(m["spec_accept_histogram"]))
                   for i in range(width)]
         hist = {str(i + 1): c for i, c in enumerate(counts)}  # i drafts accepted = i + 1 tokens emitted
     # Not the histogram's mean: SGLang counts a step's accepted drafts before it cuts the output at
@@ -439,6 +462,9 @@ def served_evaluate(tokenizer, conversations, cfg: ServedConfig, where=None, tem
     names = [c.id for c in conversations]
     server = engine(cfg.url, cfg)
     settings = server.settings()
+    for key in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+        if settings.get(key) is not None:  # read once the prompts are decoded: int("x") raised after them
+            _count(settings[key], key, cfg.url.rstrip("/") + "/get_server_info")
     if cfg.baseline_url is not None and engine(cfg.baseline_url, cfg).speculates():  # its tok/s would be no baseline
         raise LabError("--baseline-server speculates (it reports speculative settings or counters): pass the same "
                        "target served without speculation", cfg.baseline_url)

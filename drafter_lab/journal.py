@@ -38,10 +38,11 @@ def _strict(value) -> bool:
 
 class Journal:
     """`records`: what earlier runs finished, in order. `write=False` reads only (tensor-parallel
-    ranks other than 0 must replay the same records without touching the file)."""
+    ranks other than 0 must replay the same records without touching the file). `flag` is the option
+    that names the output, for the errors' advice."""
 
-    def __init__(self, path: str | os.PathLike, settings: dict, write: bool = True):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, settings: dict, write: bool = True, flag: str = "--out"):
+        self.path, self._flag = Path(path), flag
         try:
             self._head = json.dumps({"settings": settings}, allow_nan=False)
         except ValueError:
@@ -50,7 +51,7 @@ class Journal:
                            self.path) from None
         self._header = json.loads(self._head)  # as it reads back: tuples as lists, keys as text
         if self.path.is_dir():  # else open's or read's traceback
-            raise LabError("is a directory, not a journal; use another --out", self.path)
+            raise LabError(f"is a directory, not a journal; use another {flag}", self.path)
         self._write = write
         self._file = None  # binary, and locked, while this run writes
         self._cut = False  # the first append cuts the file back to its whole lines
@@ -92,7 +93,7 @@ class Journal:
         lines = blob.split(b"\n")[:-1]  # a last line without its newline is half-written
         if not lines:
             if not (blob.startswith(_HEAD) or _HEAD.startswith(blob)):
-                raise LabError("is not a journal this lab wrote; move it away or use another --out", self.path)
+                raise LabError(f"is not a journal this lab wrote; move it away or use another {self._flag}", self.path)
             return [], None
         try:
             same = json.loads(lines[0]) == self._header
@@ -100,7 +101,7 @@ class Journal:
             same = False
         if not same:
             raise LabError("partial run made with other settings (or from other input); "
-                           "delete it or use another --out", self.path)
+                           f"delete it or use another {self._flag}", self.path)
         records = []
         for n, line in enumerate(lines[1:], start=2):
             try:

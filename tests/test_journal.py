@@ -74,3 +74,16 @@ def test_another_process_writing_is_refused_until_it_dies(tmp_path):
         writer.kill()
         writer.wait()
     assert Journal(path, {"seed": 1}).records == [{"n": 1}]  # the kernel dropped a killed run's lock
+
+
+def test_the_advice_names_the_flag_that_names_the_output(tmp_path):
+    path = tmp_path / "sweep.json.partial"
+    with Journal(path, {"seed": 1}) as journal:
+        journal.append({"n": 1})
+    with pytest.raises(LabError, match=r"delete it or use another --json$"):
+        Journal(path, {"seed": 2}, flag="--json")
+    path.write_text("not a journal")  # no whole line, and no journal's beginning
+    with pytest.raises(LabError, match=r"move it away or use another --json$"):
+        Journal(path, {"seed": 1}, flag="--json")
+    with pytest.raises(LabError, match=r"is a directory, not a journal; use another --json$"):
+        Journal(tmp_path, {"seed": 1}, flag="--json")

@@ -329,7 +329,7 @@ def _journal(args, tokenizer, settings: dict):
 
     path = f"{args.json}.partial"
     settings = {**settings, **rendered_with(tokenizer, args.chat_template_kwargs)}
-    return Journal(path, as_recorded(Journal.settings_of(path), settings, path))
+    return Journal(path, as_recorded(Journal.settings_of(path), settings, path), flag="--json")
 
 
 def _sweep_journal(args, target, drafter, sets):

@@ -174,6 +174,7 @@ def test_killed_sweep_resumes_where_it_stopped(random_llama, drafter_dir, prompt
     assert main([*argv[:-3], "8", "--json", str(out)]) == 2
     err = capsys.readouterr().err
     assert "sweep.json.partial" in err and "other settings" in err and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("delete it or use another --json")  # eval has no --out
 
 
 def _before_the_template_hash(settings, target, drafter):

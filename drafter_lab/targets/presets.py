@@ -95,6 +95,8 @@ class TargetConfig:
         if self.shifted_share in (0, 1):  # else "corpus too small" once the corpus is read, whatever its size
             raise LabError(f"shifted_share {self.shifted_share} leaves the {'shifted' if self.shifted_share == 0 else 'base'} "
                            f"slice empty; it must be above 0 and below 1")
+        if self.seq_len < 2:  # a window of one token has no next token: drift's mean divided by zero, after base trained
+            raise LabError(f"seq_len must be >= 2 (a window needs a next token to predict), got {self.seq_len}")
         if self.seq_len > self.max_position_embeddings:  # the saved config would refuse what it was trained on
             raise LabError(f"seq_len {self.seq_len} exceeds max_position_embeddings {self.max_position_embeddings}")
         if self.num_layers < 8:

@@ -75,6 +75,8 @@ def read_metrics(path) -> list[dict]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:  # a disk error's garbage, or not a metrics file at all
         raise LabError(f"not UTF-8 text (byte {e.start})", path) from None
+    except IsADirectoryError:  # a run directory's metrics.jsonl that is a directory
+        raise LabError("is a directory, not a metrics file", path) from None
     lines = text.split("\n")[:-1]  # the piece after the last newline is unfinished
     rows = []
     for i, line in enumerate(lines, 1):

@@ -16,6 +16,7 @@ from collections import Counter
 
 import torch
 
+from drafter_lab.errors import LabError
 from drafter_lab.spec.sampling import accept_probability, one_hot, residual, sample
 from drafter_lab.spec.tree import DraftTree
 
@@ -34,15 +35,13 @@ def greedy_walk(tree: DraftTree, logits: torch.Tensor):
     rows, path, counts = _start(tree)
     target = logits.argmax(-1)  # [B, N]
     cur = torch.zeros_like(counts)
-    live = torch.ones_like(counts, dtype=torch.bool)
-    for level in range(1, path.shape[1]):
+    for level in range(1, path.shape[1]):  # a row that found no child keeps its node, so finds none again
         want = target[rows, cur]
-        match = (tree.parents == cur[:, None]) & (tree.tokens == want[:, None]) & live[:, None]
+        match = (tree.parents == cur[:, None]) & (tree.tokens == want[:, None])
         found = match.any(1)
         cur = torch.where(found, match.long().argmax(1), cur)
         path[:, level] = torch.where(found, cur, path[:, level])
         counts += found.long()
-        live &= found
     return path, counts, target[rows, cur]
 
 
@@ -94,7 +93,13 @@ def sampled_walk(tree: DraftTree, probs: torch.Tensor, generator: torch.Generato
 
 
 def accept_summary(accept_lengths: list[int], max_len: int) -> dict:
-    """Served accept length (mean tokens per verify step, bonus included) and its histogram."""
+    """Served accept length (mean tokens per verify step, bonus included) and its histogram over 1..max_len,
+    the most one verify step can emit (its deepest draft path and the bonus). No decode emits a length
+    outside that: one is refused, where the histogram (which prices the accept length per depth) left its
+    step out while the mean counted it."""
+    if bad := [n for n in accept_lengths if not 1 <= n <= max_len]:
+        raise LabError(f"served accept length {bad[0]} is outside 1..{max_len}: a verify step emits the bonus token "
+                       f"and at most {max_len - 1} accepted drafts")
     hist = Counter(accept_lengths)
     n = len(accept_lengths)
     return {

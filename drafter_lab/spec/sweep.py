@@ -65,7 +65,11 @@ def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Jou
     def key(setting: dict) -> str:
         return json.dumps(setting, sort_keys=True)
 
-    done = {key(r["setting"]): r["result"] for r in journal.records} if journal else {}
+    try:
+        done = {key(r["setting"]): r["result"] for r in journal.records} if journal else {}
+    except (KeyError, TypeError):  # a line edited by hand, or a journal of another command
+        raise LabError("holds a line that is no sweep record (a setting and its result): delete the file to "
+                       "start over", journal.path) from None
     todo = [s for s in settings if key(s) not in done]
     if done:
         log(f"sweep: {len(settings) - len(todo)} of {len(settings)} settings already decoded ({journal.path})")

@@ -20,6 +20,7 @@ from drafter_lab.targets.hf import first_line
 
 STATE_DIR = "train_state"
 STATE_FILE = "state.pt"
+REQUIRED = ("config", "model", "optimizer", "scheduler", "step", "epoch", "cursor", "log_counts", "metrics_bytes", "rng")
 
 
 def state_path(out_dir) -> Path:
@@ -51,6 +52,12 @@ def load(out_dir) -> dict:
     if not path.exists():
         raise LabError("nothing to resume: train_state/state.pt is missing", out_dir)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        saved = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises many types for a damaged pickle
         raise LabError(f"train state is unreadable ({first_line(e)})", path) from None
+    # Every state this lab saved holds these (the rest came later, and a resume reads them with defaults);
+    # another pickle there was a KeyError traceback in the middle of the resume.
+    missing = [k for k in REQUIRED if not isinstance(saved, dict) or k not in saved]
+    if missing:
+        raise LabError(f"not a train state this lab saved (no {', '.join(missing)})", path)
+    return saved

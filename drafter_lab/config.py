@@ -213,6 +213,11 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+def listed(flags: list[str]) -> str:
+    """Flags named in a message: `--a`, `--a and --b`, `--a, --b and --c`."""
+    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
+
+
 def cli_flags(args: argparse.Namespace, *fields: str) -> dict[str, str]:
     """Each config field the command line set -> its flag: the `--field-name` options given, and `fields`,
     the command's own options that set a field of that name (`train --val-fraction`)."""

@@ -8,7 +8,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from drafter_lab.config import cli_flags, field_docs, flags_named
+from drafter_lab.config import cli_flags, field_docs, flags_named, listed
 from drafter_lab.errors import LabError
 from drafter_lab.httpjson import add_client_args, server_url
 
@@ -95,7 +95,7 @@ def _prepare(args) -> int:
                 if getattr(args, k) is not None}
     if sampling and not args.regenerate:  # else sampling settings given for answers that are never sampled, unsaid
         given = [f"--{k.replace('_', '-')}" for k in sampling]
-        raise LabError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} with --regenerate (the "
+        raise LabError(f"{listed(given)} {'applies' if len(given) == 1 else 'apply'} with --regenerate (the "
                        "target's own answers); without it the recorded answers are captured as they are")
     cfg = CaptureConfig(
         aux_layer_ids=args.aux_layer_ids,
@@ -148,7 +148,7 @@ def _regenerate(args) -> int:
     given = [f for f in other if getattr(args, f[2:].replace("-", "_")) is not None]
     if given:
         mode, other_mode = ("--server", "--target") if args.server is not None else ("--target", "--server")
-        raise LabError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for {other_mode}, not {mode}")
+        raise LabError(f"{listed(given)} {'is' if len(given) == 1 else 'are'} for {other_mode}, not {mode}")
     # The settings, refused before the conversations are read, naming the flags that set them
     flags = {**cli_flags(args, "max_new_tokens", "temperature", "concurrency", "retries", "seed"),
              "regen_batch_size": "--batch-size"}

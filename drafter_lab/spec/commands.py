@@ -358,7 +358,8 @@ def _ngram_drafter(args):
 
     given = [f"--{k.replace('_', '-')}" for k in DRAFTER_ONLY if getattr(args, k) != LOCAL_ONLY[k]]
     if given:
-        raise LabError(f"{', '.join(given)} apply to an EAGLE-3 drafter, not to n-gram drafting (--ngram)")
+        raise LabError(f"{labconfig.listed(given)} {'applies' if len(given) == 1 else 'apply'} to an EAGLE-3 "
+                       "drafter, not to n-gram drafting (--ngram)")
     sizes = {k: v for k, v in (("min_n", args.ngram_min), ("max_n", args.ngram_max)) if v is not None}
     with labconfig.flags_named({"min_n": "--ngram-min", "max_n": "--ngram-max"}):  # the flags that set them
         return NgramDrafter(NgramConfig(**sizes, across_prompts=args.ngram_across_prompts))
@@ -370,7 +371,7 @@ def _run_served_eval(args, sets) -> int:
 
     given = [f"--{k.replace('_', '-')}" for k, v in LOCAL_ONLY.items() if getattr(args, k) != v]
     if given:
-        raise LabError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the lab's own decoding; a server drafts with its own "
+        raise LabError(f"{labconfig.listed(given)} {'applies' if len(given) == 1 else 'apply'} to the lab's own decoding; a server drafts with its own "
                        "settings (--speculative-num-steps and the like)")
     tokenizer = load_tokenizer(args.target)
     _pin_template_date(args, tokenizer)

@@ -135,10 +135,6 @@ ONLINE_FLAGS = {"dtype": "--target-dtype", "aux_layer_ids": "--aux-layer-ids", "
 """train's flags that set the online capture (CaptureConfig field -> flag)."""
 
 
-def _listed(flags: list[str]) -> str:
-    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"
-
-
 def run(args) -> int:
     from drafter_lab.data.capture import check_config as check_capture
     from drafter_lab.train.config import check_metric
@@ -162,7 +158,7 @@ def run(args) -> int:
             online = CaptureConfig(**given)
             check_capture(online)
         elif given:
-            raise LabError(f"{_listed([ONLINE_FLAGS[f] for f in given])} appl{'ies' if len(given) == 1 else 'y'} "
+            raise LabError(f"{labconfig.listed([ONLINE_FLAGS[f] for f in given])} appl{'ies' if len(given) == 1 else 'y'} "
                            "to --conversations (online) runs only")
         check_transfer(args.l2sp, args.transfer_lr_scale, not args.no_remap, args.source_target, args.init_from)
         transfer = {k: v for k, v in (("l2sp", args.l2sp), ("transfer_lr_scale", args.transfer_lr_scale))
@@ -170,7 +166,7 @@ def run(args) -> int:
         watch_cfg = labconfig.apply_cli_args(WatchConfig(), args)
         typed = [flag for field, flag in labconfig.cli_flags(args).items() if field in WatchConfig.__dataclass_fields__]
         if args.stop_if_behind is None and typed:
-            raise LabError(f"{_listed(typed)} appl{'ies' if len(typed) == 1 else 'y'} with --stop-if-behind only")
+            raise LabError(f"{labconfig.listed(typed)} appl{'ies' if len(typed) == 1 else 'y'} with --stop-if-behind only")
         if args.stop_if_behind is not None:
             check_watch(watch_cfg)
             check_metric(cfg, "watch_metric", watch_cfg.watch_metric)

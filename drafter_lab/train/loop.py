@@ -368,7 +368,7 @@ def check_transfer(l2sp: float | None = None, transfer_lr_scale: float | None = 
                                       ("--transfer-lr-scale", transfer_lr_scale),
                                       ("--source-target", source_target)) if value is not None]
     if given and init_from is None:  # else taken and silently ignored: there is no transferred weight
-        raise LabError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
+        raise LabError(f"{labconfig.listed(given)} appl{'ies' if len(given) == 1 else 'y'} with --init-from")
     l2sp, transfer_lr_scale = 0.0 if l2sp is None else l2sp, 1.0 if transfer_lr_scale is None else transfer_lr_scale
     if not 0 <= l2sp < math.inf or not 0 <= transfer_lr_scale < math.inf:  # nan and inf too
         raise LabError(f"l2sp and transfer_lr_scale must be >= 0, got {l2sp} and {transfer_lr_scale}")

@@ -52,7 +52,7 @@ def test_out_that_is_the_conversations_file(random_llama, conversations_file, tm
 
 @pytest.mark.parametrize("mode, flags, message", [
     ("--target", ["--concurrency", "4"], "--concurrency is for --server, not --target"),
-    ("--target", ["--retries", "0", "--model", "m"], "--model, --retries are for --server, not --target"),
+    ("--target", ["--retries", "0", "--model", "m"], "--model and --retries are for --server, not --target"),
     ("--server", ["--batch-size", "4"], "--batch-size is for --target, not --server"),
     ("--server", ["--device", "cuda"], "--device is for --target, not --server"),
 ])

@@ -24,7 +24,7 @@ def test_aux_layer_ids_take_spaces_and_a_trailing_comma_and_name_a_bad_item():
 def test_two_sampling_flags_without_regenerate_are_refused_in_the_plural(tmp_path, capsys):
     assert run_cli("data", "prepare", "--target", tmp_path / "t", "--conversations", tmp_path / "c.jsonl",
                    "--out", tmp_path / "f", "--temperature", "0.7", "--seed", "5") == 2
-    assert capsys.readouterr().err.startswith("error: --temperature, --seed apply with --regenerate (")
+    assert capsys.readouterr().err.startswith("error: --temperature and --seed apply with --regenerate (")
 
 
 def test_an_out_that_is_a_directory_is_refused_before_any_request(conversations_file, tmp_path, capsys, monkeypatch):

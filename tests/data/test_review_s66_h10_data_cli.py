@@ -72,7 +72,7 @@ def test_a_server_regeneration_hands_over_its_settings(conversations_file, tmp_p
 @pytest.mark.parametrize("mode, flags, said", [
     (["--server", "http://127.0.0.1:9"], ["--device", "cpu"], "--device is for --target, not --server"),
     (["--server", "http://127.0.0.1:9"], ["--batch-size", "2", "--device", "cpu"],
-     "--batch-size, --device are for --target, not --server"),
+     "--batch-size and --device are for --target, not --server"),
     (["--target", "t"], ["--timeout", "5"], "--timeout is for --server, not --target"),
 ])
 def test_a_flag_of_the_other_mode_is_refused(conversations_file, tmp_path, capsys, mode, flags, said):

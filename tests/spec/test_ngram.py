@@ -234,7 +234,7 @@ def test_cli_eval_ngram_feeds_the_cost_model(random_llama, prompts_file, tmp_pat
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--ngram", "--fused", "on"], "--fused apply to an EAGLE-3 drafter"),
+    (["--ngram", "--fused", "on"], "--fused applies to an EAGLE-3 drafter"),
     (["--ngram", "--ngram-min", "3", "--ngram-max", "2"], "--ngram-min <= --ngram-max, got --ngram-min=3"),
     (["--drafter", "d", "--ngram-min", "3"], "--ngram-min, --ngram-max and --ngram-across-prompts apply to n-gram"),
     (["--drafter", "d", "--ngram-across-prompts"], "--ngram-across-prompts apply to n-gram drafting"),

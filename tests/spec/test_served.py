@@ -111,7 +111,7 @@ def test_served_eval_bad_use_is_one_line(random_llama, drafter_dir, prompts_file
 
     no_spec = "reports no speculative decoding" if engine == "sglang" else "counted no speculative drafts"
     assert no_spec in error(["eval", "--server", base, *common])
-    assert "--steps, --batch, --schedule apply to the lab's own decoding" in error(
+    assert "--steps, --batch and --schedule apply to the lab's own decoding" in error(
         ["eval", "--server", spec, "--steps", "3", "--batch", "2", "--schedule", "continuous", *common])
     assert "--plot applies to the lab's own decoding" in error(["eval", "--server", spec, "--plot", "p.png", *common])
     assert "apply to a served eval" in error(["eval", "--drafter", str(drafter_dir), "--baseline-server", base,

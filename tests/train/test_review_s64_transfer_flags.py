@@ -26,7 +26,7 @@ def no_run(monkeypatch):
     ({"transfer_lr_scale": 0.1}, "--transfer-lr-scale applies with --init-from"),
     ({"remap": False}, "--no-remap applies with --init-from"),
     ({"source_target": "st"}, "--source-target applies with --init-from"),
-    ({"l2sp": 0.5, "transfer_lr_scale": 2.0}, "--l2sp, --transfer-lr-scale apply with --init-from"),
+    ({"l2sp": 0.5, "transfer_lr_scale": 2.0}, "--l2sp and --transfer-lr-scale apply with --init-from"),
 ])
 def test_the_library_refuses_transfer_settings_without_init_from(tmp_path, no_run, over, message):
     with pytest.raises(LabError) as e:

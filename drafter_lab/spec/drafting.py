@@ -42,6 +42,13 @@ def resolve_step(drafter, use_fused: bool | None):
     return functools.partial(fused_op.draft_step, drafter, use_fused=use_fused), True
 
 
+def _nan_last(logp: torch.Tensor) -> torch.Tensor:
+    """NaN log-probs (a beam node's step that overflowed, e.g. an fp16 drafter's residual stream) as -inf:
+    torch ranks NaN above every number, so its children took the beam and were verified without it.
+    (A step's log-probs are all NaN or none, so a NaN step 0 leaves a whole row tied, in creation order.)"""
+    return logp.masked_fill(logp.isnan(), float("-inf"))
+
+
 class DrafterRunner:
     def __init__(self, drafter, use_fused: bool | None = None):
         self.drafter = drafter
@@ -126,7 +133,7 @@ class DrafterRunner:
         for depth in range(1, steps):
             pos = base + depth - 1
             h, ids, lp = self.step(d.embed(beam_tok.reshape(-1)), hidden, pos, kc, vc, pos, K)
-            scores = (beam_score[:, :, None] + lp.view(B, K, K)).reshape(B, K * K)
+            scores = (beam_score[:, :, None] + _nan_last(lp).view(B, K, K)).reshape(B, K * K)
             child_tok = ids.view(B, K * K)
             child_parent = beam_idx[:, :, None].expand(B, K, K).reshape(B, K * K)
             child_idx = cands.add(child_tok, scores, child_parent, depth=depth + 1)
@@ -158,6 +165,10 @@ class DrafterRunner:
                 tok = ids[:, 0]
             else:
                 q = probs_from_logits(lp, temperature)
+                # a step that overflowed (NaN log-probs; the greedy chain still drafts its top-1) proposes
+                # its top-k uniformly: the accept test divides by the q it is given, so it stays lossless,
+                # where multinomial raised on the NaN (at sample_topk 1, q is the same 1 either way)
+                q = torch.where(q.isnan().any(-1, keepdim=True), torch.full_like(q, 1.0 / k), q)
                 tok = ids.gather(1, torch.multinomial(q, 1, generator=generator))[:, 0]
                 qs.append(scatter_dist(ids, q, vocab))
             toks.append(tok)

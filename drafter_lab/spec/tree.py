@@ -91,7 +91,8 @@ class Candidates:
     Each node keeps its token, cumulative log-prob score and the candidate index of its parent
     (-1 = the root). `select(T)` takes the T best-scoring nodes: a child's score never exceeds its
     parent's and the parent was created first, so a stable sort by score keeps every selected
-    node's parent selected too.
+    node's parent selected too. -inf scores tie in creation order; NaN sorts above every number, so a
+    child of a finite parent must not score NaN (`DrafterRunner.draft_tree` ranks it as -inf).
     """
 
     def __init__(self):

@@ -368,8 +368,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const DraftStep& s) {
       for (int64_t j = 0; j < N; ++j) sum += std::exp(l[j] - m);
       const float lse = std::log(sum);
       std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                        [l](int64_t a, int64_t c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
+      // NaN ranks as -inf (as the CUDA kernels rank it): compared raw it is neither above nor below any
+      // value, which is no strict weak ordering, and std::partial_sort's behaviour is then undefined.
+      const auto key = [l](int64_t a) { return std::isnan(l[a]) ? -INFINITY : l[a]; };
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&key](int64_t a, int64_t c) {
+        return key(a) > key(c) || (key(a) == key(c) && a < c);
+      });
       for (int64_t j = 0; j < K; ++j) {
         const int64_t id = order[j];
         ids.data_ptr<int64_t>()[b * K + j] = id + d2t[id];

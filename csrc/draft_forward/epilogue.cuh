@@ -76,7 +76,9 @@ __device__ __forceinline__ void warp_tile_topk(const TopkParts& t, int tile, int
     t.tile_max[slot] = m;
     t.tile_sum[slot] = sum;
   }
-  float mine = valid ? v : -INFINITY;
+  // NaN (a row whose step overflowed) offers itself as -inf: `better` never takes a NaN, so such a row
+  // found no candidate and wrote id -1, which the next step's embedding lookup read out of bounds.
+  float mine = valid && !isnan(v) ? v : -INFINITY;
   int my_idx = valid ? row : INT_MAX;  // INT_MAX: nothing (left) to offer
   for (int r = 0; r < t.topk; ++r) {
     float bv = mine;

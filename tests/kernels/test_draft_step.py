@@ -576,10 +576,37 @@ def test_gpu_bad_cache_len_gives_nan_row(require_draft_step_op):
     lens = inp.cache_lens.clone()
     lens[1] = inp.k_cache.shape[2]
     with torch.no_grad():
-        h, _, lp = ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, lens,
-                                 2, use_fused=True)
+        h, ids, lp = ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache, lens,
+                                   2, use_fused=True)
     assert torch.isnan(h[1]).all() and torch.isnan(lp[1]).all()
     assert torch.isfinite(h[[0, 2]]).all() and torch.isfinite(lp[[0, 2]]).all()
+    _assert_drafted(drafter, ids)
+
+
+def _assert_drafted(drafter: Eagle3Drafter, ids: torch.Tensor) -> None:
+    """Every id one of the drafter's draft vocabulary (the next step embeds it)."""
+    assert ((ids >= 0) & (ids < drafter.t2d.shape[0])).all(), ids
+    assert drafter.t2d[ids.clamp(0, drafter.t2d.shape[0] - 1)].all(), ids
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_row_whose_step_overflows_still_drafts_ids(device, require_draft_step_op):
+    """A NaN row (an fp16 drafter's overflow) ranks NaN as -inf: the CUDA kernel found no candidate in it
+    and wrote id -1, which the next step embedded out of bounds; the other rows are untouched."""
+    require_draft_step_op(device)
+    shape = Shape(batch=3, hidden=256, heads=4, kv_heads=2, head_dim=64, inter=512, vocab=1000,
+                  target_hidden=128, context=8, topk=4, fc=False)
+    drafter = make_drafter(shape, 14, device)
+    inp = make_inputs(shape, 14, device, torch.float32)
+    inp.embeds[1] = float("nan")
+    with torch.no_grad():
+        _, ids_ref, lp_ref = drafter.draft_step(inp.embeds, inp.hidden, inp.positions, inp.k_cache.clone(),
+                                                inp.v_cache.clone(), inp.cache_lens, 4)
+        _, ids, lp = ds.draft_step(drafter, inp.embeds, inp.hidden, inp.positions, inp.k_cache, inp.v_cache,
+                                   inp.cache_lens, 4, use_fused=True)
+    assert torch.isnan(lp[1]).all() and torch.isfinite(lp[[0, 2]]).all()
+    _assert_drafted(drafter, ids)
+    assert torch.equal(ids[[0, 2]], ids_ref[[0, 2]])
 
 
 @pytest.mark.gpu

@@ -280,7 +280,7 @@ def test_a_resume_needs_the_transfer_remapped_the_same_way(tmp_path):
 @pytest.mark.parametrize("flags, given", [(["--source-target", "t"], "--source-target applies"),
                                           (["--no-remap"], "--no-remap applies"), (["--l2sp", "0"], "--l2sp applies"),
                                           (["--transfer-lr-scale", "1", "--l2sp", "0.1"],
-                                           "--l2sp, --transfer-lr-scale apply")])
+                                           "--l2sp and --transfer-lr-scale apply")])
 def test_transfer_options_need_init_from(tmp_path, capsys, flags, given):
     """Refused even at their defaults: a flag given is a flag the user meant to take effect."""
     assert main(["train", "--target", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o"),

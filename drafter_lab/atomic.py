@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -106,6 +107,10 @@ def refuse_unwritable(path, flag: str) -> None:
     dest = _through_link(path)
     if dest.is_dir():
         raise LabError(f"is a directory: {flag} takes a file to write", path)
+    if _special(dest):  # written through (`_commit`), not replaced: the node itself must take writes
+        if not os.access(dest, os.W_OK):
+            raise LabError(f"{flag}: this device or pipe takes no writes from this user", path)
+        return
     _refuse_mount_point(dest, path)
     parent = refuse_below_file(dest, flag)
     try:
@@ -204,11 +209,26 @@ def _refuse_mount_point(path: Path, named: Path, below: bool = False) -> None:
                        "name another directory", named)
 
 
+def _special(path: Path) -> bool:
+    """Whether `path` is a device or a pipe (/dev/null, a shell's `>(...)`): written through, since a
+    rename over it replaced the node itself (as root, /dev/null became a plain file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 def _temp_beside(path: Path) -> tuple[Path, Path]:
-    """A new temp file for a write of `path`, and the path it is renamed to (`_through_link`)."""
+    """A new temp file for a write of `path`, and the path it is renamed to (`_through_link`); for a
+    device or pipe, a temp in the system's temp directory, copied through (`_commit`)."""
     dest = _through_link(path)
     if dest.is_dir():  # else the rename's traceback, after all the work that made the file
         raise LabError("is a directory: give the path of a file to write", path)
+    if _special(dest):
+        fd, tmp = tempfile.mkstemp(suffix=".tmp")
+        os.close(fd)
+        return Path(tmp), dest
     _refuse_mount_point(dest, path)
     make_parent(dest)
     clear_stale_temps(dest)
@@ -223,6 +243,10 @@ def _temp_beside(path: Path) -> tuple[Path, Path]:
 
 
 def _commit(tmp: Path, path: Path) -> None:
+    if _special(path):
+        with open(tmp, "rb") as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return
     with open(tmp, "rb+") as f:
         # mkstemp makes 0600, and some writers (safetensors) replace the file with their own
         # 0600 one: the result should look like any new file.

@@ -52,6 +52,7 @@ from drafter_lab.errors import LabError
 from drafter_lab.httpjson import HTTPStatusError, request_json, request_text, stream_json, url_problem
 from drafter_lab.progress import log, progress
 from drafter_lab.servers import PLAIN, served_model
+from drafter_lab.spec.costmodel import finite
 from drafter_lab.spec.eval import WARMUP_TOKENS, add_request, first_difference, latency, render_prompts
 
 ENGINES = ("sglang", "vllm")
@@ -169,12 +170,7 @@ def vllm_answer(events, sent: list[float], endpoint: str) -> Answer:
 def _count(value, name: str, endpoint: str) -> int:
     """A count the server sent, as an int: a LabError naming it unless it is a whole number >= 0 (a null
     or text one raised a TypeError or ValueError traceback)."""
-    try:
-        whole = (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-                 and value == int(value))
-    except (OverflowError, ValueError):  # int() of inf, NaN
-        whole = False
-    if not whole:
+    if not (finite(value) and value >= 0 and value == int(value)):
         raise LabError(f"the server sent {name} {repr(value)[:200]}, not a whole number >= 0", endpoint)
     return int(value)
 

@@ -110,17 +110,22 @@ class LogitMap:
     """How a target turns `final_hidden @ lm_head.T` into its logits: Granite and Inkling divide them
     (`logits_scaling`, which HyperCLOVA X multiplies by; `logits_mup_width_multiplier`), Cohere and
     Falcon-H1 multiply them (`logit_scale`, `lm_head_multiplier`), Gemma 2, RecurrentGemma and xLSTM cap
-    them (SOFTCAP_KEYS). Read off the (text) config, since training holds the head alone;
-    without it the teacher and the sampled validation would take another distribution than the one the
-    target samples from (16x sharper for a Granite of scaling 16)."""
+    them (SOFTCAP_KEYS); a biased head (Phi, GPT-J, CodeGen, CTRL) adds its bias, and Inkling drops the
+    logits of its head's padded rows (`unpadded_vocab_size`). Read off the (text) config and the head,
+    since training holds the head alone; without it the teacher and the sampled validation would take
+    another distribution than the one the target samples from (16x sharper for a Granite of scaling 16)."""
 
     scale: float = 1.0
     """Multiplies the raw logits."""
     softcap: float | None = None
     """Then logits = softcap * tanh(logits / softcap)."""
+    bias: torch.Tensor | None = None
+    """The lm_head's bias, one per row, added to the raw logits first."""
+    vocab: int | None = None
+    """Inkling's `unpadded_vocab_size`: the logits of the head's rows from it on are dropped."""
 
     @classmethod
-    def of(cls, config) -> LogitMap:
+    def of(cls, config, bias: torch.Tensor | None = None) -> LogitMap:
         scale = 1.0
         model_type = getattr(config, "model_type", None)
         divides = model_type not in LOGITS_SCALING_MULTIPLIES
@@ -133,11 +138,22 @@ class LogitMap:
                 scale = scale / value if invert else scale * value
         cap = next((c for c in (getattr(config, k, None) for k in SOFTCAP_KEYS)
                     if isinstance(c, int | float) and not isinstance(c, bool) and c), None)
-        return cls(float(scale), None if cap is None else float(cap))
+        vocab = getattr(config, "unpadded_vocab_size", None)
+        vocab = vocab if type(vocab) is int else None  # not a bool, nor a hand-written config's float or string
+        return cls(float(scale), None if cap is None else float(cap), bias, vocab)
 
-    def __call__(self, raw: torch.Tensor) -> torch.Tensor:
-        x = raw * self.scale if self.scale != 1.0 else raw
-        return self.softcap * torch.tanh(x / self.softcap) if self.softcap else x
+    def __call__(self, raw: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`raw` = final_hidden @ lm_head[rows].T, over all the head's rows by default: over some (the draft
+        vocabulary's), `rows` picks their bias, and padded ones are masked (-inf) where all would be cut."""
+        x = raw
+        if self.bias is not None:
+            bias = self.bias.to(raw)
+            x = x + (bias if rows is None else bias[rows.to(bias.device)])
+        x = x * self.scale if self.scale != 1.0 else x
+        x = self.softcap * torch.tanh(x / self.softcap) if self.softcap else x
+        if self.vocab is None:
+            return x
+        return x[..., :self.vocab] if rows is None else x.masked_fill(rows.to(x.device) >= self.vocab, -torch.inf)
 
 
 class _TargetFacts:
@@ -160,7 +176,7 @@ class _TargetFacts:
 
     @property
     def logit_map(self) -> LogitMap:
-        return LogitMap.of(self.config)
+        return LogitMap.of(self.config, self.lm_head_bias())
 
     @functools.cached_property
     def legacy_fingerprint(self) -> str:
@@ -212,6 +228,10 @@ class Target(_TargetFacts):
     def lm_head_weight(self) -> torch.Tensor:
         return output_embeddings(self.model).weight
 
+    def lm_head_bias(self) -> torch.Tensor | None:
+        bias = getattr(output_embeddings(self.model), "bias", None)
+        return None if bias is None else bias.detach()
+
 
 def output_embeddings(model) -> torch.nn.Module | None:
     """The model's lm_head: its own, else its language model's (Nemotron-H Omni's wrapper keeps the head
@@ -245,12 +265,17 @@ class TargetHead(_TargetFacts):
     fingerprint: str
     architecture: str
     """The model class config.json names (a multimodal wrapper's, whose text config names none)."""
+    head_bias: torch.Tensor | None = None
+    """The lm_head's bias (Phi, GPT-J, CodeGen, CTRL); None where it has none."""
 
     def embed_weight(self) -> torch.Tensor:
         return self.embed
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.lm_head
+
+    def lm_head_bias(self) -> torch.Tensor | None:
+        return self.head_bias
 
 
 VOCABULARY_FILES = ("tokenizer.json", "vocab*", "merges.txt", "*.model", "*.tiktoken", "tekken.json")
@@ -512,11 +537,13 @@ def _read_tensor(name: str, files: dict[str, Path]) -> torch.Tensor:
         return fh.get_tensor(name)
 
 
-def _vocab_names(whole, config, files: dict[str, Path]) -> tuple[str | None, str | None, bool, str, str]:
-    """The stored names of the embedding and lm_head (None: not stored), whether the head is the
-    embedding, and the two parameters' names for an error. Asked of the model class the config names,
-    built on the meta device: GPT-2 has `transformer.wte`, Pythia `gpt_neox.embed_in` and an lm_head
-    it stores as `embed_out` (transformers renames it on load). Llama's names where it cannot be built."""
+def _vocab_names(whole, config, files: dict[str, Path]) -> tuple[list, bool, list, int | None]:
+    """The stored names of the embedding, the lm_head and its bias (None: not stored), whether the head is
+    the embedding, the three parameters' names (the bias's None where the head has none) and the head's rows
+    as the model holds them (None where unknown). Asked of the model class the config names, built on the
+    meta device: GPT-2 has `transformer.wte`, Pythia `gpt_neox.embed_in` and an lm_head it stores as
+    `embed_out` (transformers renames it on load). Llama's names where it cannot be built, with a bias
+    where one is stored."""
     try:
         with torch.device("meta"), quiet_transformers(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -524,13 +551,17 @@ def _vocab_names(whole, config, files: dict[str, Path]) -> tuple[str | None, str
             model = model_class(whole).from_config(whole, trust_remote_code=trusts_remote_code())
         embed, head = model.get_input_embeddings(), output_embeddings(model)
         modules = {m: n for n, m in model.named_modules(remove_duplicate=False)}
-        params, tied = (f"{modules[embed]}.weight", f"{modules[head]}.weight"), head.weight is embed.weight
+        biased = getattr(head, "bias", None) is not None
+        params = [f"{modules[embed]}.weight", f"{modules[head]}.weight", f"{modules[head]}.bias" if biased else None]
+        tied, rows = head.weight is embed.weight, int(head.weight.shape[0])
     except Exception:  # a config transformers has no class for, or one that builds otherwise
-        model, params = None, ("embed_tokens.weight", "lm_head.weight")
+        model, params, rows = None, ["embed_tokens.weight", "lm_head.weight", "lm_head.bias"], None
         tied = bool(getattr(config, "tie_word_embeddings", False))
     loaded_as = _loaded_names(model, files)
-    embed_name, head_name = (_stored_name(p, loaded_as) for p in params)
-    return embed_name, head_name, tied, *params
+    names = [p and _stored_name(p, loaded_as) for p in params]
+    if model is None and names[2] is None:
+        params[2] = None
+    return names, tied, params, rows
 
 
 def _loaded_names(model, files: dict[str, Path]) -> dict[str, str]:
@@ -578,7 +609,8 @@ def load_target_config(path) -> tuple:
 
 
 def load_target_head(path, device="cpu") -> TargetHead:
-    """A target's config, embedding and lm_head (fp32), read from its safetensors files alone.
+    """A target's config, embedding and lm_head (and the head's bias, where it has one; fp32), read from its
+    safetensors files alone.
 
     The names are the model's own (`_vocab_names`), found under any prefix such as a multimodal
     wrapper's; a tied head is the embedding. A checkpoint without safetensors is loaded whole, once, to
@@ -590,19 +622,28 @@ def load_target_head(path, device="cpu") -> TargetHead:
     if not files:
         full = load_target(path, device=device, tokenizer=False)
         return TargetHead(path, config, full.embed_weight().detach(), full.lm_head_weight().detach(),
-                          full.fingerprint, architecture)
+                          full.fingerprint, architecture, full.lm_head_bias())
 
-    embed_name, head_name, tied, embed_param, head_param = _vocab_names(whole, config, files)
+    (embed_name, head_name, bias_name), tied, (embed_param, head_param, bias_param), rows = \
+        _vocab_names(whole, config, files)
     if embed_name is None:
         raise LabError(f"no {embed_param} tensor in the safetensors files", path)
     if head_name is None and not tied:
         raise LabError(f"no {head_param} tensor, and the config does not tie it to the embedding", path)
+    if bias_param is not None and bias_name is None:
+        raise LabError(f"no {bias_param} tensor in the safetensors files (the model's lm_head has a bias)", path)
     embed = _read_tensor(embed_name, files).float()
     head = embed if head_name is None else _read_tensor(head_name, files).float()
     if embed.shape[1] != int(config.hidden_size) or head.shape[1] != int(config.hidden_size):
         raise LabError(f"embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not match "
                        f"hidden_size {config.hidden_size}", path)
-    return TargetHead(path, config, embed.to(device), head.to(device), fingerprint(path), architecture)
+    if rows is not None and rows == getattr(config, "unpadded_vocab_size", None) and rows < len(head):
+        head = head[:rows]  # Inkling 2 stores its head padded to vocab_size: transformers drops those rows on load
+    bias = None if bias_name is None else _read_tensor(bias_name, files).float()
+    if bias is not None and tuple(bias.shape) != (len(head),):
+        raise LabError(f"{bias_name} {tuple(bias.shape)} does not match the lm_head's {len(head)} rows", path)
+    return TargetHead(path, config, embed.to(device), head.to(device), fingerprint(path), architecture,
+                      None if bias is None else bias.to(device))
 
 
 def _class_name(config) -> str:

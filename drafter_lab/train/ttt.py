@@ -199,7 +199,8 @@ class TTTObjective(nn.Module):
         # In fp32 under bf16 autocast: the sampled acceptance sets these against logz, taken in fp32 over
         # the whole vocabulary (bf16 logits put p = exp(l/T - logz) off by up to 96 %, and sum past 1).
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
-            target_logits = self.logit_map(upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T))
+            raw = upcast(batch.final_hidden @ self.teacher_head.to(batch.final_hidden).T)
+            target_logits = self.logit_map(raw, used)  # the draft vocabulary's rows: their bias; padded ones masked
             teacher = torch.log_softmax(target_logits, -1)
         hidden = d.project(batch.aux_hidden)
         positions = torch.arange(T, device=dev).expand(B, T)

@@ -466,8 +466,10 @@ class _Run:
         lm_head = target.lm_head_weight().detach().float().to(d.device)  # one copy for top-1 and teacher
         self.train_ex, self.val_ex = (Examples(source.items[s], lm_head, cfg.max_length, d.device, source.reads[s], t,
                                                target.logit_map) for s, t in (("train", 0.0), ("val", cfg.val_temperature)))
-        if not self.train_ex or not self.val_ex:
-            raise LabError("no train/val sequence has 3 or more tokens: nothing to train on", source.where)
+        if empty := [s for s, ex in (("train", self.train_ex), ("val", self.val_ex)) if not ex]:  # say which, and where
+            where = (source.describe().get("val_data") if empty == ["val"] else None) or source.where
+            raise LabError(f"no {' or '.join(empty)} sequence has 3 or more tokens within max_length {cfg.max_length}: "
+                           f"nothing to {'train' if 'train' in empty else 'validate'} on", where)
         if not cfg.scan_features:  # else the scan has checked every id
             for ex in (self.train_ex, self.val_ex):
                 ex.read = _ids_checked(ex.read, target.vocab_size)
@@ -522,7 +524,7 @@ class _Run:
         self.rank0_writes("resuming the run", (self.out_dir, lambda: self.tidy(s)))
         if s is None:
             return
-        _load_model(self.drafter, s["model"])
+        _load_model(self.drafter, s["model"], state.state_path(self.out_dir))
         self.optim.load_state_dict(s["optimizer"])
         self.sched.load_state_dict(s["scheduler"])
         self.step, self.epoch, self.cursor = s["step"], s["epoch"], s["cursor"]
@@ -702,9 +704,11 @@ class _Run:
             atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
         atomic.write_json(self.out_dir / RUN_FILE, self.info)
         # Resumed, the steps after the checkpoint are logged again: purge the killed attempt's events of them
-        # (metrics.jsonl is cut back the same way), or TensorBoard draws both.
-        purge = {"purge_step": self.step + 1} if self.saved is not None else {}
-        self.tb = self.writer_cls(str(self.out_dir / "tensorboard"), **purge) if self.writer_cls else None
+        # (metrics.jsonl is cut back the same way), or TensorBoard draws both; without a checkpoint, all of them.
+        tb_dir = self.out_dir / "tensorboard"
+        purge = ({"purge_step": self.step + 1} if self.saved is not None else
+                 {"purge_step": 0} if tb_dir.exists() else {})
+        self.tb = self.writer_cls(str(tb_dir), **purge) if self.writer_cls else None
 
     # ---- training -------------------------------------------------------------------------------
     def load_batch(self, rows: list[int]) -> list[Batch]:
@@ -738,7 +742,9 @@ class _Run:
                 loss.backward()
             total += loss.detach()
             self.log_counts += counts * weight
-        norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), c.grad_clip) if c.grad_clip > 0 else total
+        # Without a clip the norm is still taken (an inf max_norm scales by 1.0): a backward can overflow under a
+        # finite loss, and the step would make the weights NaN unseen until after the next checkpoint wrote them.
+        norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), c.grad_clip if c.grad_clip > 0 else math.inf)
         # Noted on the device, read by check_finite before anything is written.
         seen = torch.stack([total, norm.to(total)])
         first = (self.nonfinite[0] == 0) & ~seen.isfinite().all()
@@ -856,9 +862,10 @@ def _embed_frozen(drafter: Eagle3Drafter) -> bool:
     return not drafter.embed_tokens.weight.requires_grad
 
 
-def _load_model(drafter: Eagle3Drafter, model_state: dict) -> None:
-    """Load saved weights; a frozen (target-owned) embedding is not in the state and stays as built."""
+def _load_model(drafter: Eagle3Drafter, model_state: dict, where) -> None:
+    """Load saved weights (of train state file `where`); a frozen (target-owned) embedding is not in the state
+    and stays as built."""
     missing, unexpected = drafter.load_state_dict(model_state, strict=False)
     bad = [k for k in missing if not (k == "embed_tokens.weight" and _embed_frozen(drafter))] + list(unexpected)
     if bad:
-        raise LabError(f"train state does not fit the drafter ({', '.join(bad)})")
+        raise LabError(f"train state does not fit the drafter ({', '.join(bad)})", where)

@@ -77,6 +77,9 @@ from drafter_lab.errors import LabError
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 """Where a turn's thinking may be: SGLang's name (and the templates'), vLLM's, GPT-OSS datasets'."""
 
+_THINKING_RULE = "reasoning_content (or reasoning, thinking) must be text, on an assistant turn"
+"""What a turn's thinking must be: its errors say so, then name the field that is not."""
+
 SAMPLING_FIELDS = ("token_ids", "temperature", "target_fingerprint", "rendered_with", "finish_reason")
 """What a regenerated answer keeps about how it was sampled: the lab's, not a chat template's."""
 
@@ -239,12 +242,15 @@ def _parse_turn(turn, where: str, path) -> dict:
     content, thought = _thinking_parts(content, where, path)
     # The first with text, as regenerate_server.ask takes it: a server may send "" under one name and
     # the thinking under another. An empty one still counts as given (a null answer becomes "").
-    given = [turn[k] for k in REASONING_FIELDS if turn.get(k) is not None]
-    reasoning = next((r for r in given if r), given[0] if given else None)
+    given = [k for k in REASONING_FIELDS if turn.get(k) is not None]
+    if (bad := next((k for k in given if not isinstance(turn[k], str)), None)) is not None:
+        raise LabError(f"{where}: {_THINKING_RULE}: {bad} is {type(turn[bad]).__name__}", path)
+    named = next((k for k in given if turn[k]), given[0] if given else None)  # the field the thinking is read from
+    reasoning = None if named is None else turn[named]
     if thought is not None:
         if reasoning is not None:
-            raise LabError(f"{where}: thinking both as content parts and as reasoning_content (or reasoning, thinking)", path)
-        reasoning = thought
+            raise LabError(f"{where}: thinking both as content parts and as {named}", path)
+        reasoning, named = thought, "thinking parts"
     legacy = turn.get("function_call")  # the OpenAI API's one call before tools
     calls = _calls_of(turn.get("tool_calls")) or ([legacy] if legacy is not None else None)
     if content is None and (reasoning is not None or calls is not None):
@@ -253,15 +259,16 @@ def _parse_turn(turn, where: str, path) -> dict:
         raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
     if str(role).lower() not in ROLES:
         raise LabError(f"{where}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})", path)
-    # A list is content parts where any item has a type; a tool's result of another list is a JSON value.
-    parts = isinstance(content, list) and (not content or any(isinstance(c, dict) and "type" in c for c in content))
+    # A list is content parts where any item has a type; a tool's result of another list is a JSON value, an
+    # empty one too: a template handed it writes "[]" (Llama 3.1's and GPT-OSS's `tojson`, Qwen2.5's text).
+    parts = isinstance(content, list) and any(isinstance(c, dict) and "type" in c for c in content)
     if ROLES[str(role).lower()] == "tool" and not (isinstance(content, str) or parts):
         content = json.dumps(content, ensure_ascii=False)  # a result stored as a JSON value: its text, as clients send it
     content = _text_of(content, where, path)
     out = {"role": ROLES[str(role).lower()], "content": content}
     if reasoning is not None:
-        if out["role"] != "assistant" or not isinstance(reasoning, str):
-            raise LabError(f"{where}: reasoning_content (or reasoning, thinking) must be text, on an assistant turn", path)
+        if out["role"] != "assistant":
+            raise LabError(f"{where}: {_THINKING_RULE}: {named} on a {out['role']} turn", path)
         if reasoning:
             out["reasoning_content"] = reasoning
     if calls is not None:

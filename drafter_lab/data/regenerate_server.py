@@ -115,16 +115,20 @@ def ask(cfg: ServerConfig, messages: list[dict], tools: list[dict] | None, seed:
         message = choice["message"]
         if not isinstance(message, dict):  # null (a gateway's filtered answer) or text: no fields to read
             raise TypeError
-        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
+        named = next((k for k in REASONING_FIELDS if message.get(k)), None)  # the first with a value
+        reasoning = None if named is None else message[named]
         calls = message.get("tool_calls") or None
         # A null content may be left out (a gateway writing without nulls, as LiteLLM's proxy does)
         content = message.get("content")
         text = content if content is not None or (reasoning, calls) == (None, None) else ""
-        if not isinstance(text, str) or not isinstance(reasoning, (str, type(None))):
+        if not isinstance(text, str):
             raise TypeError
     except (KeyError, IndexError, TypeError):
         raise LabError(f"server answer has no text at choices[0].message.content: {str(answer)[:200]}",
                        _endpoint(cfg)) from None
+    if not isinstance(reasoning, (str, type(None))):  # the content is there: name the field that is wrong
+        raise LabError(f"server answer's choices[0].message.{named} is {type(reasoning).__name__}, not text: "
+                       f"{str(reasoning)[:200]}", _endpoint(cfg))
     # SGLang and vLLM answer an aborted request (an /abort_request, an engine error) with 200 and what it had
     # generated so far: not the target's answer, and the next turn would be asked after it.
     if choice.get("finish_reason") in CUT_SHORT:

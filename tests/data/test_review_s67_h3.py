@@ -247,6 +247,8 @@ def test_an_answer_the_target_ends_at_once_is_empty(random_llama):
     ({"content": "ok"}, {"token_ids": [5, -1]}, "choices[0].token_ids is not a list of token ids: [5, -1]"),
     ({"content": "", "tool_calls": {"name": "size", "arguments": "{}"}}, {},
      "choices[0].message.tool_calls is not a list: {'name': 'size', 'arguments': '{}'}"),
+    ({"content": "ok", "reasoning_content": ["a", "b"]}, {}, "choices[0].message.reasoning_content is list, not text: ['a', 'b']"),
+    ({"content": "ok", "reasoning_content": "", "reasoning": 3}, {}, "choices[0].message.reasoning is int, not text: 3"),
 ])
 def test_a_malformed_answer_is_one_line_quoting_what_the_server_sent(monkeypatch, message, choice, said):
     answering(monkeypatch, {"role": "assistant", **message}, **choice)

@@ -109,12 +109,15 @@ def write_snapshot(root: Path, out: Path) -> int:
 
 
 def corpus_hash(files: list[SourceFile]) -> str:
-    """sha256 over the format version and each file's relative path and bytes."""
+    """sha256 over the format version and each file's relative path and bytes, each field ended by a NUL.
+
+    A NUL inside a field is escaped (as \\x01\\x02, and \\x01 as \\x01\\x01), so no two lists of files hash
+    alike: unescaped, [a.py: b"x\\0b.py\\0y"] hashed as [a.py: b"x", b.py: b"y"]. Fields with neither byte
+    (every file of the snapshot) hash as they did before the escape, so the cache keys built on it stay."""
     h = hashlib.sha256(f"corpus-format-{FORMAT_VERSION}".encode())
     for f in files:
-        h.update(f.relpath.encode() + b"\0")
-        h.update(f.data)
-        h.update(b"\0")
+        for field in (f.relpath.encode(), f.data):
+            h.update(field.replace(b"\1", b"\1\1").replace(b"\0", b"\1\2") + b"\0")
     return h.hexdigest()
 
 
@@ -167,26 +170,32 @@ def _examples_in(f: SourceFile, max_source_chars: int, too_long: list[str]):
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return
-    lines = text.splitlines()
+    # The lines as ast numbers them: str.splitlines also ends one at \f (older sources put form feeds
+    # between sections), \x1c..\x1e, \x85 or \u2028, and showed every function after it a line early.
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     module = _module_name(f.relpath)
     for qualname, fn in _functions(tree):
         doc = (ast.get_docstring(fn, clean=True) or "").strip()
         if not doc or len(doc) < MIN_DOC_CHARS or len(fn.body) < 2:
             continue
-        doc_node = fn.body[0]
-        if doc_node.lineno <= fn.lineno:
-            continue  # docstring on the `def` line: nothing left to show without it
-        source = textwrap.dedent("\n".join(lines[fn.lineno - 1 : fn.end_lineno]))
+        body = lines[fn.lineno - 1 : fn.end_lineno]
+        source = textwrap.dedent("\n".join(body))
         if len(source) > max_source_chars:
             too_long.append(f"{module}.{qualname}")
             continue
-        keep = [
-            line
-            for i, line in enumerate(lines[fn.lineno - 1 : fn.end_lineno], start=fn.lineno)
-            if not doc_node.lineno <= i <= doc_node.end_lineno
-        ]
-        bare = textwrap.dedent("\n".join(keep))
-        yield module, qualname, _signature(fn), doc, source, bare
+        bare = textwrap.dedent("\n".join(_without(body, fn.lineno, fn.body[0])))
+        yield module, qualname, fn.lineno, _signature(fn), doc, source, bare
+
+
+def _without(lines: list[str], first: int, node: ast.stmt) -> list[str]:
+    """`lines` (the first numbered `first`) without the text of `node`, a docstring, and a comment after
+    it. Code sharing a line with it stays (the header of a one-line `def`, statements after it less their
+    `;`); a line left blank goes."""
+    a, b = node.lineno - first, node.end_lineno - first
+    head = lines[a].encode()[: node.col_offset].decode()  # ast's columns count UTF-8 bytes
+    tail = lines[b].encode()[node.end_col_offset :].decode().lstrip().removeprefix(";").lstrip()
+    rest = (head + ("" if tail.startswith("#") else tail)).rstrip()
+    return lines[:a] + ([rest] if rest.strip() else []) + lines[b + 1 :]
 
 
 def _base_conversation(module, qualname, signature, doc, source) -> list[dict]:
@@ -250,9 +259,15 @@ def build_corpus(
     """
     slices: dict[str, list[tuple[float, dict]]] = {"base": [], "shifted": []}
     too_long: list[str] = []
+    defined: set[str] = set()
     for f in files:
-        for module, qualname, signature, doc, source, bare in _examples_in(f, max_source_chars, too_long):
+        examples = _examples_in(f, max_source_chars, too_long)
+        for module, qualname, line, signature, doc, source, bare in examples:
             name = f"{module}.{qualname}"
+            # A property's setter, a redefinition, pkg/m.py beside pkg/m/__init__.py: a namesake's id names
+            # where it is, or the data reader would drop it as a duplicate after the split had counted it.
+            name = f"{name}@{f.relpath}:{line}" if name in defined else name
+            defined.add(name)
             if _unit(seed, "slice", name) < shifted_share:
                 kind, conv = "shifted", _shifted_conversation(module, qualname, bare, doc)
             else:

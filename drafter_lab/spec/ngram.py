@@ -22,6 +22,7 @@ one-hot proposals and stays lossless.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 
 import torch
 
@@ -69,14 +70,21 @@ class NgramIndex:
     """n-grams of a token list -> where the continuations of their occurrences start, oldest first.
 
     An n-gram is indexed once a token follows it: a row's lookup must not find its own suffix, and
-    a finished row's last n-grams have no continuation.
+    a finished row's last n-grams have no continuation. A decoding row's index grows (`grow`), the
+    finished rows' is added to a row at a time (`add_row`).
     """
 
     def __init__(self, cfg: NgramConfig):
         self.cfg = cfg
         self.tokens: list[int] = []
         self.after: dict[tuple[int, ...], list[int]] = {}
-        self.indexed = 0  # continuations starting before this position are indexed
+        self.indexed = 0  # continuations starting at or before this position are indexed
+        self.row_ends: list[int] = []  # where each row added by `add_row` ends in `tokens`
+        self.steps = 0  # the continuation length `distinct` holds
+        # n-gram -> (its distinct final continuations in the order of their most recent occurrences, a
+        # dict as an ordered set; how many of its `after` entries they cover): a lookup skips repeats
+        # instead of reading every occurrence each cycle (topk > 1 was quadratic over a decode)
+        self.distinct: dict[tuple[int, ...], tuple[dict[tuple[int, ...], None], int]] = {}
 
     def grow(self, tokens: list[int]) -> None:
         """`tokens` is this list grown by appends (a row as it decodes)."""
@@ -87,6 +95,7 @@ class NgramIndex:
         first = len(self.tokens)
         self.tokens.extend(row)
         self._index(self.tokens, len(self.tokens) - 1, first)
+        self.row_ends.append(len(self.tokens))
 
     def _index(self, tokens: list[int], last: int, first: int) -> None:
         lo, hi = self.cfg.min_n, self.cfg.max_n
@@ -94,6 +103,38 @@ class NgramIndex:
             for n in range(lo, min(hi, end - first) + 1):
                 self.after.setdefault(tuple(tokens[end - n: end]), []).append(end)
         self.tokens, self.indexed = tokens, max(self.indexed, last)
+
+    def continuations(self, gram: tuple[int, ...], steps: int) -> Iterator[list[int]]:
+        """The distinct continuations of `gram`'s occurrences, most recent first: `steps` tokens, fewer
+        where the row ends."""
+        starts = self.after.get(gram)
+        if not starts:
+            return
+        # final: every added row's continuation, a grown row's once `steps` tokens follow it
+        final = len(starts) if self.row_ends else bisect.bisect_right(starts, len(self.tokens) - steps)
+        for s in reversed(starts[final:]):
+            yield self.tokens[s: s + steps]  # still growing: each the only one of its length
+        if not final:
+            return
+        yield self._continuation(starts[final - 1], steps)  # before merging: topk 1 needs no more
+        if steps != self.steps:
+            self.steps, self.distinct = steps, {}
+        seen, done = self.distinct.get(gram, ({}, 0))
+        for s in starts[done:final]:
+            cont = tuple(self._continuation(s, steps))
+            seen.pop(cont, None)  # re-inserted: ordered by its most recent occurrence
+            seen[cont] = None
+        self.distinct[gram] = seen, final
+        rest = reversed(seen)
+        next(rest)  # the most recent, yielded above
+        for cont in rest:
+            yield list(cont)
+
+    def _continuation(self, start: int, steps: int) -> list[int]:
+        """The final continuation starting at `start`: `steps` tokens, fewer where its row ends."""
+        ends = self.row_ends
+        stop = min(start + steps, ends[bisect.bisect_right(ends, start)]) if ends else start + steps
+        return self.tokens[start: stop]
 
 
 class NgramDrafter:
@@ -104,11 +145,15 @@ class NgramDrafter:
         self.cfg = cfg or NgramConfig()
         self.rows: list[NgramIndex] = []
         self.earlier = NgramIndex(self.cfg)
-        self.row_ends: list[int] = []  # where each finished row ends in `earlier.tokens`
 
     def forget(self) -> None:
         """Drop the rows finished so far (a measurement starts from none)."""
-        self.earlier, self.row_ends = NgramIndex(self.cfg), []
+        self.earlier = NgramIndex(self.cfg)
+
+    @property
+    def row_ends(self) -> list[int]:
+        """Where each finished row ends in `earlier.tokens`."""
+        return self.earlier.row_ends
 
     def reset(self, batch: int) -> None:
         self.rows = [NgramIndex(self.cfg) for _ in range(batch)]
@@ -126,29 +171,19 @@ class NgramDrafter:
         if self.cfg.across_prompts:
             for h in histories:
                 self.earlier.add_row(h)
-                self.row_ends.append(len(self.earlier.tokens))
 
     def continuations(self, index: NgramIndex, tokens: list[int], steps: int, k: int) -> list[list[int]]:
         """Up to k distinct continuations of the row's suffixes, most telling first (see the module)."""
         index.grow(tokens)
         L, out = len(tokens), []
         for n in range(min(self.cfg.max_n, L), self.cfg.min_n - 1, -1):
-            for seq, start, limit in self._occurrences(index, tuple(tokens[L - n:])):
-                cont = seq[start: min(start + steps, limit)]
-                if cont not in out:
-                    out.append(cont)
-                    if len(out) == k:
-                        return out
+            for source in (index, self.earlier):
+                for cont in source.continuations(tuple(tokens[L - n:]), steps):
+                    if cont not in out:
+                        out.append(cont)
+                        if len(out) == k:
+                            return out
         return out
-
-    def _occurrences(self, index: NgramIndex, suffix: tuple[int, ...]):
-        """(tokens, continuation start, where its row ends) of the suffix, the row's own most recent
-        first, then the earlier rows' most recent first."""
-        for s in reversed(index.after.get(suffix, ())):
-            yield index.tokens, s, len(index.tokens)
-        ends = self.row_ends
-        for s in reversed(self.earlier.after.get(suffix, ()) if ends else ()):
-            yield self.earlier.tokens, s, ends[bisect.bisect_right(ends, s)]
 
     def draft(self, root: torch.Tensor, histories: list[list[int]], steps: int, topk: int, draft_tokens: int,
               pad_id: int) -> DraftTree:

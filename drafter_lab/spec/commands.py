@@ -258,12 +258,13 @@ def run_eval(args) -> int:
     def decode(setting: dict) -> dict[str, dict]:
         results = {}
         for name, (path, convs) in sets.items():
-            results[name] = evaluate(
-                target, drafter, convs, **setting, continuous=args.schedule == "continuous",
-                max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                use_fused={"auto": None, "on": True, "off": False}[args.fused],
-                template_kwargs=args.chat_template_kwargs, where=path,
-            )
+            with labconfig.flags_named(labconfig.cli_flags(args, "steps", "topk", "max_new_tokens")):
+                results[name] = evaluate(
+                    target, drafter, convs, **setting, continuous=args.schedule == "continuous",
+                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                    use_fused={"auto": None, "on": True, "off": False}[args.fused],
+                    template_kwargs=args.chat_template_kwargs, where=path,
+                )
             results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
         return results
 

@@ -143,6 +143,9 @@ class SpecEngine:
                            f"{drafter.config.draft_vocab_size} tokens")
         aux_ids = drafter.config.aux_layer_ids if drafter is not None else []
         self.target = TargetRunner(target.model, aux_ids, target.path)
+        # None where the target's config names no limit. A drafter's own (2048 on many EAGLE-3 heads of 128k
+        # targets) binds nothing: its RoPE is computed for any position, and SGLang drafts past it too.
+        self.max_positions = getattr(target.config, "max_position_embeddings", None)
         self.drafter = DrafterRunner(drafter, self.cfg.use_fused) if drafter is not None else None
         self.eos = set(stop_token_ids(target)) if self.cfg.stop_at_eos else set()
         self.vocab = target.vocab_size
@@ -151,6 +154,22 @@ class SpecEngine:
     @property
     def fused(self) -> bool:
         return bool(self.drafter and self.drafter.fused)
+
+    def check_positions(self, prompts: list[list[int]], speculative: bool = True) -> None:
+        """Refuse, before any decoding, prompts that would run past the positions the target is made for, its
+        max_position_embeddings. A row's last verify step comes with at most max_new_tokens - 1 tokens emitted,
+        the last of them its root at len(prompt) + max_new_tokens - 2, and its deepest draft `steps` further.
+        (A finished row riding along in a static batch is verified up to `steps` further still; its output is
+        not used.) Past the limit the target meets positions it was not trained for; a `steps` of thousands
+        drafted for minutes, and one of 20 digits sized the drafter's cache into a TypeError."""
+        c = self.cfg
+        longest = max(map(len, prompts), default=0)
+        last = longest + c.max_new_tokens + (c.steps if speculative else 0) - 2
+        if self.max_positions is not None and last >= self.max_positions:
+            # each setting by its field's name first, which `eval` names by its flag (config.flags_named)
+            setting = f"steps {c.steps} with max_new_tokens" if speculative else "max_new_tokens"
+            raise LabError(f"{setting} {c.max_new_tokens} takes the longest prompt ({longest} tokens) to "
+                           f"position {last}, past the target's max_position_embeddings {self.max_positions}")
 
     def _choose(self, logits: torch.Tensor, generator) -> torch.Tensor:
         if self.cfg.temperature == 0:
@@ -206,6 +225,7 @@ class SpecEngine:
             raise LabError("an empty prompt cannot be decoded")
         if slots is not None and slots < 1:
             raise LabError(f"slots must be >= 1, got {slots}")
+        self.check_positions(prompts, speculative)
         continuous = slots is not None
         slots = slots or len(prompts)
         clock = PhaseClock(self.target.device)

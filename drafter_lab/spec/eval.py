@@ -103,6 +103,7 @@ def evaluate(
                      use_fused=use_fused, max_new_tokens=max_new_tokens)
     prompts = render_prompts(target.tokenizer, conversations, where, template_kwargs)
     engine = SpecEngine(target, drafter, cfg)
+    engine.check_positions(prompts)  # every prompt's, before the warm-up and the first batch decode
     device = target.device
     batches = [prompts] if continuous else [prompts[i: i + batch] for i in range(0, len(prompts), batch)]
     slots = batch if continuous else None

@@ -22,7 +22,8 @@ any of these keys (others are ignored, so a benchmark can write its full results
     "decode_ms":     number, replaces decode_ms
     "no_draft_share": number in [0, 1), replaces no_draft_share (an n-gram eval writes it)
     "accept_length": number or list of numbers (served, so >= 1), added to the table's columns
-    "accept_by_steps": list of numbers (>= 1), the served accept length with 1, 2, ... draft steps (chain)
+    "accept_by_steps": list of numbers (>= 1), the served accept length with 1, 2, ... draft steps (chain),
+                     at most MAX_DRAFT_STEPS of them
 
 `drafter-lab eval --json` output is an inputs file too: its served accept length joins the columns,
 its draft steps, draft tokens, batch (a served eval's requests in flight, `batch_of`) and topk set
@@ -68,7 +69,8 @@ def served_accept(value, key: str, path) -> float:
 
 
 MAX_DRAFT_STEPS = 64
-"""Above any engine's draft depth: bounds an accept histogram whose eval did not give its steps."""
+"""Above any engine's draft depth: bounds an accept histogram whose eval did not give its steps, and an
+accept_by_steps list."""
 
 
 def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
@@ -192,13 +194,17 @@ OVERHEADS = ("cycle_overhead_ms", "decode_overhead_ms")
 
 
 def read_inputs(path, sampled: bool = False) -> dict:
-    """A measured-inputs JSON: an object with any of KNOWN_INPUTS, or an eval sweep's {"sweep": [eval, ...]};
-    or a training run's directory (`run_inputs`, greedy or `sampled`)."""
+    """A measured-inputs JSON: an object with any of KNOWN_INPUTS, or an eval sweep's {"sweep": [eval, ...]}
+    alone; or a training run's directory (`run_inputs`, greedy or `sampled`)."""
     path = Path(path)
     if path.is_dir():
         return run_inputs(path, sampled)
     data = atomic.read_json(path, "cost model inputs file not found")
     if isinstance(data, dict) and "sweep" in data:
+        if others := sorted(set(data) - {"sweep"}):  # each row is priced on its own: the others were dropped
+            raise LabError(f"holds \"sweep\" (an eval sweep's rows) beside {', '.join(others)}: an `eval` "
+                           "sweep's JSON holds \"sweep\" alone; give the other inputs in a file of their own",
+                           path)
         rows = data["sweep"]
         if not (isinstance(rows, list) and rows and all(isinstance(r, dict) and "served_accept_len" in r
                                                         and isinstance(r.get("config"), dict)
@@ -307,6 +313,9 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
         given = data["accept_by_steps"]
         if not isinstance(given, list) or not given:
             raise LabError(f"accept_by_steps must be a list of served accept lengths, got {given!r}", path)
+        if len(given) > MAX_DRAFT_STEPS:  # the draft-steps table priced each depth, again per what-if row
+            raise LabError(f"accept_by_steps lists {len(given)} depths, above the {MAX_DRAFT_STEPS} draft "
+                           "steps any engine drafts", path)
         over["accept_by_steps"] = [served_accept(a, f"accept_by_steps[{i}]", path) for i, a in enumerate(given)]
     if data.get("accept_histogram") is not None and "accept_by_steps" not in data:  # a list given is what was meant
         conf = data.get("config") or {}  # an object: `drafting` checked it

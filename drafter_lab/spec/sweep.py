@@ -31,10 +31,14 @@ def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None, bat
     """The (steps, topk, draft_tokens, batch) settings to decode, in the order given, duplicates dropped."""
     if any(b < 1 for b in batches):
         raise LabError(f"batch must be >= 1, got {','.join(map(str, batches))}")
+    # a value given twice (--steps 2,2) made one setting a sweep: its refusal became "no setting of the
+    # sweep can be drafted", after a "leaving out" line per copy
+    steps, topks = list(dict.fromkeys(steps)), list(dict.fromkeys(topks))
+    draft_tokens = None if draft_tokens is None else list(dict.fromkeys(draft_tokens))
     if draft_tokens and max(topks) == 1 and len({*steps, *draft_tokens}) > 1:
         # a chain's rows would drop the list and decode as if it was not given (SGLang: a warning, then S + 1)
-        s = " or ".join(map(str, dict.fromkeys(steps)))
-        sglang = f"{steps[0] + 1}" if len(set(steps)) == 1 else "steps + 1"
+        s = " or ".join(map(str, steps))
+        sglang = f"{steps[0] + 1}" if len(steps) == 1 else "steps + 1"
         raise LabError(f"a chain verifies the {s} tokens it drafts, its --steps (SGLang's --speculative-num-draft-"
                        f"tokens {sglang}, the root included): --draft-tokens {','.join(map(str, draft_tokens))} "
                        "applies to a tree (--topk > 1)")
@@ -92,15 +96,20 @@ def format_sweep(results: list[dict]) -> str:
         tpot = r.get("latency", {}).get("tpot_speedup")
         rate = f" {_cell(c.get('request_rate'), 'g'):>5}" if rates else ""
         lines.append(f"{_cell(c['steps']):>5} {_cell(c['topk']):>4} {_cell(c['draft_tokens']):>12} {batch_of(r):>5}{rate} | "
-                     f"{_cell(r['served_accept_len'], '.3f'):>13} {r['spec_tok_s']:>10.1f} {_cell(r.get('baseline_tok_s'), '.1f'):>12} "
-                     f"{_cell(r.get('speedup'), '.2f') + ('x' if 'speedup' in r else ''):>6} "
+                     f"{_cell(r['served_accept_len'], '.3f'):>13} {_cell(r['spec_tok_s'], '.1f'):>10} "
+                     f"{_cell(r.get('baseline_tok_s'), '.1f'):>12} "
+                     f"{_cell(r.get('speedup'), '.2f') + ('x' if r.get('speedup') is not None else ''):>6} "
                      f"{_cell(tpot, '.2f') + ('x' if tpot else ''):>10}")
     if not all("speedup" in r for r in results):
         return "\n".join(lines + ["(no target-only tok/s: pass --baseline-server for the ratio)"])
     drafting = {(r["config"]["steps"], r["config"]["topk"], r["config"]["draft_tokens"]) for r in results}
     batches = sorted({batch_of(r) for r in results}) if len(drafting) > 1 else []  # else nothing to choose
     for b in batches:
-        best = max((r for r in results if batch_of(r) == b), key=lambda r: r["speedup"])["config"]
+        # a null ratio (a NaN the journal or JSON kept as null) is no candidate: None > float raised
+        priced = [r for r in results if batch_of(r) == b and r["speedup"] is not None]
+        if not priced:
+            continue
+        best = max(priced, key=lambda r: r["speedup"])["config"]
         lines.append(f"fastest here{'' if len(batches) == 1 else f' at batch {b}'}: steps {best['steps']}, "
                      f"topk {best['topk']}, draft tokens {best['draft_tokens']}")
     if "server" not in results[0]:  # a served sweep's speed is its server's

@@ -33,11 +33,12 @@ def plot(results: list[dict], path) -> None:
         ax.barh(ys, widths, left=left, color=f"C{i}", label="verify (target only: decode)" if phase == "verify" else phase)
         left = [a + w for a, w in zip(left, widths)]
     for y, r, total in zip(ys, rows, left):
-        note = f"{total:.2f} ms" + (f", {r['speedup']:.2f}x tok/s" if r["side"] == "spec" else "")
+        ratio = r["side"] == "spec" and r["speedup"] is not None  # null where the journal kept a NaN
+        note = f"{total:.2f} ms" + (f", {r['speedup']:.2f}x tok/s" if ratio else "")
         ax.text(total, y, f" {note}", va="center", fontsize=7)
     ax.set_yticks(ys, [r["label"] for r in rows], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.25 * max(left))
+    ax.set_xlim(0, 1.25 * max(left) or 1.0)  # all phases zero: a zero-width axis warns
     ax.set(xlabel="ms per target pass (prefill spread over the passes)",
            title="where the time goes: a speculative cycle against a target-only step")
     ax.legend(fontsize=7, ncol=len(PHASES), loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(rows) - 0.08))

@@ -71,3 +71,16 @@ def test_cost_plot_lines_price_their_own_allreduce():
     for s, latency in zip(lines, [table, 205.0, 200.0, 40.0]):
         assert [r["spec_tok_s"] for r in s["steps"]] == pytest.approx(
             [r["spec_tok_s"] for r in costplot.steps_table(m.cfg, latency)])
+
+
+def test_phase_bars_of_a_null_ratio_or_no_time_draw_without_a_ratio_or_a_warning(monkeypatch, recwarn):
+    """A journal keeps a NaN ratio as null (it raised formatting None); all-zero phases gave a zero-width axis
+    (matplotlib warns, and draws nothing readable)."""
+    figs = _capture(monkeypatch, phaseplot)
+    zero = _result(1, None)
+    zero["phase_seconds"] = {"spec": {}, "baseline": {}}
+    phaseplot.plot([zero], "unused.png")
+    ax = figs[0].axes[0]
+    assert [t.get_text() for t in ax.texts] == [" 0.00 ms", " 0.00 ms"]
+    assert ax.get_xlim() == pytest.approx((0.0, 1.0))
+    assert not [w for w in recwarn if "xlim" in str(w.message) or "singular" in str(w.message).lower()]

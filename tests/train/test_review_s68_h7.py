@@ -67,6 +67,21 @@ class _Killed(Exception):
     pass
 
 
+def _killed_at(monkeypatch, at: int, cfg: TrainConfig, *args) -> None:
+    """`train(cfg, *args)` killed as its step `at` begins."""
+    real = loop._Run.train_step
+
+    def step(self, rows, parts):
+        if self.step == at:
+            raise _Killed
+        real(self, rows, parts)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop._Run, "train_step", step)
+        with pytest.raises(_Killed):
+            train(cfg, *args)
+
+
 def _tensorboard(monkeypatch) -> dict:
     """A SummaryWriter that records what the run asks of TensorBoard (the package is not installed here):
     the purge_step of each writer opened and every scalar; like the real one, it makes its directory."""
@@ -94,17 +109,7 @@ def test_a_resume_without_a_checkpoint_purges_every_tensorboard_event_of_the_kil
     opened = _tensorboard(monkeypatch)["opened"]
     cfg = TrainConfig(**{**CFG.__dict__, "checkpoint_every": 0, "log_every": 1, "eval_every": 2,
                          "eval_at_start": True, "tensorboard": True})
-    real = loop._Run.train_step
-
-    def step(self, rows, parts):
-        if self.step == 3:  # after the validations at steps 0 and 2; no checkpoint yet
-            raise _Killed
-        real(self, rows, parts)
-
-    with monkeypatch.context() as m:
-        m.setattr(loop._Run, "train_step", step)
-        with pytest.raises(_Killed):
-            train(cfg, peaked_llama, features, tmp_path / "run")
+    _killed_at(monkeypatch, 3, cfg, peaked_llama, features, tmp_path / "run")  # after the validations at 0 and 2
     train(cfg, peaked_llama, features, tmp_path / "run", resume=True)
     assert opened == [None, 0]  # step 0's validation too: the resume validates it again
 
@@ -166,17 +171,7 @@ def test_a_run_resumed_in_its_second_epoch_logs_what_the_uninterrupted_one_does(
     cursor): every train line, tokens and metrics, equals the uninterrupted run's."""
     cfg = TrainConfig(**{**CFG.__dict__, "max_steps": 0, "epochs": 2, "log_every": 2, "checkpoint_every": 3})
     train(cfg, peaked_llama, features, tmp_path / "full")
-    real = loop._Run.train_step
-
-    def step(self, rows, parts):
-        if self.step == 10:  # epoch 1 (8 batches an epoch), after step 9's checkpoint
-            raise _Killed
-        real(self, rows, parts)
-
-    with monkeypatch.context() as m:
-        m.setattr(loop._Run, "train_step", step)
-        with pytest.raises(_Killed):
-            train(cfg, peaked_llama, features, tmp_path / "run")
+    _killed_at(monkeypatch, 10, cfg, peaked_llama, features, tmp_path / "run")  # epoch 1, after step 9's checkpoint
     assert state.load(tmp_path / "run")["epoch"] == 1
     train(cfg, peaked_llama, features, tmp_path / "run", resume=True)
 

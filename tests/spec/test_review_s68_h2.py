@@ -6,7 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
+from drafter_lab.spec.drafting import DrafterRunner
 from drafter_lab.spec.ngram import NgramDrafter, continuations_reference
 from drafter_lab.spec.ngram_config import NgramConfig
 
@@ -97,3 +99,30 @@ def test_an_index_yields_each_continuation_once_most_recent_first(across):
             index.grow(rows[0])
         got = list(index.continuations((1, 2), 3))
         assert got == ([[5, 1, 2], [6], [7, 8, 9]] if across else [[6], [5, 1, 2], [7, 8, 9]])
+
+
+def test_extend_commits_what_one_reference_draft_step_per_position_commits(random_drafter, target):
+    """`extend`'s m queries at once against the reference's one at a time, on fresh random inputs: each row's
+    last hidden state and top-k, and the cache slots written. The row reaching furthest commits all m, so its
+    last query needs the key it writes itself (a cache cut one slot short still decoded losslessly)."""
+    d, (B, m, topk) = random_drafter, (3, 5, 3)
+    g = torch.Generator().manual_seed(11)
+    runner = DrafterRunner(d, use_fused=False)
+    runner.reset(B, 16, "cpu")
+    runner.k.normal_(generator=g), runner.v.normal_(generator=g)  # what earlier cycles left there
+    lens, counts = torch.tensor([0, 2, 4]), torch.tensor([1, 3, m])
+    runner.lens = lens.clone()
+    k_ref, v_ref = runner.k.clone(), runner.v.clone()
+    ids = torch.randint(0, target.vocab_size, (B, m), generator=g)
+    aux = torch.randn(B, m, 3 * d.config.target_hidden_size, generator=g)
+    last, top, top_logp = runner.extend(ids, aux, counts, topk)
+    for b in range(B):
+        for j in range(int(counts[b])):
+            pos = lens[b: b + 1] + j
+            h, ref_top, ref_logp = d.draft_step(d.embed(ids[b: b + 1, j]), aux[b: b + 1, j], pos, k_ref[b: b + 1],
+                                                v_ref[b: b + 1], pos, topk)
+        torch.testing.assert_close(last[b], h[0], rtol=1e-4, atol=1e-5)
+        assert top[b].tolist() == ref_top[0].tolist()
+        torch.testing.assert_close(top_logp[b], ref_logp[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(runner.k, k_ref), torch.testing.assert_close(runner.v, v_ref)
+    assert runner.lens.tolist() == (lens + counts).tolist()

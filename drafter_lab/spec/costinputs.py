@@ -49,7 +49,7 @@ from pathlib import Path
 from drafter_lab import atomic
 from drafter_lab.errors import LabError
 from drafter_lab.progress import log
-from drafter_lab.spec.costmodel import CostModelConfig, Latency, finite
+from drafter_lab.spec.costmodel import MAX_DRAFT_STEPS, CostModelConfig, Latency, finite
 from drafter_lab.train.metrics_log import BEST_FILE, METRICS, read_metrics
 
 
@@ -66,11 +66,6 @@ def served_accept(value, key: str, path) -> float:
     if a < 1:
         raise LabError(f"{key} must be at least 1 (a served accept length counts the bonus token), got {value!r}", path)
     return a
-
-
-MAX_DRAFT_STEPS = 64
-"""Above any engine's draft depth: bounds an accept histogram whose eval did not give its steps, and an
-accept_by_steps list."""
 
 
 def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:

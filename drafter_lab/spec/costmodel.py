@@ -145,6 +145,10 @@ NON_NEGATIVE = ("allreduces_per_layer", "verify_allreduce_us", "decode_allreduce
                 "decode_overhead_ms", "verify_token_compute_us", "measured_verify_ms")
 POSITIVE_LISTS = ("accept_lengths", "whatif_allreduce_us", "batches", "accept_by_steps")
 
+MAX_DRAFT_STEPS = 64
+"""Above any engine's draft depth: bounds an accept_by_steps list (each depth is priced, again per what-if
+row) and an accept histogram whose eval did not give its steps."""
+
 
 def finite(v) -> bool:
     """Whether `v` is a number (not a bool) that is finite as a float: an integer past float's range (a flag's
@@ -173,6 +177,9 @@ def check_fields(cfg: CostModelConfig) -> None:
         if any(a < 1 for a in getattr(cfg, name)):
             raise LabError(f"{name} must be at least 1 (a served accept length counts the bonus token), "
                            f"got {getattr(cfg, name)!r}")
+    if len(cfg.accept_by_steps) > MAX_DRAFT_STEPS:
+        raise LabError(f"accept_by_steps lists {len(cfg.accept_by_steps)} depths, above the {MAX_DRAFT_STEPS} draft "
+                       "steps any engine drafts")
     if not cfg.accept_lengths:  # the main table would have no row
         raise LabError("accept_lengths is empty: give at least one served accept length")
     if not 0 <= cfg.no_draft_share < 1:  # nan too

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from drafter_lab.journal import Journal
-from drafter_lab.spec.costinputs import MAX_DRAFT_STEPS, apply_inputs
-from drafter_lab.spec.costmodel import PRESETS
+from drafter_lab.spec.costinputs import apply_inputs
+from drafter_lab.spec.costmodel import MAX_DRAFT_STEPS, PRESETS
 from drafter_lab.spec.sweep import format_sweep, grid, run_sweep
 
 SEEDS = "seeds-kimi-k2.5-8x-pcie"
@@ -94,3 +94,10 @@ def test_an_allreduce_table_may_start_at_a_one_byte_message(tmp_path):
     """Message sizes >= 1 are taken: the boundary of the "keys must be message sizes in bytes (>= 1)" refusal."""
     f = _inputs(tmp_path, {"allreduce_us": {"1": 5.0, "1024": 8.0}})
     assert apply_inputs(PRESETS[SEEDS], f)[1] == {1: 5.0, 1024: 8.0}
+
+
+def test_accept_by_steps_given_as_a_flag_is_bounded_too(cli_error):
+    """The flag priced each of its depths as a file's list did."""
+    err = cli_error(["costmodel", "--accept-by-steps", ",".join(["1.5"] * (MAX_DRAFT_STEPS + 1))])
+    assert err == f"error: --accept-by-steps lists {MAX_DRAFT_STEPS + 1} depths, above the {MAX_DRAFT_STEPS} draft " \
+                  "steps any engine drafts"

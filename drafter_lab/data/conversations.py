@@ -182,10 +182,15 @@ def parse_call(call, where: str, path) -> dict:
 
 def _non_finite(value) -> float | None:
     """The first NaN or infinity in `value` (at any depth of its dicts and lists), None without one."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else value
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return next((bad for v in items if (bad := _non_finite(v)) is not None), None)
+    # A stack, not recursion: json reads nesting about twice as deep as a recursive walk here could go.
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return v
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+        stack.extend(reversed(list(items)))
+    return None
 
 
 def _text_of(content, where: str, path) -> str:

@@ -87,7 +87,8 @@ def test_a_train_state_whose_weights_do_not_fit_is_one_line(peaked_llama, featur
     saved = state.load(out)
     edit(saved["model"])
     state.save(out, saved)
-    with pytest.raises(LabError, match=rf"^train state does not fit the drafter \({re.escape(named)}\)$"):
+    where = re.escape(str(state.state_path(out)))
+    with pytest.raises(LabError, match=rf"^{where}: train state does not fit the drafter \({re.escape(named)}\)$"):
         train(CFG, peaked_llama, features, out, resume=True)
 
 

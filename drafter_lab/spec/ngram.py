@@ -150,11 +150,6 @@ class NgramDrafter:
         """Drop the rows finished so far (a measurement starts from none)."""
         self.earlier = NgramIndex(self.cfg)
 
-    @property
-    def row_ends(self) -> list[int]:
-        """Where each finished row ends in `earlier.tokens`."""
-        return self.earlier.row_ends
-
     def reset(self, batch: int) -> None:
         self.rows = [NgramIndex(self.cfg) for _ in range(batch)]
 

@@ -139,7 +139,7 @@ def test_ngram_continuous_batching_looks_up_rows_as_they_leave(target, prompts):
     drafter.forget()
     spec = engine.generate(prompts, slots=2)
     assert spec.tokens == base.tokens and max(spec.rows_per_pass) == 2
-    assert len(drafter.row_ends) == len(prompts)  # every row, as it left
+    assert len(drafter.earlier.row_ends) == len(prompts)  # every row, as it left
     drafter.forget()
     own = SpecEngine(target, NgramDrafter(NgramConfig(1, 3)), engine.cfg).generate(prompts, slots=2)
     assert sum(spec.accept_lengths) / len(spec.accept_lengths) > sum(own.accept_lengths) / len(own.accept_lengths)
@@ -214,7 +214,7 @@ def test_evaluate_across_prompts_looks_up_the_measured_rows_only(target, convers
     drafter = NgramDrafter(NgramConfig(1, 3, across_prompts=True))
     r = evaluate(target, drafter, conversations[:4], steps=3, batch=2, max_new_tokens=24)
     assert r["lossless_check"] == "identical" and r["config"]["drafter"] == "n-gram lookup (1..3, across prompts)"
-    assert len(drafter.row_ends) == 4  # the 4 measured rows, not the 2 warm-up rows
+    assert len(drafter.earlier.row_ends) == 4  # the 4 measured rows, not the 2 warm-up rows
 
 
 def test_cli_eval_ngram_feeds_the_cost_model(random_llama, prompts_file, tmp_path, capsys):

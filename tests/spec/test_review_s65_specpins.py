@@ -150,7 +150,7 @@ def test_rows_forgotten_stay_forgotten_once_new_rows_finish():
     d.reset(1)
     assert d.continuations(d.rows[0], [9, 1, 2], 4, 2) == []
     assert d.continuations(d.rows[0], [9, 1, 2, 0, 5, 6], 4, 2) == [[8]]
-    assert d.row_ends == [3] and d.earlier.tokens == [5, 6, 8]
+    assert d.earlier.row_ends == [3] and d.earlier.tokens == [5, 6, 8]
 
 
 def _prompts(path, n):

@@ -107,7 +107,7 @@ def test_a_finished_row_is_looked_up_with_its_prompt(target, prompts):
     engine = SpecEngine(target, drafter, SpecConfig(steps=3, max_new_tokens=6, stop_at_eos=False))
     out = engine.generate(prompts[:2], slots=1).tokens
     assert drafter.earlier.tokens == prompts[0] + out[0] + prompts[1] + out[1]
-    assert drafter.row_ends == [len(prompts[0] + out[0]), len(drafter.earlier.tokens)]
+    assert drafter.earlier.row_ends == [len(prompts[0] + out[0]), len(drafter.earlier.tokens)]
 
 
 @pytest.mark.parametrize("mode", [dict(steps=3, sample_topk=4), dict(steps=3, topk=2, draft_tokens=4)],

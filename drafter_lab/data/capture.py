@@ -11,8 +11,9 @@ exactly the shards the manifest does not list and skips the rest. A manifest mad
 target, chat template or settings is refused. Regenerated conversations are cached beside the shards
 (`regenerated-<hash>.jsonl`, named by what decides the answers and journalled batch by batch while
 they are generated), so a resumed run, or one with other capture settings, does not generate again.
-A user turn without an answer gets the target's there (regenerate.answer_slots; a file of prompts alone,
-SpecForge's input, is read as prompts), so the capture is that of `data regenerate` then `data prepare`.
+A user turn without an answer, or a tool result that ends a conversation, gets the target's there
+(regenerate.answer_slots; a file of prompts alone, SpecForge's input, is read as prompts), so the
+capture is that of `data regenerate` then `data prepare`.
 Memory holds one batch of hidden states: each sequence is written into its shard (laid out from the
 planned lengths) as its batch finishes.
 
@@ -597,7 +598,7 @@ def prepare_features(
     check_config(cfg)
     out, conversations_path = Path(out_dir), Path(conversations_path)
     check_out_dir(out)
-    # Regenerating, a user turn without an answer gets the target's, as `data regenerate` writes it (a file of
+    # Regenerating, a turn waiting for an answer gets the target's, as `data regenerate` writes it (a file of
     # prompts alone is SpecForge's input for that); else such a conversation has nothing to train.
     convs, skipped = read_conversations(conversations_path, strict=cfg.strict, prompts=cfg.regenerate)
     if cfg.regenerate:

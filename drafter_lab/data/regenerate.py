@@ -49,14 +49,18 @@ def regenerated_turns(conv: Conversation) -> list[int]:
 
 
 def unanswered(messages: list[dict]) -> list[int]:
-    """The indices of the user turns of `messages` that no assistant turn follows."""
+    """The indices of the turns of `messages` waiting for an answer: each user turn that no assistant turn
+    follows, and a tool result that ends them (an agent's trace cut where its tool returned, as a request
+    served mid-task is)."""
+    last = len(messages) - 1
     return [j for j, m in enumerate(messages)
-            if m["role"] == "user" and (j + 1 == len(messages) or messages[j + 1]["role"] != "assistant")]
+            if (m["role"] == "user" and (j == last or messages[j + 1]["role"] != "assistant"))
+            or (m["role"] == "tool" and j == last)]
 
 
 def answer_slots(messages: list[dict]) -> list[dict]:
-    """A copy of `messages` with an empty assistant turn after each user turn that no assistant turn
-    follows, for the target to write: a prompt is answered as a recorded answer is rewritten."""
+    """A copy of `messages` with an empty assistant turn after each turn waiting for an answer
+    (`unanswered`), for the target to write: a prompt is answered as a recorded answer is rewritten."""
     gaps = set(unanswered(messages))
     out = []
     for j, m in enumerate(messages):
@@ -73,10 +77,16 @@ answer as round 0, which is now the first user turn's, and its output (or `data 
 cache, which also dropped rows of prompts alone) lacks those answers; neither is resumed or reused.
 Absent where every user turn has its answer, so such files' journals and caches are found as before."""
 
+ANSWERS_TOOL_RESULTS = {"tool_results_ending_a_conversation": "answered"}
+"""As ANSWERS_PROMPTS, where a conversation ends in a tool result: a lab before 2026-12-06 left those
+unanswered, so its journal or cache lacks the answers now written after them."""
+
 
 def answers_prompts(conversations: list[Conversation]) -> dict:
-    """ANSWERS_PROMPTS where a user turn of `conversations` has no answer yet, else nothing."""
-    return ANSWERS_PROMPTS if any(unanswered(c.messages) for c in conversations) else {}
+    """ANSWERS_PROMPTS where a user turn of `conversations` has no answer yet, ANSWERS_TOOL_RESULTS where
+    one of them ends in a tool result, else nothing."""
+    asking = {c.messages[j]["role"] for c in conversations for j in unanswered(c.messages)}
+    return {**(ANSWERS_PROMPTS if "user" in asking else {}), **(ANSWERS_TOOL_RESULTS if "tool" in asking else {})}
 
 
 def answerable(conversations: list[Conversation], skipped: dict, path: Path, strict: bool = False) -> list[Conversation]:
@@ -93,12 +103,14 @@ def answerable(conversations: list[Conversation], skipped: dict, path: Path, str
 
 
 def refuse_unanswering_journal(before: dict | None, now: dict, journal: Path) -> None:
-    """Refuse a journal (settings `before`) begun without ANSWERS_PROMPTS where `now` holds it: a lab
-    before answer slots recorded a row's answers by other rounds, which would now fill other turns."""
-    key = next(iter(ANSWERS_PROMPTS))
-    if before is not None and key in now and key not in before:
-        raise LabError("begun before the lab recorded that it answers user turns without an answer: its answers "
-                       "may be those of other turns than they would fill now; delete it to start over", journal)
+    """Refuse a journal (settings `before`) begun without ANSWERS_PROMPTS or ANSWERS_TOOL_RESULTS where `now`
+    holds it: a lab before those answers recorded a row's answers by other rounds, or none for those turns."""
+    for answers, what in ((ANSWERS_PROMPTS, "user turns without an answer"),
+                          (ANSWERS_TOOL_RESULTS, "a tool result that ends a conversation")):
+        key = next(iter(answers))
+        if before is not None and key in now and key not in before:
+            raise LabError(f"begun before the lab recorded that it answers {what}: its answers may be those of "
+                           "other turns than they would fill now; delete it to start over", journal)
 
 
 # Every knob a model's generation_config.json may set that reshapes the distribution (Qwen2.5 ships
@@ -242,7 +254,7 @@ def regenerate(
     journal: Journal | None = None,
 ) -> list[Conversation]:
     """Copies of `conversations` whose assistant turns the target wrote (temperature 0 = greedy), one
-    added after each user turn without an answer (`answer_slots`).
+    added after each user turn without an answer, or tool result ending one (`answer_slots`).
 
     With a `journal`, each batch's answers are recorded as it finishes (with the RNG state after
     it when sampling), and the batches an earlier run recorded are replayed instead of generated:
@@ -315,7 +327,7 @@ def regeneration_settings(target, source: Path, temperature: float, max_new_toke
     The target counts by what it is, not by where: its path spelled otherwise, or moved, resumes. Its
     device type counts (a GPU rounds otherwise, so even greedy answers can differ), where not the CPU:
     journals begun on the CPU before it counted still resume. `conversations`, those read from `source`,
-    say whether prompts are answered (ANSWERS_PROMPTS)."""
+    say whether prompts are answered (`answers_prompts`)."""
     return {"target": without(target.describe(), ["path"]), "conversations_sha256": conversations_sha256(source),
             "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
             **SAMPLER, **rendered_with(target.tokenizer, template_kwargs), STOP_IDS: stop_token_ids(target),

@@ -18,9 +18,9 @@ calls (their arguments a JSON string, as the OpenAI API has them) with the think
 them (`reasoning_content`, as interleaved-thinking clients send it back: templates such as Qwen3's
 show it for the turns after the last user turn, which a tool loop's are) and the results' ids; a
 turn that makes calls stays as recorded (regenerate.regenerated_turns), a user turn without an answer
-gets one (regenerate.answer_slots), and an answer in which the server's tool parser found calls keeps
-them. Other answers are sent without their thinking: in a
-plain chat each precedes the last user turn, where those templates show none.
+(or a tool result that ends the conversation) gets one (regenerate.answer_slots), and an answer in
+which the server's tool parser found calls keeps them. Other answers are sent without their thinking:
+in a plain chat each precedes the last user turn, where those templates show none.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def _regenerate_one(cfg: ServerConfig, conv: Conversation) -> Conversation:
 
 def _settings(cfg: ServerConfig, source: Path, conversations: list[Conversation] = ()) -> dict:
     """What decides a server regeneration's output; with `conversations`, whether prompts are answered: a
-    journal from before (ANSWERS_PROMPTS) holds such rows with their prompts unanswered, and is refused."""
+    journal from before (regenerate.answers_prompts) holds such rows with their prompts unanswered, and is refused."""
     skip = ("url", "concurrency", "timeout_s", "retries", "chat_template_kwargs")
     keep = {k: v for k, v in asdict(cfg).items() if k not in skip}
     return {**keep, **template_setting(cfg.chat_template_kwargs), **SAMPLER, "request_seeds": "per turn",

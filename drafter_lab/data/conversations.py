@@ -7,9 +7,9 @@ Each line holds `conversations` (or `messages`; a null one is absent, as pandas 
 table of both dialects): a list of turns written either as
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
 where `human` means user and `gpt` means assistant, as do `chatgpt`, `bing` and `bard` in ShareGPT's
-own dump, which SpecForge's prepare_data.py maps so too). An optional `id` names the conversation (as
-text); without one (or with an empty one, which names nothing) the id is a hash of its turns, so the
-train/val split stays stable across reruns.
+own dump, which SpecForge's prepare_data.py maps so too). An optional `id` (text or a number; an array,
+object or boolean is an error) names the conversation (as text); without one (or with an empty one,
+which names nothing) the id is a hash of its turns, so the train/val split stays stable across reruns.
 A repeated id is a repeated conversation, skipped; a number and a string alike as text (`1`, `"1"`)
 are an error: two conversations (of two datasets merged, say) the lab could not tell apart.
 A top-level `system` string (LLaMA-Factory's ShareGPT column, some OpenAI exports too) is the
@@ -358,6 +358,11 @@ def _rows(blob: bytes, path):
                 raise LabError(f"line {lineno} is not valid JSON ({e})", path) from None
 
 
+_NOT_A_FILE = {FileNotFoundError: "conversations file not found",
+               IsADirectoryError: "conversations path is a directory, not a jsonl file"}
+"""What a conversations path that holds no file is, as its read and its hash say it."""
+
+
 def read_conversations(path, strict: bool = False, prompts: bool = False) -> tuple[list[Conversation], dict]:
     """Read a jsonl file (or a JSON array, gzip-compressed or not); returns (conversations, skipped
     counts by reason). `prompts`: the file is decoded from, not trained on, so a conversation without
@@ -365,10 +370,8 @@ def read_conversations(path, strict: bool = False, prompts: bool = False) -> tup
     path = Path(path)
     try:
         blob = path.read_bytes()
-    except FileNotFoundError:
-        raise LabError("conversations file not found", path) from None
-    except IsADirectoryError:
-        raise LabError("conversations path is a directory, not a jsonl file", path) from None
+    except (FileNotFoundError, IsADirectoryError) as e:
+        raise LabError(_NOT_A_FILE[type(e)], path) from None
     if blob[:2] == b"\x1f\x8b":
         try:
             blob = gzip.decompress(blob)
@@ -394,17 +397,19 @@ def read_conversations(path, strict: bool = False, prompts: bool = False) -> tup
             raise LabError(f"{where}: no `conversations` (or `messages`) list", path)
         messages = [_parse_turn(t, where, path) for t in turns]
         tools = _row_tools(obj, where, path)
+        given = obj.get("id")
         # Written out (regenerated, journalled) the value would be no JSON; an id NaN named "nan".
-        for what, value in (("id", obj.get("id")), ("tools", tools), *((f"turn {k}", m) for k, m in enumerate(messages, 1))):
+        for what, value in (("id", given), ("tools", tools), *((f"turn {k}", m) for k, m in enumerate(messages, 1))):
             if (bad := _non_finite(value)) is not None:
                 raise LabError(f"{where}: {what} has {json.dumps(bad)}, which is not a JSON number", path)
+        if isinstance(given, (bool, list, dict)):  # its Python repr would name it: ["a"] as "['a']", true as "True"
+            raise LabError(f"{where}: id is {type(given).__name__}, not text or a number", path)
         _add_system(messages, obj.get("system"), where, path)
         if not prompts and not any(m["role"] == "assistant" for m in messages):
             if strict:
                 raise LabError(f"{where}: conversation has no assistant turn (--strict)", path)
             skipped["no_assistant_turn"] += 1
             continue
-        given = obj.get("id")
         if isinstance(given, str) and not given.strip():
             given = None  # an empty id names nothing (SpecForge data carries some): the content hash names it
         cid = str(given) if given is not None else content_id(messages, tools)
@@ -427,9 +432,13 @@ def conversations_sha256(path) -> str:
     cache and journal): of the bytes a gzip-compressed file holds, so that compressing the same
     conversations otherwise (another level or tool, or not at all) resumes that work; of the file's
     own bytes otherwise, as it always was."""
-    with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            return atomic.sha256_file(path)
+    try:  # a file moved while a target loaded, or a run trained, is named as its read names it
+        with open(path, "rb") as f:
+            packed = f.read(2) == b"\x1f\x8b"
+    except (FileNotFoundError, IsADirectoryError) as e:
+        raise LabError(_NOT_A_FILE[type(e)], path) from None
+    if not packed:
+        return atomic.sha256_file(path)
     h = hashlib.sha256()
     try:
         with gzip.open(path, "rb") as f:

@@ -34,7 +34,7 @@ def deep_rows(inner) -> list[dict]:
             {"conversations": [PAIR[0], answer]}, {"conversations": [PAIR[0], call]}]
 
 
-@pytest.mark.parametrize("k", range(4))
+@pytest.mark.parametrize("k", range(1, 4))  # 0, an id so nested, is refused as a list (test_review_s69_h1)
 def test_a_row_nested_as_deep_as_json_reads_it_is_read(tmp_path, k):
     (conv,), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [deep_rows(0)[k]]))
     assert conv.messages[-1]["content"] == "2 KB."

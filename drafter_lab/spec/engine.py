@@ -14,10 +14,11 @@ SGLang and vLLM serve EAGLE) and verifies it by speculative sampling (accept wit
 resample from norm(max(p - q, 0))); a tree keeps its deterministic top-k children and verifies them
 by recursive rejection with one-hot proposals.
 
-Rows of a batch accept different lengths: each keeps its own cache length in both models. In a
-static batch a finished row (max_new_tokens or eos) stays until the last one ends, committing
-nothing. With `slots` (continuous batching, as SGLang and vLLM schedule requests) it leaves at once:
-every per-row state (both caches, the n-gram rows, the next root and draft step 0) keeps the other
+Rows of a batch accept different lengths: each keeps its own cache length in both models, and
+commits what it emits (a last step cut at max_new_tokens or eos commits no more). In a static batch
+a finished row stays until the last one ends, verified as its root alone and committing nothing.
+With `slots` (continuous batching, as SGLang and vLLM schedule requests) it leaves at once: every
+per-row state (both caches, the n-gram rows, the next root and draft step 0) keeps the other
 rows, and waiting prompts are prefilled apart and appended as new rows. The caches are dense
 tensors, so a row leaving or joining copies them (a server's paged cache moves nothing).
 """
@@ -131,6 +132,17 @@ def _root_only(root: torch.Tensor) -> DraftTree:
     return chain(root, root[:, None][:, :0])
 
 
+def _finished_as_roots(tree: DraftTree, live: torch.Tensor) -> DraftTree:
+    """The tree with every node of a finished row (live False) but its root made padding, and the last
+    nodes that are padding in every row dropped: a finished row's drafts reach past its bound, where a
+    learned-position target's table (GPT-2's) ends, and an n-gram one's may be the widest."""
+    own = torch.arange(tree.size, device=live.device)
+    parents = torch.where(live[:, None] | (own == 0), tree.parents, own)
+    n = int(torch.nonzero((parents != own).any(0)).max()) + 1  # the root is no padding
+    return DraftTree(tree.tokens[:, :n], parents[:, :n], torch.where(live[:, None], tree.depth, 0)[:, :n],
+                     None if tree.q is None else tree.q[:, :n])
+
+
 class SpecEngine:
     def __init__(self, target, drafter=None, cfg: SpecConfig | None = None):
         self.cfg = cfg or SpecConfig()
@@ -159,9 +171,10 @@ class SpecEngine:
         """Refuse, before any decoding, prompts that would run past the positions the target is made for, its
         max_position_embeddings. A row's last verify step comes with at most max_new_tokens - 1 tokens emitted,
         the last of them its root at len(prompt) + max_new_tokens - 2, and its deepest draft `steps` further.
-        (A finished row riding along in a static batch is verified up to `steps` further still; its output is
-        not used.) Past the limit the target meets positions it was not trained for; a `steps` of thousands
-        drafted for minutes, and one of 20 digits sized the drafter's cache into a TypeError."""
+        (A finished row riding along in a static batch is verified as its root alone, at most at
+        len(prompt) + max_new_tokens - 1.) Past the limit the target meets positions it was not trained
+        for; a `steps` of thousands drafted for minutes, and one of 20 digits sized the drafter's cache
+        into a TypeError."""
         c = self.cfg
         longest = max(map(len, prompts), default=0)
         last = longest + c.max_new_tokens + (c.steps if speculative else 0) - 2
@@ -320,32 +333,34 @@ class SpecEngine:
         dev = self.target.device
         rows = torch.arange(len(batch.rows), device=dev)
         done = batch.done  # updated in place as rows end
-        live = torch.tensor([not d for d in done], device=dev)
         gen.rows_per_pass.append(len(batch.rows))
         if speculative:
             histories = [prompts[i] + out[i] for i in batch.rows] if batch.ngram else None
             tree = self._draft(batch.root, batch.step0, generator, histories)
+            if any(done):
+                tree = _finished_as_roots(tree, torch.tensor([not d for d in done], device=dev))
             clock.mark("draft")
         else:
             tree = _root_only(batch.root)
         logits, aux = self.target.verify(tree.tokens, tree.depth, tree.ancestors(), aux=batch.eagle)
         clock.mark("verify")
         path, counts, bonus = self._walk(tree, logits, generator)
-        counts = torch.where(live, counts, torch.zeros_like(counts))
-        self.target.commit(path, counts, tree.size)
         gen.verify_passes += 1
 
         toks = tree.tokens.gather(1, path.clamp_min(0))  # toks[:, 0] is the root, already emitted
         nxt = torch.roll(toks, -1, 1)
-        nxt[rows, (counts - 1).clamp_min(0)] = bonus
+        nxt[rows, counts - 1] = bonus
         drafted = tree.drafted().tolist() if speculative else None
         if drafted is not None and not any(d for d, finished in zip(drafted, done) if not finished):
             gen.no_draft_passes += 1
-        ended = []
+        ended, committed = [], [0] * len(batch.rows)
         for b, (n, row) in enumerate(zip(counts.tolist(), nxt.tolist())):
             if done[b]:
                 continue
             emitted = self._emitted(out[batch.rows[b]], row[:n])
+            # a row commits what it emits: the rest of a path cut at its end would take a finished row past
+            # its bound (its root at len(prompt) + max_new_tokens - 1 at most)
+            committed[b] = len(emitted)
             gen.accept_lengths.append(len(emitted))
             if drafted is not None:
                 gen.draft_lengths.append(drafted[b])
@@ -353,6 +368,8 @@ class SpecEngine:
             done[b] = self._done(out[batch.rows[b]])
             if done[b]:
                 ended.append(batch.rows[b])
+        counts = torch.tensor(committed, device=dev)
+        self.target.commit(path, counts, tree.size)
         at = len(clock.marks)
         clock.mark("accept")
         if batch.eagle:

@@ -360,6 +360,11 @@ def _cached_pair(out_dir: Path, key: str) -> dict | None:
     return pair
 
 
+def _seconds_spent(info: dict, cached: bool) -> dict:
+    """The seconds of each part of a stage (its build.json's) spent by this call: none when it was cached."""
+    return {part: 0.0 if cached else seconds for part, seconds in info["seconds"].items()}
+
+
 def build_pair(
     preset_or_config, out_dir, drift: float | None = None, force: bool = False, cache_dir=None
 ) -> dict:
@@ -367,7 +372,9 @@ def build_pair(
 
     `preset_or_config`: a preset name (see PRESETS) or a TargetConfig. `drift` overrides the
     config's drift. `force` retrains both stages even when cached. `cache_dir` defaults to
-    `default_cache_dir()`. In the returned dict, `build_seconds.this_call` is this call's time.
+    `default_cache_dir()`. `build_seconds` holds what this call spent (in pair.json, the call that wrote
+    it) on each stage, 0 on one taken from the cache (its `cached` says so; its `train.seconds` stays its
+    own build's), and in `this_call` in all.
     """
     begin = time.perf_counter()
     cfg = resolve(preset_or_config)
@@ -386,6 +393,7 @@ def build_pair(
     existing = None if force else _cached_pair(out_dir, tuned_key)
     if existing is not None:
         log(f"cached: {out_dir} already holds this pair (key {tuned_key})")
+        existing["build_seconds"] = {stage: 0.0 for stage in existing["build_seconds"]}  # none was run
         existing["build_seconds"]["this_call"] = round(time.perf_counter() - begin, 2)
         for side in ("base", "tuned"):
             existing[side]["cached"] = True
@@ -444,7 +452,10 @@ def build_pair(
             **base_info["prompts"],
         },
         "drift_figures": tuned_info["drift_figures"],
-        "build_seconds": {**base_info["seconds"], **tuned_info["seconds"]},
+        # A cached stage's build.json holds the seconds of another call (its parts summed past this_call).
+        # The corpus is this call's parse: a tuned fine-tuned on a cached base parses it too.
+        "build_seconds": {**_seconds_spent(base_info, base_cached), **_seconds_spent(tuned_info, tuned_cached),
+                          "corpus": corpus.seconds},
     }
     pair["build_seconds"]["this_call"] = round(time.perf_counter() - begin, 2)
     _copy_into(out_dir, base_dir, tuned_dir, pair)

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from drafter_lab.config import add_cli_args, apply_cli_args
+from drafter_lab.config import add_cli_args, apply_cli_args, cli_flags, flags_named
 from drafter_lab.errors import LabError
 
 
@@ -100,8 +100,9 @@ def _experiment(args) -> int:
     cfg = apply_cli_args(get_config(args.config), args)
     cache = _cache_root(args)
     _directories(("--runs", args.runs), ("--run-dir", args.run_dir), (_cache_given_by(args), cache))
-    run_dir = run_study(cfg, Path(args.runs), cache, Path(args.run_dir) if args.run_dir else None,
-                        command=["drafter-lab", *sys.argv[1:]])
+    with flags_named(cli_flags(args)):  # a stage's refusal of a field the command line set names its flag
+        run_dir = run_study(cfg, Path(args.runs), cache, Path(args.run_dir) if args.run_dir else None,
+                            command=["drafter-lab", *sys.argv[1:]])
     print(json.dumps({"run_dir": str(run_dir), "report": str(run_dir / "report.md")}))
     return 0
 

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from drafter_lab import atomic
-from drafter_lab.config import to_dict
+from drafter_lab.config import flags_named, to_dict
 from drafter_lab.data.capture import prepare_features
 from drafter_lab.data.regenerate import SAMPLER
 from drafter_lab.data.shards import Manifest
@@ -144,11 +144,13 @@ def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path
     drafter = (NgramDrafter(drafter) if isinstance(drafter, NgramConfig)
                else load_drafter(drafter, target=target, device=target.device))
     convs, _ = read_conversations(prompts, prompts=True)
-    return served_eval(
-        target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,
-        draft_tokens=cfg.served_steps, batch=1, max_new_tokens=cfg.max_new_tokens, temperature=0.0,
-        seed=cfg.seed,
-    )
+    # its refusals name `steps` (its argument): the study's field is served_steps (`experiment --served-steps`)
+    with flags_named({"steps": "served_steps"}):
+        return served_eval(
+            target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,
+            draft_tokens=cfg.served_steps, batch=1, max_new_tokens=cfg.max_new_tokens, temperature=0.0,
+            seed=cfg.seed,
+        )
 
 
 def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path) -> dict:

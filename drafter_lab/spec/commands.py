@@ -219,7 +219,8 @@ def _refuse_plot_suffix(plot) -> None:
 def run_eval(args) -> int:
     import torch
 
-    from drafter_lab.spec.eval import evaluate
+    from drafter_lab.spec.engine import SpecConfig, SpecEngine
+    from drafter_lab.spec.eval import evaluate, render_prompts
     from drafter_lab.spec.pairing import load_for_target
     from drafter_lab.spec.sweep import grid
     from drafter_lab.targets.hf import load_target
@@ -255,6 +256,19 @@ def run_eval(args) -> int:
     if not args.ngram:
         drafter = load_for_target(args.drafter, target, args.allow_other_target).to(dtype)
 
+    rendered = {}  # per prompts file, rendered once for every setting's check
+
+    def check(setting: dict) -> None:
+        """What each setting's decode refuses before it decodes (past the target's positions), for a sweep's
+        every setting before its first decodes."""
+        cfg = SpecConfig(steps=setting["steps"], topk=setting["topk"], draft_tokens=setting["draft_tokens"],
+                         max_new_tokens=args.max_new_tokens)
+        for name, (path, convs) in sets.items():
+            if name not in rendered:
+                rendered[name] = render_prompts(target.tokenizer, convs, path, args.chat_template_kwargs)
+            with labconfig.flags_named(labconfig.cli_flags(args, "steps", "topk", "max_new_tokens")):
+                SpecEngine(target, drafter, cfg).check_positions(rendered[name])
+
     def decode(setting: dict) -> dict[str, dict]:
         results = {}
         for name, (path, convs) in sets.items():
@@ -268,7 +282,8 @@ def run_eval(args) -> int:
             results[name].update(drafter=str(args.drafter or "ngram"), prompts_file=str(path))
         return results
 
-    return _run_settings(settings, decode, format_eval, args, lambda: _sweep_journal(args, target, drafter, sets))
+    return _run_settings(settings, decode, format_eval, args, lambda: _sweep_journal(args, target, drafter, sets),
+                         check)
 
 
 def _check_decoding(args) -> None:
@@ -292,16 +307,16 @@ def _check_decoding(args) -> None:
                                     **({} if args.retries is None else {"retries": args.retries})))
 
 
-def _run_settings(settings: list[dict], decode, fmt, args, make_journal) -> int:
+def _run_settings(settings: list[dict], decode, fmt, args, make_journal, check=None) -> int:
     """One setting: printed and written as an eval; several: a sweep, a row each, journaled while it
-    runs when it writes JSON."""
+    runs when it writes JSON, each setting `check`ed before the first decodes."""
     from drafter_lab.spec.sweep import format_sweep, run_sweep
 
     if len(settings) == 1:
         results = _finish(decode(settings[0]), args, fmt)
     else:
         journal = make_journal() if args.json else None
-        results = run_sweep(settings, lambda s: _pooled(decode(s)), journal)
+        results = run_sweep(settings, lambda s: _pooled(decode(s)), journal, check)
         print(format_sweep(results))
         if journal:
             atomic.write_json(args.json, {"sweep": results})

@@ -351,14 +351,16 @@ def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
         raise LabError(f"deployment must be an object with some of {', '.join(DEPLOYMENT_FIELDS)}", path)
     over = {}
     for key, value in given.items():
-        if key in ("allreduces_per_layer", *OVERHEADS) and value == 0 and not isinstance(value, bool):
+        if key in OVERHEADS and value == 0 and not isinstance(value, bool):
             over[key] = value
         elif key in OVERHEADS:
             over[key] = positive(value, f"deployment.{key}", path)
-        elif isinstance(value, int) and finite(value) and value > 0:
+        # the all-reduces are a count too: 0.0 passed as 0, and the cost model carried a float count on
+        elif isinstance(value, int) and finite(value) and value >= (0 if key == "allreduces_per_layer" else 1):
             over[key] = value
         else:
-            raise LabError(f"deployment.{key} must be a positive integer, got {value!r}", path)
+            zero = " or 0 (one device)" if key == "allreduces_per_layer" else ""
+            raise LabError(f"deployment.{key} must be a positive integer{zero}, got {value!r}", path)
     return dataclasses.replace(cfg, **over)
 
 

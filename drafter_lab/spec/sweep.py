@@ -64,8 +64,11 @@ def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None, bat
     return out
 
 
-def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Journal | None = None) -> list[dict]:
-    """decode(setting) for every setting, in order; those the journal holds are not decoded again."""
+def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Journal | None = None,
+              check: Callable[[dict], None] | None = None) -> list[dict]:
+    """decode(setting) for every setting, in order; those the journal holds are not decoded again.
+    check(setting), which raises for a setting its decode would refuse, runs on every one before the first
+    decodes: `--steps 4,5000` decoded steps 4 for minutes, then refused 5000 as past the target's positions."""
     def key(setting: dict) -> str:
         return json.dumps(setting, sort_keys=True)
 
@@ -75,6 +78,8 @@ def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Jou
         raise LabError("holds a line that is no sweep record (a setting and its result): delete the file to "
                        "start over", journal.path) from None
     todo = [s for s in settings if key(s) not in done]
+    for s in todo if check else ():
+        check(s)
     if done:
         log(f"sweep: {len(settings) - len(todo)} of {len(settings)} settings already decoded ({journal.path})")
     for s in todo:

@@ -11,7 +11,7 @@ import functools
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -119,10 +119,21 @@ class LogitMap:
     """Multiplies the raw logits."""
     softcap: float | None = None
     """Then logits = softcap * tanh(logits / softcap)."""
-    bias: torch.Tensor | None = None
+    bias: torch.Tensor | None = field(default=None, compare=False)  # by value in __eq__; out of the hash
     """The lm_head's bias, one per row, added to the raw logits first."""
     vocab: int | None = None
     """Inkling's `unpadded_vocab_size`: the logits of the head's rows from it on are dropped."""
+
+    def __eq__(self, other) -> bool:
+        # the generated == took two bias tensors' elementwise == as a truth value: a RuntimeError unless one
+        # tensor was both sides
+        if not isinstance(other, LogitMap):
+            return NotImplemented
+        if (self.scale, self.softcap, self.vocab) != (other.scale, other.softcap, other.vocab):
+            return False
+        a, b = self.bias, other.bias
+        return a is b or (a is not None and b is not None and a.shape == b.shape
+                          and torch.equal(a.detach().cpu().double(), b.detach().cpu().double()))
 
     @classmethod
     def of(cls, config, bias: torch.Tensor | None = None) -> LogitMap:

@@ -116,10 +116,12 @@ def read_config(path) -> tuple[DrafterConfig, str]:
     return formats.parse_config(data, cfg_file)
 
 
-def _check_shards(path: Path, files: list[Path]) -> None:
+def _check_shards(path: Path, files: list[Path]) -> dict[str, tuple[str, str, str]]:
     """Every shard a shard index names must be there: without one, a tensor it held reads as left out
-    (a whole-vocabulary drafter's lm_head as shared with the target), not as lost."""
+    (a whole-vocabulary drafter's lm_head as shared with the target), not as lost. Returns where the
+    indexes put each tensor: our name -> (index, its name there, shard)."""
     have, kind = {f.name for f in files}, files[0].suffix  # an index of the other kind names files not read
+    placed = {}
     for index in sorted(path.glob("*.index.json")):
         data = atomic.read_json(index, "removed as it was read", path)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
@@ -131,6 +133,9 @@ def _check_shards(path: Path, files: list[Path]) -> None:
             are = "are" if more else "is"
             raise LabError(f"{index.name} names shard {missing[0]}{more}, which {are} missing: a save cut short or a "
                            "partial download", path)
+        placed.update({formats.canonical_name(k): (index.name, k, v) for k, v in weight_map.items()
+                       if isinstance(v, str) and v.endswith(kind)})
+    return placed
 
 
 def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
@@ -139,8 +144,14 @@ def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
     files = _weight_files(path)
     if not files:
         raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
-    _check_shards(path, files)
+    placed = _check_shards(path, files)
     tensors, where = _read_tensors(files, only)
+    for name, (index, key, shard) in sorted(placed.items()):
+        # a shard of another save under the same name: what the index puts there would read as left out, as
+        # one missing would
+        if name not in tensors and (not only or name in only):
+            raise LabError(f"{index} puts tensor {key!r} in {shard}, which does not hold it: a shard of another "
+                           "save, or a partial download", path)
     return Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
 
 
@@ -212,6 +223,12 @@ def read_checkpoint(path) -> Checkpoint:
     ckpt = _open(path)
     cfg, fmt, tensors, where = ckpt.config, ckpt.format, ckpt.tensors, ckpt.where
     _refuse_quantized(ckpt)  # first: a GPTQ layer's `qweight` would read as a lost `weight`
+    fc = tensors.get("fc.weight")
+    if "midlayer.hidden_norm.weight" not in tensors and fc is not None and fc.dim() == 2 and \
+            cfg.target_hidden_size == cfg.hidden_size and fc.shape[1] == 2 * cfg.hidden_size:
+        # EAGLE-1/2 releases name their architecture LlamaForCausalLM too: "lacks input_layernorm" named a symptom
+        raise LabError(f"an EAGLE-1/2 drafter (its fc is {tuple(fc.shape)}, over the embedding and one hidden state, "
+                       "and it has no hidden_norm), not an EAGLE-3 one", where["fc.weight"])
     for name in formats.REQUIRED_TENSORS:
         if name not in tensors:
             raise LabError(f"checkpoint lacks tensor {formats.export_name(name, fmt)!r}{_under_prefix(tensors, name)}",
@@ -241,10 +258,13 @@ def read_checkpoint(path) -> Checkpoint:
     if not ckpt.has_head and n != v:
         raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "
                        f"target's ({v}): only a whole-vocabulary drafter shares its target's head", ckpt.weights_file())
-    if ckpt.has_head and len(tensors[formats.HEAD]) != n:
-        raise LabError(f"tensor {formats.HEAD!r} has {len(tensors[formats.HEAD])} rows, the config's "
-                       f"draft_vocab_size is {n}", where[formats.HEAD])
-    if fmt == formats.SGLANG and ckpt.has_head and json.loads((path / CONFIG).read_text()).get("draft_vocab_size") is None:
+    unsized = json.loads((path / CONFIG).read_text()).get("draft_vocab_size") is None  # read as its vocab_size
+    if ckpt.has_head and (rows := len(tensors[formats.HEAD])) != n:
+        # a config without the field reads as a whole-vocabulary drafter: "is 128256" named a number it never held
+        hint = f" (config.json gives none, which reads as its vocab_size: set draft_vocab_size {rows} there)"
+        raise LabError(f"tensor {formats.HEAD!r} has {rows} rows, the config's draft_vocab_size is {n}"
+                       f"{hint if unsized else ''}", where[formats.HEAD])
+    if fmt == formats.SGLANG and ckpt.has_head and unsized:
         # SGLang's LlamaForCausalLMEagle3 then loads its target's head over the file's (or, reading the field as
         # an attribute, stops when it is absent); vLLM keeps the file's
         log(f"{path / CONFIG}: draft_vocab_size is absent or null, so SGLang would serve this drafter with its "

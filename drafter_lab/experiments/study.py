@@ -130,6 +130,28 @@ def _read_history(path: Path) -> list[dict]:
     return read_metrics(path) if path.exists() else []
 
 
+def _check_served(cfg: ExperimentConfig, target_dir: Path, prompts: Path) -> None:
+    """Refuse, once the pair is built, served evaluations that would run past the target's positions:
+    each would be refused at its start, after the arms' training."""
+    if not cfg.served_eval:
+        return
+    from drafter_lab.data.conversations import read_conversations
+    from drafter_lab.spec.engine import SpecConfig, SpecEngine
+    from drafter_lab.spec.eval import render_prompts
+    from drafter_lab.targets.hf import load_target
+
+    target = load_target(target_dir, device="cpu")
+    convs, _ = read_conversations(prompts, prompts=True)
+    engine = SpecEngine(target, None, SpecConfig(steps=cfg.served_steps, max_new_tokens=cfg.max_new_tokens))
+    with flags_named(SERVED_FLAGS):
+        engine.check_positions(render_prompts(target.tokenizer, convs[: cfg.served_prompts], prompts))
+
+
+SERVED_FLAGS = {"steps": "served_steps"}
+"""A served evaluation's refusals name `steps` (its argument): the study's field is served_steps
+(`experiment --served-steps`)."""
+
+
 def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path, prompts: Path) -> dict | None:
     """The served evaluation of a drafter checkpoint, or of n-gram lookup with these settings."""
     if not cfg.served_eval:
@@ -144,8 +166,7 @@ def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path
     drafter = (NgramDrafter(drafter) if isinstance(drafter, NgramConfig)
                else load_drafter(drafter, target=target, device=target.device))
     convs, _ = read_conversations(prompts, prompts=True)
-    # its refusals name `steps` (its argument): the study's field is served_steps (`experiment --served-steps`)
-    with flags_named({"steps": "served_steps"}):
+    with flags_named(SERVED_FLAGS):
         return served_eval(
             target, drafter, convs[: cfg.served_prompts], steps=cfg.served_steps, topk=1,
             draft_tokens=cfg.served_steps, batch=1, max_new_tokens=cfg.max_new_tokens, temperature=0.0,
@@ -160,6 +181,7 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
     pair_dir = cache / "pairs" / f"{cfg.target_preset}-drift{level_name(drift)}"
     with building(pair_dir, "target pair"):
         pair = build_pair(cfg.target_preset, pair_dir, drift=drift, cache_dir=cache / "targets")
+    _check_served(cfg, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
     timings["pair_s"] = time.time() - t0
 
     t = time.time()

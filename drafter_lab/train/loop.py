@@ -20,7 +20,7 @@ from drafter_lab import atomic
 from drafter_lab import config as labconfig
 from drafter_lab.data.capture_config import ENCODED_HASH, CaptureConfig, as_recorded, without
 from drafter_lab.data.shards import Sequence, SequenceRef, check_token_ids
-from drafter_lab.drafter.checkpoint import CONFIG, WEIGHTS, save_drafter
+from drafter_lab.drafter.checkpoint import CONFIG, WEIGHTS, read_vocab, save_drafter
 from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.drafter.formats import rope_scaling_from_text
 from drafter_lab.drafter.model import Eagle3Drafter
@@ -128,16 +128,26 @@ def _drafter_config(cfg: TrainConfig, target, n_draft: int, aux_ids) -> DrafterC
 
 
 def _load_vocab(vocab, source, size: int, target_vocab: int):
-    if vocab is None:
-        from drafter_lab.data.vocab import vocab_from_counts
+    """`vocab` (a DraftVocab, or the vocab file or drafter directory to read it from), else the top `size`
+    tokens of the source's train split; a refusal names where it came from (the data only when built from it)."""
+    from drafter_lab.data.vocab import DraftVocab, vocab_from_counts
 
+    where = source.where
+    if vocab is None:
         vocab = vocab_from_counts(source.token_counts(), size)
+    elif isinstance(vocab, (str, Path)):
+        where = Path(vocab)
+        vocab = read_vocab(where)  # d2t and t2d checked there, the file named
+    else:  # tensors: no file to name
+        where = None
     t2d = torch.as_tensor(vocab.t2d).bool()
     d2t = torch.as_tensor(vocab.d2t).long()
     if len(t2d) != target_vocab:
-        raise LabError(f"draft vocab maps a {len(t2d)}-token target vocab, the target has {target_vocab}", source.where)
+        raise LabError(f"draft vocab maps a {len(t2d)}-token target vocab, the target has {target_vocab}", where)
     if int(t2d.sum()) != len(d2t):
-        raise LabError(f"draft vocab is inconsistent: t2d marks {int(t2d.sum())} tokens, d2t has {len(d2t)}")
+        raise LabError(f"draft vocab is inconsistent: t2d marks {int(t2d.sum())} tokens, d2t has {len(d2t)}", where)
+    # else a d2t past the target vocab is an IndexError at the teacher's lm_head rows, and two ids of one token train
+    DraftVocab.checked(d2t, t2d, where)
     return vocab, d2t, t2d
 
 
@@ -251,7 +261,8 @@ def train(cfg: TrainConfig, target_dir, data_dir, out_dir, *, resume: bool = Fal
     `transfer_lr_scale` scaling their learning rate; `source_target`, the target the source was trained
     for, lets the remap match tokens by string where the two tokenizers differ (default: the one the
     source's run.json names, if it is still there; refused with `remap=False`, which never reads it).
-    `vocab` (d2t/t2d) defaults to the top cfg.draft_vocab_size tokens of the train split.
+    `vocab` (a DraftVocab, or a vocab file or drafter directory to read one from) defaults to the top
+    cfg.draft_vocab_size tokens of the train split.
 
     `stop_if_behind` (a baseline run directory, which may still be training) turns on the watch
     (train.watch, settings `watch`): after each validation the run stops, checkpointed, when it has
@@ -831,9 +842,10 @@ def _kept_best(out_dir: Path, metric: str) -> dict | None:
     if not metric or not path.exists():
         return None
     kept = atomic.read_json(path, "")
-    value = kept.get("value") if isinstance(kept, dict) else None
-    # each validation is compared with the value: one missing or not a number fails later, as a traceback
-    if (not isinstance(kept, dict) or not isinstance(kept.get("step"), int) or isinstance(value, bool)
+    value, step = (kept.get("value"), kept.get("step")) if isinstance(kept, dict) else (None, None)
+    # each validation is compared with the value, and the run's last line names the step: one missing or not a
+    # number fails later, as a traceback or a "step True" (JSON true and false are ints to Python)
+    if (not isinstance(kept, dict) or isinstance(step, bool) or not isinstance(step, int) or isinstance(value, bool)
             or not isinstance(value, (int, float))):
         raise LabError("not the record of a kept drafter (a JSON object with its step and value)", path)
     return kept if kept.get("metric") == metric else None

@@ -11,10 +11,10 @@ from drafter_lab.cli import main
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--threads", str(4 * (os.cpu_count() or 1) + 1)], "threads must be at most"),
+    (["--threads", str(4 * (os.cpu_count() or 1) + 1)], "--threads must be at most"),  # the flag typed
     (["--device", "foo"], "unknown device 'foo'"),
     (["--target-preset", "nope"], "unknown preset 'nope'"),
-    (["--draft-vocab-size", "1000"], "draft_vocab_size must be at most 512 (target preset micro's vocab size)"),
+    (["--draft-vocab-size", "1000"], "--draft-vocab-size must be at most 512 (target preset micro's vocab size)"),
 ])
 def test_refused_before_anything_is_written(tmp_path, capsys, flags, message):
     runs, cache = tmp_path / "runs", tmp_path / "cache"

@@ -57,6 +57,7 @@ def stages(tmp_path, monkeypatch):
         return {"verdict": "x"}
 
     monkeypatch.setattr(study, "_served", served)
+    monkeypatch.setattr(study, "_check_served", lambda *a: None)  # no pair is built
     monkeypatch.setattr(study, "build_pair", lambda preset, out, **kw: {})
     monkeypatch.setattr(study, "_features", features)
     monkeypatch.setattr(study, "train", train)

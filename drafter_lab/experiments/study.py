@@ -130,6 +130,11 @@ def _read_history(path: Path) -> list[dict]:
     return read_metrics(path) if path.exists() else []
 
 
+SERVED_FLAGS = {"steps": "served_steps"}
+"""A served evaluation's refusals name `steps` (its argument): the study's field is served_steps
+(`experiment --served-steps`)."""
+
+
 def _check_served(cfg: ExperimentConfig, target_dir: Path, prompts: Path) -> None:
     """Refuse, once the pair is built, served evaluations that would run past the target's positions:
     each would be refused at its start, after the arms' training."""
@@ -145,11 +150,6 @@ def _check_served(cfg: ExperimentConfig, target_dir: Path, prompts: Path) -> Non
     engine = SpecEngine(target, None, SpecConfig(steps=cfg.served_steps, max_new_tokens=cfg.max_new_tokens))
     with flags_named(SERVED_FLAGS):
         engine.check_positions(render_prompts(target.tokenizer, convs[: cfg.served_prompts], prompts))
-
-
-SERVED_FLAGS = {"steps": "served_steps"}
-"""A served evaluation's refusals name `steps` (its argument): the study's field is served_steps
-(`experiment --served-steps`)."""
 
 
 def _served(cfg: ExperimentConfig, drafter: Path | NgramConfig, target_dir: Path, prompts: Path) -> dict | None:

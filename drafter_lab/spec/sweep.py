@@ -78,8 +78,9 @@ def run_sweep(settings: list[dict], decode: Callable[[dict], dict], journal: Jou
         raise LabError("holds a line that is no sweep record (a setting and its result): delete the file to "
                        "start over", journal.path) from None
     todo = [s for s in settings if key(s) not in done]
-    for s in todo if check else ():
-        check(s)
+    if check:
+        for s in todo:
+            check(s)
     if done:
         log(f"sweep: {len(settings) - len(todo)} of {len(settings)} settings already decoded ({journal.path})")
     for s in todo:

@@ -198,7 +198,7 @@ class SpecEngine:
         return self.cfg.sample_topk if self.cfg.sampled_chain else self.cfg.topk
 
     def _draft(self, root, step0, generator, histories) -> DraftTree:
-        """histories: with n-gram drafting, each row's prompt and emitted tokens."""
+        """histories: with n-gram drafting, each row's prompt and emitted tokens (None: the row is finished)."""
         c = self.cfg
         if self.ngram is not None:
             return self.ngram.draft(root, histories, c.steps, c.topk, c.tree_tokens, self.pad_id)
@@ -243,9 +243,11 @@ class SpecEngine:
         slots = slots or len(prompts)
         clock = PhaseClock(self.target.device)
         c = self.cfg
-        # Every row's drafter cache holds the longest prompt, so rows join the batch by a concat.
+        # Every row's drafter cache holds the longest prompt, so rows join the batch by a concat. A row commits at
+        # most len(prompt) + max_new_tokens - 1 slots (all it emits but the next root); an extend spans steps + 1
+        # past every row's length, a finished row's riding along in a static batch too.
         batch = _Batch(eagle=speculative and self.drafter is not None, ngram=speculative and self.ngram is not None,
-                       drafter_len=max(map(len, prompts), default=0) + c.max_new_tokens + 2 * (c.steps + 1))
+                       drafter_len=max(map(len, prompts), default=0) + c.max_new_tokens + c.steps)
         if batch.ngram:
             self.ngram.reset(0)
         out: list[list[int]] = [[] for _ in prompts]
@@ -335,7 +337,8 @@ class SpecEngine:
         done = batch.done  # updated in place as rows end
         gen.rows_per_pass.append(len(batch.rows))
         if speculative:
-            histories = [prompts[i] + out[i] for i in batch.rows] if batch.ngram else None
+            # a finished row's draft is dropped (`_finished_as_roots`): its n-gram lookup is not run
+            histories = [None if d else prompts[i] + out[i] for i, d in zip(batch.rows, done)] if batch.ngram else None
             tree = self._draft(batch.root, batch.step0, generator, histories)
             if any(done):
                 tree = _finished_as_roots(tree, torch.tensor([not d for d in done], device=dev))

@@ -180,9 +180,10 @@ class NgramDrafter:
                             return out
         return out
 
-    def draft(self, root: torch.Tensor, histories: list[list[int]], steps: int, topk: int, draft_tokens: int,
+    def draft(self, root: torch.Tensor, histories: list[list[int] | None], steps: int, topk: int, draft_tokens: int,
               pad_id: int) -> DraftTree:
-        """histories[b]: row b's prompt and emitted tokens, ending at the root (not yet verified)."""
-        drafts = [trie(self.continuations(index, h, steps, topk), draft_tokens)
+        """histories[b]: row b's prompt and emitted tokens, ending at the root (not yet verified); None for a
+        finished row, which drafts nothing."""
+        drafts = [[] if h is None else trie(self.continuations(index, h, steps, topk), draft_tokens)
                   for index, h in zip(self.rows, histories)]
         return padded_tree(root, drafts, pad_id)

@@ -299,6 +299,8 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
     extra = []
     if "accept_length" in data:
         extra = data["accept_length"] if isinstance(data["accept_length"], list) else [data["accept_length"]]
+        if not extra:  # a file holding only this priced the preset's columns as if it had measured them
+            raise LabError("accept_length must be a served accept length or a list of them, got []", path)
         extra = [served_accept(a, "accept_length", path) for a in extra]
     if "served_accept_len" in data:
         extra.append(round(served_accept(data["served_accept_len"], "served_accept_len", path), 2))

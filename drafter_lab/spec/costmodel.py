@@ -170,6 +170,9 @@ def check_fields(cfg: CostModelConfig) -> None:
     for name in NON_NEGATIVE:
         if not (finite(v := getattr(cfg, name)) and v >= 0):
             raise LabError(f"{name} must be a finite number >= 0, got {v!r}")
+    # a count, as a file's deployment and the flag take it: 2.5 from Python priced 152.5 all-reduces
+    if not isinstance(v := cfg.allreduces_per_layer, int):
+        raise LabError(f"allreduces_per_layer must be a whole number >= 0 (all-reduces per layer), got {v!r}")
     for name in POSITIVE_LISTS:
         if not all(finite(v) and v > 0 for v in getattr(cfg, name)):
             raise LabError(f"{name} must hold finite numbers > 0, got {getattr(cfg, name)!r}")

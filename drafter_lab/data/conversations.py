@@ -7,8 +7,9 @@ Each line holds `conversations` (or `messages`; a null one is absent, as pandas 
 table of both dialects): a list of turns written either as
 `{"role": ..., "content": ...}` (SpecForge, OpenAI) or `{"from": ..., "value": ...}` (ShareGPT,
 where `human` means user and `gpt` means assistant, as do `chatgpt`, `bing` and `bard` in ShareGPT's
-own dump, which SpecForge's prepare_data.py maps so too). An optional `id` (text or a number; an array,
-object or boolean is an error) names the conversation (as text); without one (or with an empty one,
+own dump, which SpecForge's prepare_data.py maps so too). An optional `id` (text or a number, a number
+named as Python writes it: `2.5` as "2.5", `1e2` as "100.0", `1.0` as "1.0", another id than `1`'s; an
+array, object or boolean is an error) names the conversation (as text); without one (or with an empty one,
 which names nothing) the id is a hash of its turns, so the train/val split stays stable across reruns.
 A repeated id is a repeated conversation, skipped; a number and a string alike as text (`1`, `"1"`)
 are an error: two conversations (of two datasets merged, say) the lab could not tell apart.
@@ -49,7 +50,9 @@ the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the t
 rest of the turn. The tool results never train: they are the tools' text, not the target's.
 
 A turn's content may also be the OpenAI API's list of content parts, all of type "text": they are
-joined with newlines, as vLLM joins them for a template that takes text.
+joined with newlines, as vLLM joins them for a template that takes text. A tool result that is a JSON
+array holding an object with a "type" is read as such parts, and refused unless all are text: the OpenAI
+API's tool message takes text parts alone, so such a result goes as its JSON text.
 
 A line that is not JSON, or not shaped like a conversation, is an error naming the file and line
 (the item, from 1, of an array); so is a NaN or Infinity (which Python's json reads, and JSON has not)
@@ -193,15 +196,21 @@ def _non_finite(value) -> float | None:
     return None
 
 
-def _text_of(content, where: str, path) -> str:
+def _text_of(content, where: str, path, role: str) -> str:
     """A turn's text: a string, or the OpenAI API's list of content parts, all text, joined with
     newlines as vLLM joins them for a chat template that takes text."""
     if isinstance(content, list):
-        texts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") == "text"]
-        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
-            return "\n".join(texts)
-        raise LabError(f'{where}: turn content parts must all be {{"type": "text", "text": ...}} (a drafter '
-                       "of text reads no images or audio; an answer's thinking parts go ahead of its text)", path)
+        k = next((k for k, c in enumerate(content, 1)
+                  if not (isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str))), None)
+        if k is None:
+            return "\n".join(c["text"] for c in content)
+        # OpenAI's tool message takes text parts alone; a result that is a JSON array of objects with a
+        # "type" (search hits, say) reads as parts, so its refusal says how to give it instead.
+        why = "a drafter of text reads no images or audio; " + (
+            "a result that is a JSON array of typed objects goes as its JSON text" if role == "tool" else
+            "an answer's thinking parts go ahead of its text")
+        raise LabError(f'{where}: turn content parts must all be {{"type": "text", "text": ...}}, and part {k} '
+                       f"is not ({why})", path)
     if not isinstance(content, str):
         raise LabError(f"{where}: turn content is {type(content).__name__}, not text", path)
     return content
@@ -262,15 +271,17 @@ def _parse_turn(turn, where: str, path) -> dict:
         content = ""  # a call alone, or a server's answer cut off while it was still thinking
     if role is None or content is None:
         raise LabError(f"{where}: a turn lacks role/content (or from/value)", path)
-    if str(role).lower() not in ROLES:
+    if not isinstance(role, str):  # its Python repr would name it, true as "True"
+        raise LabError(f"{where}: a turn's role is {type(role).__name__}, not text", path)
+    if role.lower() not in ROLES:
         raise LabError(f"{where}: unknown role {role!r} (known: {', '.join(sorted(ROLES))})", path)
     # A list is content parts where any item has a type; a tool's result of another list is a JSON value, an
     # empty one too: a template handed it writes "[]" (Llama 3.1's and GPT-OSS's `tojson`, Qwen2.5's text).
     parts = isinstance(content, list) and any(isinstance(c, dict) and "type" in c for c in content)
-    if ROLES[str(role).lower()] == "tool" and not (isinstance(content, str) or parts):
+    role = ROLES[role.lower()]
+    if role == "tool" and not (isinstance(content, str) or parts):
         content = json.dumps(content, ensure_ascii=False)  # a result stored as a JSON value: its text, as clients send it
-    content = _text_of(content, where, path)
-    out = {"role": ROLES[str(role).lower()], "content": content}
+    out = {"role": role, "content": _text_of(content, where, path, role)}
     if reasoning is not None:
         if out["role"] != "assistant":
             raise LabError(f"{where}: {_THINKING_RULE}: {named} on a {out['role']} turn", path)
@@ -358,9 +369,16 @@ def _rows(blob: bytes, path):
                 raise LabError(f"line {lineno} is not valid JSON ({e})", path) from None
 
 
-_NOT_A_FILE = {FileNotFoundError: "conversations file not found",
-               IsADirectoryError: "conversations path is a directory, not a jsonl file"}
-"""What a conversations path that holds no file is, as its read and its hash say it."""
+_UNREADABLE = {FileNotFoundError: "conversations file not found",
+               IsADirectoryError: "conversations path is a directory, not a jsonl file",
+               PermissionError: "conversations file is not readable (permission denied)"}
+"""What a conversations path that cannot be read is, as its read and its hash say it."""
+
+
+def _unreadable(e: OSError, path) -> LabError:
+    """A conversations path whose read fails, in one line: as `_UNREADABLE` names it, else with the
+    system's reason (a path through a file, a name too long)."""
+    return LabError(_UNREADABLE.get(type(e)) or f"cannot read the conversations file ({e.strerror or e})", path)
 
 
 def read_conversations(path, strict: bool = False, prompts: bool = False) -> tuple[list[Conversation], dict]:
@@ -370,8 +388,8 @@ def read_conversations(path, strict: bool = False, prompts: bool = False) -> tup
     path = Path(path)
     try:
         blob = path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError) as e:
-        raise LabError(_NOT_A_FILE[type(e)], path) from None
+    except OSError as e:
+        raise _unreadable(e, path) from None
     if blob[:2] == b"\x1f\x8b":
         try:
             blob = gzip.decompress(blob)
@@ -435,8 +453,8 @@ def conversations_sha256(path) -> str:
     try:  # a file moved while a target loaded, or a run trained, is named as its read names it
         with open(path, "rb") as f:
             packed = f.read(2) == b"\x1f\x8b"
-    except (FileNotFoundError, IsADirectoryError) as e:
-        raise LabError(_NOT_A_FILE[type(e)], path) from None
+    except OSError as e:
+        raise _unreadable(e, path) from None
     if not packed:
         return atomic.sha256_file(path)
     h = hashlib.sha256()

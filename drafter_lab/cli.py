@@ -32,7 +32,7 @@ AREAS = (
 PATH_DESTS = frozenset({
     "a", "b", "baseline", "cache", "cache_dir", "config", "conversations", "data", "draft_config", "drafter",
     "hidden_states", "init_from", "inputs", "json", "markdown", "out", "pilot_config", "pilot_dir", "plot",
-    "prompts", "run", "run_dir", "runs", "source_target", "stop_if_behind", "target", "tokenizer", "val_data",
+    "prompts", "run", "run_dir", "runs", "source_target", "stop_if_behind", "target", "tokenizer", "val_data", "vocab",
 })
 
 

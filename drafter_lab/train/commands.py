@@ -52,6 +52,11 @@ def register(sub) -> None:
     p.add_argument("--draft-config", metavar="CONFIG.json",
                    help="a SpecForge/SGLang (LlamaForCausalLMEagle3) or speculators draft-model config: sets the "
                         "drafter's shape and draft vocab size (over --config, under the field flags)")
+    p.add_argument("--vocab", metavar="PATH",
+                   help="train with this draft vocab (d2t/t2d): a `vocab build` file, or a drafter directory of any "
+                        "layout export reads (e.g. the drafter moved to a new target); it sets the draft vocab size, "
+                        "over --config and --draft-config (default: the top --draft-vocab-size tokens of the train "
+                        "split)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped (starts fresh if it has no train state)")
     p.add_argument("--init-from", metavar="DRAFTER", help="initialise from another drafter (any supported layout)")
     p.add_argument("--no-remap", action="store_true",
@@ -149,6 +154,8 @@ def run(args) -> int:
     flags = labconfig.cli_flags(args, "val_fraction", "tokenize_workers", "l2sp", "transfer_lr_scale")
     with labconfig.flags_named(flags):
         cfg = checked(labconfig.apply_cli_args(cfg, args), args.config)
+        if args.vocab is not None:
+            cfg = with_vocab(cfg, args.vocab, args.cfg__draft_vocab_size is not None)
         # Flags given at their defaults count too: a flag given is one the user meant to take effect.
         online, given = None, {field: value for field, value in (
             ("dtype", args.target_dtype), ("aux_layer_ids", args.aux_layer_ids), ("val_fraction", args.val_fraction),
@@ -174,7 +181,7 @@ def run(args) -> int:
         cfg, args.target, args.data or args.conversations, args.out, resume=args.resume, init_from=args.init_from,
         remap=not args.no_remap, **transfer,
         source_target=args.source_target, online=online,
-        stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data,
+        stop_if_behind=args.stop_if_behind, watch=watch_cfg, val_data=args.val_data, vocab=args.vocab,
     )
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns it: one line for a script
         print(atomic.dumps(result))  # an undefined metric (a loss with no position) is NaN: null there
@@ -205,6 +212,19 @@ def with_draft_config(cfg: TrainConfig, path, target_dir: Path) -> TrainConfig:
                              drafter_heads=d.num_attention_heads, drafter_kv_heads=d.num_key_value_heads,
                              drafter_head_dim=d.head_dim, drafter_norm_before_residual=d.norm_before_residual,
                              drafter_rope_scaling=rope_scaling_text(d.rope_scaling), draft_vocab_size=d.draft_vocab_size)
+
+
+def with_vocab(cfg: TrainConfig, path, size_typed: bool) -> TrainConfig:
+    """`cfg` with the draft vocab size of the --vocab at `path` (read now, refused naming it, before the run
+    reads its inputs), so that run.json records the N the drafter has (train() ignores the field then).
+    `size_typed`: --draft-vocab-size was given too; a size other than the vocab's is refused, not ignored."""
+    from drafter_lab.drafter.checkpoint import read_vocab
+
+    n = read_vocab(path).size
+    if size_typed and cfg.draft_vocab_size != n:
+        raise LabError(f"--vocab {path} holds {n} draft tokens, --draft-vocab-size asks for {cfg.draft_vocab_size}: "
+                       "give one of the two")
+    return dataclasses.replace(cfg, draft_vocab_size=n)
 
 
 def watch(args) -> int:

@@ -212,6 +212,28 @@ def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
         raise LabError(f"--resume with a different config ({', '.join(diff)}): the run would not be the same", out_dir)
 
 
+def _check_resume_vocab(saved_model: dict, d2t: torch.Tensor, out_dir) -> None:
+    """The saved lm_head rows (and d2t) are the draft vocab's the run began with ((d2t, t2d, lm_head) are
+    one unit; t2d follows from d2t): a resume under another loaded them while the teacher took the new
+    vocab's rows, so each row trained on toward another token (one of another size was blamed on another
+    lab version)."""
+    before = saved_model.get("d2t")
+    if before is None:  # _load_model refuses the state, naming the missing tensor
+        return
+    if len(before) != len(d2t):
+        diff = f"d2t has {len(before)} draft ids there, {len(d2t)} now"
+    else:
+        moved = torch.nonzero(before != d2t).flatten()
+        if not len(moved):
+            return
+        i = int(moved[0])
+        diff = (f"d2t maps {len(moved)} of {len(d2t)} draft ids to other target tokens; draft id {i}: "
+                f"target token {i + int(before[i])} there, {i + int(d2t[i])} now")
+    raise LabError(f"--resume with another draft vocab ({diff}): its lm_head rows were trained for the one "
+                   "it began with; give that vocab (--vocab with the run's directory reads it), or begin the run "
+                   "again", out_dir)
+
+
 def _check_resume_drafter(out_dir: Path, dcfg: DrafterConfig) -> None:
     """The drafter is built from the target's config, which another lab or transformers version may read
     otherwise (Gemma 3's nested RoPE base once came out 10000): a resume must build the one it saved."""
@@ -221,8 +243,9 @@ def _check_resume_drafter(out_dir: Path, dcfg: DrafterConfig) -> None:
     if not path.exists():  # killed before its first checkpoint
         return
     saved, _ = parse_config(atomic.read_json(path, "drafter config not found"), path)
+    # the draft vocab's size is _check_resume_vocab's to name: a given vocab's, not the target config's
     diff = [f"{f.name} {getattr(saved, f.name)} there, {getattr(dcfg, f.name)} now" for f in dataclasses.fields(dcfg)
-            if getattr(saved, f.name) != getattr(dcfg, f.name)]
+            if f.name != "draft_vocab_size" and getattr(saved, f.name) != getattr(dcfg, f.name)]
     if diff:
         raise LabError(f"--resume would build another drafter ({'; '.join(diff)}): finish the run with the version "
                        "it began with, or begin it again", out_dir)
@@ -452,6 +475,8 @@ class _Run:
                     raise LabError(f"--resume with other validation data: {change}", out_dir)
                 raise LabError(f"--resume with other training data ({'; '.join(_differences(saved, self.data))}): "
                                "the run would not be the same", out_dir)
+            # after the data's check: other data built another vocab too
+            _check_resume_vocab(self.saved["model"], d2t, out_dir)
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)
 

@@ -1,8 +1,9 @@
 """Reading and writing drafter checkpoints (config.json + weights) in every supported layout.
 
 Reads: our exports, SGLang/SpecForge/EAGLE (`midlayer.*`), speculators (`layers.0.*`), as
-`*.safetensors` (one file or shards) or `pytorch_model.bin`, with what SGLang and vLLM let a file
-leave out: the embedding, t2d, and for a whole-vocabulary drafter d2t and the lm_head (the target's).
+`*.safetensors` (one file or shards) or `pytorch_model.bin` (flat, or nested one level down as training
+scripts save it: STATE_DICT_KEYS), with what SGLang and vLLM let a file leave out: the embedding, t2d,
+and for a whole-vocabulary drafter d2t and the lm_head (the target's).
 Writes: the SGLang layout (what a training run's output directory holds) or the speculators layout,
 every file atomically.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +67,51 @@ def _weight_files(path: Path) -> list[Path]:
     return [f for f in files if f.suffix == ".safetensors"] or files
 
 
+STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module")
+"""Keys a training script's torch.save nests the state dict under (Lightning's `state_dict`, a plain PyTorch
+loop's `model_state_dict` or `model`, DeepSpeed's `module`). SGLang and vLLM read only a flat one."""
+
+
+def _holds_tensors(state: dict) -> bool:
+    return any(isinstance(v, torch.Tensor) for v in state.values())
+
+
+def _state_dict(state, f: Path) -> dict:
+    """The state dict a .bin holds: itself when its top level holds tensors, else the one under the only
+    STATE_DICT_KEYS entry that does. Anything else is refused: read as is, a nested one said "lacks
+    'fc.weight'" of a file that holds it, and which of two state dicts is the drafter would be a guess."""
+    if not isinstance(state, dict):
+        raise LabError("weights file does not hold a state dict", f)
+    nested = [k for k in STATE_DICT_KEYS if isinstance(state.get(k), dict) and _holds_tensors(state[k])]
+    found = (["its top level"] if _holds_tensors(state) else []) + [repr(k) for k in nested]
+    if len(found) > 1:
+        raise LabError(f"weights file holds tensors under {' and '.join(found)}: which is the drafter is a guess; "
+                       "save its state dict alone", f)
+    if not found:
+        keys = ", ".join(repr(k) for k in list(state)[:5]) + (", ..." if len(state) > 5 else "")
+        raise LabError(f"weights file holds no tensors, neither at its top level nor under "
+                       f"{', '.join(map(repr, STATE_DICT_KEYS))} (its keys: {keys or 'none'})", f)
+    state = state[nested[0]] if nested else state
+    unnamed = [k for k, v in state.items() if isinstance(v, torch.Tensor) and not isinstance(k, str)]
+    if unnamed:  # weights_only loads an int key too: its tensor has no name to load it by
+        raise LabError(f"weights file holds a tensor under the key {unnamed[0]!r}, not under a tensor name", f)
+    return state
+
+
+def _load_error(e: Exception, f: Path) -> LabError:
+    """The line for a weights file that does not load: a link to nothing and a pickled object weights_only
+    refuses (torch's own line starts with advice in terminal escapes) are not a corrupt file."""
+    if f.is_symlink() and not f.exists():  # a cache cleaned, or a download cut short
+        return LabError(f"weights file is a link to {os.readlink(f)}, which is missing (a cache cleaned, or a "
+                        "download cut short)", f)
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) \
+        else None
+    if refused:  # a whole module, or a training script's args saved beside its state dict
+        return LabError(f"weights file holds a pickled {refused[1]}, which is not loaded (unpickling it could run "
+                        "code): save the drafter's state dict alone (torch.save(model.state_dict()))", f)
+    return LabError(f"truncated or corrupt weights file ({first_line(e)})", f)
+
+
 def _read_file(f: Path, only: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """The tensors in one weights file; with `only`, just those (by our names), read alone from a
     safetensors file (a whole .bin is read either way)."""
@@ -75,12 +123,8 @@ def _read_file(f: Path, only: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
                 return {k: fh.get_tensor(k) for k in fh.keys() if not only or formats.canonical_name(k) in only}
         state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many types for a bad file
-        raise LabError(f"truncated or corrupt weights file ({first_line(e)})", f) from None
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict):
-        raise LabError("weights file does not hold a state dict", f)
-    return {k: v for k, v in state.items()
+        raise _load_error(e, f) from None
+    return {k: v for k, v in _state_dict(state, f).items()
             if isinstance(v, torch.Tensor) and (not only or formats.canonical_name(k) in only)}
 
 
@@ -120,21 +164,22 @@ def _check_shards(path: Path, files: list[Path]) -> dict[str, tuple[str, str, st
     """Every shard a shard index names must be there: without one, a tensor it held reads as left out
     (a whole-vocabulary drafter's lm_head as shared with the target), not as lost. Returns where the
     indexes put each tensor: our name -> (index, its name there, shard)."""
-    have, kind = {f.name for f in files}, files[0].suffix  # an index of the other kind names files not read
+    # an index of the other kind names files not read; with no weights file, every shard an index names is lost
+    have, kinds = {f.name for f in files}, (files[0].suffix,) if files else (".safetensors", ".bin")
     placed = {}
     for index in sorted(path.glob("*.index.json")):
         data = atomic.read_json(index, "removed as it was read", path)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict):
             continue
-        missing = sorted({v for v in weight_map.values() if isinstance(v, str) and v.endswith(kind)} - have)
+        missing = sorted({v for v in weight_map.values() if isinstance(v, str) and v.endswith(kinds)} - have)
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             are = "are" if more else "is"
             raise LabError(f"{index.name} names shard {missing[0]}{more}, which {are} missing: a save cut short or a "
                            "partial download", path)
         placed.update({formats.canonical_name(k): (index.name, k, v) for k, v in weight_map.items()
-                       if isinstance(v, str) and v.endswith(kind)})
+                       if isinstance(v, str) and v.endswith(kinds)})
     return placed
 
 
@@ -142,9 +187,9 @@ def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
     """Config and tensors (all, or `only` those) of a drafter directory, unchecked."""
     cfg, fmt = read_config(path)
     files = _weight_files(path)
+    placed = _check_shards(path, files)  # first: all an index's shards lost is not "no weights file"
     if not files:
         raise LabError("no weights file (*.safetensors or pytorch_model.bin)", path)
-    placed = _check_shards(path, files)
     tensors, where = _read_tensors(files, only)
     for name, (index, key, shard) in sorted(placed.items()):
         # a shard of another save under the same name: what the index puts there would read as left out, as

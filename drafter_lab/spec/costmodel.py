@@ -144,6 +144,10 @@ POSITIVE = ("num_layers", "verify_layer_compute_us", "decode_ms", "draft_step_us
 NON_NEGATIVE = ("allreduces_per_layer", "verify_allreduce_us", "decode_allreduce_us", "cycle_overhead_ms",
                 "decode_overhead_ms", "verify_token_compute_us", "measured_verify_ms")
 POSITIVE_LISTS = ("accept_lengths", "whatif_allreduce_us", "batches", "accept_by_steps")
+COUNTS = {"num_layers": "target layers", "allreduces_per_layer": "all-reduces per layer", "steps": "draft steps",
+          "hidden_size": "target hidden size", "dtype_bytes": "bytes per element", "verify_tokens": "tokens per verify",
+          "verify_compute_tokens": "tokens of the measured verify", "batch": "sequences", "topk": "children per node"}
+"""The fields that count something, with what they count: whole numbers, as the flags and an input file take them."""
 
 MAX_DRAFT_STEPS = 64
 """Above any engine's draft depth: bounds an accept_by_steps list (each depth is priced, again per what-if
@@ -163,19 +167,24 @@ def finite(v) -> bool:
 
 def check_fields(cfg: CostModelConfig) -> None:
     """Every count and time a finite number on its side of zero (a flag's NaN or negative overhead
-    printed nonsense tables), each field on its own: what the fields make together is CostModel's to judge."""
+    printed nonsense tables), each field on its own, and the verify measured once: what the fields make
+    together is CostModel's to judge."""
     for name in POSITIVE:
         if not (finite(v := getattr(cfg, name)) and v > 0):
             raise LabError(f"{name} must be a finite number > 0, got {v!r}")
     for name in NON_NEGATIVE:
         if not (finite(v := getattr(cfg, name)) and v >= 0):
             raise LabError(f"{name} must be a finite number >= 0, got {v!r}")
-    # a count, as a file's deployment and the flag take it: 2.5 from Python priced 152.5 all-reduces
-    if not isinstance(v := cfg.allreduces_per_layer, int):
-        raise LabError(f"allreduces_per_layer must be a whole number >= 0 (all-reduces per layer), got {v!r}")
+    # from Python too: 2.5 all-reduces per layer priced 152.5 of them, and 2.5 steps 2.5 draft steps
+    for name, what in COUNTS.items():
+        if not isinstance(v := getattr(cfg, name), int):
+            side = ">= 0" if name in NON_NEGATIVE else "> 0"
+            raise LabError(f"{name} must be a whole number {side} ({what}), got {v!r}")
     for name in POSITIVE_LISTS:
         if not all(finite(v) and v > 0 for v in getattr(cfg, name)):
             raise LabError(f"{name} must hold finite numbers > 0, got {getattr(cfg, name)!r}")
+    if not all(isinstance(b, int) for b in cfg.batches):  # each a batch table row's `batch`
+        raise LabError(f"batches must hold whole numbers > 0 (sequences), got {cfg.batches!r}")
     for name in ("accept_lengths", "accept_by_steps"):
         if any(a < 1 for a in getattr(cfg, name)):
             raise LabError(f"{name} must be at least 1 (a served accept length counts the bonus token), "
@@ -187,6 +196,10 @@ def check_fields(cfg: CostModelConfig) -> None:
         raise LabError("accept_lengths is empty: give at least one served accept length")
     if not 0 <= cfg.no_draft_share < 1:  # nan too
         raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
+    # The table priced the verify: a verify_ms beside it was ignored, yet refused when shorter than its all-reduces.
+    if cfg.measured_verify_ms and cfg.pass_ms_by_tokens:
+        raise LabError(f"a measured verify_ms (measured_verify_ms {cfg.measured_verify_ms:g}) and a `bench verify` pass "
+                       "table (verify_ms_by_tokens) both price the verify: give one of them")
 
 
 class CostModel:

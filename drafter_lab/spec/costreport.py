@@ -203,8 +203,9 @@ def format_report(r: dict, name: str) -> str:
     if r["batch_table"]:
         lines += [
             "",
-            f"batch: the same drafting with B sequences (tok/s of all of them; verify tokens and messages grow "
-            f"B-fold, {c['verify_token_compute_us']:g} us of compute per layer per further token)",
+            "batch: the same drafting with B sequences (tok/s of all of them; verify tokens and messages grow "
+            "B-fold, " + ("each pass read from the measured pass table)" if c["pass_ms_by_tokens"] else  # the field unused
+                          f"{c['verify_token_compute_us']:g} us of compute per layer per further token)"),
             f"{'batch':>5} {'verify ms':>9} {'decode ms':>9} {'base tok/s':>10} {'break-even':>10} | "
             + " ".join(f"{'A=' + a:>16}" for a in accepts),
         ]

@@ -41,13 +41,13 @@ Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation
 make `tool_calls` (its content then may be null), and a turn with role `tool` (`ipython`, Llama 3's
 name; `observation`, ShareGPT's; `function`, the OpenAI API's before it had tools) holds a result (text,
 or a JSON value such as an object or an array, read as its JSON text), with its `tool_call_id` and
-`name` where given. ShareGPT writes a call as a turn of its own, `function_call`,
-its value the call (or a list of calls) as JSON: it is read as an assistant turn making those calls;
-the OpenAI API's `function_call` on an assistant turn, its one call before tools, as that call. Each
-call is kept as a server hands it to the chat template: `{"type": "function", "function": {"name",
-"arguments"}}`, the arguments an object (a JSON string of them is parsed), so the template writes
-the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens train like the
-rest of the turn. The tool results never train: they are the tools' text, not the target's.
+`name` where given (text, as servers take them: a number is an error). ShareGPT writes a call as a turn
+of its own, `function_call`, its value the call (or a list of calls) as JSON: it is read as an assistant
+turn making those calls; the OpenAI API's `function_call` on an assistant turn, its one call before
+tools, as that call. Each call is kept as a server hands it to the chat template: `{"type": "function",
+"function": {"name", "arguments"}}`, the arguments an object (a JSON string of them is parsed), so the
+template writes the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens
+train like the rest of the turn. The tool results never train: they are the tools' text, not the target's.
 
 A turn's content may also be the OpenAI API's list of content parts, all of type "text": they are
 joined with newlines, as vLLM joins them for a template that takes text. A tool result that is a JSON
@@ -180,7 +180,10 @@ def parse_call(call, where: str, path) -> dict:
     if (bad := _non_finite(args)) is not None:  # a server's arguments too, parsed from its JSON text
         raise LabError(f"{where}: a tool call's arguments hold {json.dumps(bad)}, which is not a JSON number", path)
     out = {"type": "function", "function": {**fn, "arguments": args}}
-    return {"id": call["id"], **out} if isinstance(call.get("id"), str) else out
+    cid = call.get("id")  # text, as a tool turn's tool_call_id that answers it (null: none)
+    if cid is not None and not isinstance(cid, str):
+        raise LabError(f"{where}: a tool call's id is {type(cid).__name__}, not text", path)
+    return {"id": cid, **out} if cid is not None else out
 
 
 def _non_finite(value) -> float | None:
@@ -292,7 +295,12 @@ def _parse_turn(turn, where: str, path) -> dict:
             raise LabError(f"{where}: tool_calls must be a list, on an assistant turn", path)
         out["tool_calls"] = [parse_call(c, where, path) for c in calls]
     if out["role"] == "tool":
-        out.update({k: turn[k] for k in ("tool_call_id", "name") if isinstance(turn.get(k), str)})
+        # Text, as the OpenAI API's tool message and SGLang's and vLLM's request models take them (a server
+        # refuses a number); null is absent, as a table of both dialects writes it.
+        for k in ("tool_call_id", "name"):
+            if turn.get(k) is not None and not isinstance(turn[k], str):
+                raise LabError(f"{where}: a tool turn's {k} is {type(turn[k]).__name__}, not text", path)
+        out.update({k: turn[k] for k in ("tool_call_id", "name") if turn.get(k) is not None})
     ids = turn.get("token_ids")
     if ids is not None:
         if not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
@@ -402,12 +410,12 @@ def read_conversations(path, strict: bool = False, prompts: bool = False) -> tup
     rows = 0
     for where, obj in _rows(blob, path):
         rows += 1
+        # json.loads read obj from deeper in the stack, so dumps meets no recursion limit (nor an int too long
+        # for text, which loads refuses): a surrogate is all that fails here.
         try:
             json.dumps(obj, ensure_ascii=False).encode()  # json takes a lone UTF-16 surrogate; no tokenizer does
         except UnicodeEncodeError as e:
             raise LabError(f"{where}: text holds an unpaired surrogate (\\u{ord(e.object[e.start]):04x})", path) from None
-        except (ValueError, RecursionError) as e:
-            raise LabError(f"{where} is not valid JSON ({e})", path) from None
         if not isinstance(obj, dict):
             raise LabError(f"{where}: expected a JSON object, got {type(obj).__name__}", path)
         turns = _either(obj, "conversations", "messages")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -237,12 +238,13 @@ def watch(args) -> int:
         cfg = labconfig.apply_cli_args(WatchConfig(), args)
         check_watch(cfg)
     shown, waiting = 0, False
+    said = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the verdict alone: a script parses it
     while True:
         # a run or baseline still starting up (the two are often started together)
         absent = [Path(d) / METRICS for d in (args.run, args.baseline) if not (Path(d) / METRICS).exists()]
         if args.follow and absent:
             if not waiting:
-                print(f"waiting for {' and '.join(map(str, absent))}", flush=True)
+                print(f"waiting for {' and '.join(map(str, absent))}", file=said, flush=True)
                 waiting = True
             time.sleep(args.follow)
             continue
@@ -257,12 +259,12 @@ def watch(args) -> int:
         at = stopped_at(Path(args.run))  # by its own watch: it logs nothing more (following it never ended)
         stopped = at is not None and bool(rows) and rows[-1]["step"] <= at
         if stopped:
-            print(f"the run's own watch stopped it at step {at}", flush=True)
+            print(f"the run's own watch stopped it at step {at}", file=said, flush=True)
         if not args.follow or verdict.stop or ended or stopped:
             break
         if len(verdict.rows) > shown:
             shown = len(verdict.rows)
-            print(f"step {verdict.rows[-1]['step']}: keep training ({verdict.reason})", flush=True)
+            print(f"step {verdict.rows[-1]['step']}: keep training ({verdict.reason})", file=said, flush=True)
         time.sleep(args.follow)
     note = comparison_note(info, base_info, cfg.watch_axis)
     if args.json:
@@ -279,6 +281,7 @@ def watch(args) -> int:
 
 def _print_verdict(verdict, cfg: WatchConfig, note: str | None, last: int = 10) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     tokens = cfg.watch_axis != "step"
@@ -292,6 +295,8 @@ def _print_verdict(verdict, cfg: WatchConfig, note: str | None, last: int = 10) 
     con = Console()
     if verdict.rows:
         con.print(table)
+    # Paths and metric names are not markup: rich dropped a path's "[old]" and raised MarkupError on a "[/]"
     if note:
-        con.print(f"[yellow]note:[/] {note}", soft_wrap=True)
-    con.print(("[bold red]stop[/]: " if verdict.stop else "[bold green]keep training[/]: ") + verdict.reason, soft_wrap=True)
+        con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    con.print(("[bold red]stop[/]: " if verdict.stop else "[bold green]keep training[/]: ") + escape(verdict.reason),
+              soft_wrap=True)

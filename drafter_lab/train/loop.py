@@ -240,9 +240,11 @@ def _check_resume_drafter(out_dir: Path, dcfg: DrafterConfig) -> None:
     from drafter_lab.drafter.formats import parse_config
 
     path = out_dir / CONFIG
-    if not path.exists():  # killed before its first checkpoint
-        return
-    saved, _ = parse_config(atomic.read_json(path, "drafter config not found"), path)
+    # Every checkpoint writes it before the train state: without it the run would go on unchecked, or end
+    # "already finished" as a drafter nothing can load.
+    missing = ("drafter config not found beside the run's train state (damaged run directory): restore it, or "
+               "begin the run again")
+    saved, _ = parse_config(atomic.read_json(path, missing), path)
     # the draft vocab's size is _check_resume_vocab's to name: a given vocab's, not the target config's
     diff = [f"{f.name} {getattr(saved, f.name)} there, {getattr(dcfg, f.name)} now" for f in dataclasses.fields(dcfg)
             if f.name != "draft_vocab_size" and getattr(saved, f.name) != getattr(dcfg, f.name)]
@@ -321,7 +323,8 @@ def _rendered_before(out_dir: Path) -> dict | None:
     can be read), for a resume to render alike: the day a template that reads the clock wrote."""
     with contextlib.suppress(LabError):
         info = atomic.read_json(out_dir / RUN_FILE, "no run.json", out_dir)
-        return info.get("features") if isinstance(info, dict) else None
+        features = info.get("features") if isinstance(info, dict) else None
+        return features if isinstance(features, dict) else None  # a hand-edited one: read as no record
     return None
 
 
@@ -460,7 +463,6 @@ class _Run:
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
             _check_resume_config(self.saved["config"], cfg, out_dir)
-            _check_resume_drafter(out_dir, dcfg)
             saved = self.saved.get("data", self.data)  # states saved before it was kept lack it
             self.data = as_recorded(saved, self.data, out_dir)
             if saved != self.data and without(saved, [ENCODED_HASH]) == without(self.data, [ENCODED_HASH]):
@@ -475,7 +477,8 @@ class _Run:
                     raise LabError(f"--resume with other validation data: {change}", out_dir)
                 raise LabError(f"--resume with other training data ({'; '.join(_differences(saved, self.data))}): "
                                "the run would not be the same", out_dir)
-            # after the data's check: other data built another vocab too
+            # after the data's check: other features hold other aux layers, and other data built another vocab
+            _check_resume_drafter(out_dir, dcfg)
             _check_resume_vocab(self.saved["model"], d2t, out_dir)
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)

@@ -166,10 +166,16 @@ def _check_shards(path: Path, files: list[Path]) -> dict[str, tuple[str, str, st
     indexes put each tensor: our name -> (index, its name there, shard)."""
     # an index of the other kind names files not read; with no weights file, every shard an index names is lost
     have, kinds = {f.name for f in files}, (files[0].suffix,) if files else (".safetensors", ".bin")
+    # shards (model-00001-of-00002.safetensors) need their index; a lone model.safetensors loads without it
+    sharded = any(re.search(r"-\d+-of-\d+\.\w+$", f.name) for f in files)
     placed = {}
     for index in sorted(path.glob("*.index.json")):
         data = atomic.read_json(index, "removed as it was read", path)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if index.name.endswith(f"{kinds[0]}.index.json") and sharded and \
+                (not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values())):
+            # as transformers does; skipped, a shard lost beside it read as the tensors it held left out
+            raise LabError("not a shard index (an object whose weight_map names a file per tensor)", index)
         if not isinstance(weight_map, dict):
             continue
         missing = sorted({v for v in weight_map.values() if isinstance(v, str) and v.endswith(kinds)} - have)
@@ -527,7 +533,7 @@ def run_record(src) -> dict:
         return {}
     try:
         run = json.loads(path.read_text())
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not UTF-8 text, or nested too deep for the parser
         raise LabError("not valid JSON", path) from None
     if not isinstance(run, dict) or not isinstance(run.get("config", {}), dict) or \
             not isinstance(run.get("target", {}), dict):

@@ -34,6 +34,9 @@ class OracleTrees(NgramDrafter):
     def draft(self, root, histories, steps, topk, draft_tokens, pad_id):
         r, drafts = self.rng, []
         for h in histories:
+            if h is None:  # a finished row drafts nothing
+                drafts.append([])
+                continue
             seq = next(f for f in self.full if f[:len(h)] == h)
             true = seq[len(h):len(h) + steps]
             cut = r.randint(0, len(true)) if r.random() < 0.5 else len(true)

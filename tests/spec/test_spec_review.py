@@ -128,6 +128,9 @@ class OracleDrafter(NgramDrafter):
     def draft(self, root, histories, steps, topk, draft_tokens, pad_id) -> DraftTree:
         rng, rows = self.rng, []
         for h in histories:
+            if h is None:  # a finished row drafts nothing
+                rows.append([])
+                continue
             i = next(i for i, p in enumerate(self.prompts) if h == p + self.refs[i][:len(h) - len(p)])
             out = h[len(self.prompts[i]):]
             true = self.refs[i][len(out):len(out) + steps + 1]  # the greedy drafts, then the bonus

@@ -154,15 +154,34 @@ def pinned(tokenizer, template_kwargs: dict | None, recorded: Iterable[dict | No
     `recorded` (settings that record how text was rendered: the manifest a run resumes, the
     `rendered_with` of answers it takes) made with this template, else today. Unchanged for a template
     that reads no clock (so the settings of such runs stay as they were), and where that first record
-    names no day: work begun before the lab pinned it resumes as it was made."""
+    names no day: work begun before the lab pinned it resumes as it was made. A record whose variables
+    are no object, or whose day is no day, pins nothing: the check of the work it records (its manifest,
+    journal or answers against these settings) then refuses it naming its file, which this cannot."""
     if not reads_clock(tokenizer) or TEMPLATE_DATE in (template_kwargs or {}):
         return template_kwargs
     ours = template_sha256(tokenizer)
-    before = next((r.get("chat_template_kwargs") or {} for r in recorded
-                   if isinstance(r, dict) and r.get(TEMPLATE_HASH) == ours), None)
+    before = next((kw for r in recorded if (kw := _recorded_kwargs(r, ours)) is not None), None)
     if before is not None and TEMPLATE_DATE not in before:
         return template_kwargs
     return {**(template_kwargs or {}), TEMPLATE_DATE: before[TEMPLATE_DATE] if before else _today()}
+
+
+def _recorded_kwargs(record, template: str) -> dict | None:
+    """The template variables `record` (one of `pinned`'s) names ({} for none), where it was made with
+    `template` (its hash) and they are an object whose day, if any, is a day; None otherwise."""
+    if not isinstance(record, dict) or record.get(TEMPLATE_HASH) != template:
+        return None
+    kwargs = record.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        return None
+    try:
+        if TEMPLATE_DATE in kwargs:
+            template_date(kwargs[TEMPLATE_DATE])
+    except ValueError:
+        return None
+    return kwargs
 
 
 def _today() -> str:

@@ -160,6 +160,10 @@ def read_config(path) -> tuple[DrafterConfig, str]:
     return formats.parse_config(data, cfg_file)
 
 
+SHARD_NAME = re.compile(r"(.+)-(\d+)-of-(\d+)(\.\w+)")
+"""A shard's name as save_pretrained writes it (model-00001-of-00002.safetensors): its number, then how many."""
+
+
 def _check_shards(path: Path, files: list[Path]) -> dict[str, tuple[str, str, str]]:
     """Every shard a shard index names must be there: without one, a tensor it held reads as left out
     (a whole-vocabulary drafter's lm_head as shared with the target), not as lost. Returns where the
@@ -167,7 +171,7 @@ def _check_shards(path: Path, files: list[Path]) -> dict[str, tuple[str, str, st
     # an index of the other kind names files not read; with no weights file, every shard an index names is lost
     have, kinds = {f.name for f in files}, (files[0].suffix,) if files else (".safetensors", ".bin")
     # shards (model-00001-of-00002.safetensors) need their index; a lone model.safetensors loads without it
-    sharded = any(re.search(r"-\d+-of-\d+\.\w+$", f.name) for f in files)
+    sharded = any(SHARD_NAME.fullmatch(f.name) for f in files)
     placed = {}
     for index in sorted(path.glob("*.index.json")):
         data = atomic.read_json(index, "removed as it was read", path)
@@ -189,6 +193,23 @@ def _check_shards(path: Path, files: list[Path]) -> dict[str, tuple[str, str, st
     return placed
 
 
+def _check_numbered_shards(path: Path, files: list[Path]) -> None:
+    """Every shard the `-of-N` names count must be there. Shards without an index are read all, as SGLang and
+    vLLM read every *.safetensors (transformers refuses them); one lost read as the tensors it held left out
+    (a whole-vocabulary drafter's lm_head as its target's), not as lost."""
+    groups: dict[tuple[str, str, str], tuple[int, set[int]]] = {}  # (stem, N, suffix) -> (digits, numbers there)
+    for f in files:
+        if m := SHARD_NAME.fullmatch(f.name):
+            stem, i, n, suffix = m.groups()
+            groups.setdefault((stem, n, suffix), (len(i), set()))[1].add(int(i))
+    for (stem, n, suffix), (digits, have) in sorted(groups.items()):
+        if lost := int(n) - sum(1 <= i <= int(n) for i in have):
+            first = next(i for i in range(1, int(n) + 1) if i not in have)
+            more = f" and {lost - 1} more" if lost > 1 else ""
+            raise LabError(f"shard {stem}-{first:0{digits}d}-of-{n}{suffix}{more} {'are' if more else 'is'} missing "
+                           f"(the shards' names count {int(n)}): a save cut short or a partial download", path)
+
+
 def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
     """Config and tensors (all, or `only` those) of a drafter directory, unchecked."""
     cfg, fmt = read_config(path)
@@ -203,6 +224,7 @@ def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
         if name not in tensors and (not only or name in only):
             raise LabError(f"{index} puts tensor {key!r} in {shard}, which does not hold it: a shard of another "
                            "save, or a partial download", path)
+    _check_numbered_shards(path, files)  # after reading: a stale file beside a shard is "in two places"
     return Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
 
 
@@ -513,6 +535,9 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
         own = formats.speculators_serving(atomic.read_json(Path(src) / CONFIG, "config.json is missing", src),
                                           Path(src) / CONFIG, unset) if ckpt.format == formats.SPECULATORS else {}
         architecture = run.get("target", {}).get("architecture")
+        if verifier and architecture is not None and not isinstance(architecture, str):
+            # carried into vLLM's verifier architectures as is, where a name is looked up
+            raise LabError(f"'architecture' is {architecture!r}, not a string", Path(src) / "run.json")
         serving = {"speculative_tokens": speculative_tokens or own.get("speculative_tokens")
                    or _recorded_depth(run, src) or formats.SPECULATIVE_TOKENS,
                    "verifier": verifier or own.get("verifier"),
@@ -529,10 +554,14 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
 def run_record(src) -> dict:
     """The training run's record beside a drafter the lab trained ({} for one from elsewhere)."""
     path = Path(src) / "run.json"
-    if not path.is_file():
-        return {}
     try:
-        run = json.loads(path.read_text())
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):  # the latter: `src` is a file
+        return {}
+    except IsADirectoryError:
+        raise LabError("is a directory, not a JSON file", path) from None
+    except OSError as e:  # another user's 0600 file, a read error
+        raise LabError(f"cannot read it: {e.strerror}", path) from None
     except (ValueError, RecursionError):  # not JSON, not UTF-8 text, or nested too deep for the parser
         raise LabError("not valid JSON", path) from None
     if not isinstance(run, dict) or not isinstance(run.get("config", {}), dict) or \

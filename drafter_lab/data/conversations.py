@@ -169,8 +169,8 @@ def _row_tools(obj: dict, where: str, path) -> list[dict] | None:
 
 
 def parse_call(call, where: str, path) -> dict:
-    """A tool call in the form servers hand templates: {"type": "function", "function": {"name",
-    "arguments" (an object)}}, from that form or a bare {"name", "arguments"}."""
+    """A tool call in the form servers hand templates: {"id" (where given), "type": "function", "function":
+    {"name", "arguments" (an object)}}, from that form or a bare {"id", "name", "arguments"}."""
     fn = call.get("function", call) if isinstance(call, dict) else None
     raw = fn.get("arguments", {}) if isinstance(fn, dict) else None
     # "" for a call without arguments, as some clients record one
@@ -179,7 +179,10 @@ def parse_call(call, where: str, path) -> dict:
         raise LabError(f"{where}: a tool call needs a name and arguments (an object, or a JSON string of one)", path)
     if (bad := _non_finite(args)) is not None:  # a server's arguments too, parsed from its JSON text
         raise LabError(f"{where}: a tool call's arguments hold {json.dumps(bad)}, which is not a JSON number", path)
-    out = {"type": "function", "function": {**fn, "arguments": args}}
+    # id and type are the call's, never its function's (a bare call holds them beside its name): templates
+    # read tool_call.id (Mistral's)
+    fields = {k: v for k, v in fn.items() if k not in ("id", "type")}
+    out = {"type": "function", "function": {**fields, "arguments": args}}
     cid = call.get("id")  # text, as a tool turn's tool_call_id that answers it (null: none)
     if cid is not None and not isinstance(cid, str):
         raise LabError(f"{where}: a tool call's id is {type(cid).__name__}, not text", path)

@@ -98,7 +98,9 @@ def val_curve(rows: list[dict], metric: str, where, axis: str = "step") -> list[
                        where)
     for r in val:  # a hand-edited value: a TypeError in the sort or the interpolation below
         for key in (axis, metric):
-            if key in r and not _is_number(r[key]):
+            # Positions Infinity or NaN (Python's json reads them): the baseline interpolated at Infinity is NaN,
+            # and a NaN gap counted as behind.
+            if key in r and not (_is_number(r[key]) and (key != axis or math.isfinite(r[key]))):
                 raise LabError(f"its validation at step {r.get('step')} has {key} {json.dumps(r[key])}, "
                                "not a number", where)
     # A validation that scored no position measured nothing: its accuracies read 0, not NaN.
@@ -136,7 +138,8 @@ def _gap_text(gaps: list[float], metric: str) -> str:
 
 
 def _parity(rows: list[dict]) -> float | None:
-    """Where on the axis the least-squares line through (at, gap) reaches 0, if it rises toward it."""
+    """Where on the axis the least-squares line through (at, gap) reaches 0, if it rises toward it (one
+    point, a window of one, has no line: None)."""
     n = len(rows)
     xs, ys = [r["at"] for r in rows], [r["gap"] for r in rows]
     mx, my = sum(xs) / n, sum(ys) / n
@@ -179,7 +182,7 @@ def judge(run_rows: list[dict], base_rows: list[dict], cfg: WatchConfig, total: 
     head = f"{m} {_gap_text([last['gap']], m)} against the baseline at {_at_text([last['at']], axis)}"
     if any(r["gap"] >= -cfg.watch_margin for r in window):
         return Verdict(False, f"{head}: not behind at each of the last {cfg.watch_window} validations", rows)
-    parity = _parity(window) if len(window) > 1 else None
+    parity = _parity(window)
     behind = f"behind at {_at_text([r['at'] for r in window], axis)} ({_gap_text([r['gap'] for r in window], m)})"
     if parity is not None and (total is None or parity <= total):
         return Verdict(False, f"{head}: {behind} but closing, parity near {_at_text([round(parity)], axis)}",
@@ -312,7 +315,7 @@ def stopped_at(out_dir: Path) -> int | None:
     path = out_dir / WATCH_FILE
     if not path.exists():
         return None
-    verdict = atomic.read_json(path, "")
+    verdict = atomic.read_json(path, "removed as it was read")
     step = verdict.get("step") if isinstance(verdict, dict) else None
     if not isinstance(step, int) or isinstance(step, bool):  # true is an int to Python, not a step
         raise LabError("not the watch's verdict (a JSON object with the step it stopped at)", path)

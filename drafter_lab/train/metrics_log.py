@@ -88,8 +88,11 @@ def read_metrics(path) -> list[dict]:
             raise LabError(f"line {i} is not valid JSON ({e})", path) from None
         if not isinstance(row, dict):
             raise LabError(f"line {i} is not a metrics record (a JSON object)", path)
-        if type(row.get("step")) is not int:  # a hand-edited row: every reader orders and matches by it
-            what = f'"step" {json.dumps(row["step"])} is not an integer' if "step" in row else 'no "step"'
+        step = row.get("step")
+        # a hand-edited row: every reader orders and matches by it (and the watch reads it as a float)
+        if type(step) is not int or not 0 <= step < 2**63:
+            what = ('no "step"' if "step" not in row else f'"step" {json.dumps(step)} is not an integer'
+                    if type(step) is not int else f'"step" {step} is not a step (0 to 2**63 - 1)')
             raise LabError(f"line {i} is not a metrics record: {what}", path)
         rows.append(nan_for_null(row))
     return rows

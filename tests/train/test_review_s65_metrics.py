@@ -183,3 +183,12 @@ def test_the_size_a_checkpoint_records_is_synced_to_disk_first(tmp_path, monkeyp
     monkeypatch.setattr("drafter_lab.train.metrics_log.os.fsync", synced.append)
     assert log.sync_size() == log.path.stat().st_size > 0
     assert len(synced) == 1
+
+
+@pytest.mark.parametrize("step", [-1, 2**63, 10**400])
+def test_a_step_past_any_run_is_refused_naming_the_line(tmp_path, step):
+    """A hand-edited step of 10**400 read, then the watch's float of it was an OverflowError traceback."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "loss": 1.0}\n' + f'{{"step": {step}, "loss": 1.0}}\n')
+    with pytest.raises(LabError, match=rf'^{path}: line 2 is not a metrics record: "step" {step} is not a step'):
+        read_metrics(path)

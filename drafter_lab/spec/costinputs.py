@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 from drafter_lab import atomic
@@ -74,7 +75,7 @@ def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
     length it lists less the bonus token (deeper adds nothing), and at least depth 1. A longer length than
     `steps` (else MAX_DRAFT_STEPS) allows is refused: it drove the table that deep (a huge one hung)."""
     try:
-        counts = {int(n): c for n, c in histogram.items()}
+        counts = {_whole(n): c for n, c in histogram.items()}
     except (AttributeError, TypeError, ValueError):
         raise LabError("accept_histogram must map served accept lengths to counts", path) from None
     # int() cut 1.7 to 1; a negative one read as none
@@ -273,11 +274,25 @@ def batch_of(result: dict, path=None) -> int:
     return int(c.get("batch") or c.get("concurrency") or 1)
 
 
+def _whole(key) -> int:
+    """A table key as a whole number, JSON's "8" or a Python caller's 8; any other is a ValueError, as int("1.5")
+    raises (int() read a caller's 1.5 and True as 1, and "1_6" as 16)."""
+    if isinstance(key, bool) or not (isinstance(key, int) or isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key)):
+        raise ValueError(f"no whole number: {key!r}")
+    return int(key)
+
+
 def _batch_table(table, key: str, path) -> dict[int, float]:
-    try:
-        out = {int(b): positive(us, f"{key}[{b}]", path) for b, us in table.items()}
-    except (AttributeError, ValueError):
-        raise LabError(f"{key} must map batch sizes to microseconds", path) from None
+    if not isinstance(table, dict):
+        raise LabError(f"{key} must map batch sizes to microseconds", path)
+    out = {}
+    for b, us in table.items():
+        try:
+            batch = _whole(b)
+        except ValueError:
+            raise LabError(f"{key} must map batch sizes to microseconds: batch {b!r} is no whole number of sequences",
+                           path) from None
+        out[batch] = positive(us, f"{key}[{b}]", path)
     if not out or min(out) < 1 or not finite(max(out)):  # float() of a 400-digit batch overflowed when read
         raise LabError(f"{key} must map batch sizes (>= 1) to microseconds", path)
     return out
@@ -333,7 +348,7 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
         ar = data["allreduce_us"]
         if isinstance(ar, dict):
             try:
-                sizes = {int(k): us for k, us in ar.items()}
+                sizes = {_whole(k): us for k, us in ar.items()}
             except ValueError:
                 sizes = {0: None}
             if not sizes:
@@ -368,7 +383,7 @@ def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
 
 def _pass_table(table, path) -> dict[int, dict[int, float]]:
     try:
-        out = {int(b): {int(t): positive(ms, f"verify_ms_by_tokens[{b}][{t}]", path) for t, ms in row.items()}
+        out = {_whole(b): {_whole(t): positive(ms, f"verify_ms_by_tokens[{b}][{t}]", path) for t, ms in row.items()}
                for b, row in table.items()}
     except (AttributeError, ValueError):
         raise LabError("verify_ms_by_tokens must map batch sizes to {tokens per row: ms}", path) from None

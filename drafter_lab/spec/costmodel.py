@@ -165,6 +165,11 @@ def finite(v) -> bool:
         return False
 
 
+def _count(v) -> bool:
+    """Whether `v` is a whole number >= 1 (not a bool, not past float's range): a table's batch or tokens."""
+    return isinstance(v, int) and finite(v) and v >= 1
+
+
 def check_fields(cfg: CostModelConfig) -> None:
     """Every count and time a finite number on its side of zero (a flag's NaN or negative overhead
     printed nonsense tables), each field on its own, and the verify measured once: what the fields make
@@ -185,6 +190,16 @@ def check_fields(cfg: CostModelConfig) -> None:
             raise LabError(f"{name} must hold finite numbers > 0, got {getattr(cfg, name)!r}")
     if not all(isinstance(b, int) for b in cfg.batches):  # each a batch table row's `batch`
         raise LabError(f"batches must hold whole numbers > 0 (sequences), got {cfg.batches!r}")
+    # from Python too, as `batches` is: a batch of 1.5 sequences was priced as a measured point of its own
+    for name in ("draft_step_us_by_batch", "draft_extend_us_by_batch"):
+        table = getattr(cfg, name)
+        if not all(_count(b) and finite(us) and us > 0 for b, us in table.items()):
+            raise LabError(f"{name} must map whole batch sizes (>= 1) to finite microseconds > 0, got {table!r}")
+    passes = cfg.pass_ms_by_tokens  # an empty row was an IndexError, and a NaN pass priced NaN tok/s
+    if not all(_count(b) and row and all(_count(t) and finite(ms) and ms > 0 for t, ms in row.items())
+               for b, row in passes.items()):
+        raise LabError("pass_ms_by_tokens must map whole batch sizes (>= 1) to {whole tokens per row (>= 1): finite "
+                       f"ms > 0}}, got {passes!r}")
     for name in ("accept_lengths", "accept_by_steps"):
         if any(a < 1 for a in getattr(cfg, name)):
             raise LabError(f"{name} must be at least 1 (a served accept length counts the bonus token), "
@@ -209,7 +224,8 @@ class CostModel:
         if self._layer_base_us <= 0:
             raise LabError(f"the measured verify_ms {cfg.measured_verify_ms:g} is shorter than its {self.n_allreduce} "
                            f"all-reduces of {cfg.verify_allreduce_us:g} us: lower verify_allreduce_us")
-        if self.layer_compute_us <= 0:
+        # a pass table prices the verify: the per-layer fields it replaces may come to anything
+        if not cfg.pass_ms_by_tokens and self.layer_compute_us <= 0:
             raise LabError(f"verify compute per layer at {cfg.verify_tokens} tokens comes to "
                            f"{self.layer_compute_us:g} us: lower verify_token_compute_us")
         if self.decode_compute_ms <= 0:

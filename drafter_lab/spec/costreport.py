@@ -89,7 +89,8 @@ def report(cfg: CostModelConfig, measured: Latency | None = None, priced: bool =
         "verify_allreduce_us": cfg.verify_allreduce_us if at is None else measured_us,
         "decode_allreduce_us": m.decode_allreduce_us(at),
         "verify_compute_ms": m.verify_compute_ms,
-        "layer_compute_us": m.layer_compute_us,
+        # a pass table prices the verify whole: the per-layer split it replaces may come to anything
+        "layer_compute_us": None if cfg.pass_ms_by_tokens else m.layer_compute_us,
         "verify_ms": m.verify_ms(at),
         "draft_step_us": m.draft_step_us,
         "first_draft_us": m.first_draft_us,

@@ -63,8 +63,6 @@ from drafter_lab.train.watch import (
     stopped_at,
 )
 
-"""Written when the watch stopped the run: its verdict, the step, the baseline and the settings."""
-
 # Fields that may change between a run and its --resume without changing what it computes (a
 # device or a micro-batching changes only the rounding: a run that ran out of memory resumes with
 # more accumulation steps).
@@ -204,11 +202,13 @@ def _replays(val_temperature: float, sampled_at: float | None, main: bool) -> bo
     return False
 
 
-def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir) -> None:
+def _check_resume_config(saved: dict, cfg: TrainConfig, out_dir, later: tuple[str, ...] = ()) -> None:
+    """Refuse a resume whose config computes another run; fields in `later`, differing alone, are left to a
+    later check that names the difference better."""
     now = labconfig.to_dict(cfg)
     # a field added after the run was saved computes what the code before it did at its unkeyed default
     diff = sorted(k for k in now if k not in RESUMABLE_CHANGES and saved.get(k, UNKEYED_DEFAULTS.get(k)) != now[k])
-    if diff:
+    if set(diff) - set(later):
         raise LabError(f"--resume with a different config ({', '.join(diff)}): the run would not be the same", out_dir)
 
 
@@ -462,7 +462,9 @@ class _Run:
                                f"at {cfg.val_temperature} (data prepare --token-exact, or online --token-exact)")
         if resume and state.state_path(out_dir).exists():
             self.saved = state.load(out_dir)
-            _check_resume_config(self.saved["config"], cfg, out_dir)
+            # A run begun with --vocab and resumed without it differs in draft_vocab_size alone: the vocab's check
+            # below says how to give it.
+            _check_resume_config(self.saved["config"], cfg, out_dir, later=("draft_vocab_size",))
             saved = self.saved.get("data", self.data)  # states saved before it was kept lack it
             self.data = as_recorded(saved, self.data, out_dir)
             if saved != self.data and without(saved, [ENCODED_HASH]) == without(self.data, [ENCODED_HASH]):
@@ -480,6 +482,7 @@ class _Run:
             # after the data's check: other features hold other aux layers, and other data built another vocab
             _check_resume_drafter(out_dir, dcfg)
             _check_resume_vocab(self.saved["model"], d2t, out_dir)
+            _check_resume_config(self.saved["config"], cfg, out_dir)  # a size that a given vocab overrode
         elif not resume and (state.state_path(out_dir).exists() or (out_dir / METRICS).exists()):
             raise LabError("already holds a training run: pass --resume, or choose another --out", out_dir)
 

@@ -36,7 +36,7 @@ thinking content part, for Mistral's). Mistral's own form, thinking parts (`{"ty
 "thinking": ...}`) ahead of the text parts of an answer, is read as `reasoning_content` too.
 
 Tool use, as the OpenAI API and SGLang and vLLM servers write it: a conversation may list the
-`tools` it offers (objects, or a JSON string of them as some datasets store it; the OpenAI API's
+`tools` it offers (objects, or a JSON string of them as some datasets store it, an empty one none; the OpenAI API's
 `functions` before it had tools, bare function schemas, read as those tools), an assistant turn may
 make `tool_calls` (its content then may be null), and a turn with role `tool` (`ipython`, Llama 3's
 name; `observation`, ShareGPT's; `function`, the OpenAI API's before it had tools) holds a result (text,
@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drafter_lab import atomic
+from drafter_lab.data.capture_config import TEMPLATE_DATE, template_date
 from drafter_lab.errors import LabError
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -157,10 +158,16 @@ def _parse_tools(tools, where: str, path, name: str = "tools") -> list[dict]:
     return tools
 
 
+def _blank_is_none(value):
+    """None for an empty (or blank) string: a table's column of JSON text (pandas, `datasets`) holds one
+    on rows without any tools or calls, where clients leave them out or send null."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 def _row_tools(obj: dict, where: str, path) -> list[dict] | None:
     """A row's `tools`, or the OpenAI API's `functions` from before tools (bare function schemas) in
-    the form `tools` takes, so the template offers the functions its calls use."""
-    tools, functions = obj.get("tools"), obj.get("functions")
+    the form `tools` takes, so the template offers the functions its calls use; an empty string is none."""
+    tools, functions = (_blank_is_none(obj.get(k)) for k in ("tools", "functions"))
     if tools is not None and functions is not None:
         raise LabError(f"{where}: both tools and functions (the older form of tools): keep one", path)
     if functions is not None:
@@ -244,10 +251,10 @@ def _either(obj: dict, key: str, other: str):
 
 def _calls_of(raw):
     """tool_calls as given, or parsed from the JSON string some datasets store them as (as tools and
-    arguments); an empty string is none, other text stays, to be refused as no list."""
-    if not isinstance(raw, str):
-        return raw
-    return (_json_or_same(raw) or raw) if raw.strip() else None
+    arguments: "[]" is none, as [] is); an empty string is none, other text stays, to be refused as no list."""
+    raw = _blank_is_none(raw)
+    calls = _json_or_same(raw)  # a list (or None) as it is
+    return raw if calls is None else calls
 
 
 def _parse_turn(turn, where: str, path) -> dict:
@@ -323,6 +330,7 @@ def _parse_turn(turn, where: str, path) -> dict:
         if prompted is not None:
             if not isinstance(prompted, dict):
                 raise LabError(f"{where}: rendered_with must be an object", path)
+            _check_template_kwargs(prompted.get("chat_template_kwargs"), where, path)
             out["rendered_with"] = prompted
     reason = turn.get("finish_reason")
     if reason is not None and out["role"] == "assistant":  # left out as before on other turns, which no server ends
@@ -331,6 +339,21 @@ def _parse_turn(turn, where: str, path) -> dict:
             raise LabError(f"{where}: finish_reason must be text (\"stop\", \"length\")", path)
         out["finish_reason"] = reason
     return out
+
+
+def _check_template_kwargs(kwargs, where: str, path) -> None:
+    """An answer's recorded template variables: chat.pinned passes over those that are no object, or
+    whose day is no day, and leaves their refusal to this reader, which names the file."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise LabError(f"{where}: rendered_with's chat_template_kwargs is {type(kwargs).__name__}, not an object",
+                       path)
+    try:
+        if TEMPLATE_DATE in kwargs:
+            template_date(kwargs[TEMPLATE_DATE])
+    except ValueError as e:
+        raise LabError(f"{where}: rendered_with's {e}", path) from None
 
 
 def _add_system(messages: list[dict], system, where: str, path) -> None:

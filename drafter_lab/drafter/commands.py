@@ -96,7 +96,9 @@ def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
 
     if target is None:
         recorded = run_record(drafter).get("target", {}).get("path")
-        if not (isinstance(recorded, str) and (Path(recorded) / "config.json").is_file()):
+        if recorded is not None and not isinstance(recorded, str):  # as a transfer refuses it
+            raise LabError(f"run record's target.path is {recorded!r}, not a string", Path(drafter) / "run.json")
+        if not (recorded and (Path(recorded) / "config.json").is_file()):
             return None, None
         target = recorded
     path = Path(target) / "config.json"

@@ -234,6 +234,12 @@ def _object(data: dict, key: str, path) -> dict:
     return value or {}
 
 
+def _given(data: dict, key: str, default):
+    """Field `key` as written, `default` when absent or null (HF configs write null for a field left unset)."""
+    value = data.get(key)
+    return default if value is None else value
+
+
 def _flag(data: dict, key: str, path, default: bool = False) -> bool:
     """Field `key`, a JSON boolean (`default` when absent or null); a string such as "false" would be
     truthy, so anything else is refused rather than read as true."""
@@ -280,7 +286,7 @@ def _refuse_target(data: dict, path) -> None:
             any(not isinstance(a, str) or any(p in a.lower() for p in _DRAFTER_NAME_PARTS) for a in archs):
         return
     text = text_model_fields(data) or {}
-    layers = data.get("num_hidden_layers", text.get("num_hidden_layers"))
+    layers = _given(data, "num_hidden_layers", text.get("num_hidden_layers"))
     if isinstance(layers, int) and not isinstance(layers, bool) and layers > 1:
         raise LabError(f"a target model ({archs[0]}, {layers} layers), not a drafter: give the drafter's directory",
                        path)
@@ -293,18 +299,18 @@ def _refuse_variants(data: dict, path) -> None:
                 "mlp_bias"):
         if _flag(data, key, path) or _flag(eagle, key, path):
             raise LabError(f"drafter variant {key}=true is not supported (plain EAGLE-3 only)", path)
-    act = data.get("hidden_act", "silu")
+    act = _given(data, "hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise LabError(f"drafter hidden_act {act!r} is not supported (SiLU only)", path)
     if not _flag(eagle, "use_aux_hidden_state", path, True):  # vLLM: no fc, the target's last state goes in as is
         raise LabError("drafter with use_aux_hidden_state=false is not supported (EAGLE-3's fc over aux states only)",
                        path)
-    scale = data.get("logit_scale", 1.0)
+    scale = _given(data, "logit_scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, int | float):  # "1.0" would read as an unsupported 1.0
         raise LabError(f"config's 'logit_scale' is {scale!r}, not a number", path)
     if scale != 1.0:  # vLLM scales the draft logits by it
         raise LabError(f"drafter logit_scale {scale} is not supported (1.0 only)", path)
-    layers = data.get("num_hidden_layers", 1)
+    layers = _given(data, "num_hidden_layers", 1)
     if isinstance(layers, bool) or not isinstance(layers, int):  # "1" would read as a drafter of "1 layers"
         raise LabError(f"config's 'num_hidden_layers' is {layers!r}, not an integer", path)
     if layers != 1:
@@ -402,6 +408,9 @@ def parse_config(data: dict, path) -> tuple[DrafterConfig, str]:
                        "the hidden states of exactly 3 layers (fc.weight is [hidden, 3 x target_hidden_size])", path)
     hidden = _positive(layer, "hidden_size", path)
     heads = _positive(layer, "num_attention_heads", path)
+    if hidden < heads and layer.get("head_dim") is None:  # hidden // heads would be a head_dim of 0
+        raise LabError(f"config's hidden_size {hidden} is smaller than its num_attention_heads {heads}, so head_dim "
+                       "cannot default to hidden_size // num_attention_heads: give head_dim", path)
     scaling = rope_scaling_of(layer, path)
     rope = _positive(_object(layer, "rope_parameters", path), "rope_theta", path, 10000.0, float)
     target_vocab = _positive(layer, "vocab_size", path)

@@ -9,6 +9,22 @@ from pathlib import Path
 from drafter_lab import cli
 
 
+def clock_at(monkeypatch, day: str) -> None:
+    """The clock transformers renders a chat template's `strftime_now` from, at noon of `day`."""
+    import datetime
+
+    from transformers.utils import chat_template_utils
+
+    at = datetime.date.fromisoformat(day)
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(at.year, at.month, at.day, 12, tzinfo=tz)
+
+    monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
+
+
 def run_cli(*args) -> int:
     return cli.main([str(a) for a in args])
 

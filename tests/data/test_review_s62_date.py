@@ -4,11 +4,10 @@ variables), so a resume, or a capture of a regeneration, on another day renders 
 
 from __future__ import annotations
 
-import datetime
 import json
 
 import pytest
-from data_helpers import make_conversations, run_cli, write_jsonl
+from data_helpers import clock_at, make_conversations, run_cli, write_jsonl
 from transformers.utils import chat_template_utils
 
 from drafter_lab.data.capture import CaptureConfig, prepare_features
@@ -28,18 +27,6 @@ LLAMA_DATE = ('{%- if not date_string is defined %}{%- if strftime_now is define
 MISTRAL_DATE = '{%- set today = strftime_now("%Y-%m-%d") %}{{- "Today is " + today + ".\\n" }}'
 CHAT = [{"role": "user", "content": "What day is it?"}, {"role": "assistant", "content": "A good one."}]
 DAY1, DAY2 = "2026-12-04", "2026-12-05"
-
-
-def clock_at(monkeypatch, day: str) -> None:
-    """The clock transformers renders `strftime_now` from, at noon of `day`."""
-    at = datetime.date.fromisoformat(day)
-
-    class Frozen(datetime.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return datetime.datetime(at.year, at.month, at.day, 12, tzinfo=tz)
-
-    monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
 
 
 def dated_tokenizer(random_llama, head: str = LLAMA_DATE):

@@ -4,12 +4,10 @@ TypeError; and loss-mask behaviours of chat.py that a mutation audit found no te
 
 from __future__ import annotations
 
-import datetime
 import json
 
 import pytest
-from data_helpers import make_conversations, write_jsonl
-from transformers.utils import chat_template_utils
+from data_helpers import clock_at, make_conversations, write_jsonl
 
 from drafter_lab.data.capture import CaptureConfig, prepare_features
 from drafter_lab.data.capture_config import TEMPLATE_DATE
@@ -20,18 +18,6 @@ from drafter_lab.targets.hf import load_tokenizer
 # Mistral Small 3.1's head: the clock, whatever the variables.
 CLOCK = '{%- set today = strftime_now("%Y-%m-%d") %}{{- "Today is " + today + ".\\n" }}'
 DAY1, DAY2 = "2026-12-04", "2026-12-05"
-
-
-def clock_at(monkeypatch, day: str) -> None:
-    """The clock transformers renders `strftime_now` from, at noon of `day`."""
-    at = datetime.date.fromisoformat(day)
-
-    class Frozen(datetime.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return datetime.datetime(at.year, at.month, at.day, 12, tzinfo=tz)
-
-    monkeypatch.setattr(chat_template_utils, "datetime", Frozen)
 
 
 @pytest.fixture

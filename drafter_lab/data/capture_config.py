@@ -136,6 +136,21 @@ def template_date(value) -> datetime.date:
     raise ValueError(f"{TEMPLATE_DATE} must be a day written YYYY-MM-DD, got {value!r}")
 
 
+def recorded_kwargs_problem(kwargs) -> str | None:
+    """What makes a record's template variables unreadable (a `rendered_with`'s, a manifest's): not an object,
+    or a day that is no day; None where they read (null: none)."""
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        return f"chat_template_kwargs is {type(kwargs).__name__}, not an object"
+    try:
+        if TEMPLATE_DATE in kwargs:
+            template_date(kwargs[TEMPLATE_DATE])
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def template_setting(kwargs: dict | None) -> dict:
     """`{"chat_template_kwargs": kwargs}` where there are any, else {}: the settings, identities and
     requests of runs without them stay as they were, so older journals and manifests still resume."""

@@ -86,6 +86,7 @@ from drafter_lab.data.capture_config import (
     TEMPLATE_DATE,
     TEMPLATE_HASH,
     TOKENIZER_HASH,
+    recorded_kwargs_problem,
     template_date,
     template_setting,
 )
@@ -172,16 +173,7 @@ def _recorded_kwargs(record, template: str) -> dict | None:
     if not isinstance(record, dict) or record.get(TEMPLATE_HASH) != template:
         return None
     kwargs = record.get("chat_template_kwargs")
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, dict):
-        return None
-    try:
-        if TEMPLATE_DATE in kwargs:
-            template_date(kwargs[TEMPLATE_DATE])
-    except ValueError:
-        return None
-    return kwargs
+    return None if recorded_kwargs_problem(kwargs) else kwargs or {}
 
 
 def _today() -> str:

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drafter_lab import atomic
-from drafter_lab.data.capture_config import TEMPLATE_DATE, template_date
+from drafter_lab.data.capture_config import recorded_kwargs_problem
 from drafter_lab.errors import LabError
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -330,7 +330,9 @@ def _parse_turn(turn, where: str, path) -> dict:
         if prompted is not None:
             if not isinstance(prompted, dict):
                 raise LabError(f"{where}: rendered_with must be an object", path)
-            _check_template_kwargs(prompted.get("chat_template_kwargs"), where, path)
+            # chat.pinned passes over such a record: refused here, where the file is known
+            if problem := recorded_kwargs_problem(prompted.get("chat_template_kwargs")):
+                raise LabError(f"{where}: rendered_with's {problem}", path)
             out["rendered_with"] = prompted
     reason = turn.get("finish_reason")
     if reason is not None and out["role"] == "assistant":  # left out as before on other turns, which no server ends
@@ -339,21 +341,6 @@ def _parse_turn(turn, where: str, path) -> dict:
             raise LabError(f"{where}: finish_reason must be text (\"stop\", \"length\")", path)
         out["finish_reason"] = reason
     return out
-
-
-def _check_template_kwargs(kwargs, where: str, path) -> None:
-    """An answer's recorded template variables: chat.pinned passes over those that are no object, or
-    whose day is no day, and leaves their refusal to this reader, which names the file."""
-    if kwargs is None:
-        return
-    if not isinstance(kwargs, dict):
-        raise LabError(f"{where}: rendered_with's chat_template_kwargs is {type(kwargs).__name__}, not an object",
-                       path)
-    try:
-        if TEMPLATE_DATE in kwargs:
-            template_date(kwargs[TEMPLATE_DATE])
-    except ValueError as e:
-        raise LabError(f"{where}: rendered_with's {e}", path) from None
 
 
 def _add_system(messages: list[dict], system, where: str, path) -> None:

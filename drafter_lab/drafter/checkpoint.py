@@ -580,8 +580,13 @@ def _recorded_depth(run: dict, src) -> int | None:
 
 def recorded_fingerprint(drafter_dir) -> str | None:
     """The fingerprint of the target a drafter was trained on, from the run record beside it, if any."""
-    recorded = run_record(drafter_dir).get("target", {}).get("fingerprint")
-    if recorded is not None and not isinstance(recorded, str):  # a hand-edited 123 read as "trained on target 123"
-        raise LabError(f"run record's target.fingerprint is {recorded!r}, not a string",
-                       Path(drafter_dir) / "run.json")
+    return recorded_target(drafter_dir, "fingerprint")
+
+
+def recorded_target(drafter_dir, key: str) -> str | None:
+    """Field `key` (fingerprint, path) of the target the run record beside a drafter names, if any: text, else
+    refused (a hand-edited 123 read as "trained on target 123")."""
+    recorded = run_record(drafter_dir).get("target", {}).get(key)
+    if recorded is not None and not isinstance(recorded, str):
+        raise LabError(f"run record's target.{key} is {recorded!r}, not a string", Path(drafter_dir) / "run.json")
     return recorded

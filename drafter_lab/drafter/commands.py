@@ -90,14 +90,12 @@ def _target_dtype(target, drafter) -> tuple[str | None, Path | None]:
     float32 drafter beside a bfloat16 target then runs in another dtype than the hidden states it is
     fed, and fails. Written in the target's dtype, both load alike."""
     from drafter_lab import atomic
-    from drafter_lab.drafter.checkpoint import run_record
+    from drafter_lab.drafter.checkpoint import recorded_target
     from drafter_lab.errors import LabError
     from drafter_lab.targets.hf import text_model_fields
 
     if target is None:
-        recorded = run_record(drafter).get("target", {}).get("path")
-        if recorded is not None and not isinstance(recorded, str):  # as a transfer refuses it
-            raise LabError(f"run record's target.path is {recorded!r}, not a string", Path(drafter) / "run.json")
+        recorded = recorded_target(drafter, "path")
         if not (recorded and (Path(recorded) / "config.json").is_file()):
             return None, None
         target = recorded

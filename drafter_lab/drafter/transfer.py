@@ -36,7 +36,7 @@ from drafter_lab.drafter.checkpoint import (
     expected_shapes,
     read_checkpoint,
     recorded_fingerprint,
-    run_record,
+    recorded_target,
 )
 from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
@@ -256,9 +256,7 @@ def source_tokens(source_path, source_target, target) -> tuple[torch.Tensor | No
         return token_map(load_tokenizer(source_target), load_tokenizer(target.path), target.vocab_size), \
             "--source-target"
     recorded = recorded_fingerprint(source_path)
-    named = run_record(source_path)["target"].get("path") if recorded else None
-    if named is not None and not isinstance(named, str):
-        raise LabError(f"run record's target.path is {named!r}, not a string", Path(source_path) / "run.json")
+    named = recorded_target(source_path, "path") if recorded else None
     if not named or not (Path(named) / "config.json").is_file():
         return None, None
     # Found, not asked for: weights it can no longer read (a dangling link) or no tokenizer, and the

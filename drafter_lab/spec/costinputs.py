@@ -78,6 +78,7 @@ def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
         counts = {_whole(n): c for n, c in histogram.items()}
     except (AttributeError, TypeError, ValueError):
         raise LabError("accept_histogram must map served accept lengths to counts", path) from None
+    _no_twice(histogram, "accept_histogram", path)
     # int() cut 1.7 to 1; a negative one read as none
     if not all(finite(c) and c == int(c) and c >= 0 for c in counts.values()):
         raise LabError(f"accept_histogram counts must be whole numbers (>= 0) of verify steps, got {histogram!r}",
@@ -282,6 +283,24 @@ def _whole(key) -> int:
     return int(key)
 
 
+def _cut(key, quoted: bool = False) -> str:
+    """A key as a message shows it (`quoted`: its repr, whose quotes show a string's spaces), a long one (a
+    4300-digit batch) cut to its ends, where it was printed whole."""
+    text = repr(key) if quoted else str(key)
+    return text if len(text) <= 24 else f"{text[:10]}...{text[-6:]} ({len(str(key))} characters)"
+
+
+def _no_twice(table: dict, name: str, path) -> None:
+    """Refuse two keys of `table` (whole numbers, `_whole`) that read as one number: "8" beside "08" silently
+    replaced the other's value."""
+    seen: dict = {}
+    for key in table:
+        if (n := _whole(key)) in seen:
+            raise LabError(f"{name} has keys {_cut(seen[n], True)} and {_cut(key, True)}, both {_cut(n)}: "
+                           "one would silently replace the other", path)
+        seen[n] = key
+
+
 def _batch_table(table, key: str, path) -> dict[int, float]:
     if not isinstance(table, dict):
         raise LabError(f"{key} must map batch sizes to microseconds", path)
@@ -290,11 +309,12 @@ def _batch_table(table, key: str, path) -> dict[int, float]:
         try:
             batch = _whole(b)
         except ValueError:
-            raise LabError(f"{key} must map batch sizes to microseconds: batch {b!r} is no whole number of sequences",
-                           path) from None
-        out[batch] = positive(us, f"{key}[{b}]", path)
+            raise LabError(f"{key} must map batch sizes to microseconds: batch {_cut(b, True)} is no whole number of "
+                           "sequences", path) from None
+        out[batch] = positive(us, f"{key}[{_cut(b)}]", path)
     if not out or min(out) < 1 or not finite(max(out)):  # float() of a 400-digit batch overflowed when read
         raise LabError(f"{key} must map batch sizes (>= 1) to microseconds", path)
+    _no_twice(table, key, path)
     return out
 
 
@@ -349,13 +369,14 @@ def fold(cfg: CostModelConfig, data: dict, path) -> tuple[CostModelConfig, Laten
         if isinstance(ar, dict):
             try:
                 sizes = {_whole(k): us for k, us in ar.items()}
+                _no_twice(ar, "allreduce_us table", path)
             except ValueError:
                 sizes = {0: None}
             if not sizes:
                 raise LabError("allreduce_us table is empty", path)
             if min(sizes) < 1:
                 raise LabError("allreduce_us table keys must be message sizes in bytes (>= 1)", path)
-            measured = {k: positive(us, f"allreduce_us[{k}]", path) for k, us in sizes.items()}
+            measured = {k: positive(us, f"allreduce_us[{_cut(k)}]", path) for k, us in sizes.items()}
         else:
             measured = positive(ar, "allreduce_us", path)
     return cfg, measured
@@ -383,12 +404,15 @@ def _deployment(cfg: CostModelConfig, given, path) -> CostModelConfig:
 
 def _pass_table(table, path) -> dict[int, dict[int, float]]:
     try:
-        out = {_whole(b): {_whole(t): positive(ms, f"verify_ms_by_tokens[{b}][{t}]", path) for t, ms in row.items()}
-               for b, row in table.items()}
+        out = {_whole(b): {_whole(t): positive(ms, f"verify_ms_by_tokens[{_cut(b)}][{_cut(t)}]", path)
+                           for t, ms in row.items()} for b, row in table.items()}
     except (AttributeError, ValueError):
         raise LabError("verify_ms_by_tokens must map batch sizes to {tokens per row: ms}", path) from None
     tokens = [t for row in out.values() for t in row]
     if (not out or not all(out.values()) or min(out) < 1 or min(tokens) < 1
             or not finite(max([*out, *tokens]))):  # float() of a 400-digit key overflowed when read
         raise LabError("verify_ms_by_tokens must map batch sizes (>= 1) to {tokens per row (>= 1): ms}", path)
+    _no_twice(table, "verify_ms_by_tokens", path)
+    for b, row in table.items():
+        _no_twice(row, f"verify_ms_by_tokens[{_cut(b)}]", path)
     return out

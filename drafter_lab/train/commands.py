@@ -241,7 +241,10 @@ def watch(args) -> int:
     said = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the verdict alone: a script parses it
     while True:
         # a run or baseline still starting up (the two are often started together)
-        absent = [Path(d) / METRICS for d in (args.run, args.baseline) if not (Path(d) / METRICS).exists()]
+        try:
+            absent = [Path(d) / METRICS for d in (args.run, args.baseline) if not (Path(d) / METRICS).exists()]
+        except OSError:  # a directory it may not look into: read_run names it in one line
+            absent = []
         if args.follow and absent:
             if not waiting:
                 print(f"waiting for {' and '.join(map(str, absent))}", file=said, flush=True)

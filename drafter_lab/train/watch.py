@@ -210,16 +210,16 @@ def read_run(run_dir) -> tuple[list[dict], dict]:
     """A run directory's metrics (a half-written last line is skipped: the run may be training) and its
     run.json (empty for a run that has not written it yet)."""
     run_dir = Path(run_dir)
-    path = run_dir / METRICS
-    if not path.exists():
-        raise LabError(f"no {METRICS}: not a training run directory", run_dir)
-    info = run_dir / RUN_FILE
+    path, info = run_dir / METRICS, run_dir / RUN_FILE
     # Unreadable (permissions, I/O) or removed since the checks: one line, not an OSError's traceback
-    # (under train's watch, rank 0's alone, which left the other ranks waiting in its sum).
+    # (under train's watch, rank 0's alone, which left the other ranks waiting in its sum). exists() raises
+    # too where it cannot look (a directory it may not search, a name too long): named where it looked.
     try:
+        if not path.exists():
+            raise LabError(f"no {METRICS}: not a training run directory", run_dir)
         record = atomic.read_json(info, "removed as it was read") if info.exists() else {}
     except OSError as e:
-        raise LabError(f"cannot be read ({e.strerror or e})", info) from None
+        raise LabError(f"cannot be read ({e.strerror or e})", e.filename or info) from None
     if not isinstance(record, dict):
         raise LabError("not a run record (a JSON object)", info)
     # Hand-edited: the watch's TypeError comparing steps with a total, or AttributeError comparing settings.
@@ -229,6 +229,8 @@ def read_run(run_dir) -> tuple[list[dict], dict]:
     for key in ("config", "features"):
         if not isinstance(record.get(key, {}), dict):
             raise LabError(f"not a run record: its {key} is not a JSON object", info)
+    if not isinstance(record.get("features", {}).get("val", {}), dict):  # unequal_validation looks inside it
+        raise LabError("not a run record: its features.val is not a JSON object", info)
     try:
         return read_metrics(path), record
     except OSError as e:

@@ -393,12 +393,13 @@ def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, templ
         # After a prompt the template writes otherwise here (DeepSeek-R1's `<think>\n`, Qwen3's empty
         # think block): where the template writes the turn's text, found by its marker, not by the text,
         # which an earlier message may hold ("Now say bye" before "bye"); its text is looked for only
-        # where it is not written once as given (inline thinking the template cuts).
+        # where it is not written once as given (inline thinking the template cuts), and only between
+        # the messages around it (`_between`).
         placed = _located(tokenizer, messages, i, text, template_kwargs, tools)
         if placed is not None and placed[0] >= cursor:
             start, after = placed[0], placed[0] + placed[1]
         else:
-            start, answer = _shown(m, text, cursor, len(text))
+            start, answer = _shown(m, text, *_between(tokenizer, messages, i, text, cursor, template_kwargs, tools))
             if start < 0:
                 raise TemplateRefusal(f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask")
             after = start + len(answer)
@@ -470,6 +471,18 @@ def _turn_start(tokenizer, messages: list[dict], i: int, text: str, template_kwa
     at, end = head.find(MARK), prev[0] + prev[1]
     tail = head[at + len(MARK):]
     return end + len(tail) if at >= 0 and text.startswith(tail, end) else None
+
+
+def _between(tokenizer, messages: list[dict], i: int, text: str, cursor: int, template_kwargs: dict | None,
+             tools: list[dict] | None) -> tuple[int, int]:
+    """The part of `text` from `cursor` where turn i's text may be: past the message before it and up to
+    the one after it, where the template writes them there. Looked for from `cursor` alone, a template
+    that drops the turn had it found in a user message that holds its text ("Say hi." before "hi"), and
+    that message masked as the answer, where the conversation is to be refused."""
+    before = _located(tokenizer, messages, i - 1, text, template_kwargs, tools) if i else None
+    lo = max(cursor, before[0] + before[1]) if before else cursor
+    later = _located(tokenizer, messages, i + 1, text, template_kwargs, tools) if i + 1 < len(messages) else None
+    return lo, later[0] if later and later[0] >= lo else len(text)
 
 
 def _stop_token_at(tokenizer, text: str, at: int, end_ids: frozenset[int]) -> str:

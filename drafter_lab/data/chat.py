@@ -640,8 +640,9 @@ def dropped_calls(tokenizer, messages: list[dict], template_kwargs: dict | None 
     """(assistant turns making tool calls, those with a call the chat template does not write): a
     template without tool support writes none (the lab's default ChatML: the conversation renders
     alike without them); GPT-OSS's writes a turn's first call alone (it renders alike without the
-    turn's last one). One render more, and one per turn making several calls. Of the last assistant
-    turn alone where `last_only`."""
+    turn's last one); others the calls of some turns alone (a turn's only call, left out, renders alike
+    without it). One render more, and one per turn making calls. Of the last assistant turn alone where
+    `last_only`."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     calling = [i for i in (turns[-1:] if last_only else turns) if "tool_calls" in messages[i]]
     if not calling:
@@ -656,10 +657,14 @@ def dropped_calls(tokenizer, messages: list[dict], template_kwargs: dict | None 
         except LabError:
             return False
 
-    if alike([{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]):
+    def bare(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k != "tool_calls"}
+
+    if alike([bare(m) for m in messages]):
         return len(calling), len(calling)
-    less = [[*messages[:i], {**messages[i], "tool_calls": messages[i]["tool_calls"][:-1]}, *messages[i + 1:]]
-            for i in calling if len(messages[i]["tool_calls"]) > 1]
+    # Each turn less its last call: a turn's only call goes with its key, as the conversation's did above.
+    less = [[*messages[:i], {**messages[i], "tool_calls": calls} if (calls := messages[i]["tool_calls"][:-1])
+             else bare(messages[i]), *messages[i + 1:]] for i in calling]
     return len(calling), sum(alike(m) for m in less)
 
 

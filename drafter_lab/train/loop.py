@@ -229,6 +229,20 @@ def _check_resume_vocab(saved_model: dict, d2t: torch.Tensor, out_dir) -> None:
         i = int(moved[0])
         diff = (f"d2t maps {len(moved)} of {len(d2t)} draft ids to other target tokens; draft id {i}: "
                 f"target token {i + int(before[i])} there, {i + int(d2t[i])} now")
+    _refuse_resume_vocab(diff, out_dir)
+
+
+def _check_resume_vocab_size(saved_model: dict, size: int, target_vocab: int, out_dir) -> None:
+    """A resume without a vocab builds one of the config's size: a run begun with --vocab resumed without it
+    has the default size, which a target under it refuses as a size never typed, before the vocab's check."""
+    if size <= target_vocab:  # built, then compared by _check_resume_vocab
+        return
+    before = saved_model.get("d2t")
+    there = "" if before is None else f"d2t has {len(before)} draft ids there; "
+    _refuse_resume_vocab(f"{there}draft_vocab_size {size} now is more than the target's {target_vocab} tokens", out_dir)
+
+
+def _refuse_resume_vocab(diff: str, out_dir) -> None:
     raise LabError(f"--resume with another draft vocab ({diff}): its lm_head rows were trained for the one "
                    "it began with; give that vocab (--vocab with the run's directory reads it), or begin the run "
                    "again", out_dir)
@@ -451,17 +465,18 @@ class _Run:
         source = open_source()  # after the checks above: an online run loads the whole target
         target = source.target
         self.cfg = cfg = settled(cfg, target.config)  # before the resume compares it and run.json records it
+        self.saved = state.load(out_dir) if resume and state.state_path(out_dir).exists() else None
+        if self.saved is not None and vocab is None:
+            _check_resume_vocab_size(self.saved["model"], cfg.draft_vocab_size, target.vocab_size, out_dir)
         vocab, d2t, t2d = _load_vocab(vocab, source, cfg.draft_vocab_size, target.vocab_size)
         dcfg = _drafter_config(cfg, target, len(d2t), source.aux_layer_ids)
-        self.saved = None
         self.data = source.identity()
         self.replay = _replays(cfg.val_temperature, source.val_sampled_at, d.main)
         for what, name in compared.items():
             if name.startswith("replay") and not self.replay:
                 raise LabError(f"{what}: {name!r} needs validation text of the target's own tokens sampled "
                                f"at {cfg.val_temperature} (data prepare --token-exact, or online --token-exact)")
-        if resume and state.state_path(out_dir).exists():
-            self.saved = state.load(out_dir)
+        if self.saved is not None:
             # A run begun with --vocab and resumed without it differs in draft_vocab_size alone: the vocab's check
             # below says how to give it.
             _check_resume_config(self.saved["config"], cfg, out_dir, later=("draft_vocab_size",))

@@ -48,6 +48,9 @@ class Checkpoint:
     filled: tuple[str, ...] = ()
     """Vocab tensors the file left out and reading filled in (SGLang and vLLM do the same): d2t as the
     identity, t2d from d2t."""
+    config_json: dict = field(default_factory=dict)
+    """config.json as read, for what `config` does not keep (a quantization_config, whether draft_vocab_size
+    was given): read once, as `config` was, not again in the locale's encoding."""
 
     def weights_file(self) -> Path:
         return self.files[0] if len(self.files) == 1 else self.path
@@ -153,11 +156,15 @@ def _check_dir(path: Path) -> None:
 
 
 def read_config(path) -> tuple[DrafterConfig, str]:
-    path = Path(path)
+    return _read_config(Path(path))[1:]
+
+
+def _read_config(path: Path) -> tuple[dict, DrafterConfig, str]:
+    """config.json as read, and the config and layout it gives."""
     _check_dir(path)
     cfg_file = path / CONFIG
     data = atomic.read_json(cfg_file, "not a drafter checkpoint: config.json is missing", path)
-    return formats.parse_config(data, cfg_file)
+    return data, *formats.parse_config(data, cfg_file)
 
 
 SHARD_NAME = re.compile(r"(.+)-(\d+)-of-(\d+)(\.\w+)")
@@ -212,7 +219,7 @@ def _check_numbered_shards(path: Path, files: list[Path]) -> None:
 
 def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
     """Config and tensors (all, or `only` those) of a drafter directory, unchecked."""
-    cfg, fmt = read_config(path)
+    data, cfg, fmt = _read_config(path)
     files = _weight_files(path)
     placed = _check_shards(path, files)  # first: all an index's shards lost is not "no weights file"
     if not files:
@@ -225,7 +232,7 @@ def _open(path: Path, only: tuple[str, ...] = ()) -> Checkpoint:
             raise LabError(f"{index} puts tensor {key!r} in {shard}, which does not hold it: a shard of another "
                            "save, or a partial download", path)
     _check_numbered_shards(path, files)  # after reading: a stale file beside a shard is "in two places"
-    return Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where)
+    return Checkpoint(path=path, config=cfg, format=fmt, tensors=tensors, files=files, where=where, config_json=data)
 
 
 def _check_sizes(ckpt: Checkpoint) -> None:
@@ -274,7 +281,7 @@ def _refuse_quantized(ckpt: Checkpoint) -> None:
     """A quantized drafter (ModelOpt FP8, compressed-tensors, GPTQ) is one line, not "not part of a
     midlayer" for its scales or a traceback from torch for its FP8 weights: the lab does not apply the
     scales, without which those weights mean nothing."""
-    quant = json.loads((ckpt.path / CONFIG).read_text()).get("quantization_config")
+    quant = ckpt.config_json.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     for name in sorted(ckpt.tensors):
         t = ckpt.tensors[name]
@@ -331,7 +338,7 @@ def read_checkpoint(path) -> Checkpoint:
     if not ckpt.has_head and n != v:
         raise LabError(f"checkpoint lacks tensor {formats.HEAD!r}, yet its draft vocab ({n}) is smaller than the "
                        f"target's ({v}): only a whole-vocabulary drafter shares its target's head", ckpt.weights_file())
-    unsized = json.loads((path / CONFIG).read_text()).get("draft_vocab_size") is None  # read as its vocab_size
+    unsized = ckpt.config_json.get("draft_vocab_size") is None  # read as its vocab_size
     if ckpt.has_head and (rows := len(tensors[formats.HEAD])) != n:
         # a config without the field reads as a whole-vocabulary drafter: "is 128256" named a number it never held
         hint = f" (config.json gives none, which reads as its vocab_size: set draft_vocab_size {rows} there)"
@@ -532,12 +539,13 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
         run = run_record(src)
         # a speculators source's own settings carry over where no flag sets them (re-exporting lost them)
         unset = tuple(k for k, v in (("speculative_tokens", speculative_tokens), ("verifier", verifier)) if v is None)
-        own = formats.speculators_serving(atomic.read_json(Path(src) / CONFIG, "config.json is missing", src),
-                                          Path(src) / CONFIG, unset) if ckpt.format == formats.SPECULATORS else {}
+        own = formats.speculators_serving(ckpt.config_json, Path(src) / CONFIG, unset) \
+            if ckpt.format == formats.SPECULATORS else {}
         architecture = run.get("target", {}).get("architecture")
-        if verifier and architecture is not None and not isinstance(architecture, str):
-            # carried into vLLM's verifier architectures as is, where a name is looked up
-            raise LabError(f"'architecture' is {architecture!r}, not a string", Path(src) / "run.json")
+        if verifier and architecture is not None and not (isinstance(architecture, str) and architecture.strip()):
+            # carried into vLLM's verifier architectures as is, where a name is looked up ("" was dropped unsaid)
+            raise LabError(f"'architecture' is {architecture!r}, not a "
+                           f"{'class name' if isinstance(architecture, str) else 'string'}", Path(src) / "run.json")
         serving = {"speculative_tokens": speculative_tokens or own.get("speculative_tokens")
                    or _recorded_depth(run, src) or formats.SPECULATIVE_TOKENS,
                    "verifier": verifier or own.get("verifier"),

@@ -602,7 +602,10 @@ def _tokenize(tokenizer, text: str, at: int = 0) -> tuple[list[int], list[int]]:
     """Token ids of `text` and the character offset (plus `at`) where each starts."""
     try:
         enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    except NotImplementedError:
+    except (NotImplementedError, ValueError) as e:
+        # transformers 4's Python tokenizers raise the first; mistral-common's backend the second
+        if isinstance(e, ValueError) and "offsets_mapping" not in str(e):
+            raise
         raise LabError("tokenizer gives no character offsets (a fast tokenizer is needed)") from None
     return list(enc["input_ids"]), [at + a for a, _ in enc["offset_mapping"]]
 

@@ -19,10 +19,11 @@ def tokenizer(random_llama, template: str = PLAIN):
 
 
 class Offsetless:
-    """A tokenizer without character offsets, as transformers 4's Python ("slow") tokenizers are."""
+    """A tokenizer without character offsets, raising as transformers 4's Python ("slow") tokenizers do, or as
+    transformers 5's mistral-common backend does."""
 
-    def __init__(self, tok):
-        self._tok = tok
+    def __init__(self, tok, error: Exception):
+        self._tok, self._error = tok, error
 
     def __getattr__(self, name):
         return getattr(self._tok, name)
@@ -32,15 +33,22 @@ class Offsetless:
 
     def __call__(self, text, **kwargs):
         if kwargs.get("return_offsets_mapping"):
-            raise NotImplementedError("return_offset_mapping is not available when using Python tokenizers")
+            raise self._error
         return self._tok(text, **kwargs)
 
 
-def test_a_tokenizer_without_offsets_is_refused_in_one_line(random_llama):
+@pytest.mark.parametrize("error", [
+    NotImplementedError("return_offset_mapping is not available when using Python tokenizers"),
+    ValueError("`MistralCommonBackend` does not support `return_offsets_mapping` and `split_special_tokens`."),
+], ids=["slow", "mistral-common"])
+def test_a_tokenizer_without_offsets_is_refused_in_one_line(random_llama, error):
     with pytest.raises(LabError, match=r"^tokenizer gives no character offsets \(a fast tokenizer is needed\)$"):
-        encode_conversation(Offsetless(tokenizer(random_llama)), CHAT, 4096)
+        encode_conversation(Offsetless(tokenizer(random_llama), error), CHAT, 4096)
 
 
+def test_another_value_error_of_the_tokenizer_is_not_called_one_without_offsets(random_llama):
+    with pytest.raises(ValueError, match="^text too long$"):
+        encode_conversation(Offsetless(tokenizer(random_llama), ValueError("text too long")), CHAT, 4096)
 
 
 def renders(tok, monkeypatch) -> list[int]:

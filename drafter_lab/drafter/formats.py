@@ -268,7 +268,7 @@ def _refuse_other_families(data: dict, layer: dict, path) -> None:
     if archs:
         raise LabError(f"drafter architecture {archs[0]!r} is not supported (Llama EAGLE-3 only: "
                        f"{', '.join(LLAMA_EAGLE3_ARCHS)} or {SPECULATORS_ARCH})", path)
-    model_type = layer.get("model_type", "llama")
+    model_type = _given(layer, "model_type", "llama")
     if layer is not data and model_type != "llama":
         raise LabError(f"drafter layer model_type {model_type!r} is not supported (Llama EAGLE-3 only)", path)
 

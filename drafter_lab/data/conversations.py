@@ -159,9 +159,9 @@ def _parse_tools(tools, where: str, path, name: str = "tools") -> list[dict]:
 
 
 def _blank_is_none(value):
-    """None for an empty (or blank) string: a table's column of JSON text (pandas, `datasets`) holds one
-    on rows without any tools or calls, where clients leave them out or send null."""
-    return None if isinstance(value, str) and not value.strip() else value
+    """None for an empty (or blank) string, or JSON's null as text: a table's column of JSON text (pandas,
+    `datasets`) holds one on rows without any tools or calls, where clients leave them out or send null."""
+    return None if isinstance(value, str) and value.strip() in ("", "null") else value
 
 
 def _row_tools(obj: dict, where: str, path) -> list[dict] | None:
@@ -179,9 +179,9 @@ def parse_call(call, where: str, path) -> dict:
     """A tool call in the form servers hand templates: {"id" (where given), "type": "function", "function":
     {"name", "arguments" (an object)}}, from that form or a bare {"id", "name", "arguments"}."""
     fn = call.get("function", call) if isinstance(call, dict) else None
-    raw = fn.get("arguments", {}) if isinstance(fn, dict) else None
-    # "" for a call without arguments, as some clients record one
-    args = {} if isinstance(raw, str) and not raw.strip() else _json_or_same(raw)
+    raw = _blank_is_none(fn.get("arguments")) if isinstance(fn, dict) else None
+    # none: absent, null (SGLang's FunctionResponse allows it, a table writes it) or "" as some clients record
+    args = {} if raw is None else _json_or_same(raw)
     if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(args, dict)):
         raise LabError(f"{where}: a tool call needs a name and arguments (an object, or a JSON string of one)", path)
     if (bad := _non_finite(args)) is not None:  # a server's arguments too, parsed from its JSON text

@@ -16,24 +16,15 @@ from safetensors.torch import load_file, save_file
 import drafter_lab
 from drafter_lab.drafter import formats
 from drafter_lab.drafter.checkpoint import export, read_checkpoint, read_vocab, save_drafter
-from drafter_lab.drafter.config import DrafterConfig
-from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
+
+from .test_model import random_drafter, small_config
 
 
 def _drafter(tmp_path, draft_vocab: int = 101) -> Path:
-    """A small drafter saved in the SGLang layout, drafting over the target's last `draft_vocab` ids."""
-    cfg = DrafterConfig(hidden_size=48, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=16, draft_vocab_size=draft_vocab, target_vocab_size=101, target_hidden_size=40,
-                        aux_layer_ids=[2, 4, 5])
-    torch.manual_seed(3)
-    drafter = Eagle3Drafter(cfg)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.copy_(torch.randn_like(p) * 0.1 + 1.0)
-        drafter.d2t.fill_(101 - draft_vocab)  # the draft tokens are the target's last ids
-        drafter.t2d[101 - draft_vocab:] = True
-    return save_drafter(drafter, tmp_path / "d")
+    """A small drafter saved in the SGLang layout, drafting over `draft_vocab` of the target's 101 ids."""
+    return save_drafter(random_drafter(small_config(draft_vocab_size=draft_vocab), seed=3, dtype=torch.float32),
+                        tmp_path / "d")
 
 
 def _edit(path: Path, **fields) -> None:

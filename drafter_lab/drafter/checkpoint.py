@@ -541,11 +541,11 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
         unset = tuple(k for k, v in (("speculative_tokens", speculative_tokens), ("verifier", verifier)) if v is None)
         own = formats.speculators_serving(ckpt.config_json, Path(src) / CONFIG, unset) \
             if ckpt.format == formats.SPECULATORS else {}
-        architecture = run.get("target", {}).get("architecture")
-        if verifier and architecture is not None and not (isinstance(architecture, str) and architecture.strip()):
+        architecture = recorded_target(src, "architecture", run) if verifier else None
+        if architecture is not None and not architecture.strip():
             # carried into vLLM's verifier architectures as is, where a name is looked up ("" was dropped unsaid)
-            raise LabError(f"'architecture' is {architecture!r}, not a "
-                           f"{'class name' if isinstance(architecture, str) else 'string'}", Path(src) / "run.json")
+            raise LabError(f"run record's target.architecture is {architecture!r}, not a class name",
+                           Path(src) / "run.json")
         serving = {"speculative_tokens": speculative_tokens or own.get("speculative_tokens")
                    or _recorded_depth(run, src) or formats.SPECULATIVE_TOKENS,
                    "verifier": verifier or own.get("verifier"),
@@ -591,10 +591,10 @@ def recorded_fingerprint(drafter_dir) -> str | None:
     return recorded_target(drafter_dir, "fingerprint")
 
 
-def recorded_target(drafter_dir, key: str) -> str | None:
-    """Field `key` (fingerprint, path) of the target the run record beside a drafter names, if any: text, else
-    refused (a hand-edited 123 read as "trained on target 123")."""
-    recorded = run_record(drafter_dir).get("target", {}).get(key)
+def recorded_target(drafter_dir, key: str, record: dict | None = None) -> str | None:
+    """Field `key` (fingerprint, path, architecture) of the target the run record beside a drafter names (`record`
+    where it was read already), if any: text, else refused (a hand-edited 123 read as "trained on target 123")."""
+    recorded = (run_record(drafter_dir) if record is None else record).get("target", {}).get(key)
     if recorded is not None and not isinstance(recorded, str):
         raise LabError(f"run record's target.{key} is {recorded!r}, not a string", Path(drafter_dir) / "run.json")
     return recorded

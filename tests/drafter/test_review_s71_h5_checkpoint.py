@@ -140,7 +140,7 @@ def test_a_recorded_architecture_that_is_no_string_is_refused_where_it_is_carrie
     (path / "run.json").write_text(json.dumps({"config": {}, "target": {"architecture": ["LlamaForCausalLM"]}}))
     with pytest.raises(LabError) as e:
         export(path, formats.SPECULATORS, tmp_path / "out", verifier="org/target")
-    assert str(e.value) == f"{path / 'run.json'}: 'architecture' is ['LlamaForCausalLM'], not a string"
+    assert str(e.value) == f"{path / 'run.json'}: run record's target.architecture is ['LlamaForCausalLM'], not a string"
     assert not (tmp_path / "out").exists()
     # without --verifier it is not carried, so not refused
     export(path, formats.SPECULATORS, tmp_path / "plain")

@@ -74,7 +74,7 @@ def test_a_blank_recorded_architecture_is_refused_where_it_is_carried(tmp_path, 
     (path / "run.json").write_text(json.dumps({"config": {}, "target": {"architecture": architecture}}))
     with pytest.raises(LabError) as e:
         export(path, formats.SPECULATORS, tmp_path / "out", verifier="org/target")
-    assert str(e.value) == f"{path / 'run.json'}: 'architecture' is {architecture!r}, not a class name"
+    assert str(e.value) == f"{path / 'run.json'}: run record's target.architecture is {architecture!r}, not a class name"
     assert not (tmp_path / "out").exists()
     # without --verifier it is not carried, so not refused
     export(path, formats.SPECULATORS, tmp_path / "plain")

@@ -162,23 +162,28 @@ def speculators_serving(data: dict, path, keys: tuple[str, ...] = ("speculative_
     sc = _object(data, "speculators_config", path)
     out = {}
     if "speculative_tokens" in keys:
-        methods = sc.get("proposal_methods") or []
+        methods = _or_none(sc.get("proposal_methods"), [])
         if not isinstance(methods, list) or not all(isinstance(m, dict) for m in methods):
             raise LabError(f"config's 'proposal_methods' is {methods!r}, not a list of JSON objects", path)
         if methods and methods[0].get("speculative_tokens") is not None:
             out["speculative_tokens"] = _positive(methods[0], "speculative_tokens", path)
     if "verifier" in keys:
         verifier = _object(sc, "verifier", path)
-        name, archs = verifier.get("name_or_path"), verifier.get("architectures") or []
+        name, archs = verifier.get("name_or_path"), _or_none(verifier.get("architectures"), [])
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise LabError(f"config's verifier 'name_or_path' is {name!r}, not a model name or path", path)
-        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        if not isinstance(archs, list) or not all(isinstance(a, str) and a.strip() for a in archs):
             raise LabError(f"config's verifier 'architectures' is {archs!r}, not a list of class names", path)
         if name is not None:
             out["verifier"] = name
         if archs:
             out["verifier_architectures"] = tuple(archs)
     return out
+
+
+def _or_none(value, default):
+    """`value`, or `default` for a null one: a falsy value of the wrong kind (0, "", false) is still checked."""
+    return default if value is None else value
 
 
 def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = True, **serving) -> dict:
@@ -328,9 +333,10 @@ def rope_scaling_of(layer: dict, where) -> dict | None:
     """The RoPE scaling a config.json's layer fields ask for (`rope_scaling`, or transformers 5's
     `rope_parameters`), checked; None for plain RoPE. A kind the reference does not implement (yarn,
     dynamic, longrope, mrope) is one line, not plain RoPE in disguise."""
-    params = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
+    key = "rope_scaling" if layer.get("rope_scaling") not in (None, {}) else "rope_parameters"
+    params = _or_none(layer.get(key), {})
     if not isinstance(params, dict):
-        raise LabError(f"rope_scaling is not a JSON object: {params!r}", where)
+        raise LabError(f"{key} is not a JSON object: {params!r}", where)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return None

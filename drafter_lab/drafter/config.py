@@ -74,7 +74,7 @@ class DrafterConfig:
         heads = int(target_config.num_attention_heads)
         base = dict(
             hidden_size=hidden,
-            intermediate_size=int(getattr(target_config, "intermediate_size", 4 * hidden)),
+            intermediate_size=int(_given(target_config, "intermediate_size", 4 * hidden)),
             num_attention_heads=heads,
             num_key_value_heads=int(getattr(target_config, "num_key_value_heads", None) or heads),
             head_dim=int(getattr(target_config, "head_dim", None) or hidden // heads),
@@ -83,11 +83,18 @@ class DrafterConfig:
             target_hidden_size=hidden,
             aux_layer_ids=[int(i) for i in aux_layer_ids],
             rope_theta=target_rope_theta(target_config),
-            rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 4096)),
+            rms_norm_eps=float(_given(target_config, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(_given(target_config, "max_position_embeddings", 4096)),
         )
         base.update(overrides)
         return cls(**base)
+
+
+def _given(target_config, name: str, default):
+    """A target config field, or `default` where it is absent or null (a config.json may write null for
+    a size the model does not bound)."""
+    value = getattr(target_config, name, None)
+    return default if value is None else value
 
 
 def target_rope_theta(target_config) -> float:

@@ -625,7 +625,8 @@ class _Run:
                 if isinstance(v, float):
                     self.tb.add_scalar(f"{row['split']}/{k}", v, self.step)
 
-    def validate(self) -> dict:
+    def validate(self) -> None:
+        """One validation, its line, best/ and the watch; fit reads it back from last_val."""
         self.check_finite()  # before best/ or the watch sees a diverged drafter
         self.drafter.eval()
         m = summarize(eval_counts(self.obj, self.val_ex, self.cfg.eval_batch_size, self.d, self.autocast),
@@ -637,7 +638,6 @@ class _Run:
                           (self.out_dir / BEST_DIR, lambda: self.keep_if_best(m)))
         if self.watch and self.step < self.total:
             self.check_watch()
-        return self.last_val
 
     def keep_if_best(self, m: dict) -> None:
         """With keep_best, a validation better than every one before it puts the drafter in

@@ -210,7 +210,11 @@ def _check_numbered_shards(path: Path, files: list[Path]) -> None:
             stem, i, n, suffix = m.groups()
             groups.setdefault((stem, n, suffix), (len(i), set()))[1].add(int(i))
     for (stem, n, suffix), (digits, have) in sorted(groups.items()):
-        if lost := int(n) - sum(1 <= i <= int(n) for i in have):
+        # no save writes one (transformers counts from 1): a file renamed by hand, or another save's
+        if past := sorted(i for i in have if not 1 <= i <= int(n)):
+            raise LabError(f"shard {stem}-{past[0]:0{digits}d}-of-{n}{suffix} is numbered past the count its name "
+                           f"gives ({int(n)}): a shard of another save, or a file renamed by hand", path)
+        if lost := int(n) - len(have):
             first = next(i for i in range(1, int(n) + 1) if i not in have)
             more = f" and {lost - 1} more" if lost > 1 else ""
             raise LabError(f"shard {stem}-{first:0{digits}d}-of-{n}{suffix}{more} {'are' if more else 'is'} missing "

@@ -62,9 +62,20 @@ def timeout_arg(text: str) -> float:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not 0 < seconds <= 1e9:
+    if not _is_timeout(seconds):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds (at most 1e9), got {text!r}")
     return seconds
+
+
+def _is_timeout(seconds) -> bool:
+    return not isinstance(seconds, bool) and isinstance(seconds, int | float) and 0 < seconds <= 1e9
+
+
+def check_timeout(seconds) -> None:
+    """A library caller's timeout_s, as --timeout checks it: 0 (non-blocking) failed every read with a
+    socket error, after the connection was made."""
+    if not _is_timeout(seconds):
+        raise LabError(f"timeout_s must be a positive number of seconds (at most 1e9), got {seconds!r}")
 
 
 def add_client_args(parser) -> None:

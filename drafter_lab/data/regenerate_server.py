@@ -50,7 +50,7 @@ from drafter_lab.data.regenerate import (
     regenerated_turns,
 )
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import HTTPStatusError, request_json
+from drafter_lab.httpjson import HTTPStatusError, check_timeout, request_json
 from drafter_lab.journal import Journal
 from drafter_lab.progress import log, maybe_progress
 from drafter_lab.servers import PLAIN, served_model
@@ -202,6 +202,7 @@ def check_settings(cfg: ServerConfig) -> None:
             raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.retries < 0:
         raise LabError(f"retries must be >= 0, got {cfg.retries}")
+    check_timeout(cfg.timeout_s)
     if not 0 <= cfg.temperature < math.inf:
         raise LabError(f"temperature must be a finite number >= 0, got {cfg.temperature}")
 

@@ -49,7 +49,14 @@ from dataclasses import dataclass
 
 from drafter_lab.data.chat import rendered_with
 from drafter_lab.errors import LabError
-from drafter_lab.httpjson import HTTPStatusError, request_json, request_text, stream_json, url_problem
+from drafter_lab.httpjson import (
+    HTTPStatusError,
+    check_timeout,
+    request_json,
+    request_text,
+    stream_json,
+    url_problem,
+)
 from drafter_lab.progress import log, progress
 from drafter_lab.servers import PLAIN, served_model
 from drafter_lab.spec.costmodel import finite
@@ -434,6 +441,7 @@ def check_settings(cfg: ServedConfig) -> None:
         raise LabError(f"unknown engine {cfg.engine!r}: use {' or '.join(ENGINES)}")
     if cfg.retries < 0:  # a refused connection would be retried forever
         raise LabError(f"retries must be >= 0, got {cfg.retries}")
+    check_timeout(cfg.timeout_s)
     for name in ("concurrency", "max_new_tokens"):  # one each, with its value, as SpecConfig words them
         if getattr(cfg, name) < 1:
             raise LabError(f"{name} must be >= 1, got {getattr(cfg, name)}")

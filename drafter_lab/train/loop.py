@@ -923,7 +923,16 @@ def _embed_frozen(drafter: Eagle3Drafter) -> bool:
 def _load_model(drafter: Eagle3Drafter, model_state: dict, where) -> None:
     """Load saved weights (of train state file `where`); a frozen (target-owned) embedding is not in the state
     and stays as built."""
-    missing, unexpected = drafter.load_state_dict(model_state, strict=False)
-    bad = [k for k in missing if not (k == "embed_tokens.weight" and _embed_frozen(drafter))] + list(unexpected)
+    own = drafter.state_dict()
+
+    def shape(v) -> list[int] | str:
+        return list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+
+    # load_state_dict, strict or not, fails a value of another shape with a many-line RuntimeError
+    bad = [f"{k} {shape(v)}, not {shape(own[k])}" for k, v in model_state.items()
+           if k in own and shape(v) != shape(own[k])]
+    if not bad:
+        missing, unexpected = drafter.load_state_dict(model_state, strict=False)
+        bad = [k for k in missing if not (k == "embed_tokens.weight" and _embed_frozen(drafter))] + list(unexpected)
     if bad:
         raise LabError(f"train state does not fit the drafter ({', '.join(bad)})", where)

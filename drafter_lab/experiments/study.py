@@ -43,7 +43,7 @@ from drafter_lab.targets.presets import resolve as resolve_target
 from drafter_lab.threads import check_threads, torch_threads
 from drafter_lab.train.config import RESULT_FREE_FIELDS, UNKEYED_DEFAULTS, TrainConfig
 from drafter_lab.train.loop import train
-from drafter_lab.train.metrics_log import read_metrics
+from drafter_lab.train.metrics_log import TRANSFER_FILE, read_metrics
 
 
 @dataclass
@@ -226,8 +226,8 @@ def run_level(cfg: ExperimentConfig, drift: float, level_dir: Path, cache: Path)
             transfer_lr_scale=cfg.transfer_lr_scale if arm.init_from else 1.0,  # scratch has no transferred weight
         )
         arm.history = _read_history(out / "metrics.jsonl")
-        if (out / "transfer.json").exists():
-            arm.transfer = json.loads((out / "transfer.json").read_text())
+        if (out / TRANSFER_FILE).exists():
+            arm.transfer = json.loads((out / TRANSFER_FILE).read_text())
         arm.served = _served(cfg, out, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")
         timings[f"arm_{arm.key}_s"] = time.time() - t
     source_served = _served(cfg, source_dir, pair_dir / "tuned", pair_dir / "prompts-eval.jsonl")

@@ -49,7 +49,7 @@ from drafter_lab.train.data import (
     shard_batch,
 )
 from drafter_lab.train.metrics import eval_counts, summarize, weighted_loss
-from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, RUN_FILE, MetricsLog
+from drafter_lab.train.metrics_log import BEST_DIR, BEST_FILE, METRICS, RUN_FILE, TRANSFER_FILE, MetricsLog
 from drafter_lab.train.schedule import lr_factor
 from drafter_lab.train.sources import Captured, Online
 from drafter_lab.train.ttt import N_COLS, TTTObjective, loss_denominators, step_masks
@@ -599,7 +599,8 @@ class _Run:
         """Rank 0's, before a run goes on: a killed write leaves its temp (a drafter's or a train state's
         size), and a run killed during its final save resumes finished, writing nothing that would clear
         them; metrics.jsonl is cut back to the train state's (without one, a killed first attempt's lines go)."""
-        for path in (*(self.out_dir / n for n in (BEST_DIR, WEIGHTS, CONFIG, RUN_FILE)), state.state_path(self.out_dir)):
+        names = (BEST_DIR, WEIGHTS, CONFIG, RUN_FILE, TRANSFER_FILE, WATCH_FILE)  # a resume may write some never again
+        for path in (*(self.out_dir / n for n in names), state.state_path(self.out_dir)):
             atomic.clear_stale_temps(path)
         self.metrics.truncate(0 if saved is None else saved["metrics_bytes"])
 
@@ -758,7 +759,7 @@ class _Run:
         (self.out_dir / METRICS).touch()  # first: it marks the directory a run's (_check_out)
         if self.report is not None:
             console.print(self.report.table())
-            atomic.write_json(self.out_dir / "transfer.json", self.report.to_json())
+            atomic.write_json(self.out_dir / TRANSFER_FILE, self.report.to_json())
         atomic.write_json(self.out_dir / RUN_FILE, self.info)
         # Resumed, the steps after the checkpoint are logged again: purge the killed attempt's events of them
         # (metrics.jsonl is cut back the same way), or TensorBoard draws both; without a checkpoint, all of them.

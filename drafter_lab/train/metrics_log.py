@@ -16,6 +16,8 @@ METRICS = "metrics.jsonl"
 RUN_FILE = "run.json"
 """The run's record beside its metrics: config, drafter shape, target (with its fingerprint), data,
 planned length."""
+TRANSFER_FILE = "transfer.json"
+"""A transfer run's report of what it took from its source drafter (remap, rows copied, heads)."""
 BEST_DIR, BEST_FILE = "best", "best.json"
 """keep_best's drafter directory, and the file in it naming its validation (metric, value, step)."""
 

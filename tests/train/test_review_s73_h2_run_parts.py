@@ -15,8 +15,9 @@ from drafter_lab.drafter.config import DrafterConfig
 from drafter_lab.errors import LabError
 from drafter_lab.train import loop, state
 from drafter_lab.train.loop import _Run
-from drafter_lab.train.metrics_log import BEST_DIR, METRICS, RUN_FILE
+from drafter_lab.train.metrics_log import BEST_DIR, METRICS, RUN_FILE, TRANSFER_FILE
 from drafter_lab.train.ttt import CE_SUM, N_COLS, N_LOSS, N_VALID
+from drafter_lab.train.watch import WATCH_FILE
 
 
 def _bare_run(tmp_path, other_ranks: torch.Tensor | None = None) -> _Run:
@@ -73,7 +74,8 @@ def test_tidy_clears_killed_writers_temps_and_cuts_metrics_back_to_the_state(tmp
     """Without a train state a killed first attempt's lines all go; with one, those after its size."""
     run = _bare_run(tmp_path)
     (tmp_path / METRICS).write_text("line1\nline2\n")
-    temps = [_stale_temp(p) for p in (*(tmp_path / n for n in (BEST_DIR, WEIGHTS, CONFIG, RUN_FILE)),
+    names = (BEST_DIR, WEIGHTS, CONFIG, RUN_FILE, TRANSFER_FILE, WATCH_FILE)
+    temps = [_stale_temp(p) for p in (*(tmp_path / n for n in names),
                                       state.state_path(tmp_path))]
     run.tidy(saved)
     assert (tmp_path / METRICS).read_text() == kept

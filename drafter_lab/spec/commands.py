@@ -37,14 +37,15 @@ def positive_int(text: str) -> int:
 
 
 def int_list(text: str) -> list[int]:
-    """argparse type of a sweepable flag: positive integers separated by commas."""
+    """argparse type of a sweepable flag: positive integers separated by commas, each once (a value given
+    twice was timed or run twice, the second result replacing the first)."""
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+    return list(dict.fromkeys(values))
 
 
 def rate_list(text: str) -> list[float]:

@@ -45,6 +45,11 @@ def spans(mask: torch.Tensor) -> list[tuple[int, int]]:
     return out
 
 
+def masked(tok, ids, mask) -> list[str]:
+    """The decoded runs of masked tokens."""
+    return [tok.decode(ids[a:b]) for a, b in spans(mask)]
+
+
 @pytest.mark.parametrize("template", [None, HEADER_WITH_SPECIAL, NO_HEADER], ids=["chatml", "special-header", "no-header"])
 def test_mask_covers_each_assistant_turn_and_its_end_token(random_llama, template):
     tok = load_tokenizer(random_llama)

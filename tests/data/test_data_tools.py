@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from data_helpers import run_cli, write_jsonl
-from test_data_chat import spans
+from test_data_chat import masked, spans
 from test_data_regenerate_server import requests, serving
 
 from drafter_lab.data import regenerate as regenerate_module
@@ -77,10 +77,6 @@ def hermes(hermes_llama):
 
 def ends(tok) -> frozenset[int]:
     return frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
-
-
-def masked(tok, ids, mask) -> list[str]:
-    return [tok.decode(ids[a:b]) for a, b in spans(mask)]
 
 
 def test_tool_use_reads_in_the_shape_servers_hand_templates(tmp_path):

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 from data_helpers import PREPARE_ARGS, make_conversations, run_cli, write_jsonl
-from test_data_chat import spans, word_by_word
+from test_data_chat import masked, spans, word_by_word
 from test_data_harmony import HARMONY_TOOLS, tool_loop
 from test_data_harmony import SPECIAL as HARMONY_SPECIAL
 from test_data_harmony import stops as harmony_stops
@@ -54,10 +54,6 @@ def tokenizer(random_llama, name):
     template, special, end = TEMPLATES[name]
     tok = templated(random_llama, template) if special is None else templated(random_llama, template, special)
     return tok, stops(tok, end)
-
-
-def masked(tok, ids, mask) -> list[str]:
-    return [tok.decode(ids[a:b]) for a, b in spans(mask)]
 
 
 def test_sequences_cut_after_the_turns_they_train():

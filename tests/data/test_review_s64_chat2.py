@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_data_chat import ANSWERS, MESSAGES, OTHER_CLOSER, spans, word_by_word
+from test_data_chat import ANSWERS, MESSAGES, OTHER_CLOSER, masked, spans, word_by_word
 from test_data_hidden_thinking import ANSWER, R1_MANNER, SERVED, SPECIAL, THOUGHT, templated
 from test_data_reasoning import ASKED, THINKING
 from test_data_tools import CALL
@@ -17,10 +17,6 @@ from drafter_lab.data.chat import TemplateRefusal, encode_conversation, render
 from drafter_lab.targets.hf import load_tokenizer
 
 ASK = {"role": "user", "content": "Count."}
-
-
-def masked(tok, ids, mask) -> list[str]:
-    return [tok.decode(ids[a:b]) for a, b in spans(mask)]
 
 
 def test_a_type_error_other_than_text_plus_an_object_is_the_templates_refusal(random_llama):

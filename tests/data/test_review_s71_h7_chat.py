@@ -3,6 +3,7 @@ mutant of chat.py that the rest of the suite let pass."""
 
 from __future__ import annotations
 
+from test_data_chat import masked
 from tokenizers import AddedToken
 
 from drafter_lab.data.chat import encode_conversation, render, special_token_ids
@@ -18,18 +19,6 @@ def test_only_added_tokens_marked_special_count_as_special(random_llama):
     ids = special_token_ids(tok)
     assert closer in ids and tag not in ids
     assert set(tok.all_special_ids) <= ids
-
-
-def masked(tok, ids, mask) -> list[str]:
-    """The decoded runs of masked tokens."""
-    out, start = [], None
-    for i, m in enumerate([*mask.tolist(), False]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append(tok.decode(ids[start:i]))
-            start = None
-    return out
 
 
 # Closes an answer only once another message follows, with a special token ahead of the end token (the

@@ -4,22 +4,10 @@ failed under a mutant of chat.py that the rest of the suite let pass."""
 from __future__ import annotations
 
 import pytest
+from test_data_chat import masked
 
 from drafter_lab.data.chat import TemplateRefusal, encode_conversation
 from drafter_lab.targets.hf import load_tokenizer
-
-
-def masked(tok, ids, mask) -> list[str]:
-    """The decoded runs of masked tokens."""
-    out, start = [], None
-    for i, m in enumerate([*mask.tolist(), False]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append(tok.decode(ids[start:i]))
-            start = None
-    return out
-
 
 # A user message is written twice (no marker render places it); the last message is marked (`!` after
 # a user's, `~` after an answer: no render of the turns before an answer, or up to it, is a prefix of

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from data_helpers import write_jsonl
-from test_data_chat import spans
+from test_data_chat import masked
 from test_data_tools import ANSWER, HERMES, TOOLS, row
 
 from drafter_lab.data.chat import dropped_calls, encode_conversation, render
@@ -64,10 +64,6 @@ def conversation(tmp_path, path: str = "setup.py"):
     """The tool-use conversation as read: the call's arguments (a JSON string in the file) an object."""
     (conv,), _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [row(path=path)]))
     return conv
-
-
-def masked(tok, ids, mask) -> list[str]:
-    return [tok.decode(ids[a:b]) for a, b in spans(mask)]
 
 
 def call(path: str) -> str:

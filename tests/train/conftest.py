@@ -61,3 +61,24 @@ def held_out(peaked_llama, tmp_path_factory) -> tuple[Path, Path]:
     convs = write_conversations(root / "held_out.jsonl", 12, seed=20)
     prepare_features(peaked_llama, convs, root / "features", max_length=96, val_fraction=0.25, batch_size=16)
     return convs, root / "features"
+
+
+@pytest.fixture
+def out_of_vocab_held_out(held_out, tmp_path) -> tuple[Path, Path]:
+    """A copy of the held-out features whose first shard's sequences' second tokens are id 999999, past any
+    test vocab: (its directory, that shard)."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from drafter_lab.data.shards import Manifest
+
+    bad = tmp_path / "val"
+    shutil.copytree(held_out[1], bad)
+    shard = bad / Manifest.load(bad).shards["train"][0]["file"]
+    with safe_open(str(shard), framework="pt") as f:
+        meta, t = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    t["input_ids"][t["offsets"][:-1] + 1] = 999999
+    save_file(t, str(shard), metadata=meta)
+    return bad, shard

@@ -162,14 +162,14 @@ def speculators_serving(data: dict, path, keys: tuple[str, ...] = ("speculative_
     sc = _object(data, "speculators_config", path)
     out = {}
     if "speculative_tokens" in keys:
-        methods = _or_none(sc.get("proposal_methods"), [])
+        methods = _given(sc, "proposal_methods", [])
         if not isinstance(methods, list) or not all(isinstance(m, dict) for m in methods):
             raise LabError(f"config's 'proposal_methods' is {methods!r}, not a list of JSON objects", path)
         if methods and methods[0].get("speculative_tokens") is not None:
             out["speculative_tokens"] = _positive(methods[0], "speculative_tokens", path)
     if "verifier" in keys:
         verifier = _object(sc, "verifier", path)
-        name, archs = verifier.get("name_or_path"), _or_none(verifier.get("architectures"), [])
+        name, archs = verifier.get("name_or_path"), _given(verifier, "architectures", [])
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise LabError(f"config's verifier 'name_or_path' is {name!r}, not a model name or path", path)
         if not isinstance(archs, list) or not all(isinstance(a, str) and a.strip() for a in archs):
@@ -179,11 +179,6 @@ def speculators_serving(data: dict, path, keys: tuple[str, ...] = ("speculative_
         if archs:
             out["verifier_architectures"] = tuple(archs)
     return out
-
-
-def _or_none(value, default):
-    """`value`, or `default` for a null one: a falsy value of the wrong kind (0, "", false) is still checked."""
-    return default if value is None else value
 
 
 def config_for(fmt: str, cfg: DrafterConfig, dtype: torch.dtype, head: bool = True, **serving) -> dict:
@@ -334,7 +329,7 @@ def rope_scaling_of(layer: dict, where) -> dict | None:
     `rope_parameters`), checked; None for plain RoPE. A kind the reference does not implement (yarn,
     dynamic, longrope, mrope) is one line, not plain RoPE in disguise."""
     key = "rope_scaling" if layer.get("rope_scaling") not in (None, {}) else "rope_parameters"
-    params = _or_none(layer.get(key), {})
+    params = _given(layer, key, {})
     if not isinstance(params, dict):
         raise LabError(f"{key} is not a JSON object: {params!r}", where)
     kind = params.get("rope_type", params.get("type", "default"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from drafter_lab import atomic
-from drafter_lab.data.shards import FeatureSet, check_token_ids
+from drafter_lab.data.shards import MANIFEST, FeatureSet, check_token_ids
 from drafter_lab.errors import LabError
 from drafter_lab.targets.hf import first_line
 
@@ -153,11 +153,21 @@ def vocab_of_drafter(drafter) -> DraftVocab:
     return DraftVocab(d2t=drafter.d2t.detach().long().cpu(), t2d=drafter.t2d.detach().bool().cpu())
 
 
+def recorded_vocab_size(features: FeatureSet) -> int:
+    """The target vocab size a feature set's manifest records; one line naming it when absent or not
+    a positive integer (the manifest's shape check lets it be absent)."""
+    vocab_size = features.manifest.target.get("vocab_size")
+    if type(vocab_size) is not int or vocab_size < 1:
+        raise LabError(f"'target' records no vocab_size (an integer >= 1), got {vocab_size!r}: the token counts "
+                       "of a draft vocabulary need it", features.dir / MANIFEST)
+    return vocab_size
+
+
 def count_train_tokens(feature_dir) -> torch.Tensor:
     """Per target token, how often it sits at a loss-masked position of the train split (int64 [V]).
     `feature_dir` may be a FeatureSet opened already (its manifest read once, not again here)."""
     features = feature_dir if isinstance(feature_dir, FeatureSet) else FeatureSet(feature_dir)
-    vocab_size = int(features.manifest.target["vocab_size"])
+    vocab_size = recorded_vocab_size(features)
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     features.index("train")  # each shard as its manifest row says (headers only), before its rows are counted
     for row in features.shards("train"):

@@ -114,14 +114,20 @@ def _build(args) -> int:
 
     from drafter_lab import atomic
     from drafter_lab.data.shards import FeatureSet
-    from drafter_lab.data.vocab import check_replaceable, check_size, count_train_tokens, vocab_from_counts
+    from drafter_lab.data.vocab import (
+        check_replaceable,
+        check_size,
+        count_train_tokens,
+        recorded_vocab_size,
+        vocab_from_counts,
+    )
 
     check_size(args.size, None, "--size")  # before anything is read
     atomic.refuse_unwritable(args.out, "--out")
     check_replaceable(args.out)  # before the counting, as well as when it is written
     # past the target's vocab: refused from the manifest, before the count reads every train shard
     features = FeatureSet(args.data)
-    check_size(args.size, int(features.manifest.target["vocab_size"]), "--size")
+    check_size(args.size, recorded_vocab_size(features), "--size")
     counts = count_train_tokens(features)  # the same manifest: one read, as the check saw it
     vocab = vocab_from_counts(counts, args.size)
     vocab.save(args.out)

@@ -495,7 +495,9 @@ def check_shards(path: Path) -> None:
 def _check_model_dir(path: Path) -> None:
     _check_dir(path)
     config = atomic.read_json(path / "config.json", "not a model directory: config.json is missing", path)
-    archs = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(config, dict):  # transformers: "Unrecognized model ... Should have a `model_type` key"
+        raise LabError(f"is a JSON {type(config).__name__}, not the object transformers reads", path / "config.json")
+    archs = config.get("architectures")
     # Else transformers loads its one layer as a whole Llama: a page of missing weights, then a size mismatch.
     # By name, not by "eagle" in it: NVIDIA's Eagle2 models are targets.
     drafter = next((a for a in archs if a in DRAFTER_ARCHS), None) if isinstance(archs, list) else None

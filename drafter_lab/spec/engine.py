@@ -133,9 +133,10 @@ def _root_only(root: torch.Tensor) -> DraftTree:
 
 
 def _finished_as_roots(tree: DraftTree, live: torch.Tensor) -> DraftTree:
-    """The tree with every node of a finished row (live False) but its root made padding, and the last
-    nodes that are padding in every row dropped: a finished row's drafts reach past its bound, where a
-    learned-position target's table (GPT-2's) ends, and an n-gram one's may be the widest."""
+    """The tree with every node of a finished row (live False) but its root made padding at depth 0: its
+    drafts reach past its bound, where a learned-position target's table (GPT-2's) ends. The last nodes
+    then padding in every row are dropped, a guard only: no drafter gives a finished row the widest tree
+    today (its n-gram lookup is not run, and EAGLE-3 rows draft alike)."""
     own = torch.arange(tree.size, device=live.device)
     parents = torch.where(live[:, None] | (own == 0), tree.parents, own)
     n = int(torch.nonzero((parents != own).any(0)).max()) + 1  # the root is no padding

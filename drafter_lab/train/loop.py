@@ -912,7 +912,8 @@ def _new_drafter(cfg: TrainConfig, dcfg: DrafterConfig, target, d2t, t2d) -> Eag
         drafter.t2d.copy_(t2d)
         if cfg.init_lm_head_from_target:
             if dcfg.own_embedding:
-                raise LabError("init_lm_head_from_target needs the drafter hidden size to equal the target's")
+                raise LabError(f"init_lm_head_from_target needs the drafter hidden size ({dcfg.hidden_size}) to "
+                               f"equal the target's ({dcfg.target_hidden_size})")
             drafter.lm_head.weight.copy_(target.lm_head_weight()[torch.arange(len(d2t)) + d2t])
     return drafter
 

@@ -206,7 +206,8 @@ def test_a_narrower_drafter_learns_its_own_embedding_and_cannot_take_the_targets
     drafter = loop._new_drafter(_cfg(), _dcfg(hidden=8), _Target(), _D2T, _T2D)
     w = drafter.embed_tokens.weight
     assert not loop._embed_frozen(drafter) and 0.005 < w.std().item() < 0.05 and abs(w.mean().item()) < 0.01
-    with pytest.raises(LabError, match="init_lm_head_from_target needs the drafter hidden size"):
+    with pytest.raises(LabError, match=r"^init_lm_head_from_target needs the drafter hidden size \(8\) to equal the "
+                                       r"target's \(16\)$"):
         loop._new_drafter(_cfg(head=True), _dcfg(hidden=8), _Target(), _D2T, _T2D)
 
 

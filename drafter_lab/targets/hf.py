@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -136,19 +137,29 @@ class LogitMap:
                           and torch.equal(a.detach().cpu().double(), b.detach().cpu().double()))
 
     @classmethod
-    def of(cls, config, bias: torch.Tensor | None = None) -> LogitMap:
+    def of(cls, config, bias: torch.Tensor | None = None, where=None) -> LogitMap:
+        """The map `config` describes; a scale or cap of NaN or Infinity (Python's json reads them from a
+        hand-written config) is refused in one line naming `where`, not turned into NaN logits."""
         scale = 1.0
         model_type = getattr(config, "model_type", None)
         divides = model_type not in LOGITS_SCALING_MULTIPLIES
+
+        def number(key):
+            value = getattr(config, key, None)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                return None
+            if not math.isfinite(value):
+                raise LabError(f"{key} is {value}, not a finite number", where)
+            return value
+
         for key, invert in (("logits_scaling", divides), ("logit_scale", False), ("lm_head_multiplier", False),
                             ("output_multiplier", False), ("logits_mup_width_multiplier", True)):
-            value = getattr(config, key, None)
             if key == "logit_scale" and model_type in LOGIT_SCALE_UNUSED:
                 continue
-            if isinstance(value, int | float) and not isinstance(value, bool) and value not in (0, 1):
+            value = number(key)
+            if value is not None and value not in (0, 1):
                 scale = scale / value if invert else scale * value
-        cap = next((c for c in (getattr(config, k, None) for k in SOFTCAP_KEYS)
-                    if isinstance(c, int | float) and not isinstance(c, bool) and c), None)
+        cap = next((c for c in map(number, SOFTCAP_KEYS) if c), None)
         vocab = getattr(config, "unpadded_vocab_size", None)
         vocab = vocab if type(vocab) is int else None  # not a bool, nor a hand-written config's float or string
         return cls(float(scale), None if cap is None else float(cap), bias, vocab)
@@ -187,7 +198,7 @@ class _TargetFacts:
 
     @property
     def logit_map(self) -> LogitMap:
-        return LogitMap.of(self.config, self.lm_head_bias())
+        return LogitMap.of(self.config, self.lm_head_bias(), self.path / "config.json")
 
     @functools.cached_property
     def legacy_fingerprint(self) -> str:

@@ -43,13 +43,14 @@ for the turns after the last user turn; harmony: an analysis channel before the 
 last turn; Magistral: `[THINK]...[/THINK]` before the answer, in every turn), so it is masked and
 trains like the answer, and
 token-exact, the sampled ids (thinking and answer, as a server returns them) stand for all the
-template wrote for the turn up to its end-of-turn token. A template that hides the last turn's
-thinking where the generation prompt opens a think block (DeepSeek-R1's `<think>\n`, Kimi-K2.5's
-`<think>`) or where it writes an empty one for the turn (Kimi-K2-Thinking's `<think></think>`) has
-the conversation's last turn written as served (`_as_served`): that prompt, the thinking and the
-answer, all masked. Where the template leaves it out otherwise (earlier turns, or a template that
-never shows reasoning), `dropped_reasoning` counts it, and an empty block written in its place
-(`HIDDEN_THINKING`, Kimi's) stays unmasked: the target never wrote it.
+template wrote for the turn up to its end-of-turn token (thinking kept apart or inline alike). A
+template that hides the last turn's thinking where the generation prompt opens a think block
+(DeepSeek-R1's `<think>\n`, Kimi-K2.5's `<think>`) or where it writes an empty one for the turn
+(Kimi-K2-Thinking's `<think></think>`) has the conversation's last turn written as served
+(`_as_served`): that prompt, the thinking and the answer, all masked. Where the template leaves it
+out otherwise (earlier turns, or a template that never shows reasoning), `dropped_reasoning` counts
+it, and an empty block written in its place (`HIDDEN_THINKING`, Kimi's) stays unmasked: the target
+never wrote it.
 
 Tool use (conversations.py): the conversation's `tools` go to every render, and an assistant turn's
 `tool_calls` are written by the template inside the turn (Qwen's `<tool_call>` tags), so they are
@@ -73,6 +74,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import os
 import re
 import threading
 import weakref
@@ -369,12 +371,31 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, template_kw
         head = render(tokenizer, messages[:i], True, template_kwargs, tools)
         if text.startswith(head):  # no earlier turn's text to look past
             return [_span(tokenizer, messages, i, text, len(head), template_kwargs, tools, end_ids, head)[0]]
+    plain, common = _unserved(tokenizer, messages, text, template_kwargs, tools)
     spans = []
     cursor = 0
     for i in turns:
-        span, cursor = _span(tokenizer, messages, i, text, cursor, template_kwargs, tools, end_ids)
+        span = None
+        if i + 1 < len(messages) and plain != text:  # an earlier turn, placed before the last turn was served
+            span, after = _span(tokenizer, messages, i, plain, cursor, template_kwargs, tools, end_ids)
+            span = span if max(span.stop, after) <= common else None
+        if span is None:
+            span, after = _span(tokenizer, messages, i, text, cursor, template_kwargs, tools, end_ids)
         spans.append(span)
+        cursor = after
     return spans[-1:] if last_only else spans
+
+
+def _unserved(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None,
+              tools: list[dict] | None) -> tuple[str, int]:
+    """(The conversation's render, how much of `text` it starts with), where the earlier turns are
+    placed: in `text`, its last turn perhaps written as served (`_as_served`), `_located` finds no
+    message (it compares all that follows one), and a turn looked for by its answer alone is found in
+    a user message before it that holds that answer ("Say hi")."""
+    if messages[-1]["role"] != "assistant" or not _thinking_of(messages[-1]):
+        return text, len(text)  # not rewritten (spares a render)
+    plain = render(tokenizer, messages, False, template_kwargs, tools)
+    return plain, len(os.path.commonprefix([plain, text]))
 
 
 def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, template_kwargs: dict | None,
@@ -731,7 +752,9 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
         if "token_ids" not in m:
             raise LabError(f"assistant turn {i} has no token_ids: a token-exact capture needs the target's own "
                            "tokens (data prepare --regenerate, or data regenerate)")
-        if "reasoning_content" in m or "tool_calls" in m:  # all the template wrote (or left out) for the turn
+        # All the template wrote (or left out) for the turn: thinking kept apart or inline (an earlier
+        # turn's, which R1's and Qwen3's templates cut, is not where its whole content is looked for).
+        if "reasoning_content" in m or "tool_calls" in m or _thinking_of(m):
             end = _turn_end(tokenizer, text, span, end_ids, special)
         else:
             end = _answer_written(tokenizer, text, span, m["content"], end_ids, special)
@@ -802,6 +825,12 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int, token_
         begin = span.start
         if not token_exact and _thinking_of(m) and (hidden := HIDDEN_THINKING.match(text, begin)):
             begin = hidden.end()  # written in place of the turn's thinking: not what the target wrote
+        elif not token_exact and UNTHINK in m["content"] and _thinking_of(m) not in text[begin:span.stop]:
+            # Inline thinking cut up to `</think>` (R1's earlier turns): the whitespace after it that the
+            # template writes ahead of the answer is not the answer's.
+            after_tag = m["content"].rpartition(UNTHINK)[2]
+            gap = after_tag[:len(after_tag) - len(after_tag.lstrip())]
+            begin += len(gap) if text.startswith(gap, begin) else 0
         first, last = bisect.bisect_left(starts, begin), bisect.bisect_left(starts, span.stop)
         # Written by the template, not sampled by the target, from where the end-of-turn token may be.
         looked = [t for t in range(first, last) if not sampled[t] and starts[t] >= span.after]

@@ -267,7 +267,8 @@ def batch_of(result: dict, path=None) -> int:
     a request rate, the mean the speculative server carried)."""
     c = result["config"]
     if c.get("request_rate") is not None:
-        spec = (result.get("in_flight") or {}).get("spec") if isinstance(result.get("in_flight"), dict) else None
+        in_flight = result.get("in_flight")
+        spec = in_flight.get("spec") if isinstance(in_flight, dict) else None
         if not finite(spec) or spec <= 0:
             raise LabError("a served eval at a request rate needs in_flight.spec, the requests it carried "
                            f"(a positive number), got {spec!r}", path)

@@ -194,7 +194,7 @@ def probe(drafter_dir, target_dir, data_dir, source_target_dir=None, *, cfg: Pro
         # the pilot's arms refuse it (they train on it), but only after the signals' minutes
         raise LabError("--val-data is the --data path: the pilot would validate on what it trains on", val_data)
     if val_data is not None:
-        held = HeldOutFeatures(Path(val_data), target, Path(target_dir), features.manifest.aux_layer_ids)
+        held = HeldOutFeatures(Path(val_data), target, features.manifest.aux_layer_ids)
         val = held.features.read(held.items[: cfg.max_sequences])
     else:
         val = features.read(features.require("val")[: cfg.max_sequences])

@@ -41,7 +41,7 @@ from drafter_lab.progress import log, maybe_progress
 from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, load_target, load_target_head
 
 
-def _open_features(data_dir: Path, target, target_dir: Path) -> FeatureSet:
+def _open_features(data_dir: Path, target) -> FeatureSet:
     fs = FeatureSet(data_dir)
     fs.check_target(target)
     if fs.hidden_size != target.hidden_size:
@@ -64,8 +64,8 @@ class HeldOutFeatures:
     """A validation set of its own: every sequence (both splits) of a feature directory captured
     from the training target with the same aux layers."""
 
-    def __init__(self, val_dir: Path, target, target_dir: Path, aux_layer_ids: list[int]):
-        self.features = fs = _open_features(val_dir, target, target_dir)
+    def __init__(self, val_dir: Path, target, aux_layer_ids: list[int]):
+        self.features = fs = _open_features(val_dir, target)
         if fs.manifest.aux_layer_ids != aux_layer_ids:
             raise LabError(f"validation features hold aux layers {fs.manifest.aux_layer_ids}, the training data "
                            f"{aux_layer_ids}: they do not fit", val_dir)
@@ -106,14 +106,14 @@ class Captured:
         self.where = data_dir
         # Embedding + lm_head (the layers never run here), unless the caller has them loaded already.
         self.target = target or load_target_head(target_dir)
-        fs = self.features = _open_features(data_dir, self.target, target_dir)
+        fs = self.features = _open_features(data_dir, self.target)
         self.aux_layer_ids = fs.manifest.aux_layer_ids
         self.held_out = None
         if val_data is not None:
             if val_data.is_file():
                 raise LabError("a run on captured features validates on a feature directory, not a file: "
                                "capture it with `data prepare`", val_data)
-            self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
+            self.held_out = HeldOutFeatures(val_data, self.target, self.aux_layer_ids)
             same = atomic.sha256_file(val_data / "manifest.json") == atomic.sha256_file(data_dir / "manifest.json")
             if same:  # a copy of --data, say
                 raise LabError("--val-data holds the same features as --data: validation would score what the "
@@ -201,7 +201,7 @@ class Online:
                            "to train on: lower it, or add conversations", conversations)
         self.held_out: HeldOutFeatures | HeldOutConversations | None = None
         if val_data is not None and val_data.is_dir():
-            self.held_out = HeldOutFeatures(val_data, self.target, target_dir, self.aux_layer_ids)
+            self.held_out = HeldOutFeatures(val_data, self.target, self.aux_layer_ids)
             if scan:
                 _scan([self.held_out.features], self.target.vocab_size, rank, world)
         elif val_file:
@@ -272,13 +272,9 @@ class Online:
         return out
 
     def token_counts(self) -> torch.Tensor:
-        ids = [p.input_ids[p.loss_mask] for p in self.items["train"]]
-        counts = torch.bincount(torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long),
-                                minlength=self.target.vocab_size)
-        if not counts.any():
-            raise LabError("no train conversation has an assistant token: nothing to build a vocabulary from",
-                           self.where)
-        return counts
+        # never empty: __init__ refuses an empty train split, and every kept sequence has a loss token
+        return torch.bincount(torch.cat([p.input_ids[p.loss_mask] for p in self.items["train"]]),
+                              minlength=self.target.vocab_size)
 
     def identity(self) -> dict:
         """What the run's data is, without where it lies: a resume must see the same."""

@@ -45,6 +45,13 @@ def spans(mask: torch.Tensor) -> list[tuple[int, int]]:
     return out
 
 
+def templated(random_llama, template: str):
+    """The random Llama's tokenizer under `template`."""
+    tok = load_tokenizer(random_llama)
+    tok.chat_template = template
+    return tok
+
+
 def masked(tok, ids, mask) -> list[str]:
     """The decoded runs of masked tokens."""
     return [tok.decode(ids[a:b]) for a, b in spans(mask)]

@@ -4,7 +4,7 @@ failed under a mutant of chat.py that the rest of the suite let pass."""
 from __future__ import annotations
 
 import pytest
-from test_data_chat import spans
+from test_data_chat import spans, templated
 
 from drafter_lab.data.capture_config import TEMPLATE_DATE
 from drafter_lab.data.chat import (
@@ -15,7 +15,6 @@ from drafter_lab.data.chat import (
     reads_clock,
     render,
 )
-from drafter_lab.targets.hf import load_tokenizer
 
 ASK = {"role": "user", "content": "What time is it?"}
 CALL = {"type": "function", "function": {"name": "now", "arguments": {"tz": "UTC"}}}
@@ -38,12 +37,6 @@ NEEDS_TEXT_OR_CALLS = ("{% if m['role'] == 'assistant' and not m['content'] and 
                        "{{ raise_exception('an assistant turn needs content or tool calls') }}{% endif %}")
 
 
-def tokenizer(random_llama, template: str):
-    tok = load_tokenizer(random_llama)
-    tok.chat_template = template
-    return tok
-
-
 def masked(tok, messages: list[dict]) -> list[str]:
     ends = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
     ids, mask = encode_conversation(tok, messages, max_length=10_000, end_ids=ends)
@@ -53,7 +46,7 @@ def masked(tok, messages: list[dict]) -> list[str]:
 def test_calls_whose_removal_the_template_refuses_are_written(random_llama):
     """Removing a turn's calls to see whether the template writes them leaves a turn it refuses
     (Mistral's): a refusal is no render alike, so the calls, which it writes, are not counted dropped."""
-    tok = tokenizer(random_llama, chatml(EVERY_CALL, NEEDS_TEXT_OR_CALLS))
+    tok = templated(random_llama, chatml(EVERY_CALL, NEEDS_TEXT_OR_CALLS))
     chat = [ASK, {"role": "assistant", "content": "", "tool_calls": [CALL]}, RESULT, NOON]
     assert dropped_calls(tok, chat) == (1, 0)
 
@@ -62,7 +55,7 @@ def test_calls_whose_removal_the_template_refuses_are_written(random_llama):
 def test_a_second_call_the_template_leaves_out_is_counted(random_llama, template, dropped):
     """A turn of two calls under a template that writes its first alone (GPT-OSS's) drops one: the
     count `data prepare` reports, which a turn of two calls (the common parallel case) must reach."""
-    tok = tokenizer(random_llama, chatml(template))
+    tok = templated(random_llama, chatml(template))
     chat = [ASK, {"role": "assistant", "content": "", "tool_calls": [CALL, LATER]}, RESULT, NOON]
     assert dropped_calls(tok, chat) == (1, dropped)
 
@@ -70,7 +63,7 @@ def test_a_second_call_the_template_leaves_out_is_counted(random_llama, template
 def test_a_cut_turn_of_calls_trains_them_without_the_end_token(random_llama):
     """A turn of calls cut at its token limit (no answer text to end the mask at) trains the calls the
     template writes, not the end-of-turn token after them: the target had not stopped."""
-    tok = tokenizer(random_llama, chatml(EVERY_CALL))
+    tok = templated(random_llama, chatml(EVERY_CALL))
     cut = {"role": "assistant", "content": "", "tool_calls": [CALL], "finish_reason": "length"}
     assert masked(tok, [ASK, cut]) == ['<tool_call>{"name": "now", "arguments": {"tz": "UTC"}}</tool_call>']
     assert masked(tok, [ASK, {**cut, "finish_reason": "stop"}])[0].endswith("</tool_call><|im_end|>")
@@ -79,7 +72,7 @@ def test_a_cut_turn_of_calls_trains_them_without_the_end_token(random_llama):
 def test_a_turn_cut_while_thinking_trains_nothing_the_template_writes(random_llama):
     """Cut while it was still thinking (no answer yet), under a template that drops the thinking: what
     is written for the turn is the template's empty answer and end token, none of it the target's."""
-    tok = tokenizer(random_llama, chatml(""))
+    tok = templated(random_llama, chatml(""))
     cut = {"role": "assistant", "content": "", "reasoning_content": "Let me see", "finish_reason": "length"}
     assert masked(tok, [ASK, cut]) == []
     assert masked(tok, [ASK, {**cut, "finish_reason": "stop"}]) == ["<|im_end|>"]
@@ -90,7 +83,7 @@ def test_inline_thinking_the_template_rewrites_is_not_counted_dropped(random_lla
     """Inline thinking ("<think>R</think>A", a local regeneration's text) that the template writes as a
     block of its own (Qwen3's `<think>\\nR\\n</think>`) is shown, not dropped: its text is R, the tag
     aside."""
-    tok = tokenizer(random_llama, chatml("").replace(
+    tok = templated(random_llama, chatml("").replace(
         "{{ m['content'] }}",
         "{% if '" + closing + "' in m['content'] %}" + opening + "\n{{ m['content'].split('" + closing + "')[0]"
         ".split('" + opening + "')[-1].strip() }}\n" + closing + "\n\n{{ m['content'].split('" + closing + "')[-1]"
@@ -103,7 +96,7 @@ def test_a_template_with_two_stop_tokens_closes_the_open_last_turn_with_its_own(
     """A target that stops at either of two tokens (Qwen's `<|endoftext|>` and `<|im_end|>`) under a
     template that leaves the last message open (Kimi-K2-Instruct-0905's): the last answer ends with the
     one the template writes once the conversation goes on, whichever of the two it is."""
-    tok = tokenizer(random_llama, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    tok = templated(random_llama, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                                   "{% if not loop.last or add_generation_prompt %}<|im_end|>\n{% endif %}{% endfor %}"
                                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     ends = frozenset(tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"]))
@@ -124,7 +117,7 @@ def test_an_answer_opening_the_conversation_is_placed_without_rendering_no_messa
     """An assistant turn that opens the conversation (ShareGPT's greetings) has no turns before it to
     render: rendering none, a template reading the first message refused it (`--turns last`, or an
     answer alone whose thinking the template drops)."""
-    tok = tokenizer(random_llama, READS_FIRST)
+    tok = templated(random_llama, READS_FIRST)
     ends = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
     ids, mask = encode_conversation(tok, chat, max_length=10_000, end_ids=ends, last_only=last_only)
     assert [tok.decode(ids[a:b]) for a, b in spans(mask)] == [chat[0]["content"] + "<|im_end|>"]
@@ -134,7 +127,7 @@ def test_named_templates_that_read_the_clock_render_the_pinned_day(random_llama)
     """A tokenizer of named templates (Command-R's and Hermes' `default` and `tool_use`) reads the clock
     where any of them does: its day is pinned and rendered, not the day the run happens to render on."""
     dated = '{{ "Today is " + strftime_now("%Y-%m-%d") + ".\\n" }}' + chatml("")
-    tok = tokenizer(random_llama, {"default": dated, "tool_use": dated + "{# tools #}"})
+    tok = templated(random_llama, {"default": dated, "tool_use": dated + "{# tools #}"})
     assert reads_clock(tok) and TEMPLATE_DATE in pinned(tok, None)
     assert render(tok, [ASK, NOON], template_kwargs={TEMPLATE_DATE: "2021-03-04"}).startswith("Today is 2021-03-04.")
 
@@ -144,7 +137,7 @@ def test_a_sampled_special_token_does_not_end_a_turn_of_empty_text(random_llama)
     detokenizes) under a template that leaves the last message open (Kimi-K2-Instruct-0905's): its
     mask is the sampled ids and the end token the template writes after them, not cut at the first
     special token the target sampled."""
-    tok = tokenizer(random_llama, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    tok = templated(random_llama, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                                   "{% if not loop.last or add_generation_prompt %}<|im_end|>\n{% endif %}{% endfor %}"
                                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     end, special = tok.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"])
@@ -161,7 +154,7 @@ def test_a_template_leaving_the_last_turn_open_bounds_an_earlier_turn_written_ot
     the conversation is masked on ends with the stop token added for the open last turn. Unbounded, it
     looked for its thinking up to the end, found it in the last turn (the same "Let me think."), and
     trained the user turn between (until 2026-12-06)."""
-    tok = tokenizer(random_llama, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    tok = templated(random_llama, "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
                                   "{% if m['reasoning_content'] and loop.last %}<think>\n{{ m['reasoning_content'] }}\n"
                                   "</think>\n\n{% endif %}{{ m['content'] }}{% if not loop.last or add_generation_prompt %}"
                                   "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from test_data_chat import templated
 
 from drafter_lab.data.chat import TemplateRefusal, dropped_reasoning, encode_conversation, served_text
 from drafter_lab.data.conversations import CUT
@@ -10,12 +11,6 @@ from drafter_lab.targets.hf import load_tokenizer
 
 PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
-
-
-def tokenizer(random_llama, template: str = PLAIN):
-    tok = load_tokenizer(random_llama)
-    tok.chat_template = template
-    return tok
 
 
 class Offsetless:
@@ -43,12 +38,12 @@ class Offsetless:
 ], ids=["slow", "mistral-common"])
 def test_a_tokenizer_without_offsets_is_refused_in_one_line(random_llama, error):
     with pytest.raises(LabError, match=r"^tokenizer gives no character offsets \(a fast tokenizer is needed\)$"):
-        encode_conversation(Offsetless(tokenizer(random_llama), error), CHAT, 4096)
+        encode_conversation(Offsetless(templated(random_llama, PLAIN), error), CHAT, 4096)
 
 
 def test_another_value_error_of_the_tokenizer_is_not_called_one_without_offsets(random_llama):
     with pytest.raises(ValueError, match="^text too long$"):
-        encode_conversation(Offsetless(tokenizer(random_llama), ValueError("text too long")), CHAT, 4096)
+        encode_conversation(Offsetless(templated(random_llama, PLAIN), ValueError("text too long")), CHAT, 4096)
 
 
 def renders(tok, monkeypatch) -> list[int]:
@@ -60,7 +55,7 @@ def renders(tok, monkeypatch) -> list[int]:
 
 
 def test_a_conversation_without_thinking_counts_none_unrendered(random_llama, monkeypatch):
-    tok = tokenizer(random_llama)
+    tok = templated(random_llama, PLAIN)
     calls = renders(tok, monkeypatch)
     assert dropped_reasoning(tok, CHAT) == (0, 0) and not calls
 
@@ -68,7 +63,7 @@ def test_a_conversation_without_thinking_counts_none_unrendered(random_llama, mo
 def test_the_served_text_a_caller_has_is_not_rendered_again(random_llama, monkeypatch):
     """`text` spares the render the caller made: dropped_reasoning reads it alone, and encode_conversation
     renders less (and encodes alike)."""
-    tok = tokenizer(random_llama)
+    tok = templated(random_llama, PLAIN)
     chat = [CHAT[0], {**CHAT[1], "reasoning_content": "Greet."}]
     text = served_text(tok, chat, frozenset(), None, None)
     unsent = encode_conversation(tok, chat, 4096)
@@ -85,7 +80,7 @@ def test_the_served_text_a_caller_has_is_not_rendered_again(random_llama, monkey
 def test_an_answer_past_a_header_without_an_end_token_is_refused_token_exact(random_llama):
     """Token-exact, an answer the template writes after a header of its own is placed up to the turn's
     end-of-turn token: under a template that writes none, it is not looked for to the end of the text."""
-    tok = tokenizer(random_llama, "{% for m in messages %}{{ m['role'] }}: "
+    tok = templated(random_llama, "{% for m in messages %}{{ m['role'] }}: "
                                   "{% if m['role'] == 'assistant' %}Sure. {% endif %}{{ m['content'] }}\n{% endfor %}")
     turn = {**CHAT[1], "token_ids": tok("Hello.", add_special_tokens=False)["input_ids"]}
     with pytest.raises(TemplateRefusal, match="chat template rewrites assistant turn 1"):
@@ -95,7 +90,7 @@ def test_an_answer_past_a_header_without_an_end_token_is_refused_token_exact(ran
 def test_a_cut_turn_with_nothing_written_trains_no_end_token(random_llama):
     """Cut at its token limit before any answer, the turn's end-of-turn token is the template's, not the
     target's (it had not stopped): nothing of the turn is masked."""
-    tok = tokenizer(random_llama, load_tokenizer(random_llama).chat_template)  # ChatML
+    tok = templated(random_llama, load_tokenizer(random_llama).chat_template)  # ChatML
     end_ids = frozenset(tok.convert_tokens_to_ids(["<|im_end|>"]))
     cut = {"role": "assistant", "content": "", "reasoning_content": "Hmm", "finish_reason": CUT}
     ids, mask = encode_conversation(tok, [CHAT[0], cut], 4096, end_ids=end_ids)
@@ -105,7 +100,7 @@ def test_a_cut_turn_with_nothing_written_trains_no_end_token(random_llama):
 def test_a_cut_turn_the_template_ends_nothing_after_trains_to_its_last_token(random_llama):
     """Cut at its token limit under a template that writes no end-of-turn token (nor anything after the
     answer), the turn's last token is the target's last: it is masked."""
-    tok = tokenizer(random_llama, "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}")
+    tok = templated(random_llama, "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}")
     cut = {"role": "assistant", "content": "Hello there", "finish_reason": CUT}
     ids, mask = encode_conversation(tok, [CHAT[0], cut], 4096)
     assert mask[-1] and tok.decode(ids[mask]).endswith("Hello there")

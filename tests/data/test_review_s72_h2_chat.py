@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from test_data_chat import templated
 
 from drafter_lab.data.chat import TemplateRefusal, dropped_calls, encode_conversation, render, served_text
-from drafter_lab.targets.hf import load_tokenizer
 
 ASK = {"role": "user", "content": "How big is a.txt?"}
 CALL = {"type": "function", "function": {"name": "stat", "arguments": {"path": "a.txt"}}}
@@ -17,16 +17,10 @@ TEXT_OR_CALLS = (
 )
 
 
-def tokenizer(random_llama, template: str):
-    tok = load_tokenizer(random_llama)
-    tok.chat_template = template
-    return tok
-
-
 def test_a_single_call_the_template_leaves_out_is_counted(random_llama):
     """A turn's only call, left out where another turn's is written (so the conversation does not
     render alike without every call), is still a turn whose call the template drops."""
-    tok = tokenizer(random_llama, TEXT_OR_CALLS)
+    tok = templated(random_llama, TEXT_OR_CALLS)
     said = {"role": "assistant", "content": "Let me look.", "tool_calls": [CALL]}
     bare = {"role": "assistant", "content": "", "tool_calls": [CALL]}
     chat = [ASK, said, RESULT, bare, RESULT, {"role": "assistant", "content": "2 KiB."}]
@@ -48,7 +42,7 @@ R1_MANNER = (  # DeepSeek-R1's manner: an answer's inline thinking cut, the gene
 def test_a_user_turn_last_is_served_as_rendered(random_llama):
     """A conversation ending in a user turn that quotes think tags: no assistant turn of it is the last,
     so no thinking is put back anywhere (the user's text is not an answer's inline thinking)."""
-    tok = tokenizer(random_llama, R1_MANNER)
+    tok = templated(random_llama, R1_MANNER)
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>Greet.</think>Hello."},
             {"role": "user", "content": "What does <think>x</think> mean?"}]
     assert served_text(tok, chat, frozenset(), None, None) == render(tok, chat)
@@ -57,7 +51,7 @@ def test_a_user_turn_last_is_served_as_rendered(random_llama):
 def test_a_turn_without_an_end_token_is_refused_token_exact(random_llama):
     """Token-exact, a turn with thinking kept apart is spliced up to its end-of-turn token: under a
     template that writes none (plain text turns), the turn cannot be placed, a TemplateRefusal."""
-    tok = tokenizer(random_llama, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    tok = templated(random_llama, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
     turn = {"role": "assistant", "content": "Hello.", "reasoning_content": "Greet.",
             "token_ids": tok("Hello.", add_special_tokens=False)["input_ids"]}
     with pytest.raises(TemplateRefusal, match="chat template rewrites assistant turn 1"):

@@ -1,7 +1,7 @@
 """Review s74 (h4): chat.py's dropped_calls .. encode_conversation (lines 641-815), pinned where mutants lived."""
 from __future__ import annotations
 
-from test_data_chat import masked
+from test_data_chat import masked, templated
 
 from drafter_lab.data.chat import dropped_calls, encode_conversation, render
 from drafter_lab.data.conversations import CUT
@@ -15,17 +15,11 @@ TRIMS = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | 
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def tokenizer(random_llama, template: str):
-    tok = load_tokenizer(random_llama)
-    tok.chat_template = template
-    return tok
-
-
 def test_a_cut_answer_the_template_trims_trains_none_of_what_follows_it(random_llama):
     """A cut answer ending in whitespace that the template trims, then writes a newline of its own before
     the end token: the mask ends with the answer's text; the newline is the template's, though it begins
     where the trimmed whitespace was."""
-    tok = tokenizer(random_llama, TRIMS)
+    tok = templated(random_llama, TRIMS)
     end = frozenset(tok.convert_tokens_to_ids(["<|im_end|>"]))
     cut = {"role": "assistant", "content": "Hello there  ", "finish_reason": CUT}
     ids, mask = encode_conversation(tok, [ASK, cut], 4096, end_ids=end)
@@ -37,7 +31,7 @@ def test_a_cut_answer_the_template_trims_trains_none_of_what_follows_it(random_l
 def test_a_token_exact_answer_cut_after_whitespace_alone_trains_its_ids_alone(random_llama):
     """Cut after a first token of whitespace alone ("\\n\\n"), which the template trims before writing its own
     newline: token-exact, the mask is the sampled id, not the template's newline after it."""
-    tok = tokenizer(random_llama, TRIMS)
+    tok = templated(random_llama, TRIMS)
     end = frozenset(tok.convert_tokens_to_ids(["<|im_end|>"]))
     sampled = tok("\n\n", add_special_tokens=False)["input_ids"]
     cut = {"role": "assistant", "content": "\n\n", "token_ids": sampled, "finish_reason": CUT}
@@ -48,7 +42,7 @@ def test_a_token_exact_answer_cut_after_whitespace_alone_trains_its_ids_alone(ra
 def test_a_token_exact_cut_last_turn_the_template_ends_nothing_after_trains_to_its_last_id(random_llama):
     """Token-exact, cut at its token limit under a template that writes nothing after the answer: the mask
     runs to the last sampled id, the render's last token."""
-    tok = tokenizer(random_llama, "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
+    tok = templated(random_llama, "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
                                   "{% if add_generation_prompt %}[assistant] {% endif %}")
     sampled = tok("Hello there", add_special_tokens=False)["input_ids"]
     cut = {"role": "assistant", "content": "Hello there", "token_ids": sampled, "finish_reason": CUT}

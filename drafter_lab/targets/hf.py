@@ -754,7 +754,7 @@ def stop_token_ids(target) -> list[int]:
     for v in (getattr(target.tokenizer, "eos_token_id", None), config_eos,
               getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
         for i in v if isinstance(v, (list, tuple)) else [v]:
-            if isinstance(i, int) and i not in ids:
+            if type(i) is int and i >= 0 and i not in ids:  # a hand-written `true` or -1 is no token
                 ids.append(i)
     return ids
 

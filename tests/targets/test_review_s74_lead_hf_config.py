@@ -1,6 +1,6 @@
-"""A hand-written config's logit scale or cap of NaN or Infinity (Python's json reads both) is refused in
-one line naming config.json: taken as given it made every teacher logit NaN, found only at train's first
-non-finite loss."""
+"""What a hand-written config.json may hold. A logit scale or cap of NaN or Infinity (Python's json reads
+both) is refused in one line naming the file: taken as given it made every teacher logit NaN, found only at
+train's first non-finite loss. A stop id of true or -1 is no token."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from drafter_lab.errors import LabError
-from drafter_lab.targets.hf import SOFTCAP_KEYS, LogitMap, load_target_head
+from drafter_lab.targets.hf import SOFTCAP_KEYS, LogitMap, load_target_head, stop_token_ids
 
 
 @pytest.mark.parametrize("key", ["logits_scaling", "logit_scale", "lm_head_multiplier", "output_multiplier",
@@ -41,3 +41,12 @@ def test_a_target_whose_config_json_holds_nan_names_that_file(tmp_path):
     head = load_target_head(tmp_path)
     with pytest.raises(LabError, match=rf"^{tmp_path / 'config.json'}: logits_scaling is nan, not a finite number$"):
         _ = head.logit_map
+
+
+def test_a_stop_id_that_is_no_token_id_is_not_taken():
+    """`"eos_token_id": true` in a hand-written config read as id 1, and -1 as the last row's id."""
+    text = SimpleNamespace(eos_token_id=None)
+    config = SimpleNamespace(eos_token_id=True, get_text_config=lambda: text)
+    model = SimpleNamespace(config=config, generation_config=SimpleNamespace(eos_token_id=[-1, 9, False]))
+    target = SimpleNamespace(model=model, tokenizer=SimpleNamespace(eos_token_id=2))
+    assert stop_token_ids(target) == [2, 9]

@@ -353,6 +353,11 @@ def read_checkpoint(path) -> Checkpoint:
         # an attribute, stops when it is absent); vLLM keeps the file's
         log(f"{path / CONFIG}: draft_vocab_size is absent or null, so SGLang would serve this drafter with its "
             "target's lm_head, not the file's (vLLM and the lab use the file's); `export --format sglang` writes it")
+    elif fmt == formats.SGLANG and not ckpt.has_head and not unsized:
+        # SGLang loads its target's head only for a null field: given one, it keeps the head it allocated, unset
+        log(f"{path / CONFIG}: draft_vocab_size is set and the file has no lm_head, so SGLang would serve this "
+            "drafter with an uninitialised lm_head, not its target's (vLLM and the lab use the target's); "
+            "`export --format sglang` writes it null")
     _check_sizes(ckpt)
     _fill_vocab(ckpt)
     return ckpt

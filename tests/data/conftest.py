@@ -1,8 +1,12 @@
-"""Conversations from real text and features captured through the CLI, for the data tests."""
+"""Conversations from real text and features captured through the CLI, and a scripted local chat server, for
+the data tests."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -104,3 +108,29 @@ def tiny_target(tmp_path_factory):
     LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=4,
                                  num_attention_heads=2, num_key_value_heads=1)).save_pretrained(out)
     return out
+
+
+@pytest.fixture
+def scripted_chat():
+    """(base URL, reply): a chat server whose answer to a request is reply[0](request) -> (status, body)."""
+    reply = [None]
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            status, body = reply[0](json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", reply
+    httpd.shutdown()
+    httpd.server_close()

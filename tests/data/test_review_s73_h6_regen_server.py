@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from data_helpers import write_jsonl
@@ -20,36 +19,10 @@ from drafter_lab.errors import LabError
 WAIT_S = 60  # a bound on each wait below, so a broken run fails instead of hanging
 
 
-@pytest.fixture
-def chat():
-    """(base URL, reply): a chat server whose answer to a request is reply[0](request) -> (status, body)."""
-    reply = [None]
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            status, body = reply[0](json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            body = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", reply
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def test_the_first_failure_is_raised_after_the_conversations_in_flight(chat, tmp_path, monkeypatch):
+def test_the_first_failure_is_raised_after_the_conversations_in_flight(scripted_chat, tmp_path, monkeypatch):
     """c0 fails while c1 and c2 are in flight: the log counts those two, c1 still lands in the journal,
     c2's later failure is not the one raised, and c3 (queued) is never asked."""
-    url, reply = chat
+    url, reply = scripted_chat
     source = write_jsonl(tmp_path / "c.jsonl", [{"id": f"c{k}", "conversations": [
         {"role": "user", "content": f"question {k}"}, {"role": "assistant", "content": "old"}]} for k in range(4)])
     convs, _ = read_conversations(source)
@@ -89,10 +62,10 @@ def test_the_first_failure_is_raised_after_the_conversations_in_flight(chat, tmp
     assert [json.loads(line)["id"] for line in journal] == ["c1"] and not out.exists()
 
 
-def test_ctrl_c_drops_the_queue(chat, tmp_path, monkeypatch):
+def test_ctrl_c_drops_the_queue(scripted_chat, tmp_path, monkeypatch):
     """Ctrl-C in the main thread (here at the first answer's progress): the slots take no further
     conversation, as they would go on asking the server for a run that is over."""
-    url, reply = chat
+    url, reply = scripted_chat
     source = write_jsonl(tmp_path / "c.jsonl", [{"id": f"c{k}", "conversations": [
         {"role": "user", "content": f"question {k}"}, {"role": "assistant", "content": "old"}]} for k in range(3)])
     convs, _ = read_conversations(source)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from data_helpers import write_jsonl
@@ -18,39 +16,14 @@ from drafter_lab.errors import LabError
 from drafter_lab.journal import Journal
 
 
-@pytest.fixture
-def chat():
-    """(base URL, reply): a chat server whose answer to a request is reply[0](request) -> body."""
-    reply = [None]
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            body = json.dumps(reply[0](json.loads(self.rfile.read(int(self.headers["Content-Length"]))))).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", reply
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def test_an_answer_without_token_ids_or_finish_reason_keeps_neither(chat, tmp_path):
+def test_an_answer_without_token_ids_or_finish_reason_keeps_neither(scripted_chat, tmp_path):
     """A server that returns neither (an older one, a gateway): the answer is its text alone, with no
     null `token_ids` (which a token-exact capture would take for ids) and no temperature they were sampled at."""
-    url, reply = chat
+    url, reply = scripted_chat
     source = write_jsonl(tmp_path / "c.jsonl", [{"id": "c0", "conversations": [
         {"role": "user", "content": "q"}, {"role": "assistant", "content": "old"}]}])
     convs, _ = read_conversations(source)
-    reply[0] = lambda req: {"choices": [{"index": 0, "message": {"role": "assistant", "content": "new"}}]}
+    reply[0] = lambda req: (200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "new"}}]})
     out = tmp_path / "out.jsonl"
     result = regenerate_via_server(convs, source, out, ServerConfig(url=url, model="m", temperature=0.5, retries=0),
                                    show_progress=False)
@@ -63,10 +36,10 @@ def test_an_answer_without_token_ids_or_finish_reason_keeps_neither(chat, tmp_pa
     ("concurrency", 0, "concurrency must be >= 1, got 0"),  # no slot: a KeyError at the first conversation's result
     ("timeout_s", 0, "timeout_s must be a positive number of seconds (at most 1e9), got 0"),
 ])
-def test_a_library_callers_settings_are_checked_before_any_request(chat, tmp_path, field, value, said):
+def test_a_library_callers_settings_are_checked_before_any_request(scripted_chat, tmp_path, field, value, said):
     """regenerate_via_server checks what `data regenerate` checks, for a caller that does not go through it;
     nothing is asked and no journal is begun."""
-    url, reply = chat
+    url, reply = scripted_chat
     source = write_jsonl(tmp_path / "c.jsonl", [{"id": "c0", "conversations": [
         {"role": "user", "content": "q"}, {"role": "assistant", "content": "old"}]}])
     convs, _ = read_conversations(source)
@@ -79,11 +52,11 @@ def test_a_library_callers_settings_are_checked_before_any_request(chat, tmp_pat
     assert not out.exists() and not out.with_name("out.jsonl.partial").exists()
 
 
-def test_a_served_journal_from_before_answer_slots_is_refused(chat, tmp_path):
+def test_a_served_journal_from_before_answer_slots_is_refused(scripted_chat, tmp_path):
     """A journal begun when prompts went unanswered holds a [user, user, answer] row with its first question
     unanswered: resumed, the row would be kept so. It is refused by name, as a local regeneration's is,
     before any request, and left for the user to delete."""
-    url, reply = chat
+    url, reply = scripted_chat
     source = write_jsonl(tmp_path / "c.jsonl", [
         {"id": "uua", "conversations": [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"},
                                         {"role": "assistant", "content": "to both"}]},
@@ -101,9 +74,9 @@ def test_a_served_journal_from_before_answer_slots_is_refused(chat, tmp_path):
     assert partial.exists() and not out.exists()
 
 
-def test_a_resumed_runs_progress_counts_the_journalled_conversations_once(chat, tmp_path, capsys):
+def test_a_resumed_runs_progress_counts_the_journalled_conversations_once(scripted_chat, tmp_path, capsys):
     """Two of four conversations journalled: the count starts at them and ends at 4/4, never past it."""
-    url, reply = chat
+    url, reply = scripted_chat
     source = write_jsonl(tmp_path / "c.jsonl", [{"id": f"c{k}", "conversations": [
         {"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": "old"}]} for k in range(4)])
     convs, _ = read_conversations(source)
@@ -111,7 +84,7 @@ def test_a_resumed_runs_progress_counts_the_journalled_conversations_once(chat, 
     with Journal(out.with_name("out.jsonl.partial"), _settings(cfg, source, convs)) as journal:
         for c in convs[:2]:
             journal.append(c.record())
-    reply[0] = lambda req: {"choices": [{"index": 0, "message": {"role": "assistant", "content": "new"}}]}
+    reply[0] = lambda req: (200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "new"}}]})
     result = regenerate_via_server(convs, source, out, cfg, show_progress=True)
     assert [c.messages[1]["content"] for c in result] == ["old", "old", "new", "new"]
     counts = [int(n) for n in re.findall(r"^regenerate (\d+)/4 ", capsys.readouterr().err, re.MULTILINE)]

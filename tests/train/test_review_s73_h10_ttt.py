@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from drafter_lab.drafter.config import DrafterConfig
-from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.train.data import Example, collate, target_top1
 from drafter_lab.train.ttt import CE_SUM, N_COLS, N_LOSS, R_CYC, R_TOK, TTTObjective, step_masks
+
+from .test_ttt import drafter_and_head
 
 V, N, HT = 29, 11, 16
 
@@ -18,13 +19,7 @@ def tiny(lengths, temperature=0.0, seed=0):
     cfg = DrafterConfig(hidden_size=16, intermediate_size=24, num_attention_heads=2, num_key_value_heads=1,
                         head_dim=8, draft_vocab_size=N, target_vocab_size=V, target_hidden_size=HT,
                         aux_layer_ids=[1, 2, 3], rope_theta=100.0)
-    torch.manual_seed(seed)
-    d = Eagle3Drafter(cfg).double()
-    used = torch.sort(torch.randperm(V)[:N]).values
-    d.d2t.copy_(used - torch.arange(N))
-    d.t2d[used] = True
-    head = torch.randn(V, HT, dtype=torch.float64)
-    head[used] *= 2.0
+    d, used, head = drafter_and_head(cfg, seed, 2.0)
     examples = []
     for T in lengths:
         final = torch.randn(T, HT, dtype=torch.float64)

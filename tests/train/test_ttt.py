@@ -38,20 +38,28 @@ from drafter_lab.train.ttt import (
 V, N, H, HT, K = 53, 17, 32, 24, 4
 
 
+def drafter_and_head(cfg: DrafterConfig, seed: int, scale: float):
+    """(A seeded random float64 drafter of `cfg` whose draft vocab is random target tokens, those sorted
+    ids, a random target head whose rows for them are `scale` times longer)."""
+    torch.manual_seed(seed)
+    d = Eagle3Drafter(cfg).double()
+    v, n = cfg.target_vocab_size, cfg.draft_vocab_size
+    used = torch.sort(torch.randperm(v)[:n]).values
+    d.d2t.copy_(used - torch.arange(n))
+    d.t2d[used] = True
+    head = torch.randn(v, cfg.target_hidden_size, dtype=torch.float64)
+    head[used] *= scale
+    return d, used, head
+
+
 def setup(seed=0, temperature=0.0, own_tokens=False):
     """A random drafter and examples; `own_tokens`: each token sampled from the target at `temperature`
     (the held-out text a replay reads), else uniform."""
     cfg = DrafterConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=8, draft_vocab_size=N, target_vocab_size=V, target_hidden_size=HT,
                         aux_layer_ids=[2, 4, 5], rope_theta=100.0)
-    torch.manual_seed(seed)
-    d = Eagle3Drafter(cfg).double()
-    used = torch.sort(torch.randperm(V)[:N]).values
-    d.d2t.copy_(used - torch.arange(N))
-    d.t2d[used] = True
-    head = torch.randn(V, HT, dtype=torch.float64)
-    # make the target's favourite tokens mostly drafted, but not all (some positions drop out)
-    head[used] *= 1.5
+    # the target's favourite tokens mostly drafted, but not all (some positions drop out)
+    d, used, head = drafter_and_head(cfg, seed, 1.5)
     examples = []
     for T in (13, 9, 11):
         final = torch.randn(T, HT, dtype=torch.float64)

@@ -394,8 +394,14 @@ def _unserved(tokenizer, messages: list[dict], text: str, template_kwargs: dict 
     a user message before it that holds that answer ("Say hi")."""
     if messages[-1]["role"] != "assistant" or not _thinking_of(messages[-1]):
         return text, len(text)  # not rewritten (spares a render)
-    plain = render(tokenizer, messages, False, template_kwargs, tools)
+    plain = _whole(tokenizer, messages, text, template_kwargs, tools)
     return plain, len(os.path.commonprefix([plain, text]))
+
+
+def _whole(tokenizer, messages: list[dict], text: str, template_kwargs: dict | None, tools: list[dict] | None) -> str:
+    """The template's render of all `messages`: the one `served_text` made `text` from, where it did (not
+    rendered again), else rendered."""
+    return text.plain if isinstance(text, _Served) else render(tokenizer, messages, False, template_kwargs, tools)
 
 
 def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, template_kwargs: dict | None,
@@ -424,7 +430,8 @@ def _span(tokenizer, messages: list[dict], i: int, text: str, cursor: int, templ
             if start < 0:
                 raise TemplateRefusal(f"chat template drops or rewrites assistant turn {i}; cannot place its loss mask")
             after = start + len(answer)
-    upto = render(tokenizer, messages[: i + 1], False, template_kwargs, tools)
+    upto = (_whole(tokenizer, messages, text, template_kwargs, tools) if i + 1 == len(messages)
+            else render(tokenizer, messages[: i + 1], False, template_kwargs, tools))
     # The end-of-turn token is looked for past the answer: one written in it (a dataset's literal
     # `<|im_end|>`, which the tokenizer reads as that token) is the answer's text, not its end.
     if text.startswith(upto) and len(upto) > start:
@@ -772,13 +779,22 @@ def _spliced(tokenizer, messages: list[dict], text: str, spans: list[Span],
     return ids + piece, starts + at, sampled + [False] * len(piece)
 
 
+class _Served(str):
+    """`served_text`'s text, carrying the template's render it was made from (`plain`), which placing
+    the turns takes (`_whole`): passed along with the text, not rendered again."""
+
+    plain: str
+
+
 def served_text(tokenizer, messages: list[dict], end_ids: frozenset[int], template_kwargs: dict | None,
                 tools: list[dict] | None) -> str:
     """The conversation's render as `encode_conversation` masks it: its last turn closed where the
     template leaves it open (`_closing`) and written as it was served (`_as_served`)."""
-    text = render(tokenizer, messages, False, template_kwargs, tools)
-    text += _closing(tokenizer, messages, text, end_ids, template_kwargs, tools)
-    return _as_served(tokenizer, messages, text, template_kwargs, tools)
+    plain = render(tokenizer, messages, False, template_kwargs, tools)
+    text = plain + _closing(tokenizer, messages, plain, end_ids, template_kwargs, tools)
+    served = _Served(_as_served(tokenizer, messages, text, template_kwargs, tools))
+    served.plain = plain
+    return served
 
 
 def _cut_close(text: str, turn: dict, starts: list[int], sampled: list[bool], first: int, close: int, span: Span,

@@ -349,6 +349,13 @@ class FeatureSet:
         return int(self.manifest.target["hidden_size"])
 
     @property
+    def vocab_size(self) -> int | None:
+        """The target vocab size the manifest records (`Target.describe()`'s); None where it records no
+        integer (the shape check lets it be absent), for each caller to skip or refuse."""
+        vocab = self.manifest.target.get("vocab_size")
+        return vocab if type(vocab) is int else None  # true is an int to Python, not a size
+
+    @property
     def fingerprint(self) -> str:
         return self.manifest.target["fingerprint"]
 
@@ -397,10 +404,8 @@ class FeatureSet:
 
     def read(self, refs: list[SequenceRef]) -> list[Sequence]:
         """The sequences `refs` locate, their token ids checked against the capturing target's vocab (the
-        probe embeds them: else an IndexError in the drafter's embedding)."""
-        vocab = self.manifest.target.get("vocab_size")
-        vocab = vocab if type(vocab) is int else None  # a manifest that does not record it: unchecked, as before
-        return [self.reader.read(r, vocab_size=vocab) for r in refs]
+        probe embeds them: else an IndexError in the drafter's embedding); unchecked where it records none."""
+        return [self.reader.read(r, vocab_size=self.vocab_size) for r in refs]
 
     def sequences(self, split: str) -> list[Sequence]:
         """All of `split` in memory: for small sets and tests; training reads per batch."""

@@ -156,9 +156,10 @@ def vocab_of_drafter(drafter) -> DraftVocab:
 def recorded_vocab_size(features: FeatureSet) -> int:
     """The target vocab size a feature set's manifest records; one line naming it when absent or not
     a positive integer (the manifest's shape check lets it be absent)."""
-    vocab_size = features.manifest.target.get("vocab_size")
-    if type(vocab_size) is not int or vocab_size < 1:
-        raise LabError(f"'target' records no vocab_size (an integer >= 1), got {vocab_size!r}: the token counts "
+    vocab_size = features.vocab_size
+    if vocab_size is None or vocab_size < 1:
+        got = features.manifest.target.get("vocab_size")  # as written, where it is no integer
+        raise LabError(f"'target' records no vocab_size (an integer >= 1), got {got!r}: the token counts "
                        "of a draft vocabulary need it", features.dir / MANIFEST)
     return vocab_size
 

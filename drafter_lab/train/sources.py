@@ -102,8 +102,9 @@ class Captured:
     """Features captured from the target beforehand, located now and read per batch."""
 
     def __init__(self, target_dir: Path, data_dir: Path, scan: bool, rank: int = 0, world: int = 1, target=None,
-                 val_data: Path | None = None):
+                 val_data: Path | str | None = None):
         self.where = data_dir
+        val_data = None if val_data is None else Path(val_data)  # a str too, as train() and `data_dir` take it
         # Embedding + lm_head (the layers never run here), unless the caller has them loaded already.
         self.target = target or load_target_head(target_dir)
         fs = self.features = _open_features(data_dir, self.target)
@@ -114,7 +115,7 @@ class Captured:
                 raise LabError("a run on captured features validates on a feature directory, not a file: "
                                "capture it with `data prepare`", val_data)
             self.held_out = HeldOutFeatures(val_data, self.target, self.aux_layer_ids)
-            same = atomic.sha256_file(val_data / "manifest.json") == atomic.sha256_file(data_dir / "manifest.json")
+            same = atomic.sha256_file(val_data / "manifest.json") == atomic.sha256_file(fs.dir / "manifest.json")
             if same:  # a copy of --data, say
                 raise LabError("--val-data holds the same features as --data: validation would score what the "
                                "drafter trains on", val_data)
@@ -167,7 +168,7 @@ class Online:
     """Conversations run through the whole target, a batch at a time, as training reads them."""
 
     def __init__(self, target_dir: Path, conversations: Path, capture: CaptureConfig, device: torch.device,
-                 val_cache_mb: float = 0.0, val_data: Path | None = None, scan: bool = True, rank: int = 0,
+                 val_cache_mb: float = 0.0, val_data: Path | str | None = None, scan: bool = True, rank: int = 0,
                  world: int = 1, rendered: dict | None = None):
         """`rendered`: how the run this one resumes rendered its conversations (its run.json's features)."""
         check_config(capture)
@@ -178,12 +179,13 @@ class Online:
         # Both files read before the whole target loads: a file with nothing to train on fails at once.
         self.skipped: dict = {}
         convs = self._read(conversations, self.skipped)
+        val_data = None if val_data is None else Path(val_data)  # a str too, as train() and `conversations` take it
         val_file = val_data is not None and not val_data.is_dir()
         if val_file:
             val_skipped: dict = {}
             val_convs = self._read(val_data, val_skipped)
             # A copy under another path (the same path is train()'s to refuse).
-            if Path(val_data).resolve() != Path(conversations).resolve() and \
+            if val_data.resolve() != Path(conversations).resolve() and \
                     conversations_sha256(val_data) == conversations_sha256(conversations):
                 raise LabError("--val-data holds the same conversations as --conversations: validation would score "
                                "what the drafter trains on", val_data)

@@ -319,6 +319,7 @@ def stopped_at(out_dir: Path) -> int | None:
         return None
     verdict = atomic.read_json(path, "removed as it was read")
     step = verdict.get("step") if isinstance(verdict, dict) else None
-    if not isinstance(step, int) or isinstance(step, bool):  # true is an int to Python, not a step
-        raise LabError("not the watch's verdict (a JSON object with the step it stopped at)", path)
+    # true is an int to Python, not a step; a negative one is no step a run reaches, so never the run's own
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise LabError("not the watch's verdict (a JSON object with the step >= 0 it stopped at)", path)
     return step

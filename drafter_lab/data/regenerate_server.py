@@ -94,6 +94,9 @@ def request_seed(seed: int, conversation_id: str, turn: int) -> int:
     return int.from_bytes(bytes.fromhex(atomic.sha256_json([seed, conversation_id, turn])[:8]), "big") >> 1
 
 
+WORKER_CHECK_S = 5.0
+"""Seconds between checks, while no worker reports, that some worker is still alive."""
+
 CUT_SHORT = ("abort", "error")
 """Finish reasons of an answer the server stopped before the target ended it (vLLM's and SGLang's)."""
 
@@ -250,11 +253,21 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
             advance(len(done))
             # Daemon threads: Ctrl-C abandons the conversations in flight, which would otherwise hold
             # the exit until each had all its turns back, only for them to be thrown away.
-            for _ in range(slots):
-                threading.Thread(target=slot, name="drafter-lab-regenerate", daemon=True).start()
+            workers = [threading.Thread(target=slot, name="drafter-lab-regenerate", daemon=True) for _ in range(slots)]
+            for w in workers:
+                w.start()
             ended = 0
             while ended < slots:
-                item = finished.get()
+                # No timeout on an answer (one may take minutes; --timeout bounds each read), but a worker
+                # gone without its last report would leave this waiting forever. Each reports before it
+                # ends, so a queue empty after all are gone holds nothing more.
+                try:
+                    item = finished.get(timeout=WORKER_CHECK_S)
+                except queue.Empty:
+                    if any(w.is_alive() for w in workers) or not finished.empty():
+                        continue
+                    raise LabError("regenerate: its workers are gone without reporting their end (a bug); the "
+                                   "conversations journalled so far resume", source) from None
                 if item is None:
                     ended += 1
                 elif isinstance(item, BaseException):  # the first failure drops the queue; what is in flight still lands
@@ -277,7 +290,7 @@ def regenerate_via_server(conversations: list[Conversation], source: Path, out: 
     result = [done[c.id] for c in conversations]
     answers = [c.messages[i] for c in result for i in regenerated_turns(c)]
     cut = sum(m.get("finish_reason") == CUT for m in answers)
-    if cut and show_progress:
+    if cut:  # a result, not progress: said without the progress display too
         log(f"regenerate: {cut} of {len(answers)} answers reached --max-new-tokens {cfg.max_new_tokens} before the "
             f"target stopped (finish_reason {CUT!r}): the end-of-turn token after them does not train")
     write_conversations(out, result)

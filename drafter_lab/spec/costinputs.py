@@ -96,7 +96,8 @@ def accept_by_steps(histogram, path, steps: int | None = None) -> list[float]:
                  else f"{bound}: no engine drafts more than {MAX_DRAFT_STEPS} steps (+ the bonus token)")
         raise LabError(f"accept_histogram holds a served accept length of {max(counts)}, above {limit}", path)
     # no draft ever accepted ({1: n}) is accept 1.0 at every depth: a loss the table shows, where an
-    # empty list dropped the table (and the study report's best depth was None)
+    # empty list dropped the table (and the study report's best depth was None). A length listed with no
+    # steps counts: `eval` lists 1..steps+1, so the table reaches the depth the eval ran at.
     depths = max(max(counts) - 1, 1)
     return [sum(c * (min(n - 1, s) + 1) for n, c in counts.items()) / total for s in range(1, depths + 1)]
 
@@ -251,7 +252,7 @@ def drafting(cfg: CostModelConfig, data: dict, path) -> CostModelConfig:
 
 def _eval_config(data: dict, path) -> dict:
     """An input's eval settings (`config`, {} without one), each that prices its accept length a
-    positive integer."""
+    positive integer, and its request rate (`batch_of`'s switch) a positive number."""
     conf = {} if data.get("config") is None else data["config"]  # `or {}` took [], 0 and "" for none
     if not isinstance(conf, dict):
         raise LabError(f"config must be an object (an eval's settings), got {conf!r}", path)
@@ -259,6 +260,9 @@ def _eval_config(data: dict, path) -> dict:
         value = conf.get(key)
         if value is not None and (not isinstance(value, int) or not finite(value) or value < 1):
             raise LabError(f"config.{key} must be a positive integer, got {value!r}", path)
+    rate = conf.get("request_rate")  # `eval` runs at none but a positive one: 0, -1, NaN or "x" priced as one
+    if rate is not None and (not finite(rate) or rate <= 0):
+        raise LabError(f"config.request_rate must be a positive number of requests per second, got {rate!r}", path)
     return conf
 
 

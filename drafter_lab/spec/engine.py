@@ -175,13 +175,14 @@ class SpecEngine:
         (A finished row riding along in a static batch is verified as its root alone, at most at
         len(prompt) + max_new_tokens - 1.) Past the limit the target meets positions it was not trained
         for; a `steps` of thousands drafted for minutes, and one of 20 digits sized the drafter's cache
-        into a TypeError."""
+        into a TypeError. A max_new_tokens of 1 is the prefill's token alone: no verify step, no draft."""
         c = self.cfg
         longest = max(map(len, prompts), default=0)
-        last = longest + c.max_new_tokens + (c.steps if speculative else 0) - 2
+        drafts = speculative and c.max_new_tokens > 1
+        last = longest + c.max_new_tokens + (c.steps if drafts else 0) - 2
         if self.max_positions is not None and last >= self.max_positions:
             # each setting by its field's name first, which `eval` names by its flag (config.flags_named)
-            setting = f"steps {c.steps} with max_new_tokens" if speculative else "max_new_tokens"
+            setting = f"steps {c.steps} with max_new_tokens" if drafts else "max_new_tokens"
             raise LabError(f"{setting} {c.max_new_tokens} takes the longest prompt ({longest} tokens) to "
                            f"position {last}, past the target's max_position_embeddings {self.max_positions}")
 

@@ -70,7 +70,15 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 
 
 def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
-    ids = [int(i) for i in ids]
+    try:  # a hand-written id ("two", null, 2.5, true) was a bare ValueError or TypeError, or read as a layer
+        listed = list(ids)
+        whole = [int(i) for i in listed]
+        if isinstance(ids, str) or any(isinstance(i, bool) or not isinstance(i, str) and i != n
+                                       for i, n in zip(listed, whole)):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise LabError(f"aux layer ids must be whole numbers (hidden_states indices), got {ids!r}", where) from None
+    ids = whole
     if len(ids) != 3:
         raise LabError(f"need exactly 3 aux layer ids, got {ids}", where)
     # fc would fuse one layer's features twice; the default (SGLang's too) repeats only on a target of a few
@@ -314,12 +322,21 @@ def check_tokenizer_dir(path: Path) -> None:
     drafter directory): else transformers takes it for a hub name, or answers with a paragraph on
     converting slow tokenizers ("install sentencepiece"). Cheap: for a check before long work."""
     _check_dir(path)
-    if any(next(path.glob(g), None) for g in TOKENIZER_FILES):
+    if _holds_any(path, TOKENIZER_FILES):
         return
     missing = "no tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, ...)"
     if not (path / "config.json").is_file():
         raise LabError(f"not a model or tokenizer directory: no config.json and {missing}", path)
+    if (path / "tokenizer").is_dir():  # transformers reads a model's tokenizer from its directory alone
+        raise LabError(f"{missing} beside config.json, where transformers reads them (it does not look in the "
+                       "tokenizer/ subdirectory): copy them up", path)
     raise LabError(f"{missing}: give the model's own directory, which holds its tokenizer", path)
+
+
+def _holds_any(path: Path, globs) -> bool:
+    """Whether `path` holds a file (or a link, dangling too: loading names it) matching one of `globs`: a
+    `tokenizer/` subdirectory matched "tokenizer*", though transformers reads no file in it."""
+    return any(not f.is_dir() for g in globs for f in path.glob(g))
 
 
 def load_tokenizer(path):
@@ -332,7 +349,7 @@ def load_tokenizer(path):
     except Exception as e:  # transformers raises many types for a broken dir
         if refusal := remote_code_refusal(e, path, "tokenizer"):
             raise refusal from None
-        if not any(next(path.glob(g), None) for g in VOCABULARY_FILES):  # else "install sentencepiece", which won't help
+        if not _holds_any(path, VOCABULARY_FILES):  # else "install sentencepiece", which won't help
             raise LabError("cannot load tokenizer: no tokenizer.json (nor tokenizer.model, vocab.json or another "
                            "vocabulary file) beside its tokenizer_config.json: a partial download?", path) from None
         raise broken_file(path, TOKENIZER_JSON) or LabError(f"cannot load tokenizer: {first_line(e)}", path) from None
@@ -641,6 +658,7 @@ def load_target_head(path, device="cpu") -> TargetHead:
     take the two matrices."""
     path, device = Path(path), resolve_device(device)
     whole, config = load_target_config(path)
+    check_shards(path)  # else a lost shard passed unseen where the embedding's and head's were there
     architecture = (getattr(whole, "architectures", None) or [_class_name(whole)])[0]
     files = _tensor_files(path)
     if not files:

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 OP_NAME = "drafter_lab::draft_step"
 CUDA_MAX_TOPK = 16
 """The largest topk the CUDA kernels take (kMaxTopk in csrc/draft_forward)."""
+OP_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes the op computes in (csrc/draft_forward/args.h); it refuses any other."""
 
 
 @functools.cache
@@ -84,14 +86,15 @@ def op_takes(cfg: DrafterConfig) -> bool:
 def cuda_supports(drafter: Eagle3Drafter, embeds: torch.Tensor, hidden: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, topk: int, weights: tuple | None = None) -> bool:
     """Whether the CUDA kernels take this step: `op_takes` the drafter; one dtype for activations,
-    caches and weights, and contiguous, 16-byte aligned caches and weights (what the op would raise on,
-    the reference takes: a view at an odd offset of a larger buffer); the hidden input width a multiple
-    of 8; topk <= CUDA_MAX_TOPK. `weights`: the drafter's `_weights`, where the caller has them (the
-    walk over its modules costs as much as the rest)."""
+    caches and weights, and one of OP_DTYPES (an fp64 drafter, the tests' oracle, is the reference's);
+    contiguous, 16-byte aligned caches and weights (what the op would raise on, the reference takes: a
+    view at an odd offset of a larger buffer); the hidden input width a multiple of 8; topk <= CUDA_MAX_TOPK.
+    `weights`: the drafter's `_weights`, where the caller has them (the walk over its modules costs as
+    much as the rest)."""
     c = drafter.config
     dtype = drafter.lm_head.weight.dtype
     weights = weights or _weights(drafter)
-    return (op_takes(c) and embeds.dtype == k_cache.dtype == v_cache.dtype == dtype
+    return (op_takes(c) and dtype in OP_DTYPES and embeds.dtype == k_cache.dtype == v_cache.dtype == dtype
             and all(w.dtype == dtype for w in weights)
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (k_cache, v_cache, *weights))
             and (hidden.dtype == dtype or hidden.shape[-1] != c.hidden_size)

@@ -93,7 +93,10 @@ class DrafterRunner:
         self.v[rows, :, slots] = v[rows, :, cols].to(self.v.dtype)
         S = int(pos.max()) + 1
         kk = attn.expand_kv(self.k[:, :, :S].to(q.dtype))
-        vv = attn.expand_kv(self.v[:, :, :S].to(q.dtype))
+        # a masked probability 0 times a stale NaN (a speculative entry of a draft step that overflowed, past
+        # this commit) is NaN: values past each row's commit are zeroed, as `draft_step` zeroes them
+        committed = torch.arange(S, device=pos.device)[None] < (self.lens + counts)[:, None]
+        vv = attn.expand_kv(self.v[:, :, :S].to(q.dtype)).masked_fill(~committed[:, None, :, None], 0)
         scores = torch.matmul(q, kk.transpose(-1, -2)) * attn.cfg.head_dim ** -0.5  # [B, h, m, S]
         allowed = torch.arange(S, device=pos.device)[None, None] <= pos[:, :, None]
         scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)

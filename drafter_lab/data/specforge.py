@@ -42,7 +42,13 @@ from drafter_lab.data.capture import (
 )
 from drafter_lab.data.shards import MANIFEST, Manifest, Sequence
 from drafter_lab.errors import LabError
-from drafter_lab.targets.hf import check_aux_layer_ids, default_aux_layer_ids, first_line, load_target_head
+from drafter_lab.targets.hf import (
+    check_aux_layer_ids,
+    default_aux_layer_ids,
+    first_line,
+    load_target_head,
+    whole_ids,
+)
 
 FORMAT = "specforge-offline"
 KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
@@ -188,7 +194,7 @@ def import_specforge(src_dir, target_dir, out_dir, *, aux_layer_ids: list[int] |
         # Refused in SpecForge's ids, as typed, not in the hidden_states indices they become (a user who
         # typed 3,1,4 was told [4, 2, 5] were out of order). The shift keeps order and repeats: the one
         # refusal left to check_aux_layer_ids, a repeat, names positions, not ids.
-        typed = [int(i) for i in aux_layer_ids]
+        typed = whole_ids(aux_layer_ids, "SpecForge's: the output of layer i", target.path)
         if len(typed) != 3:
             raise LabError(f"need exactly 3 aux layer ids, got {typed}", target.path)
         if not all(0 <= i < target.num_layers - 1 for i in typed):

@@ -69,16 +69,23 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
-    try:  # a hand-written id ("two", null, 2.5, true) was a bare ValueError or TypeError, or read as a layer
+def whole_ids(ids, numbering: str, where) -> list[int]:
+    """Aux layer ids as ints: each a whole number (2.0 and "2" too, as int() reads them), else one line
+    naming `where` and the ids' `numbering`. A hand-written id ("two", null, 2.5, true) was a bare
+    ValueError or TypeError, or read as a layer."""
+    try:
         listed = list(ids)
         whole = [int(i) for i in listed]
         if isinstance(ids, str) or any(isinstance(i, bool) or not isinstance(i, str) and i != n
                                        for i, n in zip(listed, whole)):
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        raise LabError(f"aux layer ids must be whole numbers (hidden_states indices), got {ids!r}", where) from None
-    ids = whole
+        raise LabError(f"aux layer ids must be whole numbers ({numbering}), got {ids!r}", where) from None
+    return whole
+
+
+def check_aux_layer_ids(ids, num_layers: int, where) -> list[int]:
+    ids = whole_ids(ids, "hidden_states indices", where)
     if len(ids) != 3:
         raise LabError(f"need exactly 3 aux layer ids, got {ids}", where)
     # fc would fuse one layer's features twice; the default (SGLang's too) repeats only on a target of a few

@@ -43,7 +43,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
     batch_size: int = 8
-    """Sequences per optimizer step (global, over all ranks); ignored when batch_tokens is set."""
+    """Sequences per optimizer step (global, over all ranks). With batch_tokens set it only sizes the
+    window of 50 x batch_size sequences sorted by length (data.plan_epoch), so it still shapes the order."""
     batch_tokens: int = 0
     """If > 0, batches hold as many sequences as fit this many padded tokens (global) instead."""
     accumulation_steps: int = 1

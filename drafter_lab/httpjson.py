@@ -37,14 +37,16 @@ class HTTPStatusError(LabError):
 
 def url_problem(text: str) -> str | None:
     """Why `text` is no server's base URL (None: it is one): a scheme-less "localhost:30000" would otherwise
-    be retried as an unknown URL type, and an empty or bare word, or a port out of range, be urllib's traceback."""
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return f"expected a base URL like http://localhost:30000, got {text!r}"
+    be retried as an unknown URL type, and an empty or bare word, a port out of range, or an unclosed IPv6
+    bracket, be urllib's traceback."""
+    expected = f"expected a base URL like http://localhost:30000, got {text!r}"
     try:
+        parts = urllib.parse.urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            return expected
         parts.port  # noqa: B018 -- urllib checks the port only when it is read
-    except ValueError as e:  # out of range, or not a number
-        return f"expected a base URL like http://localhost:30000, got {text!r} ({e})"
+    except ValueError as e:  # an unclosed IPv6 bracket; a port out of range, or not a number
+        return f"{expected} ({e})"
     return None
 
 

@@ -171,21 +171,25 @@ def test_step0_matches_plain_formula(dtype, tol, norm_before_residual, rope_scal
     np.testing.assert_allclose(logp[0].double().numpy(), want_logp[order], rtol=tol * 10, atol=tol * 10)
 
 
-def test_draft_step_after_prefill_equals_ttt_steps_0_and_1():
-    """Decoding one token at a time reproduces TTT step 0 and step 1 at every position."""
+def test_draft_step_after_prefill_equals_ttt_steps_0_1_and_2():
+    """Decoding one token at a time reproduces TTT steps 0, 1 and 2 at every position. Step 2 reads its
+    position's step-1 and step-2 keys, each weighed with its own value: a later step's probability on an
+    earlier value shows there, not at step 1."""
     cfg = small_config(target_hidden_size=48)  # H == H_t as well
     d = random_drafter(cfg, seed=3)
     T = 9
     g = torch.Generator().manual_seed(4)
     aux = torch.randn(1, T, 3 * cfg.target_hidden_size, generator=g, dtype=torch.float64)
-    ids = torch.randint(0, cfg.target_vocab_size, (1, T + 2), generator=g)
+    ids = torch.randint(0, cfg.target_vocab_size, (1, T + 3), generator=g)
     pos = torch.arange(T)[None]
     with torch.no_grad():
         cache: list = []
         h0 = d.ttt_step(d.embed(ids[:, 1:T + 1]), d.project(aux), pos, cache)  # step 0: token x_{t+1}
         h1 = d.ttt_step(d.embed(ids[:, 2:T + 2]), h0, pos + 1, cache)  # step 1: token x_{t+2}, position t+1
+        h2 = d.ttt_step(d.embed(ids[:, 3:T + 3]), h1, pos + 2, cache)
+        assert not torch.allclose(h2, h1)
 
-        kc, vc = d.new_kv_cache(1, T + 1)
+        kc, vc = d.new_kv_cache(1, T + 2)
         prefill = []
         for t in range(T):
             h, _, _ = d.draft_step(d.embed(ids[:, t + 1]), aux[:, t], torch.tensor([t]), kc, vc,
@@ -194,12 +198,15 @@ def test_draft_step_after_prefill_equals_ttt_steps_0_and_1():
         torch.testing.assert_close(torch.stack(prefill, 1), h0, rtol=1e-10, atol=1e-10)
 
         for t in range(T):
-            k2, v2 = kc.clone(), vc.clone()  # cache holds step-0 entries 0..t; step 1 writes at t+1
+            k2, v2 = kc.clone(), vc.clone()  # cache holds step-0 entries 0..t; step 1 writes at t+1, step 2 at t+2
             k2[:, :, t + 1:] = 0
             v2[:, :, t + 1:] = 0
             h, _, _ = d.draft_step(d.embed(ids[:, t + 2]), h0[:, t], torch.tensor([t + 1]), k2, v2,
                                    torch.tensor([t + 1]), topk=1)
             torch.testing.assert_close(h, h1[:, t], rtol=1e-10, atol=1e-10)
+            h, _, _ = d.draft_step(d.embed(ids[:, t + 3]), h, torch.tensor([t + 2]), k2, v2,
+                                   torch.tensor([t + 2]), topk=1)
+            torch.testing.assert_close(h, h2[:, t], rtol=1e-10, atol=1e-10)
 
 
 def test_to_target_ids_uses_d2t_offsets():

@@ -38,8 +38,11 @@ class HTTPStatusError(LabError):
 def url_problem(text: str) -> str | None:
     """Why `text` is no server's base URL (None: it is one): a scheme-less "localhost:30000" would otherwise
     be retried as an unknown URL type, and an empty or bare word, a port out of range, or an unclosed IPv6
-    bracket, be urllib's traceback."""
+    bracket, be urllib's traceback. A space or control character (`http://a b:30000`) urlsplit takes, but
+    http.client refuses every request to it, retried as a server it "cannot reach"."""
     expected = f"expected a base URL like http://localhost:30000, got {text!r}"
+    if any(c.isspace() or not c.isprintable() for c in text):
+        return f"{expected} (a space or control character in it)"
     try:
         parts = urllib.parse.urlsplit(text)
         if parts.scheme not in ("http", "https") or not parts.netloc:

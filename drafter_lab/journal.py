@@ -13,7 +13,6 @@ refuse every resume), and a record's NaN or infinity reads back as null.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -56,8 +55,13 @@ class Journal:
         self._file = None  # binary, and locked, while this run writes
         self._cut = False  # the first append cuts the file back to its whole lines
         if write:
-            with contextlib.suppress(FileNotFoundError):  # none yet: made and locked at the first append
+            try:
                 self._file = open(self.path, "r+b")
+            except FileNotFoundError:  # none yet: made and locked at the first append
+                pass
+            except OSError as e:  # no permission, a link loop: else open's traceback
+                raise LabError(f"cannot read and write this journal: {e.strerror}; use another {flag}",
+                               self.path) from None
             if self._file is not None:
                 self._lock()
         try:
@@ -89,7 +93,13 @@ class Journal:
         if self._file is not None:
             blob = self._file.read()
         else:
-            blob = self.path.read_bytes() if self.path.exists() else b""
+            try:
+                blob = self.path.read_bytes()
+            except FileNotFoundError:
+                blob = b""
+            except OSError as e:  # as the constructor's open
+                raise LabError(f"cannot read this journal: {e.strerror}; use another {self._flag}",
+                               self.path) from None
         lines = blob.split(b"\n")[:-1]  # a last line without its newline is half-written
         if not lines:
             if not (blob.startswith(_HEAD) or _HEAD.startswith(blob)):

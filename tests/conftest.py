@@ -8,6 +8,7 @@ import shutil
 import socket
 import sysconfig
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,25 @@ def foreign_source_target(random_llama, tmp_path) -> tuple[Path, Path]:
     (drafter / "run.json").write_text(json.dumps({"target": {"path": str(random_llama),
                                                              "fingerprint": fingerprint(random_llama)}}))
     return drafter, other
+
+
+@pytest.fixture
+def http_server():
+    """serve(Handler) -> base URL: a threading HTTP server on a free local port for a test's handler class
+    (its log_message silenced), shut down when the test ends."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def serve(handler: type[BaseHTTPRequestHandler]) -> str:
+        handler.log_message = lambda self, *args: None
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        servers.append(httpd)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{httpd.server_address[1]}"
+
+    yield serve
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @pytest.fixture

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -41,7 +40,7 @@ def test_an_error_status_whose_body_stalls_is_still_that_status_in_one_line(raw_
 
 
 @pytest.fixture
-def unavailable(monkeypatch):
+def unavailable(monkeypatch, http_server):
     """(base URL, requests it got): a server that answers every request 503; time.sleep does not sleep."""
     got: list[str] = []
     monkeypatch.setattr(httpjson.time, "sleep", lambda s: None)
@@ -56,14 +55,7 @@ def unavailable(monkeypatch):
 
         do_GET = do_POST = answer
 
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", got
-    httpd.shutdown()
-    httpd.server_close()
+    return http_server(Handler), got
 
 
 @pytest.mark.parametrize("call", [

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -111,7 +110,7 @@ def tiny_target(tmp_path_factory):
 
 
 @pytest.fixture
-def scripted_chat():
+def scripted_chat(http_server):
     """(base URL, reply): a chat server whose answer to a request is reply[0](request) -> (status, body)."""
     reply = [None]
 
@@ -126,11 +125,4 @@ def scripted_chat():
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", reply
-    httpd.shutdown()
-    httpd.server_close()
+    return http_server(Handler), reply

@@ -1,14 +1,15 @@
 """Append-only progress files: what a long run has finished, so that a killed run resumes there.
 
-The first line records the settings the work is made with; each further line is one finished unit
-of work (a JSON object), flushed as soon as it ends. A kill can leave half a line behind: reading
-keeps whole lines only, and the first append cuts the file back to them. A journal made with other
-settings is refused with one line naming the file. The file appears with the first record, so a
-run that finished nothing leaves nothing behind. A writing journal holds an flock on its file, so a
-second run writing the same one is refused instead of interleaving its records with the first's (the
-kernel drops the lock when its holder dies). Lines are strict JSON, as every file the lab writes
-(atomic.dumps): settings hold finite numbers only (one with a NaN, never equal to itself, would
-refuse every resume), and a record's NaN or infinity reads back as null.
+The first line records the settings the work is made with; each further line is one finished unit of
+work (a JSON object), flushed as soon as it ends. A kill can leave half a line behind: reading keeps
+whole lines only, and the first append cuts the file back to them. A journal made with other
+settings is refused with one line naming the file. The file appears with the first record, so a run
+that finished nothing leaves nothing behind; one that could not make it is refused as it starts. A
+writing journal holds an flock on its file, so a second run writing the same one is refused instead
+of interleaving its records with the first's (the kernel drops the lock when its holder dies). Lines
+are strict JSON, as every file the lab writes (atomic.dumps): settings hold finite numbers only (one
+with a NaN, never equal to itself, would refuse every resume), and a record's NaN or infinity reads
+back as null.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Journal:
             try:
                 self._file = open(self.path, "r+b")
             except FileNotFoundError:  # none yet: made and locked at the first append
-                pass
+                self._check_makeable()
             except OSError as e:  # no permission, a link loop: else open's traceback
                 raise LabError(f"cannot read and write this journal: {e.strerror}; use another {flag}",
                                self.path) from None
@@ -70,13 +71,35 @@ class Journal:
             self.close()
             raise
 
+    def _check_makeable(self) -> None:
+        """Refuse now, before any work is done, a journal the first append could not make."""
+        if self.path.is_symlink():  # open("xb") refuses every link, and would blame another run
+            raise LabError(f"is a link to {os.readlink(self.path)}, which does not exist; remove it or use "
+                           f"another {self._flag}", self.path)
+        parent = self.path.parent
+        while not parent.exists():  # the first append makes the missing ones
+            if parent.is_symlink():
+                raise self._unmakeable(f"{parent} is a broken link")
+            parent = parent.parent
+        if not parent.is_dir():
+            raise self._unmakeable(f"{parent} is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK, effective_ids=True):  # the uid that will write
+            raise self._unmakeable(f"{parent} is not writable")
+
+    def _unmakeable(self, why: str) -> LabError:
+        return LabError(f"cannot make this journal: {why}; use another {self._flag}", self.path)
+
     def _lock(self) -> None:
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as e:
             self._file.close()
             self._file = None
-            raise LabError("another run is writing this journal; wait for it to end or stop it", self.path) from None
+            if isinstance(e, BlockingIOError):
+                raise LabError("another run is writing this journal; wait for it to end or stop it",
+                               self.path) from None
+            # e.g. a network file system without locks: writing unlocked could interleave two runs
+            raise LabError(f"cannot lock this journal: {e.strerror}; use another {self._flag}", self.path) from None
 
     @staticmethod
     def settings_of(path: str | os.PathLike) -> dict | None:
@@ -126,12 +149,17 @@ class Journal:
             return
         if not self._cut:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:  # the directories changed since the constructor's check
+                    raise self._unmakeable(e.strerror) from None
                 try:
                     self._file = open(self.path, "xb")
                 except FileExistsError:  # another run made it after this one found none
                     raise LabError("another run began this journal meanwhile; run again to resume it",
                                    self.path) from None
+                except OSError as e:
+                    raise self._unmakeable(e.strerror) from None
                 self._lock()
             self._file.truncate(self._whole_bytes or 0)
             self._file.seek(0, os.SEEK_END)

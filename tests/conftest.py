@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import sysconfig
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -199,3 +201,29 @@ def raw_server():
     yield start
     for sock in listeners + held:
         sock.close()
+
+
+@pytest.fixture
+def shut_out():
+    """A world-readable scratch directory, and a context that runs its body as a user that file modes keep
+    out: root passes any mode, so as root the body takes the effective uid of `nobody`, given back after
+    (not tmp_path: its 0700 parents would keep `nobody` out of everything under it)."""
+    scratch = tempfile.TemporaryDirectory()
+    os.chmod(scratch.name, 0o755)
+
+    @contextlib.contextmanager
+    def as_nobody():
+        if os.geteuid() != 0:
+            yield
+            return
+        try:
+            os.seteuid(65534)
+        except PermissionError:
+            pytest.skip("root here may not take another uid")
+        try:
+            yield
+        finally:
+            os.seteuid(0)
+
+    yield Path(scratch.name), as_nobody
+    scratch.cleanup()

@@ -4,9 +4,6 @@ through a file) is one line naming it, not open's traceback, whether the run wri
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -23,30 +20,24 @@ def refusal(path, write: bool) -> str:
     return str(e.value)
 
 
-@contextlib.contextmanager
-def locked_out(mode: int):
-    """A journal of `mode`, opened by a user the mode keeps out: root passes any mode, so as root the
-    test takes the uid of `nobody` (the effective uid only, given back after)."""
-    with tempfile.TemporaryDirectory() as d:  # not tmp_path: its 0700 parents would keep `nobody` out of it
-        os.chmod(d, 0o755)
-        path = Path(d) / "run.partial"
-        with Journal(path, SETTINGS) as journal:
-            journal.append({"n": 1})
+@pytest.fixture
+def locked_out(shut_out):
+    """locked_out(mode): a journal of `mode`, and a context opened by a user the mode keeps out."""
+    scratch, as_nobody = shut_out
+
+    @contextlib.contextmanager
+    def journal(mode: int):
+        path = scratch / "run.partial"
+        with Journal(path, SETTINGS) as written:
+            written.append({"n": 1})
         path.chmod(mode)
-        if os.geteuid() != 0:
+        with as_nobody():
             yield path
-            return
-        try:
-            os.seteuid(65534)
-        except PermissionError:
-            pytest.skip("root here may not take another uid")
-        try:
-            yield path
-        finally:
-            os.seteuid(0)
+
+    return journal
 
 
-def test_an_unreadable_journal_is_one_line_naming_it():
+def test_an_unreadable_journal_is_one_line_naming_it(locked_out):
     with locked_out(0) as path:
         wrote = refusal(path, write=True)
         read = refusal(path, write=False)  # a tensor-parallel rank other than 0
@@ -54,7 +45,7 @@ def test_an_unreadable_journal_is_one_line_naming_it():
     assert read == f"{path}: cannot read this journal: Permission denied; use another --out"
 
 
-def test_a_journal_this_user_may_read_but_not_write_is_refused_only_to_a_writer():
+def test_a_journal_this_user_may_read_but_not_write_is_refused_only_to_a_writer(locked_out):
     with locked_out(0o444) as path:
         wrote = refusal(path, write=True)
         assert Journal(path, SETTINGS, write=False).records == [{"n": 1}]

@@ -146,7 +146,7 @@ def check_config(cfg: TrainConfig) -> None:
     if not 0 <= cfg.seed < 2**32:  # torch takes seeds below 2**64, and data.plan_epoch's is seed * 100_003 + epoch
         raise LabError(f"seed must be in [0, 2**32), got {cfg.seed}")
     if not 0 < cfg.loss_decay < math.inf:
-        raise LabError(f"loss_decay must be > 0, got {cfg.loss_decay}")
+        raise LabError(f"loss_decay must be a finite number > 0, got {cfg.loss_decay}")
     if not 0 <= cfg.min_lr_ratio <= 1 or not 0 <= cfg.adam_beta2 < 1:
         raise LabError(f"min_lr_ratio must be in [0, 1] and adam_beta2 in [0, 1), got {cfg.min_lr_ratio} and "
                        f"{cfg.adam_beta2}")

@@ -28,7 +28,7 @@ def test_settings_at_the_edge_are_accepted(over):
 
 @pytest.mark.parametrize("over, message", [
     ({"seed": 2**32}, r"seed must be in \[0, 2\*\*32\), got 4294967296"),
-    ({"loss_decay": float("inf")}, "loss_decay must be > 0, got inf"),
+    ({"loss_decay": float("inf")}, "loss_decay must be a finite number > 0, got inf"),
     ({"adam_beta2": 1.0}, r"adam_beta2 in \[0, 1\), got 0.1 and 1.0"),
     ({"ttt_steps": 0}, "ttt_steps must be >= 1, got 0"),
     ({"accumulation_steps": 0}, "accumulation_steps must be >= 1, got 0"),

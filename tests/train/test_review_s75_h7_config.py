@@ -26,8 +26,8 @@ def test_settings_inside_the_edge_are_accepted(over):
 
 @pytest.mark.parametrize("over, message", [
     ({"batch_size": 0}, "batch_size must be >= 1 \\(or batch_tokens set\\), got 0"),
-    ({"loss_decay": 0.0}, "loss_decay must be > 0, got 0.0"),
-    ({"loss_decay": float("nan")}, "loss_decay must be > 0, got nan"),
+    ({"loss_decay": 0.0}, "loss_decay must be a finite number > 0, got 0.0"),
+    ({"loss_decay": float("nan")}, "loss_decay must be a finite number > 0, got nan"),
     ({"min_lr_ratio": 1.5}, r"min_lr_ratio must be in \[0, 1\] .* got 1.5 and 0.95"),
     ({"min_lr_ratio": -0.1}, r"min_lr_ratio must be in \[0, 1\] .* got -0.1 and 0.95"),
     ({"adam_beta2": -0.1}, r"adam_beta2 in \[0, 1\), got 0.1 and -0.1"),

@@ -89,7 +89,7 @@ def test_a_run_saved_before_the_sampled_columns_resumes(peaked_llama, features, 
     ({"epochs": 0}, "epochs must be >= 1, got 0"),
     ({"max_steps": -1}, "max_steps must be >= 0 and finite, got -1"),
     ({"lr": -1.0}, "lr must be >= 0 and finite, got -1.0"),
-    ({"loss_decay": 0.0}, "loss_decay must be > 0, got 0.0"),
+    ({"loss_decay": 0.0}, "loss_decay must be a finite number > 0, got 0.0"),
     ({"min_lr_ratio": 1.5}, r"min_lr_ratio must be in \[0, 1\]"),
 ])
 def test_bad_settings_are_refused_before_anything_is_written(peaked_llama, features, tmp_path, over, message):

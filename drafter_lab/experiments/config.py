@@ -26,7 +26,7 @@ class ExperimentConfig:
     target_preset: str = "tiny-cpu"
     """Target-pair preset passed to `targets build` (base = "K2", tuned = "K2.5")."""
     drift_levels: list[float] = field(default_factory=lambda: [1.0])
-    """Drift knob values for `tuned`; one level is a study, three or more make a drift sweep."""
+    """Drift knob values for `tuned`; one level is a study, two or more make a drift sweep."""
     max_length: int = 384
     """Longest captured sequence (tokens), prompt plus regenerated answer."""
     max_new_tokens: int = 96

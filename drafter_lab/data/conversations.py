@@ -178,7 +178,8 @@ def _row_tools(obj: dict, where: str, path) -> list[dict] | None:
 def parse_call(call, where: str, path) -> dict:
     """A tool call in the form servers hand templates: {"id" (where given), "type": "function", "function":
     {"name", "arguments" (an object)}}, from that form or a bare {"id", "name", "arguments"}."""
-    fn = call.get("function", call) if isinstance(call, dict) else None
+    # a null `function` is absent: a table of calls of both forms writes one on each bare call
+    fn = (call if call.get("function") is None else call["function"]) if isinstance(call, dict) else None
     raw = _blank_is_none(fn.get("arguments")) if isinstance(fn, dict) else None
     # none: absent, null (SGLang's FunctionResponse allows it, a table writes it) or "" as some clients record
     args = {} if raw is None else _json_or_same(raw)
@@ -188,7 +189,7 @@ def parse_call(call, where: str, path) -> dict:
         raise LabError(f"{where}: a tool call's arguments hold {json.dumps(bad)}, which is not a JSON number", path)
     # id and type are the call's, never its function's (a bare call holds them beside its name): templates
     # read tool_call.id (Mistral's)
-    fields = {k: v for k, v in fn.items() if k not in ("id", "type")}
+    fields = {k: v for k, v in fn.items() if k not in ("id", "type", "function")}
     out = {"type": "function", "function": {**fields, "arguments": args}}
     cid = call.get("id")  # text, as a tool turn's tool_call_id that answers it (null: none)
     if cid is not None and not isinstance(cid, str):

@@ -1,0 +1,35 @@
+"""Tool calls from a table of both call forms, and reader checks mutation testing found untested
+(review s76 h1)."""
+import json
+
+from drafter_lab.data.conversations import read_conversations
+
+ASK = {"role": "user", "content": "time?"}
+
+
+def _file(tmp_path, *rows):
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_calls_of_both_forms_from_one_table_are_read_alike(tmp_path):
+    """A table (pandas, `datasets`) holding bare calls and nested ones writes each call with the other
+    form's keys null: a bare call's `"function": null` was read as its function, and refused."""
+    bare = {"id": "c1", "type": None, "function": None, "name": "now", "arguments": '{"tz": "UTC"}'}
+    nested = {"id": "c2", "type": "function", "function": {"name": "now", "arguments": "{}"},
+              "name": None, "arguments": None}
+    turns = [ASK, {"role": "assistant", "content": None, "tool_calls": [bare, nested]}]
+    (conv,), _ = read_conversations(_file(tmp_path, {"messages": turns}))
+    assert conv.messages[1]["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"name": "now", "arguments": {"tz": "UTC"}}},
+        {"id": "c2", "type": "function", "function": {"name": "now", "arguments": {}}}]
+
+
+def test_a_participant_name_on_a_user_or_assistant_turn_is_not_kept(tmp_path):
+    """`name` (and `tool_call_id`) are a tool turn's: the OpenAI API's participant name on another turn is
+    not the lab's to render, so it is left out, and one that is not text refuses nothing."""
+    turns = [{"role": "user", "content": "time?", "name": "alice", "tool_call_id": 7},
+             {"role": "assistant", "content": "noon", "name": "bot"}]
+    (conv,), _ = read_conversations(_file(tmp_path, {"messages": turns}))
+    assert conv.messages == [ASK, {"role": "assistant", "content": "noon"}]

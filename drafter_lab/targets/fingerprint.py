@@ -33,6 +33,9 @@ WHOLE = 64 << 10
 """A span up to this long (a norm's weight, a bias) is hashed whole."""
 TENSOR_STRIDE, TENSOR_WINDOWS = 16 * MIB, 64
 """A safetensors tensor: one window per TENSOR_STRIDE bytes, at least one and TENSOR_WINDOWS at most."""
+MAX_HEADER = 100_000_000
+"""The longest safetensors header read, as the safetensors library's own limit: a file that is none, whose
+first 8 bytes happen to read as a length within its size, would else be read into memory whole."""
 FILE_STRIDE, FILE_WINDOWS = MIB, 4096
 """A `.bin`: one window per FILE_STRIDE bytes of the file, FILE_WINDOWS at most (so every tensor larger
 than the spacing is sampled, up to a 4 GiB file)."""
@@ -92,7 +95,7 @@ def _read(fh, at: int, size: int) -> bytes:
 def _safetensors_sample(f: Path, fh, size: int, h) -> None:
     raw = fh.read(8)
     n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
-    if not 0 < n <= size - 8:
+    if not 0 < n <= min(size - 8, MAX_HEADER):
         raise LabError("not a safetensors file: bad header length", f)
     header = fh.read(n)
     h.update(header)

@@ -82,3 +82,13 @@ def test_an_empty_tensor_is_no_tensor_outside_the_file_and_a_str_path_names_the_
     d = _dir(tmp_path, "m")
     save_file({"empty": torch.zeros(0), "w": torch.ones(4)}, d / "model.safetensors")
     assert fingerprint(str(d)) == fingerprint(d)
+
+
+def test_a_header_length_past_safetensors_own_limit_is_refused_unread(tmp_path):
+    """A file whose first 8 bytes read as a 150 MB length was read into memory whole (sparse: no disk used)."""
+    d = _dir(tmp_path, "m")
+    with open(d / "model.safetensors", "wb") as fh:
+        fh.write((150_000_000).to_bytes(8, "little") + b"{}")
+        fh.truncate(200_000_000)
+    with pytest.raises(LabError, match="not a safetensors file: bad header length"):
+        fingerprint(d)

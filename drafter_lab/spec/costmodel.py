@@ -367,7 +367,8 @@ def interpolate_linear(table: dict, x: float) -> float:
     i = min(bisect.bisect_left([p[0] for p in points], x), len(points) - 1)
     (x0, y0), (x1, y1) = points[i - 1], points[i]
     slope = (y1 - y0) / (x1 - x0)
-    return y0 + (x - x0) * slope if x <= x1 else y1 + (x - x1) * max(slope, 0.0)
+    # `<`: at a measured point y1 itself (y0 + (x1 - x0) * slope gave 0.1 back as 0.09999999999999998)
+    return y0 + (x - x0) * slope if x < x1 else y1 + (x - x1) * max(slope, 0.0)
 
 
 def interpolate_latency(table: dict[int, float], size: int) -> float:

@@ -132,9 +132,11 @@ def sglang_answer(events, sent: list[float], endpoint: str) -> Answer:
     stamps: list[float] = []
     for at, event in events:
         try:
-            meta, now = event["meta_info"], int(event["meta_info"]["completion_tokens"])
-        except (KeyError, TypeError, ValueError):
+            meta, now = event["meta_info"], event["meta_info"]["completion_tokens"]
+        except (KeyError, TypeError):
             raise LabError(f"streamed event has no meta_info.completion_tokens: {str(event)[:200]}", endpoint) from None
+        # int() cut 2.5 to 2, took "4", and raised an OverflowError traceback on JSON's Infinity
+        now = _count(now, "meta_info.completion_tokens", endpoint)
         reason = meta.get("finish_reason")
         if isinstance(reason, dict) and reason.get("type") == "abort":  # SGLang streams an abort as an answer
             raise LabError(f"the server aborted the request: {reason.get('message') or reason}", endpoint)

@@ -209,8 +209,8 @@ def check_fields(cfg: CostModelConfig) -> None:
                        "steps any engine drafts")
     if not cfg.accept_lengths:  # the main table would have no row
         raise LabError("accept_lengths is empty: give at least one served accept length")
-    if not 0 <= cfg.no_draft_share < 1:  # nan too
-        raise LabError(f"no_draft_share must be in [0, 1), got {cfg.no_draft_share}")
+    if not (finite(z := cfg.no_draft_share) and 0 <= z < 1):  # nan too; a str was a TypeError, False taken as 0
+        raise LabError(f"no_draft_share must be in [0, 1), got {z!r}")
     # The table priced the verify: a verify_ms beside it was ignored, yet refused when shorter than its all-reduces.
     if cfg.measured_verify_ms and cfg.pass_ms_by_tokens:
         raise LabError(f"a measured verify_ms (measured_verify_ms {cfg.measured_verify_ms:g}) and a `bench verify` pass "

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from drafter_lab.errors import LabError
 from drafter_lab.spec.costmodel import (
     PRESETS,
     CostModel,
     CostModelConfig,
+    check_fields,
     interpolate_linear,
     latency_at,
     on_allreduce,
@@ -53,3 +55,11 @@ def test_the_presets_accept_lengths_are_distinct_columns_in_order():
     """The report keys each column by its accept length: a repeated one collapsed two columns into one key."""
     accepts = PRESETS["seeds-kimi-k2.5-8x-pcie"].accept_lengths
     assert accepts == sorted(set(accepts)) == [1.5, 2.0, 2.5, 3.0, 3.5, 4.0]
+
+
+@pytest.mark.parametrize("share", ["0.1", False, None])
+def test_a_no_draft_share_that_is_no_number_is_one_line_from_python_too(share):
+    """The CLI and --inputs check it as they read it; a CostModelConfig made in Python met `0 <= z < 1`
+    alone: a str raised a TypeError traceback and False was taken as 0."""
+    with pytest.raises(LabError, match=rf"^no_draft_share must be in \[0, 1\), got {share!r}$"):
+        check_fields(CostModelConfig(no_draft_share=share))

@@ -280,7 +280,9 @@ def _parse_turn(turn, where: str, path) -> dict:
             raise LabError(f"{where}: thinking both as content parts and as {named}", path)
         reasoning, named = thought, "thinking parts"
     legacy = turn.get("function_call")  # the OpenAI API's one call before tools
-    calls = _calls_of(turn.get("tool_calls")) or ([legacy] if legacy is not None else None)
+    calls = _calls_of(turn.get("tool_calls"))
+    calls_field = "tool_calls" if calls else "function_call"  # the one a refusal names
+    calls = calls or ([legacy] if legacy is not None else None)
     if content is None and (reasoning is not None or calls is not None):
         content = ""  # a call alone, or a server's answer cut off while it was still thinking
     if role is None or content is None:
@@ -303,7 +305,8 @@ def _parse_turn(turn, where: str, path) -> dict:
             out["reasoning_content"] = reasoning
     if calls is not None:
         if out["role"] != "assistant" or not isinstance(calls, list):
-            raise LabError(f"{where}: tool_calls must be a list, on an assistant turn", path)
+            rule = "must be a list, on an assistant turn" if calls_field == "tool_calls" else "must be on an assistant turn"
+            raise LabError(f"{where}: {calls_field} {rule}", path)
         out["tool_calls"] = [parse_call(c, where, path) for c in calls]
     if out["role"] == "tool":
         # Text, as the OpenAI API's tool message and SGLang's and vLLM's request models take them (a server

@@ -2,7 +2,10 @@
 (review s76 h1)."""
 import json
 
+import pytest
+
 from drafter_lab.data.conversations import read_conversations
+from drafter_lab.errors import LabError
 
 ASK = {"role": "user", "content": "time?"}
 
@@ -33,3 +36,13 @@ def test_a_participant_name_on_a_user_or_assistant_turn_is_not_kept(tmp_path):
              {"role": "assistant", "content": "noon", "name": "bot"}]
     (conv,), _ = read_conversations(_file(tmp_path, {"messages": turns}))
     assert conv.messages == [ASK, {"role": "assistant", "content": "noon"}]
+
+
+def test_a_legacy_function_call_off_an_assistant_turn_is_refused_naming_that_field(tmp_path):
+    """The refusal named tool_calls, a field the row does not have."""
+    call = {"name": "now", "arguments": "{}"}
+    for role in ("user", "tool"):
+        path = _file(tmp_path, {"messages": [ASK, {"role": role, "content": "x", "function_call": call}]})
+        with pytest.raises(LabError) as e:
+            read_conversations(path)
+        assert str(e.value) == f"{path}: line 1: function_call must be on an assistant turn"

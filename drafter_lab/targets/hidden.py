@@ -185,7 +185,10 @@ def _wanted(indices, final: bool, count: int) -> set[int]:
 
 def _run_whole(model, indices, final: bool, forward_kwargs: dict) -> tuple[object, HiddenStates]:
     out = model(**forward_kwargs, output_hidden_states=True)
-    hs = out.hidden_states
+    hs = getattr(out, "hidden_states", None)
+    if not hs:  # remote code that ignores the flag: else len(None)'s TypeError
+        raise LabError(f"{type(model).__name__} returned no hidden states for output_hidden_states=True (remote "
+                       "code that ignores the flag?), and has no decoder layers the lab can hook instead")
     states = {i: hs[i] for i in _wanted(indices, final, len(hs))}
     out["hidden_states"] = None  # the whole tuple goes as soon as the caller has its states
     return out, _checked(model, states, len(hs))

@@ -173,3 +173,17 @@ class _BareDecoder(_Decoder):
 def test_a_final_state_the_decoder_does_not_return_is_an_error_naming_it():
     with pytest.raises(LabError, match="^hidden state 3: the model's decoder passed a NoneType, not a tensor$"):
         run_capturing(_Model(_BareDecoder()), [1], x=_x())
+
+
+class _Deaf(nn.Module):
+    """Remote code with no decoder the hooks can find, that ignores output_hidden_states."""
+
+    def forward(self, x, output_hidden_states=False):
+        return BaseModelOutput(last_hidden_state=x)
+
+
+def test_a_model_that_ignores_output_hidden_states_is_one_line_naming_it():
+    """Before: len(None)'s TypeError traceback."""
+    assert decoder_layout(_Deaf()) is None  # so the whole forward is asked for its states
+    with pytest.raises(LabError, match="^_Deaf returned no hidden states for output_hidden_states=True"):
+        run_capturing(_Deaf(), [0], x=_x())

@@ -30,6 +30,7 @@ After a failure a communicator is unusable; create a new one.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import statistics
 import time
@@ -44,6 +45,9 @@ from drafter_lab.kernels import _ext
 
 BACKENDS = ("cpu", "cuda-host", "cuda-ipc")
 AUTOTUNE_SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+MAX_BYTES_LIMIT = 1 << 40
+"""The largest max_bytes taken: the segment's size (ranks x buffers x max_bytes) stays far inside 64 bits,
+where 2**62 wrapped around in the native arithmetic."""
 
 
 class AllReduceError(LabError, RuntimeError):
@@ -52,6 +56,12 @@ class AllReduceError(LabError, RuntimeError):
 
 class AllReduceInputError(LabError, ValueError):
     """Tensors the communicator cannot take (dtype, device, layout, sizes)."""
+
+
+def _check_whole(name: str, value, most: int) -> None:
+    """`value` a whole number in 1..most: else pybind's multi-line TypeError (a float, past 64 bits)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= most:
+        raise AllReduceInputError(f"{name} must be a whole number in 1..{most}, got {value!r}")
 
 
 def _native():
@@ -135,10 +145,8 @@ class Communicator:
             raise LabError(f"rank {rank} is outside 0..{world_size - 1}")
         if not timeout_s > 0:
             raise AllReduceInputError(f"timeout_s must be positive, got {timeout_s!r}")
-        if max_bytes < 1:
-            raise AllReduceInputError(f"max_bytes must be positive, got {max_bytes}")
-        if not 1 <= blocks <= native.max_blocks:
-            raise AllReduceInputError(f"blocks must be in 1..{native.max_blocks}, got {blocks}")
+        _check_whole("max_bytes", max_bytes, MAX_BYTES_LIMIT)
+        _check_whole("blocks", blocks, native.max_blocks)
         self._device = self._resolve_device(backend, device)
         if path is not None:
             _check_file_store(path)

@@ -173,8 +173,8 @@ def test_a_world_of_no_ranks_is_named_as_such():
 
 @pytest.mark.parametrize(("world", "kw", "message"), [
     (17, {}, r"^world_size must be in 1\.\.16, got 17$"),
-    (2, {"max_bytes": 0}, r"^max_bytes must be positive, got 0$"),
-    (2, {"blocks": 65}, r"^blocks must be in 1\.\.64, got 65$"),
+    (2, {"max_bytes": 0}, r"^max_bytes must be a whole number in 1\.\.1099511627776, got 0$"),
+    (2, {"blocks": 65}, r"^blocks must be a whole number in 1\.\.64, got 65$"),
 ])
 def test_settings_only_rank_0s_segment_refused_fail_every_rank_at_once(world, kw, message):
     """Through a store, rank 1 waited out its whole timeout for the segment rank 0 never published,

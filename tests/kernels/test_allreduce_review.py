@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from drafter_lab.kernels import _ext
 
@@ -163,6 +164,21 @@ def _pair(make, ranks=(0, 1)):
     for t in threads:
         t.join()
     return results, errors
+
+
+def _tuned_pair(max_bytes: int) -> dict:
+    """Two ranks on one store that tune their thresholds at init: {rank: (one_shot_max_bytes, capacity)}."""
+    from drafter_lab.kernels.allreduce import Communicator
+
+    store = dist.HashStore()
+
+    def rank(r):
+        with Communicator(r, 2, store=store, timeout_s=10, max_bytes=max_bytes) as comm:
+            return comm.one_shot_max_bytes, comm.capacity
+
+    results, errors = _pair(rank)
+    assert not errors, errors
+    return results
 
 
 def test_a_barrier_its_peer_gave_up_on_fails_on_the_late_rank_too():

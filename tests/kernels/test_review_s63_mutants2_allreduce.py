@@ -8,8 +8,7 @@ import secrets
 
 import pytest
 import torch
-import torch.distributed as dist
-from test_allreduce_review import _pair  # this directory is on sys.path (pytest prepends it)
+from test_allreduce_review import _tuned_pair  # this directory is on sys.path (pytest prepends it)
 
 from drafter_lab.kernels import _ext
 
@@ -31,17 +30,9 @@ def _timed(monkeypatch, one_shot_loses_at=()):
 def test_the_one_shot_threshold_is_the_largest_size_before_its_first_loss(monkeypatch, loses_at, want):
     """One-shot winning at every size timed runs up to the capacity (past the largest size timed); a loss
     ends the range there even where one-shot wins again later."""
-    from drafter_lab.kernels.allreduce import Communicator
 
     _timed(monkeypatch, loses_at)
-    store = dist.HashStore()
-
-    def rank(r):
-        with Communicator(r, 2, store=store, timeout_s=10, max_bytes=4 << 20) as comm:
-            return comm.one_shot_max_bytes, comm.capacity
-
-    results, errors = _pair(rank)
-    assert not errors, errors
+    results = _tuned_pair(4 << 20)
     (got, capacity), other = results[0], results[1]
     assert other == (got, capacity) and capacity > 1 << 20
     assert got == (capacity if want == "capacity" else want)

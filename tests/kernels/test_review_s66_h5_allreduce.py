@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from test_allreduce_review import _pair  # this directory is on sys.path (pytest prepends it)
+from test_allreduce_review import _pair, _tuned_pair  # this directory is on sys.path (pytest prepends it)
 
 from drafter_lab.errors import LabError
 from drafter_lab.kernels import _ext
@@ -94,14 +94,7 @@ def test_the_timed_sizes_include_the_capacity_itself(monkeypatch):
         return {1: 3.0 if slow else 1.0, 2: 2.0}[algo]
 
     monkeypatch.setattr(Communicator, "_median_call_us", median)
-    store = dist.HashStore()
-
-    def rank(r):
-        with Communicator(r, 2, store=store, timeout_s=10, max_bytes=1 << 20) as comm:
-            return comm.one_shot_max_bytes, comm.capacity
-
-    results, errors = _pair(rank)
-    assert not errors, errors
+    results = _tuned_pair(1 << 20)
     assert results[0] == results[1] == (256 << 10, 1 << 20)
 
 

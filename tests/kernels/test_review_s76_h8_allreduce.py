@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from test_allreduce_review import _pair  # this directory is on sys.path (pytest prepends it)
+from test_allreduce_review import _pair, _tuned_pair  # this directory is on sys.path (pytest prepends it)
 
 from drafter_lab.kernels import _ext
 
@@ -49,15 +49,7 @@ def _timings(monkeypatch, median):
     from drafter_lab.kernels.allreduce import Communicator
 
     monkeypatch.setattr(Communicator, "_median_call_us", median)
-    store = dist.HashStore()
-
-    def rank(r):
-        with Communicator(r, 2, store=store, timeout_s=10, max_bytes=4 << 20) as comm:
-            return comm.one_shot_max_bytes, comm.capacity
-
-    results, errors = _pair(rank)
-    assert not errors, errors
-    return results
+    return _tuned_pair(4 << 20)
 
 
 def test_ranks_that_time_differently_choose_from_the_summed_timings(monkeypatch):

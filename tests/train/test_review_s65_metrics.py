@@ -34,12 +34,13 @@ def _drafter():
     return drafter
 
 
-def _sequences(lengths):
+def _sequences(lengths, first_loss: int | None = None):
+    """Random sequences whose loss positions start at `first_loss` (None: each one's middle)."""
     g = torch.Generator().manual_seed(4)
     out = []
     for i, T in enumerate(lengths):
         mask = torch.zeros(T, dtype=torch.bool)
-        mask[T // 2:] = True
+        mask[T // 2 if first_loss is None else first_loss:] = True
         out.append(Sequence(seq_id=str(i), input_ids=torch.randint(0, V, (T,), generator=g), loss_mask=mask,
                             aux_hidden=torch.randn(T, 3 * H, generator=g), final_hidden=torch.randn(T, H, generator=g)))
     return out

@@ -9,9 +9,6 @@ import math
 import pytest
 import torch
 
-from drafter_lab.data.shards import Sequence
-from drafter_lab.drafter.config import DrafterConfig
-from drafter_lab.drafter.model import Eagle3Drafter
 from drafter_lab.errors import LabError
 from drafter_lab.train.metrics import evaluate, metric_names, summarize, weighted_loss
 from drafter_lab.train.ttt import (
@@ -28,7 +25,7 @@ from drafter_lab.train.ttt import (
     S_NUM,
 )
 
-H, V = 32, 64
+from .test_review_s65_metrics import H, V, _drafter, _sequences
 
 
 def _counts() -> torch.Tensor:
@@ -73,31 +70,10 @@ def test_a_weighted_loss_where_no_step_scored_is_nan_not_zero():
     assert math.isnan(weighted_loss(summarize(torch.zeros(2, N_COLS)), 2, 0.8))
 
 
-def _drafter():
-    cfg = DrafterConfig(hidden_size=H, target_hidden_size=H, intermediate_size=64, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=8, draft_vocab_size=V, target_vocab_size=V,
-                        aux_layer_ids=[1, 2, 3])
-    torch.manual_seed(3)
-    drafter = Eagle3Drafter(cfg)
-    drafter.t2d.fill_(True)
-    return drafter
-
-
-def _sequences(lengths):
-    g = torch.Generator().manual_seed(4)
-    out = []
-    for i, T in enumerate(lengths):
-        mask = torch.zeros(T, dtype=torch.bool)
-        mask[2:] = True
-        out.append(Sequence(seq_id=str(i), input_ids=torch.randint(0, V, (T,), generator=g), loss_mask=mask,
-                            aux_hidden=torch.randn(T, 3 * H, generator=g), final_hidden=torch.randn(T, H, generator=g)))
-    return out
-
-
 def test_evaluate_truncates_each_sequence_to_max_length():
     """Step 0 scores positions 2..n-1 of each (truncated) sequence."""
     head = torch.randn(V, H, generator=torch.Generator().manual_seed(5))
-    seqs = _sequences((9, 12, 10))
+    seqs = _sequences((9, 12, 10), first_loss=2)
     assert evaluate(_drafter(), head, seqs, 2)["positions"] == 7 + 10 + 8
     assert evaluate(_drafter(), head, seqs, 2, max_length=8)["positions"] == 3 * 6
 
@@ -105,20 +81,20 @@ def test_evaluate_truncates_each_sequence_to_max_length():
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
 def test_evaluate_at_a_temperature_up_to_1_scores_the_sampled_chain_and_its_replay(temperature):
     head = torch.randn(V, H, generator=torch.Generator().manual_seed(5))
-    m = evaluate(_drafter(), head, _sequences((9, 12)), 2, temperature=temperature, replay=True)
+    m = evaluate(_drafter(), head, _sequences((9, 12), first_loss=2), 2, temperature=temperature, replay=True)
     assert {"sampled_accept_len", "replay_accept_len_0", "replay_accept_len_1", "replay_accept_len"} <= m.keys()
     assert m["replay_accept_len_0"] >= 1  # the bonus token at least, every verify step
 
 
 def test_a_replay_at_temperature_0_is_refused():
     with pytest.raises(LabError, match="^the replay needs the temperature the target's tokens were sampled at$"):
-        evaluate(_drafter(), torch.randn(V, H), _sequences((9, 12)), 2, temperature=0.0, replay=True)
+        evaluate(_drafter(), torch.randn(V, H), _sequences((9, 12), first_loss=2), 2, temperature=0.0, replay=True)
 
 
 def test_evaluate_runs_the_drafter_in_eval_mode():
     drafter = _drafter().train()
     modes = []
     drafter.fc.register_forward_hook(lambda mod, args, out: modes.append(drafter.training))
-    evaluate(drafter, torch.randn(V, H), _sequences((9, 12)), 2)
+    evaluate(drafter, torch.randn(V, H), _sequences((9, 12), first_loss=2), 2)
     assert modes and not any(modes)
     assert drafter.training

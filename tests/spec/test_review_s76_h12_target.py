@@ -129,8 +129,11 @@ def _only_kw(name):
             if set(kw) != {name}:
                 raise TypeError(f"forward() got cache keywords {sorted(kw)}, takes {name}")
             return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                   cache=kw[name], use_cache=use_cache, logits_to_keep=logits_to_keep,
-                                   output_hidden_states=output_hidden_states)
+                                   use_cache=use_cache, logits_to_keep=logits_to_keep,
+                                   output_hidden_states=output_hidden_states, **{parents: kw[name]})
+
+    # the installed transformers' own keyword (it renamed past_key_values to cache)
+    parents = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
     # the runner reads the cache keyword off the forward's signature
     params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for p in (

@@ -132,7 +132,9 @@ def test_the_recorder_transformers_names_decides_the_layout():
     assert layout(_Layer, tie_last_hidden_states=False) is None  # the last state is not the norm's output
     assert layout(_Layer, tie_last_hidden_states=True) is not None
     # the layer count under another config field
-    dec = _recording(_Decoder, OutputRecorder(_Layer, num_hidden_layers_key="num_layers"))()
+    spec = OutputRecorder(_Layer)
+    spec.num_hidden_layers_key = "num_layers"  # set, not passed: a field transformers before 5.2x's recorder lacks
+    dec = _recording(_Decoder, spec)()
     assert decoder_layout(_Model(dec)) is None
     dec.config.num_layers = 3
     assert decoder_layout(_Model(dec))[1] is dec.layers

@@ -362,12 +362,17 @@ def check_resume(cfg: ExperimentConfig, run_dir: Path) -> None:
 def run_study(cfg: ExperimentConfig, runs_root: Path, cache: Path, run_dir: Path | None = None,
               command: list[str] | None = None) -> Path:
     check_study(cfg)
-    if run_dir is not None:
-        check_resume(cfg, run_dir)
+    resuming = run_dir is not None
     run_dir = run_dir or new_run_dir(runs_root, f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # a second study here (a --run-dir resume beside the run it resumes) would train the same arms at once
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # the CLI refuses these first; a Python caller gets here
+        raise LabError("is a file or lies below one, not a directory", run_dir) from None
+    # a second study here (a --run-dir resume beside the run it resumes) would train the same arms at once;
+    # a resume is checked under the lock, so a study still running there is refused as running
     with building(run_dir / "study", "run directory", wait=False):
+        if resuming:
+            check_resume(cfg, run_dir)
         return _run_study(cfg, run_dir, cache, command)
 
 

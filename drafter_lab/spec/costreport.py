@@ -141,7 +141,7 @@ def format_report(r: dict, name: str) -> str:
         + f" = {r['verify_ms']:.2f} ms",
         f"  draft    = {_first_draft(c, r)} steps x {us_text(r['draft_step_us'])} us = {r['draft_ms']:.2f} ms; "
         f"overhead {c['cycle_overhead_ms']:.2f} ms; cycle = {r['cycle_ms']:.2f} ms"
-        + (f"; {100 * c['no_draft_share']:.0f} % of cycles draft nothing and decode plainly"
+        + (f"; {_percent(c['no_draft_share'])} of cycles draft nothing and decode plainly"
            if c["no_draft_share"] else ""),
         f"  baseline = {r['decode_ms']:.2f} ms per decode step = {r['baseline_tok_s']:.1f} tok/s"
         + _parenthesised([f"its all-reduces: {us_text(r['decode_allreduce_us'])} us each" if r["n_allreduce"] else "",
@@ -226,10 +226,16 @@ def _parenthesised(parts: list[str]) -> str:
 def _first_draft(c: dict, r: dict) -> str:
     """How the draft line counts a cycle's first draft beside its steps."""
     if c["draft_extend_us_by_batch"]:
-        return f"extend + {c['steps'] - 1}"
+        return f"extend {us_text(r['first_draft_us'])} us + {c['steps'] - 1}"
     if r["first_draft_us"] != r["draft_step_us"]:  # a tree's first step, one row per sequence
         return f"{us_text(r['first_draft_us'])} us + {c['steps'] - 1}"
     return str(c["steps"])
+
+
+def _percent(share: float) -> str:
+    """A share as a whole percentage; one that rounds to 0 % keeps a significant figure, as it is not none."""
+    whole = f"{100 * share:.0f}"
+    return f"{whole} %" if whole != "0" else f"{100 * share:.1g} %"
 
 
 def _us(x: float | None) -> str:

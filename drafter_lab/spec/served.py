@@ -295,7 +295,7 @@ class VLLM:
         after, before = self._counters(), self.before
         # a per-position counter gone back (or gone) would be a negative bar in the histogram
         if after["drafts"] is None or after["drafts"] < before["drafts"] or after["accepted"] < before["accepted"] \
-                or any(after["per_pos"].get(j, 0.0) < n for j, n in before["per_pos"].items()):
+                or any(after["per_pos"].get(j, -1.0) < n for j, n in before["per_pos"].items()):
             raise LabError("the speculative counters went back during the eval (the server restarted?), so the "
                            "accept length cannot be told: run the eval again", self.url + "/metrics")
         drafts = round(after["drafts"] - before["drafts"])

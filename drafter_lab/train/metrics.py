@@ -108,6 +108,11 @@ def evaluate(drafter: Eagle3Drafter, lm_head_weight: torch.Tensor, sequences: li
     `lm_head_weight` is the target's full lm_head [V, H_t]; the drafter's d2t/t2d give its vocab;
     `logit_map` the target's own map of the head's product to its logits (`Target.logit_map`).
     """
+    # a temperature below 0 would read as greedy and a max_length of 0 as the default: say so instead
+    if not math.isfinite(temperature) or temperature < 0:
+        raise LabError(f"the temperature must be a finite number >= 0, got {temperature}")
+    if max_length is not None and max_length < 1:
+        raise LabError(f"max_length must be at least 1, got {max_length}")
     device = drafter.fc.weight.device
     used = (torch.arange(drafter.config.draft_vocab_size) + drafter.d2t.cpu()).long()
     head = lm_head_weight.detach().to(device=device, dtype=torch.float32)

@@ -66,6 +66,36 @@ def test_a_second_study_in_a_run_directory_in_use_is_refused(tmp_path, monkeypat
         study.run_study(get_config("smoke"), tmp_path / "runs", tmp_path / "cache", run_dir=run_dir)
 
 
+def test_a_resume_with_another_config_beside_its_running_study_is_refused_as_running(tmp_path, monkeypatch):
+    """The resume check read the manifest before taking the lock: a resume with another config started
+    beside the running study was told its config differs, not that the directory is in use."""
+    run_dir = tmp_path / "runs" / "smoke-1"
+    cfg = get_config("smoke")
+
+    def level(cfg_, drift, level_dir, cache):
+        with pytest.raises(LabError, match="another run is using the run directory"):
+            study.run_study(dataclasses.replace(cfg, seed=cfg.seed + 1), tmp_path / "runs", cache, run_dir=run_dir)
+        raise _Stop
+
+    monkeypatch.setattr(study, "run_level", level)
+    with pytest.raises(_Stop):
+        study.run_study(cfg, tmp_path / "runs", tmp_path / "cache", run_dir=run_dir)
+    with pytest.raises(LabError, match="holds a study made with another config"):  # and once it is done
+        study.run_study(dataclasses.replace(cfg, seed=cfg.seed + 1), tmp_path / "runs", tmp_path / "cache",
+                        run_dir=run_dir)
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_run_directory_that_is_a_file_is_refused_in_one_line(tmp_path, monkeypatch, below):
+    """run_study from Python (the CLI refuses it earlier) met mkdir's FileExistsError for a file."""
+    monkeypatch.setattr(study, "run_level", lambda *a: pytest.fail("a stage ran"))
+    (tmp_path / "f").write_text("x")
+    run_dir = tmp_path / "f" / "run" if below else tmp_path / "f"
+    with pytest.raises(LabError, match=rf"^{run_dir}: is a file or lies below one, not a directory$"):
+        study.run_study(get_config("smoke"), tmp_path / "runs", tmp_path / "cache", run_dir=run_dir)
+    assert (tmp_path / "f").read_text() == "x"
+
+
 def test_two_reproductions_at_once_rerun_into_their_own_directories(tmp_path, monkeypatch):
     """The reproduction's directory was picked as the first name not on disk, and created only when its
     study began: a second `reproduce` of the same run started meanwhile took the same one."""

@@ -86,7 +86,7 @@ def test_the_draft_line_counts_the_extend_as_the_first_of_the_steps():
                               draft_extend_us_by_batch={1: 400.0})
     m = CostModel(cfg)
     assert m.draft_ms == pytest.approx((400.0 + 2 * 100.0) / 1000)
-    assert "  draft    = extend + 2 steps x 100 us = 0.60 ms;" in format_report(report(cfg), SEEDS)
+    assert "  draft    = extend 400 us + 2 steps x 100 us = 0.60 ms;" in format_report(report(cfg), SEEDS)
 
 
 def test_serving_flags_name_vllm_only_for_a_chain():
@@ -110,3 +110,10 @@ def test_a_batched_verify_line_counts_the_other_sequences():
 def test_the_draft_line_gives_the_share_of_cycles_without_a_draft_in_percent():
     cfg = dataclasses.replace(PRESETS[SEEDS], no_draft_share=0.25)
     assert "; 25 % of cycles draft nothing and decode plainly" in format_report(report(cfg), SEEDS)
+
+
+@pytest.mark.parametrize("share, shown", [(0.004, "0.4 %"), (0.00012, "0.01 %"), (0.0049, "0.5 %"), (0.0051, "1 %")])
+def test_a_share_of_cycles_without_a_draft_too_small_for_whole_percent_keeps_a_figure(share, shown):
+    """Some cycles without a draft is not none: under 0.5 % the share keeps one significant figure."""
+    cfg = dataclasses.replace(PRESETS[SEEDS], no_draft_share=share)
+    assert f"; {shown} of cycles draft nothing and decode plainly" in format_report(report(cfg), SEEDS)

@@ -319,9 +319,11 @@ def test_a_per_position_counter_that_did_not_grow_has_not_gone_back():
     assert _vllm(before, after).acceptance([ANSWER]) == (pytest.approx(1.8), 10, {"1": 2, "2": 8, "3": 0})
 
 
-def test_a_per_position_counter_that_counted_one_and_is_gone_has_gone_back():
-    before = {"drafts": 10.0, "accepted": 1.0, "per_pos": {0: 1.0}}
-    after = {"drafts": 20.0, "accepted": 1.0, "per_pos": {}}
+@pytest.mark.parametrize("counted", [1.0, 0.0])
+def test_a_per_position_counter_that_is_gone_has_gone_back(counted):
+    """One at 0 before too: the positions after it would shift one place down the histogram."""
+    before = {"drafts": 10.0, "accepted": 1.0, "per_pos": {0: 1.0, 1: counted, 2: 0.0}}
+    after = {"drafts": 20.0, "accepted": 1.0, "per_pos": {0: 1.0, 2: 0.0}}
     with pytest.raises(LabError, match="^http://v/metrics: the speculative counters went back during the eval"):
         _vllm(before, after).acceptance([ANSWER])
 

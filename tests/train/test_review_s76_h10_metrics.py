@@ -91,6 +91,17 @@ def test_a_replay_at_temperature_0_is_refused():
         evaluate(_drafter(), torch.randn(V, H), _sequences((9, 12), first_loss=2), 2, temperature=0.0, replay=True)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -0.5}, "the temperature must be a finite number >= 0, got -0.5"),
+    ({"temperature": math.nan}, "the temperature must be a finite number >= 0, got nan"),
+    ({"max_length": 0}, "max_length must be at least 1, got 0"),
+])
+def test_a_negative_temperature_or_no_max_length_is_refused_not_read_as_a_default(kwargs, message):
+    """They read as greedy and as the drafter's max_position_embeddings: a metric of another setting."""
+    with pytest.raises(LabError, match=f"^{message}$"):
+        evaluate(_drafter(), torch.randn(V, H), _sequences((9, 12), first_loss=2), 2, **kwargs)
+
+
 def test_evaluate_runs_the_drafter_in_eval_mode():
     drafter = _drafter().train()
     modes = []

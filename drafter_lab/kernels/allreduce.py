@@ -64,8 +64,27 @@ def _check_whole(name: str, value, most: int) -> None:
         raise AllReduceInputError(f"{name} must be a whole number in 1..{most}, got {value!r}")
 
 
+def _check_threshold(name: str, value) -> int:
+    """A threshold in bytes, 0..2**63-1 (the native int64): int() cut 2.5 to 2 and named neither a
+    str nor the setting; past int64 it was pybind's multi-line TypeError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 1 << 63:
+        raise AllReduceInputError(f"{name} must be a whole number of bytes >= 0, got {value!r}")
+    return int(value)
+
+
 def _native():
     return _ext.load().allreduce
+
+
+def _segment_name(native, name) -> str:
+    """The fixed segment of a `name=` alone. A name it cannot take is bad input, checked before any
+    setup: the native refusal read as a failed setup (AllReduceError), a non-str as pybind's TypeError."""
+    if not isinstance(name, str):
+        raise AllReduceInputError(f"name must be a str, got {name!r}")
+    try:
+        return native.segment_name(name)
+    except native.CommError as e:
+        raise AllReduceInputError(f"name {name!r}: {e}") from None
 
 
 def _check_file_store(path, tries: int = 5) -> None:
@@ -147,6 +166,7 @@ class Communicator:
             raise AllReduceInputError(f"timeout_s must be positive, got {timeout_s!r}")
         _check_whole("max_bytes", max_bytes, MAX_BYTES_LIMIT)
         _check_whole("blocks", blocks, native.max_blocks)
+        seg = _segment_name(native, name) if store is None and path is None else None
         self._device = self._resolve_device(backend, device)
         if path is not None:
             _check_file_store(path)
@@ -154,7 +174,6 @@ class Communicator:
         self._store = store
         try:
             if self._store is None:
-                seg = native.segment_name(name)
                 self._impl = self._open(native, seg, rank, world_size, max_bytes, blocks, timeout_s, backend)
                 self._impl.connect()
             else:
@@ -356,7 +375,7 @@ class Communicator:
 
     @one_shot_max_bytes.setter
     def one_shot_max_bytes(self, value: int) -> None:
-        self._call(setattr, self._impl, "one_shot_max_bytes", int(value))
+        self._call(setattr, self._impl, "one_shot_max_bytes", _check_threshold("one_shot_max_bytes", value))
 
     @property
     def ll_max_bytes(self) -> int:
@@ -366,7 +385,7 @@ class Communicator:
 
     @ll_max_bytes.setter
     def ll_max_bytes(self, value: int) -> None:
-        self._call(setattr, self._impl, "ll_max_bytes", int(value))
+        self._call(setattr, self._impl, "ll_max_bytes", _check_threshold("ll_max_bytes", value))
 
     @property
     def ll_capacity(self) -> int:

@@ -114,7 +114,6 @@ class _Group:
             for b in backends
             if b in OURS
         }
-        self.store = store
 
     def all_reduce_fn(self, backend: str, t: torch.Tensor):
         if backend in self.comms:

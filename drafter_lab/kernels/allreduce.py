@@ -65,8 +65,8 @@ def _check_whole(name: str, value, most: int) -> None:
 
 
 def _check_threshold(name: str, value) -> int:
-    """A threshold in bytes, 0..2**63-1 (the native int64): int() cut 2.5 to 2 and named neither a
-    str nor the setting; past int64 it was pybind's multi-line TypeError."""
+    """A threshold in bytes, 0..2**63-1 (the native int64): int() cut 2.5 to 2, its error for a str
+    named no setting, and past int64 pybind raised a multi-line TypeError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 1 << 63:
         raise AllReduceInputError(f"{name} must be a whole number of bytes >= 0, got {value!r}")
     return int(value)

@@ -82,3 +82,26 @@ def out_of_vocab_held_out(held_out, tmp_path) -> tuple[Path, Path]:
     t["input_ids"][t["offsets"][:-1] + 1] = 999999
     save_file(t, str(shard), metadata=meta)
     return bad, shard
+
+
+@pytest.fixture
+def trained(monkeypatch, tmp_path) -> list[dict]:
+    """train() replaced by one that records what the command line handed it (step 5 reached), run in tmp_path."""
+    calls = []
+
+    def train(cfg, target, data, out, **kwargs):
+        calls.append({"cfg": cfg, "target": target, "data": data, "out": out, **kwargs})
+        return {"step": 5, "loss_0": 1.0}
+
+    monkeypatch.setattr("drafter_lab.train.loop.train", train)
+    monkeypatch.chdir(tmp_path)
+    return calls
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """train() replaced by one that fails the test: the command line should have been refused first."""
+    def train(*args, **kwargs):
+        raise AssertionError("train ran: the command line should have been refused first")
+
+    monkeypatch.setattr("drafter_lab.train.loop.train", train)

@@ -18,14 +18,6 @@ CFG = TrainConfig(draft_vocab_size=64, max_steps=1, batch_size=8, ttt_steps=2, l
 
 
 
-@pytest.fixture
-def no_training(monkeypatch):
-    def trained(*args, **kwargs):
-        raise AssertionError("train ran: the command line should have been refused first")
-
-    monkeypatch.setattr("drafter_lab.train.loop.train", trained)
-
-
 def test_source_target_with_no_remap_is_refused(tmp_path, no_training, cli_error):
     """--no-remap copies lm_head rows by id, so --source-target's tokenizer was never read: silently unused."""
     argv = ["train", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o"),

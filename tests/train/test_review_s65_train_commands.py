@@ -4,16 +4,6 @@ the watch's table, and what a follow says while the run keeps training."""
 
 from __future__ import annotations
 
-import pytest
-
-
-@pytest.fixture
-def no_training(monkeypatch):
-    def trained(*args, **kwargs):
-        raise AssertionError("train ran: the command line should have been refused first")
-
-    monkeypatch.setattr("drafter_lab.train.loop.train", trained)
-
 
 def _train(tmp_path, *flags) -> list[str]:
     return ["train", "--target", str(tmp_path / "t"), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o"),

@@ -13,20 +13,6 @@ from drafter_lab.cli import main
 TRAIN = ["train", "--target", "no-target", "--out", "no-out"]  # train() is replaced: nothing is read
 
 
-@pytest.fixture
-def trained(monkeypatch, tmp_path):
-    """train() replaced by one that records what it was given and returns `result` (step 5)."""
-    calls = []
-
-    def train(cfg, target, data, out, **kwargs):
-        calls.append({"cfg": cfg, "target": target, "data": data, "out": out, **kwargs})
-        return {"step": 5, "loss_0": 1.0}
-
-    monkeypatch.setattr("drafter_lab.train.loop.train", train)
-    monkeypatch.chdir(tmp_path)
-    return calls
-
-
 def test_each_online_flag_reaches_the_capture_settings(trained):
     assert main([*TRAIN, "--conversations", "c.jsonl", "--target-dtype", "bfloat16", "--aux-layer-ids", "1,2,3",
                  "--val-fraction", "0.25", "--token-exact", "--chat-template-kwargs", '{"enable_thinking": false}',

@@ -5,13 +5,6 @@ import pytest
 from drafter_lab.cli import main
 
 
-@pytest.fixture
-def trained(monkeypatch):
-    calls = []
-    monkeypatch.setattr("drafter_lab.train.loop.train", lambda *a, **k: calls.append(k) or {"step": 0})
-    return calls
-
-
 def _error(capsys, *argv) -> str:
     assert main(["train", "--target", "t", "--out", "o", *argv]) == 2
     return capsys.readouterr().err.strip()

@@ -18,20 +18,6 @@ TRAIN = ["train", "--target", "no-target", "--data", "d", "--out", "no-out"]  # 
 
 
 @pytest.fixture
-def trained(monkeypatch, tmp_path):
-    """train() replaced by one that records what it was given."""
-    calls = []
-
-    def train(cfg, target, data, out, **kwargs):
-        calls.append({"cfg": cfg, **kwargs})
-        return {"step": 1}
-
-    monkeypatch.setattr("drafter_lab.train.loop.train", train)
-    monkeypatch.chdir(tmp_path)
-    return calls
-
-
-@pytest.fixture
 def vocab_file(tmp_path):
     """A 96-token draft vocab of a 512-token target, saved as `vocab build` saves one."""
     path = tmp_path / "vocab.safetensors"

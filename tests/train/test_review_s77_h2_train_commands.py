@@ -11,20 +11,6 @@ from drafter_lab.cli import main
 TRAIN = ["train", "--target", "no-target", "--data", "d", "--out", "no-out"]
 
 
-@pytest.fixture
-def trained(monkeypatch, tmp_path):
-    """train() replaced by one that records what it was given."""
-    calls = []
-
-    def train(cfg, target, data, out, **kwargs):
-        calls.append({"cfg": cfg, **kwargs})
-        return {"step": 5}
-
-    monkeypatch.setattr("drafter_lab.train.loop.train", train)
-    monkeypatch.chdir(tmp_path)
-    return calls
-
-
 def test_two_watch_settings_without_stop_if_behind_are_named_together(trained, cli_error):
     assert cli_error([*TRAIN, "--watch-window", "4", "--watch-margin", "0.1"]) == (
         "error: --watch-margin and --watch-window apply with --stop-if-behind only")

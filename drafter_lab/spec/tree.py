@@ -47,7 +47,8 @@ class DraftTree:
 
     def children(self, node: torch.Tensor, rank: int) -> torch.Tensor:
         """Local index of the rank-th child (in node order) of node[b] per row, -1 where none."""
-        is_child = self.parents == node[:, None]
+        own = torch.arange(self.size, device=self.parents.device)
+        is_child = (self.parents == node[:, None]) & (own != node[:, None])  # a pad is its own parent, not child
         nth = torch.cumsum(is_child.long(), dim=1) - 1
         hit = is_child & (nth == rank)
         idx = torch.argmax(hit.long(), dim=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from drafter_lab.spec.tree import Candidates, DraftTree, chain
+from drafter_lab.spec.tree import Candidates, DraftTree, chain, padded_tree
 
 
 def brute_ancestors(parents: list[int]) -> torch.Tensor:
@@ -66,3 +66,10 @@ def test_chain_and_children():
     assert tree.children(torch.tensor([0]), 1).item() == 2
     assert tree.children(torch.tensor([0]), 2).item() == -1
     assert tree.children(torch.tensor([3]), 0).item() == -1
+
+
+def test_a_pad_is_nobodys_child_not_even_its_own():
+    """A pad is its own parent; children(pad) returned the pad itself as its first child."""
+    tree = padded_tree(torch.tensor([1, 2]), [[(5, 0), (6, 1)], [(7, 0)]], pad_id=0)
+    assert tree.parents[1].tolist() == [-1, 0, 2]
+    assert tree.children(torch.tensor([1, 2]), 0).tolist() == [2, -1]

@@ -351,8 +351,8 @@ def _decode(server, prompts: list[list[int]], cfg: ServedConfig, speculative: bo
                     i = waiting.get_nowait()
                 except queue.Empty:
                     return
-                time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
-                if stop.is_set():
+                # Woken by another slot's failure too: no request is sent after one
+                if stop.wait(max(0.0, start + arrivals[i] - time.perf_counter())):
                     return
                 try:
                     finished.put((i, server.generate(prompts[i], cfg.max_new_tokens)))
@@ -412,7 +412,7 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
     """From SGLang meta_infos: (served accept length, verify steps, histogram {served length: verify
     steps} or None)."""
     if not any("spec_verify_ct" in m for m in metas):
-        if all(int(m.get("completion_tokens") or 0) <= 1 for m in metas):  # no fields to tell spec from not
+        if all(_count(m.get("completion_tokens") or 0, "meta_info.completion_tokens", endpoint) <= 1 for m in metas):  # no fields to tell spec from not
             raise LabError(_NO_VERIFY, endpoint)
         raise LabError("the server reports no speculative decoding (meta_info has no spec_verify_ct); launch "
                        "it with --speculative-algorithm EAGLE3 and a draft model", endpoint)
@@ -432,7 +432,7 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
         hist = {str(i + 1): c for i, c in enumerate(counts)}  # i drafts accepted = i + 1 tokens emitted
     # Not the histogram's mean: SGLang counts a step's accepted drafts before it cuts the output at
     # max_new_tokens or an eos, and a request gets only the tokens completion_tokens counts
-    tokens = sum(int(m["completion_tokens"]) - 1 for m in verified)
+    tokens = sum(_count(m.get("completion_tokens"), "meta_info.completion_tokens", endpoint) - 1 for m in verified)
     return tokens / verify, verify, hist
 
 

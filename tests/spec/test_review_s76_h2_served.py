@@ -9,7 +9,6 @@ import math
 import queue
 import re
 import threading
-import time
 from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 
@@ -279,12 +278,45 @@ def test_a_served_eval_with_a_baseline_times_and_compares_both_sides(http_server
     assert r["latency"]["baseline"]["ttft_ms"]["median"] is not None and r["in_flight"]["baseline"] > 0
 
 
+class _WaitsRecorded(threading.Event):
+    """The slots' stop event, recording each wait's timeout: a slot waits on it for its request's arrival."""
+    waits: list[float] = []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
 def test_requests_sent_all_at_once_wait_for_no_arrival(monkeypatch):
-    """Without a request rate every request has arrived at the start: its slot sleeps 0 s before sending it."""
-    slept = []
-    monkeypatch.setattr(served, "time", SimpleNamespace(perf_counter=time.perf_counter, sleep=slept.append))
+    """Without a request rate every request has arrived at the start: its slot waits 0 s before sending it."""
+    monkeypatch.setattr(_WaitsRecorded, "waits", [])
+    monkeypatch.setattr(served, "threading", SimpleNamespace(Event=_WaitsRecorded, Thread=threading.Thread))
     served._decode(_Answering(), [[1], [2], [3]], served.ServedConfig(url="http://s"), speculative=False)
-    assert slept == [0.0, 0.0, 0.0]
+    assert _WaitsRecorded.waits == [0.0, 0.0, 0.0]
+
+
+def test_a_slot_waiting_for_its_arrival_stops_at_another_slots_failure():
+    """A request due in about a day: its slot slept until then before it saw that the first request had
+    failed (a daemon thread left sleeping in a study that goes on to its next setting)."""
+    threads = set(threading.enumerate())
+
+    class Failing:
+        calls = 0
+
+        def generate(self, ids, max_new_tokens):
+            self.calls += 1
+            if self.calls == 2:  # the first request after the warm-up
+                raise LabError("the server aborted the request", "http://s/generate")
+            return served.Answer([1], 1, {}, 0.001, 0.001, 1)
+
+    cfg = served.ServedConfig(url="http://s", concurrency=2, request_rate=1e-5, seed=0)
+    assert served.arrival_times(2, cfg.request_rate, cfg.seed)[1] > 3600
+    with pytest.raises(LabError, match="aborted"):
+        served._decode(Failing(), [[1], [2]], cfg, speculative=False)
+    slots = [t for t in set(threading.enumerate()) - threads if t.name == "drafter-lab-eval"]
+    for t in slots:
+        t.join(30)
+    assert not any(t.is_alive() for t in slots)
 
 
 CONVERSATIONS = [SimpleNamespace(id="a"), SimpleNamespace(id="b"), SimpleNamespace(id="c")]
@@ -418,6 +450,16 @@ def test_a_served_eval_checks_its_settings_before_anything_else():
 
 def test_one_verify_step_is_an_accept_length():
     assert served.acceptance([{"completion_tokens": 3, "spec_verify_ct": 1}], "u") == (2.0, 1, None)
+
+
+@pytest.mark.parametrize("tokens", ["3", 2.5, None, -1])
+def test_acceptance_refuses_a_completion_count_that_is_not_whole(tokens):
+    """Called on meta_infos directly (not through sglang_answer's check), "3" counted as 3, 2.5 as 2 and a
+    null raised a TypeError traceback."""
+    with pytest.raises(LabError, match=r"^u: the server sent meta_info.completion_tokens .*, not a whole number >= 0$"):
+        served.acceptance([{"completion_tokens": tokens, "spec_verify_ct": 1}], "u")
+    with pytest.raises(LabError, match="^u: the server sent meta_info.completion_tokens"):
+        served.acceptance([{"completion_tokens": tokens}, {"completion_tokens": "x"}], "u")
 
 
 def test_a_baseline_server_that_speculates_is_refused(http_server, random_llama, conversations):

@@ -8,6 +8,7 @@ import datetime
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -96,17 +97,30 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _whole_number(text: str) -> int:
+    """json.loads' parse_int, naming a number past Python's digit limit (its own message suggests a setting)."""
+    if len(text.lstrip("-")) > sys.get_int_max_str_digits():
+        raise ValueError(f"a number of {len(text.lstrip('-'))} digits is past Python's "
+                         f"{sys.get_int_max_str_digits()}-digit limit")
+    return int(text)
+
+
+def _shown(text: str, width: int = 80) -> str:
+    """The flag's text for a message: whole if short, else its start and its length."""
+    return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text)} characters)"
+
+
 def template_kwargs_arg(text: str) -> dict:
     """`--chat-template-kwargs JSON`: a JSON object of chat template variables, its numbers finite: the
     template would see a NaN that the manifest records as null, and a later run given null would match it."""
     try:
-        kwargs = json.loads(text, parse_constant=_not_json_number, parse_float=_finite_float)
+        kwargs = json.loads(text, parse_constant=_not_json_number, parse_float=_finite_float, parse_int=_whole_number)
     except (json.JSONDecodeError, RecursionError):  # the latter: nesting too deep
         kwargs = None
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{e}: chat template variables take finite numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"{e}: chat template variables take finite numbers, got {_shown(text)}") from None
     if not isinstance(kwargs, dict):
-        raise argparse.ArgumentTypeError(f'expected a JSON object like \'{{"enable_thinking": false}}\', got {text!r}')
+        raise argparse.ArgumentTypeError(f'expected a JSON object like \'{{"enable_thinking": false}}\', got {_shown(text)}')
     if clash := sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys()):
         raise argparse.ArgumentTypeError(f"{', '.join(clash)}: apply_chat_template's own argument, not a template "
                                          "variable")

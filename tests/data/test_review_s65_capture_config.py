@@ -66,6 +66,27 @@ def test_template_variables_past_a_doubles_range_are_refused(text):
         template_kwargs_arg(text)
 
 
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_template_variables_past_pythons_digit_limit_are_named_and_not_echoed_whole(sign):
+    """A 5000-digit integer: Python's own message (which suggests sys.set_int_max_str_digits), then all
+    5008 characters of the flag again."""
+    text = '{"a": ' + sign + "9" * 5000 + "}"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        template_kwargs_arg(text)
+    said = str(e.value)
+    assert said.startswith("a number of 5000 digits is past Python's 4300-digit limit: ")
+    assert said.endswith("... (5008 characters)" if sign else "... (5007 characters)") and len(said) < 250
+    assert template_kwargs_arg('{"a": -' + "9" * 4300 + "}")["a"] == -int("9" * 4300)  # at the limit: read
+
+
+def test_a_long_flag_that_is_no_object_is_shown_by_its_start():
+    text = "[" + "1," * 100 + "1]"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"got '\[1,1,1.*'\.\.\. \(203 characters\)$"):
+        template_kwargs_arg(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"got '\[1\]'$"):
+        template_kwargs_arg("[1]")
+
+
 @pytest.mark.parametrize("text", ["enable_thinking=false", "", "{'a': 1}", "[]", "1", "null"])
 def test_template_variables_that_are_no_json_object_are_refused(text):
     with pytest.raises(argparse.ArgumentTypeError, match="expected a JSON object like"):

@@ -44,7 +44,7 @@ or a JSON value such as an object or an array, read as its JSON text), with its 
 `name` where given (text, as servers take them: a number is an error). ShareGPT writes a call as a turn
 of its own, `function_call`, its value the call (or a list of calls) as JSON: it is read as an assistant
 turn making those calls; the OpenAI API's `function_call` on an assistant turn, its one call before
-tools, as that call. Each call is kept as a server hands it to the chat template: `{"type": "function",
+tools, as that call (beside `tool_calls`, where some exports mirror one of them, it must be one). Each call is kept as a server hands it to the chat template: `{"type": "function",
 "function": {"name", "arguments"}}`, the arguments an object (a JSON string of them is parsed), so the
 template writes the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens
 train like the rest of the turn. The tool results never train: they are the tools' text, not the target's.
@@ -308,6 +308,12 @@ def _parse_turn(turn, where: str, path) -> dict:
             rule = "must be a list, on an assistant turn" if calls_field == "tool_calls" else "must be on an assistant turn"
             raise LabError(f"{where}: {calls_field} {rule}", path)
         out["tool_calls"] = [parse_call(c, where, path) for c in calls]
+        if calls_field == "tool_calls" and legacy is not None:
+            # Some exports mirror the first tool call in the old field: that one is the same call, read once
+            mirrored = parse_call(legacy, where, path)["function"]
+            if all(c["function"] != mirrored for c in out["tool_calls"]):
+                raise LabError(f"{where}: function_call {mirrored['name']!r} is not one of the turn's tool_calls: "
+                               "give a turn's calls in one of the two", path)
     if out["role"] == "tool":
         # Text, as the OpenAI API's tool message and SGLang's and vLLM's request models take them (a server
         # refuses a number); null is absent, as a table of both dialects writes it.

@@ -46,3 +46,27 @@ def test_a_legacy_function_call_off_an_assistant_turn_is_refused_naming_that_fie
         with pytest.raises(LabError) as e:
             read_conversations(path)
         assert str(e.value) == f"{path}: line 1: function_call must be on an assistant turn"
+
+
+def test_a_function_call_mirroring_one_of_the_tool_calls_is_read_once(tmp_path):
+    """Some exports write the first tool call again in the legacy field: the same call, its arguments as text
+    in one and an object in the other."""
+    calls = [{"id": "c1", "type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"}'}},
+             {"id": "c2", "type": "function", "function": {"name": "date", "arguments": "{}"}}]
+    turn = {"role": "assistant", "content": None, "tool_calls": calls,
+            "function_call": {"name": "date", "arguments": {}}}
+    (conv,), _ = read_conversations(_file(tmp_path, {"messages": [ASK, turn]}))
+    assert [c["function"] for c in conv.messages[1]["tool_calls"]] == [
+        {"name": "now", "arguments": {"tz": "UTC"}}, {"name": "date", "arguments": {}}]
+
+
+@pytest.mark.parametrize("legacy", [{"name": "later", "arguments": "{}"}, {"name": "now", "arguments": '{"tz": "CET"}'}])
+def test_a_function_call_beside_other_tool_calls_is_refused(tmp_path, legacy):
+    """It was dropped without a word: a call the row makes that the tokens would not train on."""
+    calls = [{"type": "function", "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}]
+    path = _file(tmp_path, {"messages": [ASK, {"role": "assistant", "content": None, "tool_calls": calls,
+                                                "function_call": legacy}]})
+    with pytest.raises(LabError) as e:
+        read_conversations(path)
+    assert str(e.value) == (f"{path}: line 1: function_call {legacy['name']!r} is not one of the turn's "
+                            "tool_calls: give a turn's calls in one of the two")

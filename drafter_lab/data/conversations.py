@@ -346,9 +346,10 @@ def _parse_turn(turn, where: str, path) -> dict:
             out["rendered_with"] = prompted
     reason = turn.get("finish_reason")
     if reason is not None and out["role"] == "assistant":  # left out as before on other turns, which no server ends
+        field = "finish_reason's type" if isinstance(reason, dict) else "finish_reason"
         reason = reason.get("type") if isinstance(reason, dict) else reason  # SGLang's native {"type": "length", ...}
         if not isinstance(reason, str):
-            raise LabError(f"{where}: finish_reason must be text (\"stop\", \"length\")", path)
+            raise LabError(f"{where}: {field} must be text (\"stop\", \"length\")", path)
         out["finish_reason"] = reason
     return out
 

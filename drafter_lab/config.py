@@ -62,7 +62,8 @@ _ACCEPTED = {bool: (bool,), int: (int,), float: (int, float), str: (str,), Path:
 def _coerce(value, tp, where: str, parse: bool):
     """`value` as type `tp`. `parse`: strings come from the command line and are read as the type;
     anything else must already be of the type, so `batch_size = 3.7` is refused, not cut to 3."""
-    origin = typing.get_origin(tp)
+    # A bare `list` or `tuple` has no origin to typing: read as typing.List's, items of str.
+    origin = typing.get_origin(tp) or tp
     args = typing.get_args(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):

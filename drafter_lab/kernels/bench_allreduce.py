@@ -364,7 +364,11 @@ def check_tp_sim(args, world: int) -> None:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
+    """Bytes to 0.1 of the largest unit they fill, so a small need does not read "0.0 GB"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def _fmt_size(n: int) -> str:
@@ -513,8 +517,11 @@ def gpu_streams(args) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     backends = [b for b in args.backends if b in ("cuda-host", "cuda-ipc")]
-    if not (backends and _cuda_backends()):  # asked for by name without a GPU: was a ZeroDivisionError below
+    if not _cuda_backends():  # asked for by name without a GPU: was a ZeroDivisionError below
         raise LabError("--gpu-streams needs the CUDA backends: a CUDA build of drafter_lab._C and a visible GPU")
+    if not backends:
+        raise LabError(f"--gpu-streams needs the CUDA backends: --backends {' '.join(args.backends)} "
+                       "names neither cuda-host nor cuda-ipc")
     dtype = DTYPES[args.dtype]
     gpus = torch.cuda.device_count()
     results = {}

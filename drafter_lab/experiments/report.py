@@ -152,11 +152,13 @@ def _ngram_line(level: dict) -> list[str]:
     lookups = [s for s in (level.get("ngram_served"), level.get("ngram_across_served")) if s]
     if not lookups:
         return []
-    best = max(a.served["served_accept_len"] for a in level["arms"] if a.served)
-    bar = max(s["served_accept_len"] for s in lookups)
     served = "; ".join(f"{s['config']['drafter']} {s['served_accept_len']:.2f}" for s in lookups)
-    return [f"The bar without any drafter, n-gram lookup on the same prompts (tokens per verify step): {served}. "
-            f"The best arm serves {best:.2f} ({best / bar:.2f}x the better lookup).", ""]
+    line = f"The bar without any drafter, n-gram lookup on the same prompts (tokens per verify step): {served}."
+    arms = [a.served["served_accept_len"] for a in level["arms"] if a.served]
+    if arms:  # a level may have lookups but no arm served (built by hand, or an arm's served eval failed)
+        best, bar = max(arms), max(s["served_accept_len"] for s in lookups)
+        line += f" The best arm serves {best:.2f} ({best / bar:.2f}x the better lookup)."
+    return [line, ""]
 
 
 def speed_tables(level: dict) -> list[dict]:

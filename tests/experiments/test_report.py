@@ -179,6 +179,8 @@ def test_ngram_baseline_is_priced_with_its_own_draft_time():
     assert "(tokens per verify step): n-gram lookup (2..4) 3.33; n-gram lookup (2..4, across prompts) 1.67." in line
     assert line.endswith("The best arm serves 3.33 (1.00x the better lookup).")
     assert report._ngram_line(_level(0.7, 0.6, 0.5)) == []
+    level["arms"][0].served = None  # no arm served: the bar alone (max() of no arms was a ValueError)
+    assert report._ngram_line(level) == [line.split(" The best arm")[0], ""]
 
 
 def _study_level(a_acc, b_acc, zero_shot, pilot_gain=None):

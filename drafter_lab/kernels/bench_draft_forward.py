@@ -52,17 +52,23 @@ TITLES = {"llama3.1-8b": "Llama-3.1-8B", "kimi-k2": "Kimi-K2"}
 
 
 def make_drafter(name: str, dtype, device, seed: int) -> Eagle3Drafter:
-    """A drafter of the named shape with random weights (the embedding table is kept small)."""
+    """A drafter of the named shape with random weights (the embedding table is kept small), made in
+    `dtype`: a float32 drafter cast down held both for a moment, more than check_memory counts."""
     shape = SHAPES[name]
     cfg = DrafterConfig(target_vocab_size=shape["draft_vocab_size"], rope_theta=500000.0, **shape)
     torch.manual_seed(seed)
-    with torch.device(device):
-        drafter = Eagle3Drafter(cfg)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            drafter = Eagle3Drafter(cfg)
+    finally:
+        torch.set_default_dtype(default)
     with torch.no_grad():
         for pname, p in drafter.named_parameters():
             if pname.endswith("weight") and p.dim() == 1:
                 p.uniform_(0.5, 1.5)
-    return drafter.to(dtype).eval()
+    return drafter.eval()
 
 
 def step_bytes(drafter: Eagle3Drafter, batch: int, context: int, fc: bool = True) -> tuple[int, int]:
@@ -132,8 +138,8 @@ def step_inputs(drafters, batch: int, args, device, fc: bool = True) -> list[tup
     dtype, cfg = DTYPES[args.dtype], drafters[0].config
     gen = torch.Generator(device=device).manual_seed(batch)
 
-    def rand(*shape):
-        return torch.randn(shape, generator=gen, device=device).to(dtype)
+    def rand(*shape):  # drawn in dtype: a float32 draw cast down is a moment past what check_memory counts
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype)
 
     cache = (batch, cfg.num_key_value_heads, args.context + 1, cfg.head_dim)
     lens = torch.full((batch,), args.context, dtype=torch.int64, device=device)
@@ -176,6 +182,8 @@ def bench_shape(name: str, batches: list[int], args, device: torch.device, timer
             with torch.no_grad():
                 row["kernels_us"] = kernel_breakdown(step_calls(drafters, inputs, args.topk, True), 20)
             print("      kernels (eager, us): " + "  ".join(f"{n} {us:.1f}" for n, us in row["kernels_us"]), flush=True)
+        # freed before the next batch's are built, so a run holds the two sets check_memory counts, not three
+        del inputs, plain
     return rows
 
 

@@ -723,7 +723,11 @@ class _Run:
         seen = seen[seen[:, 0] > 0]
         if not len(seen):
             return
-        step, loss, norm = seen[seen[:, 0].argmin()].tolist()
+        first = seen[seen[:, 0] == seen[:, 0].min()]
+        # A rank's NaN loss reaches every rank's gradient norm through the all-reduce at that same step: the
+        # loss is the cause, whichever rank saw it
+        lost = first[~torch.isfinite(first[:, 1])]
+        step, loss, norm = (lost if len(lost) else first)[0].tolist()
         what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {norm}"
         kept = ("no checkpoint was written" if self.kept_step is None
                 else f"the last checkpoint, step {self.kept_step}, is kept")

@@ -59,11 +59,8 @@ def _export(args) -> int:
     import torch
 
     from drafter_lab.drafter.checkpoint import export
-    from drafter_lab.errors import LabError
     from drafter_lab.progress import log
 
-    if args.format != "speculators" and (args.speculative_tokens is not None or args.verifier is not None):
-        raise LabError("--speculative-tokens and --verifier apply to --format speculators")
     # --target is read even beside --dtype, so that a mistyped path is refused, not passed over
     named, target = _target_dtype(args.target, args.drafter) if args.target or not args.dtype else (None, None)
     if args.dtype:

@@ -65,6 +65,15 @@ def test_an_export_into_a_directory_that_holds_files_is_refused_and_leaves_them(
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("serving", [{"speculative_tokens": 3}, {"verifier": "org/target"}])
+def test_an_sglang_export_from_python_refuses_the_speculators_settings(tmp_path, serving):
+    """Only the command line refused them: export() wrote an SGLang config without a word of them."""
+    src = save_drafter(_drafter(), tmp_path / "d")
+    with pytest.raises(LabError, match="^--speculative-tokens and --verifier apply to --format speculators$"):
+        export(src, formats.SGLANG, tmp_path / "out", **serving)
+    assert not (tmp_path / "out").exists()
+
+
 def test_read_vocab_fills_in_the_mapping_a_whole_vocabulary_drafter_left_out(tmp_path):
     """As read_checkpoint does (SGLang and vLLM read a missing d2t as the identity)."""
     torch.manual_seed(7)

@@ -118,9 +118,11 @@ def template_kwargs_arg(text: str) -> dict:
     except (json.JSONDecodeError, RecursionError):  # the latter: nesting too deep
         kwargs = None
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{e}: chat template variables take finite numbers, got {_shown(text)}") from None
+        raise argparse.ArgumentTypeError(
+            f"{e}: chat template variables take finite numbers, got {_shown(text)}") from None
     if not isinstance(kwargs, dict):
-        raise argparse.ArgumentTypeError(f'expected a JSON object like \'{{"enable_thinking": false}}\', got {_shown(text)}')
+        raise argparse.ArgumentTypeError(
+            f'expected a JSON object like \'{{"enable_thinking": false}}\', got {_shown(text)}')
     if clash := sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys()):
         raise argparse.ArgumentTypeError(f"{', '.join(clash)}: apply_chat_template's own argument, not a template "
                                          "variable")

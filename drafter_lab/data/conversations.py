@@ -44,10 +44,11 @@ or a JSON value such as an object or an array, read as its JSON text), with its 
 `name` where given (text, as servers take them: a number is an error). ShareGPT writes a call as a turn
 of its own, `function_call`, its value the call (or a list of calls) as JSON: it is read as an assistant
 turn making those calls; the OpenAI API's `function_call` on an assistant turn, its one call before
-tools, as that call (beside `tool_calls`, where some exports mirror one of them, it must be one). Each call is kept as a server hands it to the chat template: `{"type": "function",
-"function": {"name", "arguments"}}`, the arguments an object (a JSON string of them is parsed), so the
-template writes the call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens
-train like the rest of the turn. The tool results never train: they are the tools' text, not the target's.
+tools, as that call (beside `tool_calls`, where some exports mirror one of them, it must be one). Each
+call is kept as a server hands it to the chat template: `{"type": "function", "function": {"name",
+"arguments"}}`, the arguments an object (a JSON string of them is parsed), so the template writes the
+call in its own format (Qwen's `<tool_call>` tags, Llama 3's JSON) and the tokens train like the rest of
+the turn. The tool results never train: they are the tools' text, not the target's.
 
 A turn's content may also be the OpenAI API's list of content parts, all of type "text": they are
 joined with newlines, as vLLM joins them for a template that takes text. A tool result that is a JSON

@@ -518,8 +518,8 @@ def export(src, fmt: str, out, dtype: torch.dtype | None = None, speculative_tok
     architecture from run.json)."""
     if fmt not in FORMATS:
         raise LabError(f"unknown drafter format {fmt!r}; known: {', '.join(FORMATS)}")
-    if fmt != formats.SPECULATORS and (speculative_tokens is not None or verifier is not None):
-        raise LabError("--speculative-tokens and --verifier apply to --format speculators")  # an SGLang config has neither
+    if fmt != formats.SPECULATORS and (speculative_tokens is not None or verifier is not None):  # SGLang has neither
+        raise LabError("--speculative-tokens and --verifier apply to --format speculators")
     if fmt == formats.SPECULATORS:  # before the drafter is read
         if speculative_tokens is not None and speculative_tokens < 1:
             raise LabError(f"speculative_tokens must be at least 1, got {speculative_tokens}")

@@ -412,7 +412,8 @@ def acceptance(metas: list[dict], endpoint: str) -> tuple[float, int, dict | Non
     """From SGLang meta_infos: (served accept length, verify steps, histogram {served length: verify
     steps} or None)."""
     if not any("spec_verify_ct" in m for m in metas):
-        if all(_count(m.get("completion_tokens") or 0, "meta_info.completion_tokens", endpoint) <= 1 for m in metas):  # no fields to tell spec from not
+        # no fields to tell spec from not
+        if all(_count(m.get("completion_tokens") or 0, "meta_info.completion_tokens", endpoint) <= 1 for m in metas):
             raise LabError(_NO_VERIFY, endpoint)
         raise LabError("the server reports no speculative decoding (meta_info has no spec_verify_ct); launch "
                        "it with --speculative-algorithm EAGLE3 and a draft model", endpoint)

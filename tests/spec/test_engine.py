@@ -138,15 +138,18 @@ def test_continuous_batching_admits_a_prompt_done_at_its_first_token(target, ran
     assert sum(spec.rows_per_pass) == len(spec.accept_lengths)
 
 
-def test_extend_matches_sequential_draft_steps(target, random_drafter):
+# The second case (s78 h13): the extend's key window ends at the furthest query, and that row commits all
+# m positions (a full accept on the longest row), so its last query needs that very slot.
+@pytest.mark.parametrize("m, S, start, counts, topk, seed", [(5, 16, [0, 3, 1], [5, 2, 4], 4, 0),
+                                                             (3, 8, [2, 0], [3, 1], 3, 2)])
+def test_extend_matches_sequential_draft_steps(target, random_drafter, m, S, start, counts, topk, seed):
     """The multi-position extend writes the same cache and returns the same step as draft_step calls."""
     d = random_drafter
-    B, m, S = 3, 5, 16
-    g = torch.Generator().manual_seed(0)
+    start, counts = torch.tensor(start), torch.tensor(counts)
+    B = len(start)
+    g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, target.vocab_size, (B, m), generator=g)
     aux = torch.randn(B, m, 3 * target.hidden_size, generator=g)
-    counts = torch.tensor([5, 2, 4])
-    start = torch.tensor([0, 3, 1])
 
     runner = DrafterRunner(d, use_fused=False)
     runner.reset(B, S, "cpu")
@@ -154,13 +157,13 @@ def test_extend_matches_sequential_draft_steps(target, random_drafter):
     runner.v.normal_(generator=g)
     runner.lens = start.clone()
     k_ref, v_ref = runner.k.clone(), runner.v.clone()
-    h, top, logp = runner.extend(ids, aux, counts, topk=4)
+    h, top, logp = runner.extend(ids, aux, counts, topk=topk)
 
     for b in range(B):
         for j in range(int(counts[b])):
             pos = start[b:b + 1] + j
             hb, tb, lb = d.draft_step(d.embed(ids[b:b + 1, j]), aux[b:b + 1, j], pos, k_ref[b:b + 1], v_ref[b:b + 1],
-                                      pos, 4)
+                                      pos, topk)
         torch.testing.assert_close(h[b], hb[0], rtol=1e-5, atol=1e-5)
         assert torch.equal(top[b], tb[0])
         torch.testing.assert_close(logp[b], lb[0], rtol=1e-5, atol=1e-5)

@@ -99,9 +99,9 @@ def _finite_float(text: str) -> float:
 
 def _whole_number(text: str) -> int:
     """json.loads' parse_int, naming a number past Python's digit limit (its own message suggests a setting)."""
-    if len(text.lstrip("-")) > sys.get_int_max_str_digits():
-        raise ValueError(f"a number of {len(text.lstrip('-'))} digits is past Python's "
-                         f"{sys.get_int_max_str_digits()}-digit limit")
+    digits, limit = len(text.lstrip("-")), sys.get_int_max_str_digits()
+    if 0 < limit < digits:  # a limit of 0 is none (PYTHONINTMAXSTRDIGITS=0)
+        raise ValueError(f"a number of {digits} digits is past Python's {limit}-digit limit")
     return int(text)
 
 

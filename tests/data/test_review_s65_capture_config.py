@@ -79,6 +79,12 @@ def test_template_variables_past_pythons_digit_limit_are_named_and_not_echoed_wh
     assert template_kwargs_arg('{"a": -' + "9" * 4300 + "}")["a"] == -int("9" * 4300)  # at the limit: read
 
 
+def test_without_a_digit_limit_a_long_integer_is_read(monkeypatch):
+    """PYTHONINTMAXSTRDIGITS=0 turns the limit off: a 0 read as the limit refused every number."""
+    monkeypatch.setattr("sys.get_int_max_str_digits", lambda: 0)
+    assert template_kwargs_arg('{"a": 12}')["a"] == 12
+
+
 def test_a_long_flag_that_is_no_object_is_shown_by_its_start():
     text = "[" + "1," * 100 + "1]"
     with pytest.raises(argparse.ArgumentTypeError, match=r"got '\[1,1,1.*'\.\.\. \(203 characters\)$"):
